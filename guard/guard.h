@@ -1,0 +1,88 @@
+/* guard.h — the online degeneration detector.
+ *
+ * A guard reads the text deltas of one channel of one generation attempt (reasoning,
+ * content or tool-call arguments) and decides, as early as it can, whether the text has
+ * fallen into a loop. It is pure C: no I/O, no threads, no globals. One guard object per
+ * channel per attempt; guard_params are immutable after construction and may be shared by
+ * any number of guards on any threads.
+ *
+ * The verdict does not depend on how the text was chunked: feeding a text one byte at a
+ * time or all at once trips at the same byte with the same verdict. */
+#ifndef LG_GUARD_H
+#define LG_GUARD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct cJSON cJSON;
+
+typedef enum {
+    LG_CH_REASONING = 0,
+    LG_CH_CONTENT,
+    LG_CH_TOOL_ARGS,
+    LG_CH_COUNT,
+} lg_channel;
+
+/* Opaque thresholds for one channel (detector settings, PCRE2 rules, budgets). */
+typedef struct guard_params guard_params;
+
+/* What a tripped guard reports. Strings are owned by the guard (valid until guard_free). */
+typedef struct guard_verdict {
+    const char *detector; /* "repeat", "lines", "novelty", "rule:<name>", "budget",
+                             "empty_answer", "leak" */
+    lg_channel channel;
+    uint64_t loop_start; /* byte offset (in this channel) where the loop began */
+    uint64_t at_byte;    /* bytes fed when the guard decided */
+    const char *unit;    /* the repeating unit (or matched text), NUL-terminated, ≤ 256 B */
+    size_t unit_len;
+    unsigned repeats; /* how many times the unit was seen */
+} guard_verdict;
+
+/* Defaults for `ch`, chosen from measurements (see README). Never NULL (aborts on OOM). */
+guard_params *guard_params_new(lg_channel ch);
+/* Deep copy; never NULL. */
+guard_params *guard_params_clone(const guard_params *p);
+/* Applies a JSON object of guard settings over `p` (keys documented in
+ * config/loopguard.example.json). Returns 0, or -1 with err naming the key; `prefix` is
+ * prepended to key names in messages ("guard.reasoning"). Compiles PCRE2 rules. */
+int guard_params_apply_json(guard_params *p, const cJSON *obj, const char *prefix, char *err,
+                            size_t errlen);
+bool guard_params_enabled(const guard_params *p);
+/* No-op on NULL. */
+void guard_params_free(guard_params *p);
+
+/* A new guard for one channel; `p` must outlive it. Never NULL (aborts on OOM). */
+typedef struct guard guard;
+guard *guard_new(const guard_params *p, lg_channel ch);
+
+/* Feeds `len` bytes. Returns true when the guard is (now or already) tripped; after a
+ * trip further input is ignored. Amortised O(len). */
+bool guard_feed(guard *g, const char *buf, size_t len);
+
+/* End of the generation for this channel: flushes pending checks (e.g. a UTF-8 tail).
+ * Returns true when tripped. */
+bool guard_finish(guard *g);
+
+/* Cross-channel signal: the generation finished with `reasoning_bytes` of reasoning and no
+ * answer. Trips `content_guard` with detector "empty_answer" when the params enable it and
+ * reasoning_bytes is at least their minimum. Returns true when tripped. */
+bool guard_report_empty_answer(guard *content_guard, uint64_t reasoning_bytes);
+
+bool guard_tripped(const guard *g);
+/* Valid when guard_tripped(); NULL otherwise. */
+const guard_verdict *guard_get_verdict(const guard *g);
+
+/* Number of trailing bytes (of those fed) that could still become part of a loop and
+ * should be held back from the client. Always ≤ bytes fed, never splits a UTF-8 sequence,
+ * and never more than the params' holdback cap. */
+size_t guard_suspect(const guard *g);
+
+uint64_t guard_bytes(const guard *g);
+
+/* No-op on NULL. */
+void guard_free(guard *g);
+
+const char *guard_channel_name(lg_channel ch);
+
+#endif
