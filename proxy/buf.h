@@ -1,0 +1,45 @@
+/* buf.h — a growable byte buffer.
+ *
+ * Every protocol module of the proxy accumulates bytes somewhere: the SSE parser keeps the
+ * incomplete tail of the stream, the think-tag splitter emits reasoning and content, the
+ * exchange queues output for the client. lg_buf is that one buffer type. Memory grows
+ * geometrically (amortised O(1) per appended byte) and running out of it aborts the process:
+ * a proxy that cannot allocate a few kilobytes has no useful way to continue.
+ *
+ * Whenever p is non-NULL, p[len] is a NUL byte, so a buffer holding text can be passed to
+ * string functions directly. A zeroed struct (LG_BUF_INIT) is an empty buffer. */
+#ifndef LG_BUF_H
+#define LG_BUF_H
+
+#include <stddef.h>
+
+typedef struct lg_buf {
+    char *p;
+    size_t len, cap;
+} lg_buf;
+
+#define LG_BUF_INIT                                                                                \
+    {                                                                                              \
+        NULL, 0, 0                                                                                 \
+    }
+
+/* Makes room for `extra` more bytes (plus the NUL) without changing len. */
+void lg_buf_reserve(lg_buf *b, size_t extra);
+/* Appends n bytes from s (s may be NULL when n is 0). */
+void lg_buf_append(lg_buf *b, const void *s, size_t n);
+/* Appends a NUL-terminated string. */
+void lg_buf_append_str(lg_buf *b, const char *s);
+/* Appends printf-formatted text. */
+void lg_buf_printf(lg_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Drops the first n bytes (all of them when n >= len). O(len - n): the rest is moved to the
+ * front, so callers that consume many small pieces of a large buffer should batch. */
+void lg_buf_consume(lg_buf *b, size_t n);
+/* Empties the buffer and keeps its memory for reuse. */
+void lg_buf_reset(lg_buf *b);
+/* Returns the contents as a malloc'd NUL-terminated string (never NULL; "" when empty) that
+ * the caller owns, and leaves the buffer empty with no memory. */
+char *lg_buf_steal(lg_buf *b);
+/* Frees the memory and leaves an empty buffer; no-op on NULL or an empty buffer. */
+void lg_buf_free(lg_buf *b);
+
+#endif

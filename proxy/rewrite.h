@@ -1,0 +1,82 @@
+/* rewrite.h — the client's request, validated, and the body loopguard sends upstream.
+ *
+ * rw_parse checks what loopguard itself relies on — the body is a JSON object; chat:
+ * `messages` is an array of objects; completions: `prompt` is present; `stream` absent,
+ * null or a boolean; `stream_options` an object when present; `n` a positive integer;
+ * `temperature` a number — and keeps every other field untouched. Failures become an
+ * OpenAI-style 400 (type "invalid_request_error").
+ *
+ * rw_build_upstream derives one attempt's upstream body from the parsed request: stream
+ * forced on with usage (other stream_options keys kept), SGLang's `rid`, a sampling step
+ * of the retry ladder, a continuation of a clean prefix, and the reasoning history moved
+ * to the field the upstream reads. The parsed request is never modified, so one request
+ * serves any number of attempts. */
+#ifndef LG_REWRITE_H
+#define LG_REWRITE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <cJSON.h>
+
+#include "config/config.h"
+
+/* An error for the client. Strings are static. status: 400. */
+typedef struct rw_error {
+    int status;
+    const char *message;
+    const char *param; /* the offending field, or NULL */
+    const char *code;  /* OpenAI error code, or NULL */
+} rw_error;
+
+/* A parsed client request; owns root. Borrowed strings point into root. */
+typedef struct rw_request {
+    cJSON *root;
+    bool chat;
+    bool client_stream; /* "stream": true */
+    bool client_usage;  /* streaming and stream_options.include_usage true */
+    const char *model;  /* NULL when absent */
+    int n;              /* 1 when absent */
+    double temperature;
+    bool has_temperature;
+    /* Added: */
+    int enable_thinking;   /* chat_template_kwargs.enable_thinking: -1 unset, 0 false, 1 true */
+    bool prompt_is_string; /* completions: prompt is a string (continuation possible) */
+} rw_request;
+
+/* Parses and validates a request body (need not be NUL-terminated). Returns 0 with *out
+ * filled (caller clears it), or -1 with *err filled and *out zeroed. */
+int rw_parse(const char *body, size_t len, bool chat, rw_request *out, rw_error *err);
+
+typedef struct rw_opts {
+    int upstream_kind;            /* lg_upstream_kind */
+    const char *rid;              /* NULL: no rid (only ever sent to SGLang) */
+    const lg_sampling_step *step; /* NULL: the client's sampling */
+    unsigned seed;                /* used when step->new_seed */
+    const char *continue_text;    /* NULL: restart; else the clean prefix to continue */
+    size_t continue_len;
+    int history; /* lg_reasoning_history */
+    /* Added: */
+    long max_tokens; /* > 0: replaces max_tokens / max_completion_tokens (continuation) */
+} rw_opts;
+
+/* The upstream body for one attempt, as a malloc'd JSON string, or NULL with *err (a
+ * continuation the upstream cannot do — generic OpenAI upstream, or a non-string prompt:
+ * the caller restarts instead). Temperature = client's (1.0 when absent) + the step's add,
+ * rounded to 6 decimals and clamped to [0, 2]; penalties as the step sets them;
+ * repetition_penalty only for SGLang and vLLM; "seed" when step->new_seed. Chat
+ * continuation: an assistant message with the prefix (or, when the client itself ended with
+ * an assistant message and continue_final_message, the prefix appended to it) and
+ * continue_final_message true (+ add_generation_prompt false for vLLM). Completions:
+ * the prefix appended to the string prompt. */
+char *rw_build_upstream(const rw_request *req, const rw_opts *o, rw_error *err);
+
+/* The effective sampling of an attempt for incident records: temperature, top_p, top_k,
+ * presence_penalty, frequency_penalty, repetition_penalty, seed — only those set (by the
+ * client or the step). Caller owns the result (cJSON_Delete). */
+cJSON *rw_sampling_json(const rw_request *req, const rw_opts *o);
+
+/* Frees root and zeroes *r; safe to call twice. */
+void rw_request_clear(rw_request *r);
+
+#endif

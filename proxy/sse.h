@@ -1,0 +1,79 @@
+/* sse.h — a server-sent-events parser (WHATWG HTML "event stream" interpretation).
+ *
+ * The proxy reads its upstream's token stream through this parser. It accepts bytes as
+ * they arrive, in any split (an event, a line, a CR LF pair or the leading BOM may be cut
+ * anywhere), and calls back once per dispatched event with the parsed fields AND the exact
+ * upstream bytes that made up the event, so a clean stream can be forwarded byte-for-byte.
+ *
+ * Parsing follows the spec: lines end in CR LF, LF or CR; a line starting with ':' is a
+ * comment; "name:value" (one leading space of the value dropped) or a bare "name" (empty
+ * value); fields data (appended, joined with LF), event, id (ignored when it contains NUL;
+ * persists across events like the spec's last-event-ID buffer), retry (ASCII digits only);
+ * other field names are ignored, so garbage lines are survived. A blank line dispatches the
+ * event; with an empty data buffer nothing is dispatched (its bytes go into the next
+ * event's raw). A leading UTF-8 BOM is skipped for parsing and kept in raw. An incomplete
+ * event at end of stream is never dispatched (see sse_parser_pending).
+ *
+ * Raw boundaries: an event's raw runs from the end of the previous dispatched event (or
+ * the stream start) through the line ending of the blank line that dispatched it. When
+ * that line ending is a CR that happens to be the last byte read so far, the event is
+ * dispatched at once (no waiting for the next read) and an LF that follows in the next
+ * read is the first byte of the next event's raw. Either way the concatenation of all
+ * raws followed by the pending bytes equals the input exactly. */
+#ifndef LG_SSE_H
+#define LG_SSE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Returned by sse_parser_feed when the pending event exceeds max_event_bytes. The parser
+ * is then dead: every later feed returns it again. Callbacks that want to stop feeding
+ * should return a positive value so the two cannot be confused. */
+#define SSE_ERR_TOO_BIG (-7001)
+
+/* Default max_event_bytes: 1 MiB. */
+#define SSE_DEFAULT_MAX_EVENT (1u << 20)
+
+/* One dispatched event. Every pointer is valid only during the callback. */
+typedef struct sse_event {
+    const char *data; /* joined data lines, NUL-terminated (data may contain NULs) */
+    size_t data_len;
+    const char *event; /* "" when absent */
+    size_t event_len;
+    const char *id; /* the last event ID (persists across events), "" when none yet */
+    size_t id_len;
+    bool has_id;     /* an id field appeared in this event's lines */
+    long retry;      /* the retry field of this event's lines, -1 when absent */
+    const char *raw; /* the exact upstream bytes of this event (see above) */
+    size_t raw_len;
+} sse_event;
+
+/* Called once per dispatched event. Nonzero stops feeding: sse_parser_feed returns it. */
+typedef int (*sse_event_fn)(void *ud, const sse_event *ev);
+
+typedef struct sse_parser sse_parser;
+
+/* A new parser; max_event_bytes 0 means SSE_DEFAULT_MAX_EVENT. The limit counts the raw
+ * bytes of one event (comments and empty blocks since the previous event included).
+ * Never NULL (aborts on OOM). */
+sse_parser *sse_parser_new(size_t max_event_bytes, sse_event_fn fn, void *ud);
+
+/* Parses len more bytes, calling fn for each complete event. Returns 0 when all input was
+ * consumed, the callback's nonzero value when it stopped (the bytes after that event stay
+ * buffered and are parsed by the next call; call with len 0 to resume without new input),
+ * or SSE_ERR_TOO_BIG. The callback must not call feed or free on the same parser.
+ * Cost: O(len) amortised; the pending event is copied at most once per call. */
+int sse_parser_feed(sse_parser *p, const char *buf, size_t len);
+
+/* Bytes buffered that belong to no dispatched event yet (an incomplete event, or input
+ * left unparsed after a callback stopped the feed). */
+size_t sse_parser_pending(const sse_parser *p);
+
+/* The pending bytes themselves (valid until the next feed/free); *len set to their count.
+ * Lets a passthrough relay forward a trailing incomplete event at end of stream. */
+const char *sse_parser_pending_raw(const sse_parser *p, size_t *len);
+
+/* No-op on NULL. */
+void sse_parser_free(sse_parser *p);
+
+#endif
