@@ -1,0 +1,89 @@
+/* buf.c — the growable byte buffer (see buf.h). */
+#include "proxy/buf.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void lg_buf_reserve(lg_buf *b, size_t extra)
+{
+    if (extra < b->cap - b->len) return; /* strict: one byte stays for the NUL */
+    size_t need = b->len + extra + 1;
+    if (need < b->len) abort(); /* size_t overflow */
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < need) {
+        if (cap > SIZE_MAX / 2) {
+            cap = need;
+            break;
+        }
+        cap *= 2;
+    }
+    char *p = realloc(b->p, cap);
+    if (!p) abort();
+    b->p = p;
+    b->cap = cap;
+}
+
+void lg_buf_append(lg_buf *b, const void *s, size_t n)
+{
+    lg_buf_reserve(b, n);
+    if (n) memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+void lg_buf_append_str(lg_buf *b, const char *s)
+{
+    lg_buf_append(b, s, strlen(s));
+}
+
+void lg_buf_printf(lg_buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) abort();
+    lg_buf_reserve(b, (size_t)n);
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+void lg_buf_consume(lg_buf *b, size_t n)
+{
+    if (n >= b->len) {
+        lg_buf_reset(b);
+        return;
+    }
+    memmove(b->p, b->p + n, b->len - n);
+    b->len -= n;
+    b->p[b->len] = '\0';
+}
+
+void lg_buf_reset(lg_buf *b)
+{
+    b->len = 0;
+    if (b->p) b->p[0] = '\0';
+}
+
+char *lg_buf_steal(lg_buf *b)
+{
+    if (!b->p) lg_buf_reserve(b, 0);
+    char *p = b->p;
+    p[b->len] = '\0';
+    b->p = NULL;
+    b->len = b->cap = 0;
+    return p;
+}
+
+void lg_buf_free(lg_buf *b)
+{
+    if (!b) return;
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
