@@ -41,15 +41,19 @@ void lg_buf_append_str(lg_buf *b, const char *s)
 
 void lg_buf_printf(lg_buf *b, const char *fmt, ...)
 {
-    va_list ap;
+    va_list ap, ap2;
+    lg_buf_reserve(b, 64);
     va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_copy(ap2, ap);
+    size_t room = b->cap - b->len;
+    int n = vsnprintf(b->p + b->len, room, fmt, ap);
     va_end(ap);
     if (n < 0) abort();
-    lg_buf_reserve(b, (size_t)n);
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
+    if ((size_t)n >= room) { /* did not fit: grow once and format again */
+        lg_buf_reserve(b, (size_t)n);
+        vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap2);
+    }
+    va_end(ap2);
     b->len += (size_t)n;
 }
 

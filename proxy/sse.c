@@ -1,0 +1,205 @@
+/* sse.c — the server-sent-events parser (see sse.h for the contract).
+ *
+ * All input goes into one buffer `in`. Three offsets walk it: `start` is where the raw
+ * bytes of the pending event begin, `pos` where the next unparsed line begins, and
+ * `scan` how far past pos we already looked for a line terminator, so a long line that
+ * arrives in many small reads is searched once, not once per read. A dispatch hands the
+ * callback [start, end of the blank line) as raw and moves start forward; the consumed
+ * front of the buffer is dropped once per feed (one memmove of the pending event), so a
+ * read holding many events costs O(read), not O(read × events). */
+#include "proxy/sse.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proxy/buf.h"
+
+struct sse_parser {
+    size_t max;
+    sse_event_fn fn;
+    void *ud;
+    lg_buf in;
+    size_t start, pos, scan;
+    bool bom_checked; /* the leading BOM question is settled */
+    bool skip_lf;     /* the last line ended in a CR at the end of input: an LF next pairs */
+    bool dead;        /* SSE_ERR_TOO_BIG was returned */
+    lg_buf data, event, id;
+    bool has_id;
+    long retry;
+};
+
+static const unsigned char bom[3] = {0xEF, 0xBB, 0xBF};
+
+sse_parser *sse_parser_new(size_t max_event_bytes, sse_event_fn fn, void *ud)
+{
+    sse_parser *p = calloc(1, sizeof(*p));
+    if (!p) abort();
+    p->max = max_event_bytes ? max_event_bytes : SSE_DEFAULT_MAX_EVENT;
+    p->fn = fn;
+    p->ud = ud;
+    p->retry = -1;
+    /* The id field persists across events, so it must always read as a string. */
+    lg_buf_append(&p->id, "", 0);
+    return p;
+}
+
+void sse_parser_free(sse_parser *p)
+{
+    if (!p) return;
+    lg_buf_free(&p->in);
+    lg_buf_free(&p->data);
+    lg_buf_free(&p->event);
+    lg_buf_free(&p->id);
+    free(p);
+}
+
+size_t sse_parser_pending(const sse_parser *p)
+{
+    return p->in.len - p->start;
+}
+
+const char *sse_parser_pending_raw(const sse_parser *p, size_t *len)
+{
+    *len = p->in.len - p->start;
+    return p->in.p ? p->in.p + p->start : "";
+}
+
+/* Parses a retry value: ASCII digits only (none is not a number). Returns -1 when the
+ * value does not qualify; saturates at LONG_MAX. */
+static long parse_retry(const char *v, size_t n)
+{
+    if (n == 0) return -1;
+    long r = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] < '0' || v[i] > '9') return -1;
+        int d = v[i] - '0';
+        r = r > (LONG_MAX - d) / 10 ? LONG_MAX : r * 10 + d;
+    }
+    return r;
+}
+
+/* Applies one non-blank, non-comment line [line, line+n) to the pending event. */
+static void process_field(sse_parser *p, const char *line, size_t n)
+{
+    const char *colon = memchr(line, ':', n);
+    size_t nlen = colon ? (size_t)(colon - line) : n;
+    const char *v = colon ? colon + 1 : line + n;
+    size_t vlen = (size_t)(line + n - v);
+    if (vlen && *v == ' ') {
+        v++;
+        vlen--;
+    }
+    if (nlen == 4 && !memcmp(line, "data", 4)) {
+        lg_buf_append(&p->data, v, vlen);
+        lg_buf_append(&p->data, "\n", 1);
+    } else if (nlen == 5 && !memcmp(line, "event", 5)) {
+        lg_buf_reset(&p->event);
+        lg_buf_append(&p->event, v, vlen);
+    } else if (nlen == 2 && !memcmp(line, "id", 2)) {
+        if (!memchr(v, '\0', vlen)) {
+            lg_buf_reset(&p->id);
+            lg_buf_append(&p->id, v, vlen);
+            p->has_id = true;
+        }
+    } else if (nlen == 5 && !memcmp(line, "retry", 5)) {
+        long r = parse_retry(v, vlen);
+        if (r >= 0) p->retry = r;
+    }
+    /* Any other field name — including garbage without a colon — is ignored. */
+}
+
+/* A blank line ending at `end`: dispatches the pending event when it has data and starts
+ * the next one. Returns the callback's value (0 when nothing was dispatched). */
+static int dispatch(sse_parser *p, size_t end)
+{
+    int rc = 0;
+    if (p->data.len) {
+        sse_event ev = {
+            .data = p->data.p,
+            .data_len = p->data.len - 1, /* the last LF is not part of the data */
+            .event = p->event.p ? p->event.p : "",
+            .event_len = p->event.len,
+            .id = p->id.p,
+            .id_len = p->id.len,
+            .has_id = p->has_id,
+            .retry = p->retry,
+            .raw = p->in.p + p->start,
+            .raw_len = end - p->start,
+        };
+        p->data.p[ev.data_len] = '\0';
+        p->start = end;
+        rc = p->fn(p->ud, &ev);
+    }
+    lg_buf_reset(&p->data);
+    lg_buf_reset(&p->event);
+    p->has_id = false;
+    p->retry = -1;
+    return rc;
+}
+
+/* Settles whether the stream opens with a BOM. Returns false while the few bytes read so
+ * far are still a proper prefix of one. */
+static bool check_bom(sse_parser *p)
+{
+    size_t have = p->in.len < 3 ? p->in.len : 3;
+    if (have == 0) return false;
+    if (memcmp(p->in.p, bom, have)) {
+        p->bom_checked = true;
+        return true;
+    }
+    if (have < 3) return false;
+    p->pos = p->scan = 3;
+    p->bom_checked = true;
+    return true;
+}
+
+int sse_parser_feed(sse_parser *p, const char *buf, size_t len)
+{
+    if (p->dead) return SSE_ERR_TOO_BIG;
+    if (p->start) { /* drop the bytes of events already dispatched */
+        lg_buf_consume(&p->in, p->start);
+        p->pos -= p->start;
+        p->scan -= p->start;
+        p->start = 0;
+    }
+    lg_buf_append(&p->in, buf, len);
+    if (!p->bom_checked && !check_bom(p)) return 0;
+
+    const char *s = p->in.p;
+    size_t n = p->in.len;
+    for (;;) {
+        if (p->skip_lf && p->pos < n) {
+            if (s[p->pos] == '\n') p->pos++;
+            p->skip_lf = false;
+            if (p->scan < p->pos) p->scan = p->pos;
+        }
+        size_t i = p->scan;
+        while (i < n && s[i] != '\n' && s[i] != '\r')
+            i++;
+        if (i == n) {
+            p->scan = n;
+            if (n - p->start > p->max) goto too_big;
+            return 0;
+        }
+        size_t end = i + 1;
+        if (s[i] == '\r') {
+            if (end < n && s[end] == '\n')
+                end++;
+            else if (end == n)
+                p->skip_lf = true;
+        }
+        if (end - p->start > p->max) goto too_big;
+        size_t line = p->pos;
+        p->pos = p->scan = end;
+        if (i == line) {
+            int rc = dispatch(p, end);
+            if (rc) return rc;
+        } else if (s[line] != ':') {
+            process_field(p, s + line, i - line);
+        }
+    }
+too_big:
+    p->dead = true;
+    return SSE_ERR_TOO_BIG;
+}
