@@ -1,0 +1,836 @@
+/* guard.c — the online degeneration detector: one state object per channel per attempt.
+ *
+ * Every detector is a byte-at-a-time state machine, and the heavier work (PCRE2 rules) is
+ * scheduled at absolute byte offsets (every GUARD_RULE_STEP bytes), never at the edges of
+ * the caller's chunks. That is the whole trick behind chunking invariance: the state after
+ * n bytes is a function of those n bytes only, so feeding one byte at a time or the whole
+ * text at once trips at the same byte with the same verdict.
+ *
+ * Detectors, in the order they are consulted for each byte:
+ *   leak     — a configured template token (`<|im_end|>`, a second `</think>`) ends here.
+ *   rule:*   — an operator PCRE2 pattern matched (checked every GUARD_RULE_STEP bytes over
+ *              a window of rule_max_match_bytes + GUARD_RULE_STEP, JIT, hard-partial).
+ *   repeat   — the tail is periodic: some period p has repeated often enough. Candidate
+ *              periods come from an 8-gram table (the distance to the previous occurrence
+ *              of the last 8 bytes); each live candidate costs one compare per byte.
+ *   lines    — one line/sentence keeps coming back, and the text between its returns is
+ *              itself made of returns (so "A x A y A z" with fresh x, y, z passes).
+ *   novelty  — almost no new word trigrams over a window: a paraphrase loop.
+ *   budget   — the channel ran past budget_bytes.
+ * Cost: O(1) amortised per byte (a hash probe, ≤ GUARD_NCAND compares, a few counters);
+ * tests/bench/guard_bench.c measures it. Memory: about 40 KiB per guard. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "guard/guard_int.h"
+
+#define GUARD_BUF       (2 * GUARD_HISTORY) /* linear history, slid down by half when full */
+#define GUARD_GTAB_BITS 12
+#define GUARD_NCAND     8
+#define GUARD_RULE_STEP 64
+#define GUARD_TTAB_BITS 11
+#define GUARD_UNIT_MAX  256
+
+typedef struct gcand {
+    uint32_t period;
+    uint32_t run;  /* consecutive bytes ending now with s[i] == s[i - period] */
+    uint32_t need; /* periodic tail length (run + period) that trips */
+    bool judged;   /* need already includes the unit's class and fence context */
+} gcand;
+
+typedef struct gseg {
+    uint64_t hash;
+    uint64_t start, end; /* absolute offsets of the segment's text */
+    bool seen;           /* its hash was already in the window when it arrived */
+} gseg;
+
+typedef struct gtri {
+    uint32_t tag;
+    uint32_t word; /* index of the word that completed it */
+} gtri;
+
+struct guard {
+    const guard_params *p;
+    lg_channel ch;
+    uint64_t fed;
+    bool finished;
+    bool tripped;
+    bool content_seen; /* a non-whitespace byte was fed (empty_answer) */
+
+    /* History: buf[i] is the byte at absolute offset base + i. */
+    unsigned char *buf;
+    uint64_t base;
+    size_t blen;
+
+    /* repeat */
+    uint64_t gram;
+    uint32_t *gtab; /* 8-gram hash -> absolute offset + 1 of its last byte */
+    gcand cand[GUARD_NCAND];
+    unsigned ncand;
+
+    /* Markdown code fences (``` or ~~~ at the head of a line, ≤ 3 spaces in). */
+    unsigned fstate; /* 0 leading spaces, 1 in a fence run, 2 rest of line */
+    unsigned fcol, frun;
+    unsigned char fch, open_ch;
+    unsigned open_len;
+    bool in_fence;
+
+    /* lines */
+    uint64_t seg_hash, seg_start;
+    uint32_t seg_len;
+    bool seg_letter, seg_gap;
+    unsigned char prev, prev2;
+    gseg *segs;
+    uint64_t nsegs;
+
+    /* novelty */
+    uint64_t w_hash, w_start;
+    uint32_t w_len;
+    bool w_ok;         /* the word starts with a letter */
+    uint32_t cp;       /* code point being decoded */
+    unsigned cp_need;  /* continuation bytes still expected */
+    uint64_t cp_start; /* offset of its first byte */
+    uint64_t wh[3], ws[3];
+    uint32_t nwords;
+    gtri *ttab;
+    uint64_t *tri_start; /* ring over the novelty window: first byte of each trigram */
+    unsigned char *tri_novel;
+    uint64_t ntri;
+    unsigned novel; /* novel trigrams in the window */
+
+    /* rules */
+    pcre2_match_data *md;
+    uint64_t *rule_ps; /* per rule: start of a partial match at the last check, or ~0 */
+    uint64_t rule_ckpt;
+
+    unsigned char leak_last[32]; /* bitset: last bytes of leak tokens */
+
+    guard_verdict v;
+    char unit[GUARD_UNIT_MAX + 1];
+};
+
+static void *xcalloc(size_t n, size_t sz)
+{
+    void *p = calloc(n ? n : 1, sz ? sz : 1);
+    if (!p) abort();
+    return p;
+}
+
+guard *guard_new(const guard_params *p, lg_channel ch)
+{
+    guard *g = xcalloc(1, sizeof(*g));
+    g->p = p;
+    g->ch = ch;
+    g->buf = xcalloc(GUARD_BUF, 1);
+    g->seg_hash = g->w_hash = 0xCBF29CE484222325ull;
+    g->gtab = xcalloc((size_t)1 << GUARD_GTAB_BITS, sizeof(*g->gtab));
+    g->segs = xcalloc(p->lines.window, sizeof(*g->segs));
+    g->ttab = xcalloc((size_t)1 << GUARD_TTAB_BITS, sizeof(*g->ttab));
+    g->tri_start = xcalloc(p->novelty.window, sizeof(*g->tri_start));
+    g->tri_novel = xcalloc(p->novelty.window, 1);
+    if (p->n_rules) {
+        size_t ovec = 1;
+        for (size_t i = 0; i < p->n_rules; i++) {
+            uint32_t n = 0;
+            pcre2_pattern_info(p->rules[i].re, PCRE2_INFO_CAPTURECOUNT, &n);
+            if (n + 1 > ovec) ovec = n + 1;
+        }
+        g->md = pcre2_match_data_create((uint32_t)ovec, NULL);
+        if (!g->md) abort();
+        g->rule_ps = xcalloc(p->n_rules, sizeof(*g->rule_ps));
+        for (size_t i = 0; i < p->n_rules; i++)
+            g->rule_ps[i] = UINT64_MAX;
+    }
+    for (size_t i = 0; i < p->n_leaks; i++) {
+        unsigned char last = (unsigned char)p->leaks[i][p->leak_len[i] - 1];
+        g->leak_last[last >> 3] |= (unsigned char)(1u << (last & 7));
+    }
+    return g;
+}
+
+void guard_free(guard *g)
+{
+    if (!g) return;
+    free(g->buf);
+    free(g->gtab);
+    free(g->segs);
+    free(g->ttab);
+    free(g->tri_start);
+    free(g->tri_novel);
+    pcre2_match_data_free(g->md);
+    free(g->rule_ps);
+    free(g);
+}
+
+static inline unsigned char at(const guard *g, uint64_t off)
+{
+    return g->buf[off - g->base];
+}
+
+static bool is_cont(unsigned char c)
+{
+    return (c & 0xC0) == 0x80;
+}
+
+/* Copies history [start, end) into the verdict's unit, cut to GUARD_UNIT_MAX bytes on a
+ * UTF-8 boundary. Bytes older than the history are skipped. */
+static void set_unit(guard *g, uint64_t start, uint64_t end)
+{
+    if (start < g->base) start = g->base;
+    size_t n = end > start ? (size_t)(end - start) : 0;
+    if (n > GUARD_UNIT_MAX) {
+        n = GUARD_UNIT_MAX;
+        for (int k = 0; k < 3 && n > 0 && is_cont(at(g, start + n)); k++)
+            n--;
+    }
+    if (n) memcpy(g->unit, g->buf + (start - g->base), n);
+    g->unit[n] = 0;
+    g->v.unit = g->unit;
+    g->v.unit_len = n;
+}
+
+/* Records the verdict; `at_byte` is the number of bytes fed when decided. */
+static void trip(guard *g, const char *detector, uint64_t loop_start, uint64_t at_byte,
+                 unsigned repeats)
+{
+    g->tripped = true;
+    g->v.detector = detector;
+    g->v.channel = g->ch;
+    g->v.loop_start = loop_start;
+    g->v.at_byte = at_byte;
+    g->v.repeats = repeats;
+    if (!g->v.unit) {
+        g->unit[0] = 0;
+        g->v.unit = g->unit;
+        g->v.unit_len = 0;
+    }
+}
+
+/* ---- repeat ------------------------------------------------------------------------ */
+
+/* Repeats the period table asks of a unit of `period` bytes; 0 when it is too long. */
+static double steps_repeats(const guard_params *p, uint32_t period)
+{
+    for (size_t i = 0; i < p->repeat.n_steps; i++)
+        if (period <= p->repeat.steps[i].max_period) return p->repeat.steps[i].repeats;
+    return 0;
+}
+
+static uint32_t need_for(uint32_t period, double repeats, uint32_t min_bytes)
+{
+    double n = repeats * period;
+    if (n < min_bytes) n = min_bytes;
+    return n > 4e9 ? 4000000000u : (uint32_t)(n + 0.999);
+}
+
+/* Classifies the unit u[0..n) (any rotation gives the same answer). O(n); runs once per
+ * candidate, when its tail first reaches the plain threshold. */
+static guard_rclass classify(const unsigned char *u, size_t n)
+{
+    size_t letters = 0, hexletters = 0, digits = 0, spaces = 0, nl = 0, commas = 0, pipes = 0;
+    size_t other = 0, loud = 0, wide = 0, words = 0, prose_end = 0;
+    bool in_word = false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = u[i];
+        bool wordc = false;
+        if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') {
+            letters++;
+            if ((c | 0x20) <= 'f' || (c | 0x20) == 'x') hexletters++;
+            wordc = true;
+        } else if (c >= '0' && c <= '9') {
+            digits++;
+            wordc = true;
+        } else if (c == ' ' || c == '\t' || c == '\r') {
+            spaces++;
+        } else if (c == '\n') {
+            nl++;
+            unsigned char b = u[(i + n - 1) % n];
+            if (b == '.' || b == '!' || b == '?' || b == ':') prose_end++;
+        } else if (c == ',') {
+            commas++;
+        } else if (c == '|') {
+            pipes++;
+        } else if (c == '!' || c == '?') {
+            loud++;
+        } else if (c >= 0xC0) {
+            /* Box drawing and block elements (U+2500–U+259F: E2 94..96) are rules;
+             * everything else outside ASCII counts as text. */
+            unsigned char c1 = u[(i + 1) % n];
+            if (!(c == 0xE2 && c1 >= 0x94 && c1 <= 0x96)) wide++;
+        } else if (c < 0x80) {
+            other++;
+        }
+        if (wordc && !in_word && (c | 0x20) >= 'a' && (c | 0x20) <= 'z') words++;
+        in_word = wordc;
+    }
+    if (pipes) return GR_TABLE;
+    if (!letters && !wide) {
+        if (digits) return GR_DATA;
+        return loud ? GR_NORMAL : GR_RULE;
+    }
+    if (!wide && digits && letters == hexletters && letters <= digits) return GR_DATA;
+    if (nl) {
+        /* A line of prose ends with sentence punctuation and is mostly letters and
+         * spaces; "The user is asking for the result of 2+2.\n" is, code is not. */
+        size_t body = n - nl;
+        bool prose = prose_end == nl && words >= 3 && (letters + spaces) * 10 >= body * 8;
+        return prose || wide ? GR_NORMAL : GR_LINE;
+    }
+    if (!spaces && !wide && !loud) return GR_BLOB;
+    if (commas && words <= 1 && n <= 24) return GR_ITEM;
+    return GR_NORMAL;
+}
+
+/* The tail length a candidate must reach once its unit's class and the fence are known. */
+static uint32_t judge(const guard *g, const gcand *c)
+{
+    const guard_params *p = g->p;
+    uint64_t end = g->fed;
+    guard_rclass cls = classify(g->buf + (end - c->period - g->base), c->period);
+    double reps = steps_repeats(p, c->period);
+    uint32_t minb = p->repeat.min_bytes;
+    if (p->repeat.cls[cls].min_repeats > reps) reps = p->repeat.cls[cls].min_repeats;
+    if (p->repeat.cls[cls].min_bytes > minb) minb = p->repeat.cls[cls].min_bytes;
+    if (g->in_fence) {
+        reps *= p->repeat.fence_factor;
+        minb = (uint32_t)(minb * p->repeat.fence_factor);
+    }
+    return need_for(c->period, reps, minb);
+}
+
+/* Trips "repeat" for a tail periodic in `period`: reports the smallest period that
+ * divides it and where the periodic stretch began (bounded by the history). */
+static void repeat_trip(guard *g, uint32_t period)
+{
+    uint64_t end = g->fed;
+    const unsigned char *u = g->buf + (end - period - g->base);
+    uint32_t q = period;
+    for (uint32_t d = 1; d < period; d++) {
+        if (period % d) continue;
+        uint32_t i;
+        for (i = d; i < period && u[i] == u[i - d]; i++)
+            ;
+        if (i == period) {
+            q = d;
+            break;
+        }
+    }
+    uint64_t j = end - 1;
+    while (j >= g->base + q && at(g, j) == at(g, j - q))
+        j--;
+    uint64_t loop_start = j + 1 - q;
+    set_unit(g, loop_start, loop_start + q);
+    trip(g, "repeat", loop_start, end, (unsigned)((end - loop_start) / q));
+}
+
+/* Per byte (already appended at offset fed-1): advances live candidates, looks up the
+ * 8-gram table for a new one, and checks thresholds. Returns true when tripped. */
+static bool repeat_step(guard *g, unsigned char b)
+{
+    const guard_params *p = g->p;
+    uint64_t pos = g->fed - 1;
+    unsigned n = 0;
+    for (unsigned i = 0; i < g->ncand; i++) {
+        gcand c = g->cand[i];
+        if (at(g, pos - c.period) != b) continue;
+        c.run++;
+        g->cand[n++] = c;
+    }
+    g->ncand = n;
+
+    if (pos >= 7) {
+        uint32_t h = (uint32_t)((g->gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
+        uint32_t last = g->gtab[h];
+        g->gtab[h] = (uint32_t)(pos + 1);
+        uint32_t d = (uint32_t)(pos + 1) - last;
+        if (last && d >= 1 && d <= p->repeat.max_period && pos >= d + g->base) {
+            bool live = false;
+            for (unsigned i = 0; i < g->ncand; i++)
+                live |= g->cand[i].period == d;
+            if (!live) {
+                /* Verify and measure the run by walking back: O(run), and a run only
+                 * starts being tracked once, so this is amortised O(1). */
+                uint64_t j = pos;
+                while (j >= g->base + d && at(g, j) == at(g, j - d))
+                    j--;
+                uint32_t run = (uint32_t)(pos - j);
+                if (run >= 8) {
+                    unsigned slot = g->ncand;
+                    if (slot == GUARD_NCAND) {
+                        slot = 0;
+                        for (unsigned i = 1; i < GUARD_NCAND; i++)
+                            if (g->cand[i].run < g->cand[slot].run) slot = i;
+                        if (g->cand[slot].run >= run) slot = GUARD_NCAND;
+                    } else {
+                        g->ncand++;
+                    }
+                    if (slot < GUARD_NCAND) {
+                        gcand c = {d, run, 0, false};
+                        c.need = need_for(d, steps_repeats(p, d), p->repeat.min_bytes);
+                        if (!c.need) c.need = UINT32_MAX;
+                        g->cand[slot] = c;
+                    }
+                }
+            }
+        }
+    }
+
+    for (unsigned i = 0; i < g->ncand; i++) {
+        gcand *c = &g->cand[i];
+        if ((uint64_t)c->run + c->period < c->need) continue;
+        if (!c->judged) {
+            c->judged = true;
+            c->need = judge(g, c);
+            if ((uint64_t)c->run + c->period < c->need) continue;
+        }
+        repeat_trip(g, c->period);
+        return true;
+    }
+    return false;
+}
+
+/* ---- code fences ------------------------------------------------------------------- */
+
+/* A run of ≥ 3 backticks or tildes at the head of a line opens a fence, or closes the
+ * open one when it uses the same character and is at least as long. */
+static void fence_run_end(guard *g)
+{
+    if (g->frun < 3) return;
+    if (!g->in_fence) {
+        g->in_fence = true;
+        g->open_ch = g->fch;
+        g->open_len = g->frun;
+    } else if (g->fch == g->open_ch && g->frun >= g->open_len) {
+        g->in_fence = false;
+    }
+}
+
+static void fence_step(guard *g, unsigned char b)
+{
+    if (b == '\n') {
+        if (g->fstate == 1) fence_run_end(g);
+        g->fstate = 0;
+        g->fcol = 0;
+        return;
+    }
+    switch (g->fstate) {
+    case 0:
+        if (b == ' ' && g->fcol < 3) {
+            g->fcol++;
+        } else if (b == '`' || b == '~') {
+            g->fstate = 1;
+            g->fch = b;
+            g->frun = 1;
+        } else {
+            g->fstate = 2;
+        }
+        break;
+    case 1:
+        if (b == g->fch) {
+            g->frun++;
+        } else {
+            fence_run_end(g);
+            g->fstate = 2;
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- lines ------------------------------------------------------------------------- */
+
+static inline uint64_t fnv(uint64_t h, unsigned char c)
+{
+    return (h ^ c) * 0x100000001B3ull;
+}
+
+/* A segment (line or sentence) [seg_start, end) is complete. Returns true on a trip. */
+static bool seg_end(guard *g, uint64_t end)
+{
+    const guard_params *p = g->p;
+    bool ok = g->seg_len >= p->lines.min_segment_bytes && g->seg_letter;
+    uint64_t h = g->seg_hash, start = g->seg_start;
+    g->seg_hash = 0xCBF29CE484222325ull;
+    g->seg_len = 0;
+    g->seg_letter = false;
+    g->seg_gap = false;
+    if (!ok) return false;
+
+    unsigned w = p->lines.window;
+    uint64_t first = g->nsegs > w - 1 ? g->nsegs - (w - 1) : 0;
+    uint64_t occ[64];
+    unsigned nocc = 0, need = p->lines.min_repeats - 1;
+    /* Newest first, remembering the last min_repeats-1 earlier occurrences. */
+    for (uint64_t k = g->nsegs; k-- > first;) {
+        if (g->segs[k % w].hash != h) continue;
+        if (nocc < need && nocc < 64) occ[nocc] = k;
+        nocc++;
+    }
+    gseg *s = &g->segs[g->nsegs % w];
+    s->hash = h;
+    s->start = start;
+    s->end = end;
+    s->seen = nocc > 0;
+    g->nsegs++;
+    if (nocc < need) return false;
+    /* The span from the oldest of those occurrences to now must be made of returns. */
+    uint64_t from = occ[need - 1];
+    unsigned seen = 0, total = 0;
+    for (uint64_t k = from; k < g->nsegs; k++) {
+        total++;
+        seen += g->segs[k % w].seen;
+    }
+    if ((double)seen < p->lines.min_repeat_ratio * total) return false;
+    set_unit(g, start, end);
+    trip(g, "lines", g->segs[from % w].start, g->fed, nocc + 1);
+    return true;
+}
+
+static bool lines_step(guard *g, unsigned char b)
+{
+    unsigned char p1 = g->prev, p2 = g->prev2;
+    g->prev2 = p1;
+    g->prev = b;
+    uint64_t pos = g->fed - 1;
+    if (b == '\n') return seg_end(g, pos);
+    if (b == ' ' || b == '\t' || b == '\r') {
+        if ((p1 == '.' || p1 == '!' || p1 == '?') && g->seg_len) return seg_end(g, pos);
+        g->seg_gap = g->seg_len > 0;
+        return false;
+    }
+    if (!g->seg_len)
+        g->seg_start = pos;
+    else if (g->seg_gap)
+        g->seg_hash = fnv(g->seg_hash, ' ');
+    g->seg_gap = false;
+    g->seg_hash = fnv(g->seg_hash, b);
+    g->seg_len++;
+    g->seg_letter |= ((b | 0x20) >= 'a' && (b | 0x20) <= 'z') || b >= 0x80;
+    /* CJK sentence ends: 。 (E3 80 82), ！ (EF BC 81), ？ (EF BC 9F). */
+    if ((p2 == 0xE3 && p1 == 0x80 && b == 0x82) ||
+        (p2 == 0xEF && p1 == 0xBC && (b == 0x81 || b == 0x9F)))
+        return seg_end(g, pos + 1);
+    return false;
+}
+
+/* ---- novelty ----------------------------------------------------------------------- */
+
+static inline uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33;
+    return x;
+}
+
+/* A word ended; `ok` says it starts with a letter (numbers are not words here, so zero
+ * tables and hex dumps never look like a paraphrase loop). Returns true on a trip. */
+static bool word_end(guard *g)
+{
+    const guard_params *p = g->p;
+    bool ok = g->w_len && g->w_ok;
+    uint64_t h = g->w_hash, start = g->w_start;
+    g->w_len = 0;
+    g->w_hash = 0xCBF29CE484222325ull;
+    if (!ok) return false;
+    g->wh[0] = g->wh[1];
+    g->wh[1] = g->wh[2];
+    g->wh[2] = h;
+    g->ws[0] = g->ws[1];
+    g->ws[1] = g->ws[2];
+    g->ws[2] = start;
+    if (++g->nwords < 3) return false;
+
+    uint64_t t = mix(g->wh[0] * 3 + mix(g->wh[1] * 5 + mix(g->wh[2])));
+    gtri *e = &g->ttab[t >> (64 - GUARD_TTAB_BITS)];
+    bool novel = !(e->tag == (uint32_t)t && g->nwords - e->word <= p->novelty.memory_words);
+    e->tag = (uint32_t)t;
+    e->word = g->nwords;
+
+    unsigned w = p->novelty.window, slot = (unsigned)(g->ntri % w);
+    if (g->ntri >= w) g->novel -= g->tri_novel[slot];
+    g->tri_novel[slot] = novel;
+    g->tri_start[slot] = g->ws[0];
+    g->novel += novel;
+    g->ntri++;
+    if (g->ntri < w || g->novel >= p->novelty.min_ratio * w) return false;
+    uint64_t from = g->tri_start[g->ntri % w];
+    set_unit(g, from, g->fed);
+    trip(g, "novelty", from, g->fed, w - g->novel);
+    return true;
+}
+
+static bool is_cjk(uint32_t cp)
+{
+    return (cp >= 0x2E80 && cp <= 0x2FFF) || (cp >= 0x3040 && cp <= 0x9FFF) ||
+           (cp >= 0xAC00 && cp <= 0xD7AF) || (cp >= 0xF900 && cp <= 0xFAFF) ||
+           (cp >= 0x20000 && cp <= 0x3FFFF);
+}
+
+static bool is_sep_cp(uint32_t cp)
+{
+    return (cp >= 0x2000 && cp <= 0x2BFF) || (cp >= 0x3000 && cp <= 0x303F) ||
+           (cp >= 0xFF00 && cp <= 0xFF20) || cp == 0xA0;
+}
+
+static void word_add(guard *g, unsigned char c, uint64_t pos, bool letter)
+{
+    if (!g->w_len) {
+        g->w_start = pos;
+        g->w_ok = letter;
+    }
+    g->w_len++;
+    g->w_hash = fnv(g->w_hash, c >= 'A' && c <= 'Z' ? c | 0x20 : c);
+}
+
+static bool novelty_step(guard *g, unsigned char b)
+{
+    uint64_t pos = g->fed - 1;
+    if (b < 0x80) {
+        g->cp_need = 0;
+        bool alpha = ((b | 0x20) >= 'a' && (b | 0x20) <= 'z') || b == '_';
+        if (alpha || (b >= '0' && b <= '9')) {
+            word_add(g, b, pos, alpha);
+            return false;
+        }
+        return word_end(g);
+    }
+    if (b >= 0xC0) {
+        g->cp_need = b >= 0xF0 ? 3 : b >= 0xE0 ? 2 : 1;
+        g->cp = b & (b >= 0xF0 ? 0x07 : b >= 0xE0 ? 0x0F : 0x1F);
+        g->cp_start = pos;
+        return false;
+    }
+    if (!g->cp_need) /* a stray continuation byte: a separator */
+        return word_end(g);
+    g->cp = (g->cp << 6) | (b & 0x3F);
+    if (--g->cp_need) return false;
+    if (is_sep_cp(g->cp)) return word_end(g);
+    if (is_cjk(g->cp)) {
+        /* Scripts without spaces: every character is a word. */
+        if (word_end(g)) return true;
+        for (uint64_t o = g->cp_start; o <= pos; o++)
+            word_add(g, at(g, o), g->cp_start, true);
+        return word_end(g);
+    }
+    for (uint64_t o = g->cp_start; o <= pos; o++)
+        word_add(g, at(g, o), g->cp_start, true);
+    return false;
+}
+
+/* ---- rules and leaks --------------------------------------------------------------- */
+
+/* Runs every rule over history [from, to). Final: plain matching; otherwise hard-partial,
+ * remembering where a partial match starts. Trips on the first complete match, reported
+ * at `to`. Returns true on a trip. */
+static bool rules_run(guard *g, uint64_t to, bool final)
+{
+    const guard_params *p = g->p;
+    uint64_t span = (uint64_t)p->rule_max_match_bytes + GUARD_RULE_STEP;
+    uint64_t from = to > span ? to - span : 0;
+    if (from < g->base) from = g->base;
+    for (size_t i = 0; i < p->n_rules; i++) {
+        uint32_t opt = (final ? 0 : PCRE2_PARTIAL_HARD) | (from ? PCRE2_NOTBOL : 0);
+        int rc = pcre2_match(p->rules[i].re, g->buf + (from - g->base), (PCRE2_SIZE)(to - from), 0,
+                             opt, g->md, NULL);
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(g->md);
+        g->rule_ps[i] = UINT64_MAX;
+        if (rc == PCRE2_ERROR_PARTIAL) {
+            g->rule_ps[i] = from + ov[0];
+        } else if (rc > 0 && ov[1] > ov[0]) {
+            set_unit(g, from + ov[0], from + ov[1]);
+            trip(g, p->rules[i].detector, from + ov[0], to, 1);
+            return true;
+        }
+    }
+    g->rule_ckpt = to;
+    return false;
+}
+
+static bool leak_step(guard *g, unsigned char b)
+{
+    const guard_params *p = g->p;
+    if (!(g->leak_last[b >> 3] & (1u << (b & 7)))) return false;
+    for (size_t i = 0; i < p->n_leaks; i++) {
+        size_t n = p->leak_len[i];
+        if (g->fed < n || g->fed - n < g->base) continue;
+        if (!memcmp(g->buf + (g->fed - n - g->base), p->leaks[i], n)) {
+            set_unit(g, g->fed - n, g->fed);
+            trip(g, "leak", g->fed - n, g->fed, 1);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* ---- feeding ----------------------------------------------------------------------- */
+
+static void push_byte(guard *g, unsigned char b)
+{
+    if (g->blen == GUARD_BUF) {
+        memmove(g->buf, g->buf + (GUARD_BUF - GUARD_HISTORY), GUARD_HISTORY);
+        g->base += GUARD_BUF - GUARD_HISTORY;
+        g->blen = GUARD_HISTORY;
+    }
+    g->buf[g->blen++] = b;
+    g->fed++;
+}
+
+/* One byte through every detector. Returns true when tripped. */
+static bool step(guard *g, unsigned char b)
+{
+    const guard_params *p = g->p;
+    push_byte(g, b);
+    g->gram = (g->gram << 8) | b;
+    if (b != ' ' && b != '\n' && b != '\t' && b != '\r') g->content_seen = true;
+    fence_step(g, b);
+    if (p->n_leaks && leak_step(g, b)) return true;
+    if (p->n_rules && g->fed % GUARD_RULE_STEP == 0 && rules_run(g, g->fed, false)) return true;
+    if (p->repeat.enabled && repeat_step(g, b)) return true;
+    if (p->lines.enabled && lines_step(g, b)) return true;
+    if (p->novelty.enabled && novelty_step(g, b)) return true;
+    if (p->budget_bytes && g->fed > p->budget_bytes) {
+        set_unit(g, g->fed, g->fed);
+        trip(g, "budget", p->budget_bytes, g->fed, 0);
+        return true;
+    }
+    return false;
+}
+
+bool guard_feed(guard *g, const char *buf, size_t len)
+{
+    if (g->tripped || g->finished) return g->tripped;
+    if (!g->p->enabled) {
+        g->fed += len;
+        return false;
+    }
+    const unsigned char *s = (const unsigned char *)buf;
+    for (size_t i = 0; i < len; i++)
+        if (step(g, s[i])) return true;
+    return false;
+}
+
+bool guard_finish(guard *g)
+{
+    if (g->tripped || g->finished || !g->p->enabled) {
+        g->finished = true;
+        return g->tripped;
+    }
+    g->finished = true;
+    if (g->p->n_rules && rules_run(g, g->fed, true)) return true;
+    if (g->p->lines.enabled && g->seg_len && seg_end(g, g->fed)) return true;
+    if (g->p->novelty.enabled && word_end(g)) return true;
+    return false;
+}
+
+bool guard_report_empty_answer(guard *g, uint64_t reasoning_bytes)
+{
+    const guard_params *p = g->p;
+    if (g->tripped) return true;
+    if (!p->enabled || !p->empty_answer_min_reasoning || g->content_seen ||
+        reasoning_bytes < p->empty_answer_min_reasoning)
+        return false;
+    set_unit(g, g->fed, g->fed);
+    trip(g, "empty_answer", 0, g->fed, 0);
+    return true;
+}
+
+bool guard_tripped(const guard *g)
+{
+    return g->tripped;
+}
+
+const guard_verdict *guard_get_verdict(const guard *g)
+{
+    return g->tripped ? &g->v : NULL;
+}
+
+uint64_t guard_bytes(const guard *g)
+{
+    return g->fed;
+}
+
+/* ---- holdback ---------------------------------------------------------------------- */
+
+/* Longest tail that is a proper prefix of a leak token. O(tokens × max length). */
+static size_t leak_suspect(const guard *g)
+{
+    const guard_params *p = g->p;
+    size_t best = 0;
+    for (size_t i = 0; i < p->n_leaks; i++) {
+        size_t n = p->leak_len[i];
+        for (size_t k = n - 1; k > best; k--) {
+            if (k > g->fed - g->base) continue;
+            if (!memcmp(g->buf + (g->fed - k - g->base), p->leaks[i], k)) {
+                best = k;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+/* Bytes from the start of a complete or partial rule match still in progress. Runs the
+ * rules from the partial starts of the last check (or that check's offset): O(bytes since
+ * then) per rule. */
+static size_t rules_suspect(const guard *g)
+{
+    const guard_params *p = g->p;
+    size_t best = 0;
+    for (size_t i = 0; i < p->n_rules; i++) {
+        uint64_t from = g->rule_ps[i] < g->rule_ckpt ? g->rule_ps[i] : g->rule_ckpt;
+        if (from < g->base) from = g->base;
+        if (from >= g->fed) continue;
+        int rc = pcre2_match(p->rules[i].re, g->buf + (from - g->base), (PCRE2_SIZE)(g->fed - from),
+                             0, PCRE2_PARTIAL_HARD | (from ? PCRE2_NOTBOL : 0), g->md, NULL);
+        if (rc > 0 || rc == PCRE2_ERROR_PARTIAL) {
+            size_t n = (size_t)(g->fed - from - pcre2_get_ovector_pointer(g->md)[0]);
+            if (n > best) best = n;
+        }
+    }
+    return best;
+}
+
+size_t guard_suspect(const guard *g)
+{
+    const guard_params *p = g->p;
+    uint64_t fed = g->fed;
+    size_t s = 0;
+    if (!p->enabled || fed == 0) return 0;
+    if (g->tripped) {
+        s = (size_t)(fed - g->v.loop_start);
+    } else {
+        for (unsigned i = 0; i < g->ncand; i++)
+            if (g->cand[i].run > s) s = g->cand[i].run;
+        size_t l = leak_suspect(g);
+        if (l > s) s = l;
+        if (p->n_rules) {
+            size_t r = rules_suspect(g);
+            if (r > s) s = r;
+        }
+    }
+    /* An unfinished UTF-8 sequence at the end is held whole. */
+    uint64_t keep = g->base;
+    for (uint64_t o = fed; o-- > keep && fed - o <= 4;) {
+        unsigned char c = at(g, o);
+        if (is_cont(c)) continue;
+        if (c >= 0xC0) {
+            size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+            if (fed - o < len && fed - o > s) s = (size_t)(fed - o);
+        }
+        break;
+    }
+    if (s > fed - g->base) s = (size_t)(fed - g->base);
+    /* The release point must sit on a character boundary: move it back onto one (hold
+     * more), unless that breaks the cap, then forward (hold less). */
+    uint64_t cut = fed - s;
+    for (int k = 0; k < 3 && cut > g->base && cut < fed && is_cont(at(g, cut)); k++)
+        cut--;
+    if (fed - cut > p->holdback_max) {
+        cut = fed - p->holdback_max;
+        for (int k = 0; k < 3 && cut < fed && cut >= g->base && is_cont(at(g, cut)); k++)
+            cut++;
+    }
+    return (size_t)(fed - cut);
+}

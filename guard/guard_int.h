@@ -1,0 +1,89 @@
+/* guard_int.h — private to guard/: the layout of guard_params, shared by guard.c (the
+ * detectors) and guard_params.c (defaults, cloning and the JSON settings).
+ *
+ * Nothing outside guard/ includes this file; the public contract is guard.h. */
+#ifndef LG_GUARD_INT_H
+#define LG_GUARD_INT_H
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include "guard/guard.h"
+
+/* Classes of repeating unit. A unit of ordinary prose or punctuation ("lambda ", "?!",
+ * "。") is judged by the period table alone; the other classes are shapes that real code
+ * and documents repeat on purpose, so they need more bytes and more repeats. */
+typedef enum {
+    GR_NORMAL = 0,
+    GR_RULE,  /* separators, whitespace, box drawing: "----", "═══", "    " */
+    GR_DATA,  /* digits without words: "0, ", "0x00, ", "{0, 0}, " */
+    GR_ITEM,  /* one short word in a list: "None, ", "null,", "'', " */
+    GR_LINE,  /* whole lines of code: "assert f(1) == 1\n", "    None,\n" */
+    GR_TABLE, /* anything with a '|': "| yes | no |\n", "| --- " */
+    GR_BLOB,  /* one token with no spaces: base64 "AAAA", "xxxxxxxx" */
+    GR_COUNT,
+} guard_rclass;
+
+#define GUARD_MAX_PERIOD_STEPS 16
+#define GUARD_MAX_LEAKS        16
+#define GUARD_MAX_LEAK_LEN     64
+#define GUARD_HISTORY          8192 /* bytes of history a guard always keeps (max period ≤ 1/2) */
+
+typedef struct guard_rule {
+    char *name;
+    char *detector; /* "rule:<name>" */
+    char *pattern;
+    pcre2_code *re;
+} guard_rule;
+
+struct guard_params {
+    lg_channel ch;
+    bool enabled;
+
+    struct {
+        bool enabled;
+        uint32_t min_bytes;
+        uint32_t max_period;
+        size_t n_steps;
+        struct {
+            uint32_t max_period;
+            double repeats;
+        } steps[GUARD_MAX_PERIOD_STEPS];
+        double fence_factor;
+        struct {
+            uint32_t min_bytes;
+            double min_repeats;
+        } cls[GR_COUNT];
+    } repeat;
+
+    struct {
+        bool enabled;
+        unsigned min_repeats;
+        unsigned window; /* segments remembered */
+        unsigned min_segment_bytes;
+        double min_repeat_ratio;
+    } lines;
+
+    struct {
+        bool enabled;
+        unsigned window; /* trigrams judged together */
+        double min_ratio;
+        unsigned memory_words; /* how far back a trigram counts as seen */
+    } novelty;
+
+    guard_rule *rules;
+    size_t n_rules;
+    uint32_t rule_max_match_bytes;
+
+    size_t n_leaks;
+    char leaks[GUARD_MAX_LEAKS][GUARD_MAX_LEAK_LEN + 1];
+    size_t leak_len[GUARD_MAX_LEAKS];
+
+    uint64_t budget_bytes;               /* 0: off */
+    uint64_t empty_answer_min_reasoning; /* 0: off */
+    size_t holdback_max;
+};
+
+const char *guard_rclass_name(guard_rclass c);
+
+#endif

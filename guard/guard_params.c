@@ -1,0 +1,510 @@
+/* guard_params.c — the guard's thresholds: per-channel defaults, deep copies and the JSON
+ * settings an operator writes under `guard.<channel>` (and `models[i].guard.<channel>`).
+ *
+ * Parsing a cJSON object is all this file does with the outside world: the config module
+ * owns files and key paths, and passes us the object and the prefix to name keys with.
+ * The defaults were chosen by running `loopguard scan` over the false-positive and recall
+ * corpora (tests/corpus/); guard/README-guard.md tells the story and how to re-tune. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "guard/guard_int.h"
+
+static void *xcalloc(size_t n, size_t sz)
+{
+    void *p = calloc(n ? n : 1, sz ? sz : 1);
+    if (!p) abort();
+    return p;
+}
+
+static char *xstrdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = xcalloc(n, 1);
+    memcpy(d, s, n);
+    return d;
+}
+
+const char *guard_rclass_name(guard_rclass c)
+{
+    static const char *const names[GR_COUNT] = {"normal", "rule",  "data", "item",
+                                                "line",   "table", "blob"};
+    return c < GR_COUNT ? names[c] : "?";
+}
+
+const char *guard_channel_name(lg_channel ch)
+{
+    switch (ch) {
+    case LG_CH_REASONING:
+        return "reasoning";
+    case LG_CH_CONTENT:
+        return "content";
+    case LG_CH_TOOL_ARGS:
+        return "tool_args";
+    default:
+        return "unknown";
+    }
+}
+
+/* Template tokens that never belong in an answer. `</think>` is a second one: the proxy
+ * splits the first off before feeding content. */
+static const char *const default_leaks[] = {"<|im_end|>", "<|im_start|>", "<|endoftext|>",
+                                            "</think>"};
+
+guard_params *guard_params_new(lg_channel ch)
+{
+    /* Repeats needed by period: a short unit must repeat many times before it is a loop
+     * (real text has "ll", "!!!", "hahaha"), a long one only a few times. The steps are
+     * measured: see README-guard.md, "How the defaults were chosen". */
+    static const struct {
+        uint32_t max_period;
+        double repeats;
+    } steps[] = {{1, 48}, {2, 32}, {4, 20}, {8, 14}, {16, 9}, {32, 6}, {64, 4}, {2048, 3}};
+    static const struct {
+        uint32_t min_bytes;
+        double min_repeats;
+    } cls[GR_COUNT] = {
+        [GR_NORMAL] = {0, 0},    [GR_RULE] = {4096, 0},   [GR_DATA] = {4096, 0},
+        [GR_ITEM] = {1024, 128}, [GR_LINE] = {2048, 128}, [GR_TABLE] = {2048, 64},
+        [GR_BLOB] = {2048, 64},
+    };
+    guard_params *p = xcalloc(1, sizeof(*p));
+    p->ch = ch;
+    p->enabled = true;
+
+    p->repeat.enabled = true;
+    p->repeat.min_bytes = 32;
+    p->repeat.max_period = 2048;
+    p->repeat.n_steps = sizeof(steps) / sizeof(steps[0]);
+    for (size_t i = 0; i < p->repeat.n_steps; i++) {
+        p->repeat.steps[i].max_period = steps[i].max_period;
+        p->repeat.steps[i].repeats = steps[i].repeats;
+    }
+    p->repeat.fence_factor = 2.0;
+    for (int c = 0; c < GR_COUNT; c++) {
+        p->repeat.cls[c].min_bytes = cls[c].min_bytes;
+        p->repeat.cls[c].min_repeats = cls[c].min_repeats;
+    }
+
+    p->lines.enabled = true;
+    p->lines.min_repeats = 4;
+    p->lines.window = 64;
+    p->lines.min_segment_bytes = 16;
+    p->lines.min_repeat_ratio = 0.75;
+
+    p->novelty.enabled = true;
+    p->novelty.window = 96;
+    p->novelty.min_ratio = 0.1;
+    p->novelty.memory_words = 1024;
+
+    p->rule_max_match_bytes = 256;
+
+    p->n_leaks = sizeof(default_leaks) / sizeof(default_leaks[0]);
+    for (size_t i = 0; i < p->n_leaks; i++) {
+        p->leak_len[i] = strlen(default_leaks[i]);
+        memcpy(p->leaks[i], default_leaks[i], p->leak_len[i] + 1);
+    }
+    /* Reasoning that never ends: 256 KiB is about 64k tokens, past any thinking budget
+     * Qwen3 or DeepSeek-R1 use by default. */
+    p->budget_bytes = ch == LG_CH_REASONING ? 262144 : 0;
+    p->empty_answer_min_reasoning = ch == LG_CH_CONTENT ? 1 : 0;
+    p->holdback_max = 4096;
+    return p;
+}
+
+static void rules_free(guard_rule *rules, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(rules[i].name);
+        free(rules[i].detector);
+        free(rules[i].pattern);
+        pcre2_code_free(rules[i].re);
+    }
+    free(rules);
+}
+
+void guard_params_free(guard_params *p)
+{
+    if (!p) return;
+    rules_free(p->rules, p->n_rules);
+    free(p);
+}
+
+bool guard_params_enabled(const guard_params *p)
+{
+    return p && p->enabled;
+}
+
+/* Compiles `pattern` (UTF-8 mode off: the guard works on bytes, and a UTF-8 pattern
+ * would refuse the invalid UTF-8 a broken model can emit) and JIT-compiles it for both
+ * complete and hard-partial matching. A JIT failure (no JIT on this CPU, or memory) is
+ * not an error: pcre2_match falls back to the interpreter. Returns the code or NULL with
+ * a message in err. */
+static pcre2_code *rule_compile(const char *pattern, char *err, size_t errlen)
+{
+    int ec;
+    PCRE2_SIZE eo;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, 0, &ec, &eo, NULL);
+    if (!re) {
+        PCRE2_UCHAR msg[128];
+        pcre2_get_error_message(ec, msg, sizeof(msg));
+        snprintf(err, errlen, "%s at offset %zu", (const char *)msg, (size_t)eo);
+        return NULL;
+    }
+    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
+    return re;
+}
+
+/* Adds a rule (name, pattern) to `p`. Returns 0 or -1 with err. */
+static int rule_add(guard_params *p, const char *name, const char *pattern, char *err,
+                    size_t errlen)
+{
+    pcre2_code *re = rule_compile(pattern, err, errlen);
+    if (!re) return -1;
+    guard_rule *r = realloc(p->rules, (p->n_rules + 1) * sizeof(*r));
+    if (!r) abort();
+    p->rules = r;
+    r = &p->rules[p->n_rules++];
+    r->name = xstrdup(name);
+    r->pattern = xstrdup(pattern);
+    r->re = re;
+    size_t n = strlen(name) + 6;
+    r->detector = xcalloc(n, 1);
+    snprintf(r->detector, n, "rule:%s", name);
+    return 0;
+}
+
+guard_params *guard_params_clone(const guard_params *src)
+{
+    guard_params *p = xcalloc(1, sizeof(*p));
+    *p = *src;
+    p->rules = NULL;
+    p->n_rules = 0;
+    for (size_t i = 0; i < src->n_rules; i++) {
+        char err[160];
+        /* The pattern compiled once already; only memory can fail now. */
+        if (rule_add(p, src->rules[i].name, src->rules[i].pattern, err, sizeof(err)) < 0) abort();
+    }
+    return p;
+}
+
+/* ---- JSON settings ------------------------------------------------------------------ */
+
+/* Error reporting for the JSON walk: every message starts with the dotted key path. */
+typedef struct jctx {
+    char *err;
+    size_t errlen;
+} jctx;
+
+static int jfail(jctx *c, const char *prefix, const char *key, const char *fmt, ...)
+{
+    char msg[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    snprintf(c->err, c->errlen, "%s%s%s: %s", prefix, key ? "." : "", key ? key : "", msg);
+    return -1;
+}
+
+static int jbool(jctx *c, const char *prefix, const cJSON *it, bool *out)
+{
+    if (!cJSON_IsBool(it)) return jfail(c, prefix, it->string, "expected true or false");
+    *out = cJSON_IsTrue(it);
+    return 0;
+}
+
+/* A number in [lo, hi]; `integral` also demands a whole number. */
+static int jnum(jctx *c, const char *prefix, const cJSON *it, double lo, double hi, bool integral,
+                double *out)
+{
+    if (!cJSON_IsNumber(it)) return jfail(c, prefix, it->string, "expected a number");
+    double v = it->valuedouble;
+    if (!(v >= lo && v <= hi) || (integral && v != floor(v)))
+        return jfail(c, prefix, it->string, "expected %s between %g and %g",
+                     integral ? "an integer" : "a number", lo, hi);
+    *out = v;
+    return 0;
+}
+
+#define JU32(c, pre, it, lo, hi, dst)                                                              \
+    do {                                                                                           \
+        double v_;                                                                                 \
+        if (jnum(c, pre, it, lo, hi, true, &v_) < 0) return -1;                                    \
+        (dst) = (uint32_t)v_;                                                                      \
+    } while (0)
+
+#define JDBL(c, pre, it, lo, hi, dst)                                                              \
+    do {                                                                                           \
+        double v_;                                                                                 \
+        if (jnum(c, pre, it, lo, hi, false, &v_) < 0) return -1;                                   \
+        (dst) = v_;                                                                                \
+    } while (0)
+
+static int jobject(jctx *c, const char *prefix, const cJSON *it)
+{
+    if (!cJSON_IsObject(it)) return jfail(c, prefix, it->string, "expected an object");
+    return 0;
+}
+
+static void subprefix(char *dst, size_t n, const char *prefix, const char *key)
+{
+    if (snprintf(dst, n, "%s.%s", prefix, key) < 0) dst[0] = 0;
+}
+
+/* [[max_period, repeats], ...] with strictly increasing periods. */
+static int apply_steps(guard_params *p, jctx *c, const char *pre, const cJSON *arr)
+{
+    if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) < 1 ||
+        cJSON_GetArraySize(arr) > GUARD_MAX_PERIOD_STEPS)
+        return jfail(c, pre, arr->string, "expected 1 to %d pairs [max_period, repeats]",
+                     GUARD_MAX_PERIOD_STEPS);
+    size_t n = 0;
+    uint32_t last = 0;
+    const cJSON *pair;
+    cJSON_ArrayForEach(pair, arr)
+    {
+        const cJSON *a = cJSON_GetArrayItem(pair, 0), *b = cJSON_GetArrayItem(pair, 1);
+        if (!cJSON_IsArray(pair) || cJSON_GetArraySize(pair) != 2 || !cJSON_IsNumber(a) ||
+            !cJSON_IsNumber(b) || a->valuedouble != floor(a->valuedouble) ||
+            a->valuedouble <= last || a->valuedouble > GUARD_HISTORY / 2 || b->valuedouble < 2 ||
+            b->valuedouble > 100000)
+            return jfail(c, pre, arr->string,
+                         "pair %zu: expected [max_period, repeats] with max_period increasing "
+                         "up to %d and repeats >= 2",
+                         n, GUARD_HISTORY / 2);
+        last = (uint32_t)a->valuedouble;
+        p->repeat.steps[n].max_period = last;
+        p->repeat.steps[n].repeats = b->valuedouble;
+        n++;
+    }
+    p->repeat.n_steps = n;
+    return 0;
+}
+
+static int apply_classes(guard_params *p, jctx *c, const char *pre, const cJSON *obj)
+{
+    char sub[192], sub2[224];
+    subprefix(sub, sizeof(sub), pre, obj->string);
+    if (jobject(c, pre, obj) < 0) return -1;
+    const cJSON *cl;
+    cJSON_ArrayForEach(cl, obj)
+    {
+        int k;
+        for (k = 1; k < GR_COUNT; k++)
+            if (!strcmp(cl->string, guard_rclass_name((guard_rclass)k))) break;
+        if (k == GR_COUNT) return jfail(c, sub, cl->string, "unknown key");
+        if (jobject(c, sub, cl) < 0) return -1;
+        subprefix(sub2, sizeof(sub2), sub, cl->string);
+        const cJSON *it;
+        cJSON_ArrayForEach(it, cl)
+        {
+            if (!strcmp(it->string, "min_bytes"))
+                JU32(c, sub2, it, 0, 1 << 30, p->repeat.cls[k].min_bytes);
+            else if (!strcmp(it->string, "min_repeats"))
+                JDBL(c, sub2, it, 0, 1 << 30, p->repeat.cls[k].min_repeats);
+            else
+                return jfail(c, sub2, it->string, "unknown key");
+        }
+    }
+    return 0;
+}
+
+static int apply_repeat(guard_params *p, jctx *c, const char *pre, const cJSON *obj)
+{
+    char sub[192];
+    if (jobject(c, pre, obj) < 0) return -1;
+    subprefix(sub, sizeof(sub), pre, obj->string);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, obj)
+    {
+        const char *k = it->string;
+        if (!strcmp(k, "enabled")) {
+            if (jbool(c, sub, it, &p->repeat.enabled) < 0) return -1;
+        } else if (!strcmp(k, "min_bytes"))
+            JU32(c, sub, it, 0, GUARD_HISTORY, p->repeat.min_bytes);
+        else if (!strcmp(k, "max_period"))
+            JU32(c, sub, it, 1, GUARD_HISTORY / 2, p->repeat.max_period);
+        else if (!strcmp(k, "repeats_by_period")) {
+            if (apply_steps(p, c, sub, it) < 0) return -1;
+        } else if (!strcmp(k, "fence_factor"))
+            JDBL(c, sub, it, 1, 100, p->repeat.fence_factor);
+        else if (!strcmp(k, "classes")) {
+            if (apply_classes(p, c, sub, it) < 0) return -1;
+        } else
+            return jfail(c, sub, k, "unknown key");
+    }
+    return 0;
+}
+
+static int apply_lines(guard_params *p, jctx *c, const char *pre, const cJSON *obj)
+{
+    char sub[192];
+    if (jobject(c, pre, obj) < 0) return -1;
+    subprefix(sub, sizeof(sub), pre, obj->string);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, obj)
+    {
+        const char *k = it->string;
+        if (!strcmp(k, "enabled")) {
+            if (jbool(c, sub, it, &p->lines.enabled) < 0) return -1;
+        } else if (!strcmp(k, "min_repeats"))
+            JU32(c, sub, it, 2, 64, p->lines.min_repeats);
+        else if (!strcmp(k, "window"))
+            JU32(c, sub, it, 4, 1024, p->lines.window);
+        else if (!strcmp(k, "min_segment_bytes"))
+            JU32(c, sub, it, 1, 4096, p->lines.min_segment_bytes);
+        else if (!strcmp(k, "min_repeat_ratio"))
+            JDBL(c, sub, it, 0, 1, p->lines.min_repeat_ratio);
+        else
+            return jfail(c, sub, k, "unknown key");
+    }
+    return 0;
+}
+
+static int apply_novelty(guard_params *p, jctx *c, const char *pre, const cJSON *obj)
+{
+    char sub[192];
+    if (jobject(c, pre, obj) < 0) return -1;
+    subprefix(sub, sizeof(sub), pre, obj->string);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, obj)
+    {
+        const char *k = it->string;
+        if (!strcmp(k, "enabled")) {
+            if (jbool(c, sub, it, &p->novelty.enabled) < 0) return -1;
+        } else if (!strcmp(k, "window"))
+            JU32(c, sub, it, 8, 4096, p->novelty.window);
+        else if (!strcmp(k, "min_ratio"))
+            JDBL(c, sub, it, 0, 1, p->novelty.min_ratio);
+        else if (!strcmp(k, "memory_words"))
+            JU32(c, sub, it, 16, 65536, p->novelty.memory_words);
+        else
+            return jfail(c, sub, k, "unknown key");
+    }
+    return 0;
+}
+
+/* "rules": [{"name", "pattern", "action": "trip"}] replaces the channel's rule list. */
+static int apply_rules(guard_params *p, jctx *c, const char *pre, const cJSON *arr)
+{
+    char sub[192];
+    subprefix(sub, sizeof(sub), pre, arr->string);
+    if (!cJSON_IsArray(arr))
+        return jfail(c, pre, arr->string, "expected an array of {name, pattern, action}");
+    rules_free(p->rules, p->n_rules);
+    p->rules = NULL;
+    p->n_rules = 0;
+    int i = 0;
+    const cJSON *r;
+    cJSON_ArrayForEach(r, arr)
+    {
+        char idx[224], msg[160];
+        snprintf(idx, sizeof(idx), "%s[%d]", sub, i++);
+        if (!cJSON_IsObject(r))
+            return jfail(c, idx, NULL, "expected an object {name, pattern, action}");
+        const char *name = NULL, *pattern = NULL;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, r)
+        {
+            const char *k = it->string;
+            if (!strcmp(k, "name") || !strcmp(k, "pattern")) {
+                if (!cJSON_IsString(it) || !it->valuestring[0])
+                    return jfail(c, idx, k, "expected a non-empty string");
+                *(k[0] == 'n' ? &name : &pattern) = it->valuestring;
+            } else if (!strcmp(k, "action")) {
+                if (!cJSON_IsString(it) || strcmp(it->valuestring, "trip"))
+                    return jfail(c, idx, k, "expected \"trip\"");
+            } else
+                return jfail(c, idx, k, "unknown key");
+        }
+        if (!name || !pattern) return jfail(c, idx, name ? "pattern" : "name", "missing");
+        if (rule_add(p, name, pattern, msg, sizeof(msg)) < 0)
+            return jfail(c, idx, "pattern", "%s", msg);
+    }
+    return 0;
+}
+
+static int apply_leaks(guard_params *p, jctx *c, const char *pre, const cJSON *arr)
+{
+    if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) > GUARD_MAX_LEAKS)
+        return jfail(c, pre, arr->string, "expected an array of at most %d strings",
+                     GUARD_MAX_LEAKS);
+    size_t n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr)
+    {
+        if (!cJSON_IsString(it) || !it->valuestring[0] ||
+            strlen(it->valuestring) > GUARD_MAX_LEAK_LEN)
+            return jfail(c, pre, arr->string, "item %zu: expected a string of 1 to %d bytes", n,
+                         GUARD_MAX_LEAK_LEN);
+        p->leak_len[n] = strlen(it->valuestring);
+        memcpy(p->leaks[n], it->valuestring, p->leak_len[n] + 1);
+        n++;
+    }
+    p->n_leaks = n;
+    return 0;
+}
+
+static int apply_top(guard_params *p, jctx *c, const char *pre, const cJSON *obj)
+{
+    const cJSON *it;
+    cJSON_ArrayForEach(it, obj)
+    {
+        const char *k = it->string;
+        double v;
+        int rc = 0;
+        if (!strcmp(k, "enabled"))
+            rc = jbool(c, pre, it, &p->enabled);
+        else if (!strcmp(k, "repeat"))
+            rc = apply_repeat(p, c, pre, it);
+        else if (!strcmp(k, "lines"))
+            rc = apply_lines(p, c, pre, it);
+        else if (!strcmp(k, "novelty"))
+            rc = apply_novelty(p, c, pre, it);
+        else if (!strcmp(k, "rules"))
+            rc = apply_rules(p, c, pre, it);
+        else if (!strcmp(k, "rule_max_match_bytes"))
+            JU32(c, pre, it, 1, GUARD_HISTORY / 2, p->rule_max_match_bytes);
+        else if (!strcmp(k, "leak_tokens"))
+            rc = apply_leaks(p, c, pre, it);
+        else if (!strcmp(k, "budget_bytes")) {
+            rc = jnum(c, pre, it, 0, 1e15, true, &v);
+            p->budget_bytes = (uint64_t)v;
+        } else if (!strcmp(k, "empty_answer_min_reasoning_bytes")) {
+            rc = jnum(c, pre, it, 0, 1e15, true, &v);
+            p->empty_answer_min_reasoning = (uint64_t)v;
+        } else if (!strcmp(k, "holdback_max_bytes")) {
+            rc = jnum(c, pre, it, 4, 1 << 30, true, &v);
+            p->holdback_max = (size_t)v;
+        } else
+            return jfail(c, pre, k, "unknown key");
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
+int guard_params_apply_json(guard_params *p, const cJSON *obj, const char *prefix, char *err,
+                            size_t errlen)
+{
+    jctx c = {err, errlen};
+    const char *pre = prefix ? prefix : "guard";
+    if (!cJSON_IsObject(obj)) return jfail(&c, pre, NULL, "expected an object");
+    /* Work on a copy so that a failed apply leaves `p` as it was. */
+    guard_params *tmp = guard_params_clone(p);
+    if (apply_top(tmp, &c, pre, obj) < 0) {
+        guard_params_free(tmp);
+        return -1;
+    }
+    guard_rule *old = p->rules;
+    size_t n_old = p->n_rules;
+    *p = *tmp;
+    tmp->rules = old;
+    tmp->n_rules = n_old;
+    guard_params_free(tmp);
+    return 0;
+}
