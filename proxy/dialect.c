@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static cJSON *must(cJSON *x)
+cJSON *dl_json_must(cJSON *x)
 {
     if (!x) abort();
     return x;
@@ -176,10 +176,10 @@ void dl_delta_clear(dl_delta *d)
     d->kind = DL_OTHER;
 }
 
-static void set_item(cJSON *obj, const char *key, cJSON *item)
+void dl_json_set(cJSON *obj, const char *key, cJSON *item)
 {
     cJSON_DeleteItemFromObjectCaseSensitive(obj, key);
-    if (!cJSON_AddItemToObject(obj, key, must(item))) abort();
+    if (!cJSON_AddItemToObject(obj, key, dl_json_must(item))) abort();
 }
 
 /* obj[key] = the n bytes at s as a JSON string, replacing any earlier value. */
@@ -189,7 +189,7 @@ static void set_strn(cJSON *obj, const char *key, const char *s, size_t n)
     if (!tmp) abort();
     if (n) memcpy(tmp, s, n);
     tmp[n] = '\0';
-    set_item(obj, key, cJSON_CreateString(tmp));
+    dl_json_set(obj, key, cJSON_CreateString(tmp));
     free(tmp);
 }
 
@@ -204,8 +204,8 @@ static void put_texts(cJSON *choice, bool chat, const char *reasoning, size_t rl
     }
     cJSON *delta = cJSON_GetObjectItemCaseSensitive(choice, "delta");
     if (!cJSON_IsObject(delta)) {
-        delta = must(cJSON_CreateObject());
-        set_item(choice, "delta", delta);
+        delta = dl_json_must(cJSON_CreateObject());
+        dl_json_set(choice, "delta", delta);
     }
     cJSON_DeleteItemFromObjectCaseSensitive(delta, "reasoning_content");
     cJSON_DeleteItemFromObjectCaseSensitive(delta, "reasoning");
@@ -220,7 +220,7 @@ static void put_texts(cJSON *choice, bool chat, const char *reasoning, size_t rl
 }
 
 /* Prints and frees a tree; the caller owns the string. */
-static char *print_free(cJSON *root)
+char *dl_json_print_free(cJSON *root)
 {
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
@@ -231,11 +231,11 @@ static char *print_free(cJSON *root)
 /* A fresh choices[0] for a chat or text completion chunk. */
 static cJSON *new_choice(bool chat)
 {
-    cJSON *ch = must(cJSON_CreateObject());
-    set_item(ch, "index", cJSON_CreateNumber(0));
-    set_item(ch, chat ? "delta" : "text", chat ? cJSON_CreateObject() : cJSON_CreateString(""));
-    set_item(ch, "logprobs", cJSON_CreateNull());
-    set_item(ch, "finish_reason", cJSON_CreateNull());
+    cJSON *ch = dl_json_must(cJSON_CreateObject());
+    dl_json_set(ch, "index", cJSON_CreateNumber(0));
+    dl_json_set(ch, chat ? "delta" : "text", chat ? cJSON_CreateObject() : cJSON_CreateString(""));
+    dl_json_set(ch, "logprobs", cJSON_CreateNull());
+    dl_json_set(ch, "finish_reason", cJSON_CreateNull());
     return ch;
 }
 
@@ -243,11 +243,11 @@ char *dl_build_chunk(const dl_delta *tmpl, const char *reasoning, size_t rlen, c
                      size_t clen, int mode, bool keep_tools, const char *finish_reason)
 {
     if (!tmpl->root) return NULL;
-    cJSON *root = must(cJSON_Duplicate(tmpl->root, 1));
+    cJSON *root = dl_json_must(cJSON_Duplicate(tmpl->root, 1));
     cJSON *choices = cJSON_GetObjectItemCaseSensitive(root, "choices");
     if (!cJSON_IsArray(choices)) {
-        choices = must(cJSON_CreateArray());
-        set_item(root, "choices", choices);
+        choices = dl_json_must(cJSON_CreateArray());
+        dl_json_set(root, "choices", choices);
     }
     cJSON *choice = cJSON_GetArrayItem(choices, 0);
     if (!cJSON_IsObject(choice)) {
@@ -259,50 +259,50 @@ char *dl_build_chunk(const dl_delta *tmpl, const char *reasoning, size_t rlen, c
     }
     put_texts(choice, tmpl->chat, reasoning, rlen, content, clen, mode, keep_tools);
     if (finish_reason) {
-        set_item(choice, "finish_reason", cJSON_CreateString(finish_reason));
+        dl_json_set(choice, "finish_reason", cJSON_CreateString(finish_reason));
     } else if (cJSON_GetObjectItemCaseSensitive(choice, "finish_reason")) {
         /* Not a final chunk: the template's finish and what came with it do not apply. */
         static const char *const tied[] = {"finish_reason", "matched_stop", "stop_reason"};
         for (size_t i = 0; i < sizeof(tied) / sizeof(tied[0]); i++)
             if (cJSON_GetObjectItemCaseSensitive(choice, tied[i]))
-                set_item(choice, tied[i], cJSON_CreateNull());
+                dl_json_set(choice, tied[i], cJSON_CreateNull());
     }
-    return print_free(root);
+    return dl_json_print_free(root);
 }
 
 char *dl_build_synthetic(bool chat, const char *id, const char *model, long long created,
                          const char *reasoning, size_t rlen, const char *content, size_t clen,
                          int mode, const char *finish_reason)
 {
-    cJSON *root = must(cJSON_CreateObject());
-    if (id) set_item(root, "id", cJSON_CreateString(id));
-    set_item(root, "object",
-             cJSON_CreateString(chat ? "chat.completion.chunk" : "text_completion"));
-    set_item(root, "created", cJSON_CreateNumber((double)created));
-    if (model) set_item(root, "model", cJSON_CreateString(model));
-    cJSON *choices = must(cJSON_CreateArray());
-    set_item(root, "choices", choices);
+    cJSON *root = dl_json_must(cJSON_CreateObject());
+    if (id) dl_json_set(root, "id", cJSON_CreateString(id));
+    dl_json_set(root, "object",
+                cJSON_CreateString(chat ? "chat.completion.chunk" : "text_completion"));
+    dl_json_set(root, "created", cJSON_CreateNumber((double)created));
+    if (model) dl_json_set(root, "model", cJSON_CreateString(model));
+    cJSON *choices = dl_json_must(cJSON_CreateArray());
+    dl_json_set(root, "choices", choices);
     cJSON *choice = new_choice(chat);
     cJSON_AddItemToArray(choices, choice);
     put_texts(choice, chat, reasoning, rlen, content, clen, mode, false);
-    if (finish_reason) set_item(choice, "finish_reason", cJSON_CreateString(finish_reason));
-    return print_free(root);
+    if (finish_reason) dl_json_set(choice, "finish_reason", cJSON_CreateString(finish_reason));
+    return dl_json_print_free(root);
 }
 
 char *dl_error_json(const char *message, const char *type, const char *code_or_null,
                     int http_status_for_code)
 {
-    cJSON *root = must(cJSON_CreateObject());
-    cJSON *e = must(cJSON_CreateObject());
-    set_item(root, "error", e);
-    set_item(e, "message", cJSON_CreateString(message ? message : ""));
-    set_item(e, "type", cJSON_CreateString(type ? type : "server_error"));
-    set_item(e, "param", cJSON_CreateNull());
+    cJSON *root = dl_json_must(cJSON_CreateObject());
+    cJSON *e = dl_json_must(cJSON_CreateObject());
+    dl_json_set(root, "error", e);
+    dl_json_set(e, "message", cJSON_CreateString(message ? message : ""));
+    dl_json_set(e, "type", cJSON_CreateString(type ? type : "server_error"));
+    dl_json_set(e, "param", cJSON_CreateNull());
     if (code_or_null)
-        set_item(e, "code", cJSON_CreateString(code_or_null));
+        dl_json_set(e, "code", cJSON_CreateString(code_or_null));
     else if (http_status_for_code > 0)
-        set_item(e, "code", cJSON_CreateNumber(http_status_for_code));
+        dl_json_set(e, "code", cJSON_CreateNumber(http_status_for_code));
     else
-        set_item(e, "code", cJSON_CreateNull());
-    return print_free(root);
+        dl_json_set(e, "code", cJSON_CreateNull());
+    return dl_json_print_free(root);
 }
