@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""report.py — turns the bench's raw loadgen lines into the table and build/bench.json.
+
+run.sh appends one JSON line per loadgen run to build/bench/results.jsonl, labelled
+"<target>:<scenario>" (scenarios sat<N>, paced<N>, and "idle" lines holding a target's VmRSS
+before load). This script derives the figures the issue asks for, prints them as a markdown
+table (the one README quotes) and writes bench.json:
+
+  chunks_per_s        the best events/s of the target's saturation runs
+  cpu_s_per_M_chunks  the target's CPU seconds (utime+stime, all its processes) per million
+                      events in that same run (for direct: the fake upstream's own cost)
+  p50/p99_added_us    per-event latency at the smallest paced load minus direct's, same run
+                      shape (each event is timed from the upstream's write, so the
+                      difference is what the relay added)
+  ttft_added_us       p99 TTFT minus direct's at the smallest paced load (ttft_added_p50_us too)
+  rss_kib_per_stream  (VmRSS at the largest paced load - idle VmRSS) / streams
+
+Usage: report.py line JSON               one-line summary of a loadgen result
+       report.py summary OUTDIR BENCH_JSON [quick]
+Python standard library only.
+"""
+import datetime
+import json
+import os
+import platform
+import sys
+
+TARGETS = ["direct", "nginx", "loopguard_guard_off", "loopguard", "portkey"]
+
+
+def line_summary(rec):
+    return (f"{rec['label']:<28} {rec['events_per_s']:>10.0f} ev/s  "
+            f"lat p50 {rec['lat_p50_us']:>7} us p99 {rec['lat_p99_us']:>7} us  "
+            f"ttft p50 {rec['ttft_p50_us']:>7} us p99 {rec['ttft_p99_us']:>7} us  "
+            f"errors {rec['errors']}  cpu {rec['target_cpu_s']:.2f}s  "
+            f"rss {rec['target_rss_kib']} KiB  loadgen {rec['loadgen_cpu_s']:.2f}s")
+
+
+def machine(quick):
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem_kib = 0
+    try:
+        with open("/proc/meminfo") as f:
+            mem_kib = int(f.readline().split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "kernel": platform.release(),
+        "memory_gib": round(mem_kib / 1048576, 1),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "quick": bool(quick),
+        "note": "load generator, fake upstream and target share all cores; nothing pinned",
+    }
+
+
+def load_results(path):
+    runs = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                rec = json.loads(line)
+                target, scen = rec["label"].split(":", 1)
+                runs.setdefault(target, {})[scen] = rec
+    return runs
+
+
+def by_prefix(scens, prefix):
+    """{N: record} for scenarios named prefix<N>."""
+    out = {}
+    for name, rec in scens.items():
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            out[int(name[len(prefix):])] = rec
+    return out
+
+
+def diff(a, b):
+    return None if a is None or b is None else a - b
+
+
+def figures(runs):
+    direct = runs.get("direct", {})
+    d_paced = by_prefix(direct, "paced")
+    out = {}
+    for target in [t for t in TARGETS if t in runs] + [t for t in runs if t not in TARGETS]:
+        scens = runs[target]
+        sat = by_prefix(scens, "sat")
+        paced = by_prefix(scens, "paced")
+        fig = {}
+        best = max(sat.values(), key=lambda r: r["events_per_s"]) if sat else None
+        fig["chunks_per_s"] = round(best["events_per_s"]) if best else None
+        fig["cpu_s_per_M_chunks"] = (round(best["target_cpu_s"] / best["events"] * 1e6, 2)
+                                     if best and best["events"] else None)
+        fig["saturation"] = {str(n): {"streams": n, "events_per_s": round(r["events_per_s"]),
+                                      "cpu_s_per_M": (round(r["target_cpu_s"] / r["events"] * 1e6, 2)
+                                                      if r["events"] else None),
+                                      "errors": r["errors"]}
+                             for n, r in sorted(sat.items())}
+        pac = {}
+        for n, r in sorted(paced.items()):
+            base = d_paced.get(n)
+            pac[str(n)] = {
+                "streams": n,
+                "events_per_s": round(r["events_per_s"]),
+                "lat_p50_us": r["lat_p50_us"], "lat_p99_us": r["lat_p99_us"],
+                "ttft_p50_us": r["ttft_p50_us"], "ttft_p99_us": r["ttft_p99_us"],
+                "p50_added_us": diff(r["lat_p50_us"], base and base["lat_p50_us"]),
+                "p99_added_us": diff(r["lat_p99_us"], base and base["lat_p99_us"]),
+                "ttft_added_p50_us": diff(r["ttft_p50_us"], base and base["ttft_p50_us"]),
+                "ttft_added_us": diff(r["ttft_p99_us"], base and base["ttft_p99_us"]),
+                "rss_kib": r["target_rss_kib"],
+                "errors": r["errors"],
+            }
+        fig["paced"] = pac
+        lo = pac[str(min(paced))] if paced else {}
+        for k in ("p50_added_us", "p99_added_us", "ttft_added_us", "ttft_added_p50_us"):
+            fig[k] = lo.get(k)
+        idle = scens.get("idle", {}).get("target_rss_kib")
+        if paced and idle is not None:
+            hi = max(paced)
+            fig["idle_rss_kib"] = idle
+            fig["rss_kib_per_stream"] = round((paced[hi]["target_rss_kib"] - idle) / hi, 2)
+            fig["rss_streams"] = hi
+        else:
+            fig["rss_kib_per_stream"] = None
+        fig["errors"] = sum(r["errors"] for n, r in scens.items() if n != "idle")
+        out[target] = fig
+    return out
+
+
+def ratio(a, b):
+    return round(a / b, 3) if a and b else None
+
+
+def looping(outdir):
+    def gens(name):
+        try:
+            with open(os.path.join(outdir, name)) as f:
+                return [r for r in json.load(f) if r.get("kind") == "generation"]
+        except (OSError, ValueError):
+            return None
+    without, with_ = gens("loop-without.json"), gens("loop-with.json")
+    if without is None and with_ is None:
+        return None
+    res = {}
+    if without:
+        res["tokens_without"] = max(g["tokens_sent"] for g in without)
+    if with_:
+        sent = [g["tokens_sent"] for g in with_]
+        res["attempts"] = len(sent)
+        res["tokens_with_per_attempt"] = round(sum(sent) / len(sent), 1)
+        res["tokens_with_max_attempt"] = max(sent)
+        res["tokens_with_total"] = sum(sent)
+        res["attempts_detail"] = [{"tokens_sent": g["tokens_sent"], "ended": g.get("ended"),
+                                   "aborted": g.get("aborted")} for g in with_]
+    return res
+
+
+def fmt(v, unit=""):
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        v = round(v, 2)
+    if isinstance(v, int) and abs(v) >= 10000:
+        return f"{v:,}{unit}"
+    return f"{v}{unit}"
+
+
+def table(figs, ratios, loop, mach):
+    sat_ns = sorted({int(n) for f in figs.values() for n in f["saturation"]})
+    pac_ns = sorted({int(n) for f in figs.values() for n in f["paced"]})
+    lo = pac_ns[0] if pac_ns else None
+    hi = pac_ns[-1] if pac_ns else None
+    head = ["target"] + [f"events/s @{n} sat" for n in sat_ns] + ["CPU s / M events"]
+    if lo:
+        head += [f"added p50 / p99 µs @{lo}"]
+    if hi and hi != lo:
+        head += [f"added p50 / p99 µs @{hi}"]
+    if lo:
+        head += [f"added TTFT p50 / p99 µs @{lo}", f"RSS KiB / stream @{hi}"]
+    head += ["errors"]
+    rows = []
+    for t, f in figs.items():
+        row = [t] + [fmt(f["saturation"].get(str(n), {}).get("events_per_s")) for n in sat_ns]
+        row.append(fmt(f["cpu_s_per_M_chunks"]))
+        for n in ([lo] if lo else []) + ([hi] if hi and hi != lo else []):
+            p = f["paced"].get(str(n), {})
+            row.append(f"{fmt(p.get('p50_added_us'))} / {fmt(p.get('p99_added_us'))}")
+        if lo:
+            p = f["paced"].get(str(lo), {})
+            row.append(f"{fmt(p.get('ttft_added_p50_us'))} / {fmt(p.get('ttft_added_us'))}")
+            row.append(fmt(f.get("rss_kib_per_stream")))
+        row.append(fmt(f["errors"]))
+        rows.append(row)
+    lines = [f"Machine: {mach['cpu']}, {mach['cores']} cores, {mach['memory_gib']} GiB, "
+             f"Linux {mach['kernel']}, {mach['date']}"
+             f"{' (QUICK=1)' if mach['quick'] else ''}; load generator, fake upstream and "
+             f"target share the cores.", ""]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|")
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines.append("")
+    lines.append("Direct's latency is the floor; \"added\" is target minus direct in the same "
+                 "run. Direct's CPU and RSS are the fake upstream's.")
+    lines.append("")
+    goals = goal_rows(figs, ratios, loop, lo, hi)
+    if goals:
+        lines.append("| goal | measured | |")
+        lines.append("|---|---:|---|")
+        lines += [f"| {g} | {m} | {'met' if ok else ('not met' if ok is False else 'n/a')} |"
+                  for g, m, ok in goals]
+    return "\n".join(lines)
+
+
+def goal_rows(figs, ratios, loop, lo, hi):
+    lg = figs.get("loopguard")
+    if not lg:
+        return []
+    rows = []
+
+    def add(goal, value, ok, unit=""):
+        rows.append((goal, fmt(value, unit), None if value is None else ok(value)))
+    add("events/s ≥ 0.8× nginx", ratios.get("loopguard_vs_nginx"), lambda v: v >= 0.8, "×")
+    add("events/s ≥ 10× portkey", ratios.get("loopguard_vs_portkey"), lambda v: v >= 10, "×")
+    add("events/s ≥ 0.9× guard off", ratios.get("loopguard_vs_guard_off"), lambda v: v >= 0.9,
+        "×")
+    add(f"p99 added latency ≤ 1 ms @{lo} paced", lg.get("p99_added_us"), lambda v: v <= 1000,
+        " µs")
+    add(f"p99 added TTFT ≤ 1 ms @{lo} paced", lg.get("ttft_added_us"), lambda v: v <= 1000, " µs")
+    add(f"RSS ≤ 64 KiB / stream @{hi} paced", lg.get("rss_kib_per_stream"), lambda v: v <= 64,
+        " KiB")
+    add("no errors", lg.get("errors"), lambda v: v == 0)
+    if loop:
+        add("looping request ≤ 40 tokens / attempt", loop.get("tokens_with_per_attempt"),
+            lambda v: v <= 40)
+    return rows
+
+
+def summary(outdir, bench_json, quick):
+    runs = load_results(os.path.join(outdir, "results.jsonl"))
+    figs = figures(runs)
+    cps = {t: f["chunks_per_s"] for t, f in figs.items()}
+    ratios = {
+        "loopguard_vs_nginx": ratio(cps.get("loopguard"), cps.get("nginx")),
+        "loopguard_vs_portkey": ratio(cps.get("loopguard"), cps.get("portkey")),
+        "loopguard_vs_guard_off": ratio(cps.get("loopguard"), cps.get("loopguard_guard_off")),
+        "nginx_vs_direct": ratio(cps.get("nginx"), cps.get("direct")),
+    }
+    loop = looping(outdir)
+    mach = machine(quick)
+    doc = {"machine": mach}
+    doc.update(figs)
+    doc["ratios"] = ratios
+    if loop:
+        doc["looping"] = loop
+    with open(bench_json, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    print()
+    print(table(figs, ratios, loop, mach))
+    if loop:
+        print()
+        print(f"Looping request (max_tokens {loop.get('tokens_without', '?')}): upstream "
+              f"generated {fmt(loop.get('tokens_without'))} tokens without loopguard; with "
+              f"loopguard {fmt(loop.get('attempts'))} attempts, "
+              f"{fmt(loop.get('tokens_with_per_attempt'))} tokens per attempt "
+              f"(max {fmt(loop.get('tokens_with_max_attempt'))}, "
+              f"total {fmt(loop.get('tokens_with_total'))}).")
+    print()
+    print(f"bench: wrote {bench_json}")
+
+
+def main(argv):
+    if len(argv) >= 3 and argv[1] == "line":
+        print(line_summary(json.loads(argv[2])))
+        return 0
+    if len(argv) >= 4 and argv[1] == "summary":
+        summary(argv[2], argv[3], len(argv) > 4 and argv[4])
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,346 @@
+#!/usr/bin/env bash
+# tests/bench/run.sh — `make bench`: loopguard against the upstream itself, nginx and a peer
+# gateway, side by side, in one run on this machine.
+#
+# Every target relays the same C fake upstream (build/fake_upstream, --stamp: each content
+# token carries the CLOCK_MONOTONIC time it was written) to the same C load generator
+# (build/loadgen), which times every event it reads. Targets:
+#   direct               client -> fake upstream (the floor every other figure is measured from)
+#   nginx                nginx, proxy_buffering off, HTTP/1.1 keep-alive upstream, 1 worker/core
+#   loopguard_guard_off  loopguard with {"guard":{"enabled":false}}
+#   loopguard            loopguard with its defaults (guard, normalisation, holdback on)
+#   portkey              @portkey-ai/gateway@1.15.2 from npm (tests/bench/portkey), reaching the
+#                        fake as an OpenAI provider with x-portkey-custom-host
+# Scenarios (full run; QUICK=1 in brackets):
+#   paced       1,000 and 5,000 streams [1,000 only] at 30 tokens/s (pace 33 ms), 60 tokens per
+#               request: added latency per event and added TTFT against direct, RSS per stream
+#               from the target's VmRSS at the largest paced load over its idle VmRSS
+#   saturation  100 and 1,000 streams [100 only], no pacing, 500 tokens per request: events/s
+#               and the target's CPU seconds per million events
+#   looping     one request with max_tokens 2000 to a fake that loops whatever the sampling:
+#               tokens the upstream generated without loopguard, and per attempt with it
+# Windows: 5 s measured after a warm-up (1 s saturation; paced: the connection ramp + 1 s);
+# QUICK=1 measures 2 s after a 0.5 s warm-up (paced: 1 s ramp + 0.5 s).
+#
+# The machine's cores are shared by the load generator, the fake upstream and the target;
+# nothing is pinned, and every target gets exactly the same load, so the figures compare
+# targets, not absolute hardware limits. Results: build/bench/results.jsonl (one loadgen line
+# per run), build/bench.json and the table printed at the end (tests/bench/report.py).
+# Environment: BENCH_TARGETS="direct nginx ..." runs a subset; BENCH_PERF=1 records a perf
+# profile of loopguard during its saturation run (build/bench/perf-loopguard.txt).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT" || exit 1
+BUILD=${BUILD:-build}
+QUICK=${QUICK:-}
+[ "$QUICK" = 0 ] && QUICK=
+OUT=$BUILD/bench
+RESULTS=$OUT/results.jsonl
+LOADGEN=$BUILD/loadgen
+FAKE=${FAKE_BIN:-$BUILD/fake_upstream}
+LOOPGUARD=${LOOPGUARD_BIN:-$BUILD/loopguard}
+PORTKEY_DIR=tests/bench/portkey
+PORTKEY_JS=$PORTKEY_DIR/node_modules/@portkey-ai/gateway/build/start-server.js
+TARGETS=${BENCH_TARGETS:-direct nginx loopguard_guard_off loopguard portkey}
+WORKERS=$(nproc)
+
+if [ -n "$QUICK" ]; then
+    SAT_STREAMS="100" PACED_STREAMS="1000"
+    SAT_WARMUP=0.5 PACED_EXTRA=0.5 DURATION=2
+else
+    SAT_STREAMS="100 1000" PACED_STREAMS="1000 5000"
+    SAT_WARMUP=1 PACED_EXTRA=1 DURATION=5
+fi
+SAT_TOKENS=500
+PACED_TOKENS=60
+PACE_MS=33
+LOOP_MAX_TOKENS=2000
+LOOP_PACE_MS=5
+
+STARTED=() # every process this script started, so that the EXIT trap can end it
+
+log() { printf '%s\n' "bench: $*" >&2; }
+die() {
+    log "FAILED: $*"
+    exit 1
+}
+
+# Ends one process we started: TERM, up to 3 s grace, then KILL.
+stop_pid() {
+    local pid=$1 i keep=()
+    kill -TERM "$pid" 2>/dev/null
+    for i in $(seq 30); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    for i in "${STARTED[@]}"; do [ "$i" = "$pid" ] || keep+=("$i"); done
+    STARTED=("${keep[@]}")
+}
+
+cleanup() {
+    local pid
+    for pid in "${STARTED[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+    for pid in "${STARTED[@]}"; do stop_pid "$pid"; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# spawn NAME CMD... — starts CMD in the background, stdout/stderr to $OUT/NAME.{out,err};
+# sets SPAWNED to its pid.
+spawn() {
+    local name=$1
+    shift
+    "$@" >"$OUT/$name.out" 2>"$OUT/$name.err" &
+    SPAWNED=$!
+    STARTED+=("$SPAWNED")
+}
+
+# Fails with the process's stderr when it is gone.
+check_alive() {
+    local name=$1 pid=$2
+    kill -0 "$pid" 2>/dev/null && return 0
+    tail -n 20 "$OUT/$name.err" >&2
+    die "$name exited during start-up (see $OUT/$name.err)"
+}
+
+# wait_listen NAME PID — waits up to 10 s for "listening on 127.0.0.1:PORT" on the process's
+# stdout; sets LISTEN_PORT.
+wait_listen() {
+    local name=$1 pid=$2 i line
+    for i in $(seq 100); do
+        line=$(grep -m1 -o 'listening on 127\.0\.0\.1:[0-9]*' "$OUT/$name.out" 2>/dev/null)
+        if [ -n "$line" ]; then
+            LISTEN_PORT=${line##*:}
+            return 0
+        fi
+        check_alive "$name" "$pid"
+        sleep 0.1
+    done
+    die "$name did not print 'listening on 127.0.0.1:PORT' within 10 s"
+}
+
+# wait_tcp NAME PID PORT — waits up to 15 s until 127.0.0.1:PORT accepts connections.
+wait_tcp() {
+    local name=$1 pid=$2 port=$3 i
+    for i in $(seq 150); do
+        (: <"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+        check_alive "$name" "$pid"
+        sleep 0.1
+    done
+    die "$name is not accepting connections on 127.0.0.1:$port after 15 s"
+}
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Sum of VmRSS (KiB) of the given pids.
+rss_kib() {
+    local pid sum=0 v
+    for pid in "$@"; do
+        v=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status" 2>/dev/null)
+        sum=$((sum + ${v:-0}))
+    done
+    echo "$sum"
+}
+
+# start_fake PACE_MS [SCENARIO] — sets FAKE_PID and FAKE_PORT.
+start_fake() {
+    local pace=$1 scenario=${2:-$OUT/stamp-scenario.json}
+    spawn fake "$FAKE" --listen 127.0.0.1:0 --kind sglang --scenario "$scenario" --stamp \
+        --pace-ms "$pace" --max-records 0
+    FAKE_PID=$SPAWNED
+    wait_listen fake "$FAKE_PID"
+    FAKE_PORT=$LISTEN_PORT
+}
+
+# start_loopguard NAME [CONFIG] — sets T_MAIN and T_URL.
+start_loopguard() {
+    local name=$1 conf=${2:-} args=()
+    [ -n "$conf" ] && args=(--config "$conf")
+    spawn "$name" "$LOOPGUARD" "${args[@]}" --listen 127.0.0.1:0 \
+        --upstream "http://127.0.0.1:$FAKE_PORT" --upstream-kind sglang
+    T_MAIN=$SPAWNED
+    wait_listen "$name" "$T_MAIN"
+    curl -fsS -m 5 -o /dev/null "http://127.0.0.1:$LISTEN_PORT/loopguard/health" ||
+        die "$name: GET /loopguard/health failed"
+    T_URL=http://127.0.0.1:$LISTEN_PORT/v1/chat/completions
+}
+
+# start_target NAME — starts the target in front of the running fake. Sets T_MAIN (the pid
+# to stop, empty for direct), T_PIDS (the processes whose CPU and RSS are measured), T_URL
+# and T_HDRS (extra loadgen arguments).
+start_target() {
+    local name=$1 port prefix
+    T_MAIN= T_HDRS=()
+    case $name in
+    direct)
+        T_PIDS=$FAKE_PID
+        T_URL=http://127.0.0.1:$FAKE_PORT/v1/chat/completions
+        return 0
+        ;;
+    nginx)
+        port=$(free_port)
+        prefix=$ROOT/$OUT/nginx
+        mkdir -p "$prefix/tmp"
+        sed -e "s|@PREFIX@|$prefix|g" -e "s|@WORKERS@|$WORKERS|g" -e "s|@PORT@|$port|g" \
+            -e "s|@UPSTREAM_PORT@|$FAKE_PORT|g" tests/bench/nginx.conf.in >"$prefix/nginx.conf"
+        spawn nginx /usr/sbin/nginx -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/error.log"
+        T_MAIN=$SPAWNED
+        wait_tcp nginx "$T_MAIN" "$port"
+        T_URL=http://127.0.0.1:$port/v1/chat/completions
+        ;;
+    loopguard_guard_off)
+        echo '{"guard":{"enabled":false}}' >"$OUT/guard-off.json"
+        start_loopguard "$name" "$OUT/guard-off.json"
+        ;;
+    loopguard)
+        start_loopguard "$name"
+        ;;
+    portkey)
+        port=$(free_port)
+        spawn portkey node "$PORTKEY_JS" --port="$port" --headless
+        T_MAIN=$SPAWNED
+        wait_tcp portkey "$T_MAIN" "$port"
+        T_URL=http://127.0.0.1:$port/v1/chat/completions
+        T_HDRS=(--header "x-portkey-provider: openai"
+            --header "x-portkey-custom-host: http://127.0.0.1:$FAKE_PORT/v1"
+            --header "Authorization: Bearer x")
+        ;;
+    *) die "unknown target $name" ;;
+    esac
+    # nginx's workers are its children; for the others this adds nothing.
+    T_PIDS="$T_MAIN $(pgrep -P "$T_MAIN" | tr '\n' ' ')"
+}
+
+stop_target() {
+    [ -n "$T_MAIN" ] && stop_pid "$T_MAIN"
+    T_MAIN=
+}
+
+# run_load TARGET SCENARIO STREAMS MAX_TOKENS WARMUP RAMP — one loadgen run, its JSON line
+# appended to $RESULTS and summarised on stderr.
+run_load() {
+    local target=$1 scen=$2 streams=$3 tokens=$4 warmup=$5 ramp=$6 pid watch=() line
+    for pid in $T_PIDS; do watch+=(--watch-pid "$pid"); done
+    line=$(timeout 120 "$LOADGEN" --url "$T_URL" --streams "$streams" --max-tokens "$tokens" \
+        --warmup "$warmup" --ramp "$ramp" --duration "$DURATION" --label "$target:$scen" \
+        "${T_HDRS[@]}" "${watch[@]}") || die "loadgen failed on $target:$scen"
+    echo "$line" >>"$RESULTS"
+    python3 tests/bench/report.py line "$line" >&2
+    if [ -n "$T_MAIN" ]; then check_alive "$target" "$T_MAIN"; fi
+}
+
+# A perf profile of loopguard while it relays at saturation (BENCH_PERF=1).
+perf_start() {
+    PERF_PID=
+    [ "${BENCH_PERF:-}" = 1 ] && [ "$1" = loopguard ] || return 0
+    command -v perf >/dev/null || return 0
+    spawn perf perf record -F 499 -g -p "$T_MAIN" -o "$OUT/perf.data"
+    PERF_PID=$SPAWNED
+}
+
+perf_stop() {
+    [ -n "${PERF_PID:-}" ] || return 0
+    kill -INT "$PERF_PID" 2>/dev/null
+    wait "$PERF_PID" 2>/dev/null
+    stop_pid "$PERF_PID"
+    perf report -i "$OUT/perf.data" --stdio --no-children --percent-limit 1 \
+        >"$OUT/perf-loopguard.txt" 2>/dev/null
+    log "perf profile of loopguard: $OUT/perf-loopguard.txt"
+}
+
+# ---- preflight ----
+
+for f in "$LOADGEN" "$FAKE"; do [ -x "$f" ] || die "$f is missing (run make)"; done
+case " $TARGETS " in *" loopguard"*) [ -x "$LOOPGUARD" ] || die "$LOOPGUARD is missing" ;; esac
+case " $TARGETS " in *" nginx "*) [ -x /usr/sbin/nginx ] || die "nginx is not installed" ;; esac
+case " $TARGETS " in *" portkey "*)
+    if [ ! -f "$PORTKEY_JS" ]; then
+        log "installing @portkey-ai/gateway (npm ci in $PORTKEY_DIR)"
+        (cd "$PORTKEY_DIR" && npm ci --no-audit --no-fund --loglevel=error) >&2 ||
+            die "npm ci in $PORTKEY_DIR failed"
+    fi
+    ;;
+esac
+ulimit -n "$(ulimit -Hn)" 2>/dev/null
+[ "$(ulimit -n)" -ge 20000 ] || log "warning: RLIMIT_NOFILE $(ulimit -n) may be too low"
+
+rm -rf "$OUT"
+mkdir -p "$OUT"
+: >"$RESULTS"
+# Stamp tokens until max_tokens: every content token is `w<ns> `.
+echo '{"dialect":"sglang","responses":[{"content":[{"stamp_tokens":-1}]}]}' \
+    >"$OUT/stamp-scenario.json"
+log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), kernel $(uname -r)"
+log "targets: $TARGETS; ${QUICK:+QUICK }windows ${DURATION}s"
+
+# ---- paced: latency, TTFT and memory at a realistic decode speed ----
+
+start_fake "$PACE_MS"
+for target in $TARGETS; do
+    start_target "$target"
+    sleep 0.3
+    echo "{\"label\":\"$target:idle\",\"target_rss_kib\":$(rss_kib $T_PIDS)}" >>"$RESULTS"
+    for n in $PACED_STREAMS; do
+        ramp=$(awk -v n="$n" 'BEGIN { print (n >= 5000 ? 2 : 1) }')
+        warm=$(awk -v r="$ramp" -v e="$PACED_EXTRA" 'BEGIN { print r + e }')
+        run_load "$target" "paced$n" "$n" "$PACED_TOKENS" "$warm" "$ramp"
+    done
+    stop_target
+done
+stop_pid "$FAKE_PID"
+
+# ---- saturation: events/s and CPU per event ----
+
+start_fake 0
+for target in $TARGETS; do
+    start_target "$target"
+    perf_start "$target"
+    for n in $SAT_STREAMS; do
+        run_load "$target" "sat$n" "$n" "$SAT_TOKENS" "$SAT_WARMUP" 0
+    done
+    perf_stop
+    stop_target
+done
+stop_pid "$FAKE_PID"
+
+# ---- looping: what a degenerate generation costs the upstream ----
+
+# start_loop_fake PACE_MS — a fake that loops whatever the sampling; records kept.
+start_loop_fake() {
+    spawn "fake-loop-$1" "$FAKE" --listen 127.0.0.1:0 --kind sglang --scenario "$LOOP_SCENARIO" \
+        --pace-ms "$1"
+    FAKE_PID=$SPAWNED
+    wait_listen "fake-loop-$1" "$FAKE_PID"
+    FAKE_PORT=$LISTEN_PORT
+}
+
+LOOP_SCENARIO=tests/fake/scenarios/always_loop.json
+case " $TARGETS " in *" loopguard "*)
+    [ -f "$LOOP_SCENARIO" ] || die "$LOOP_SCENARIO is missing"
+    body="{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"Write is_prime in Python.\"}],\"stream\":true,\"max_tokens\":$LOOP_MAX_TOKENS,\"temperature\":0.6}"
+    # Without loopguard the generation runs to max_tokens whatever the speed: unpaced.
+    start_loop_fake 0
+    curl -sS -m 60 -o "$OUT/loop-without.sse" -H 'content-type: application/json' -d "$body" \
+        "http://127.0.0.1:$FAKE_PORT/v1/chat/completions" || die "looping request to the fake failed"
+    curl -fsS -m 5 -o "$OUT/loop-without.json" "http://127.0.0.1:$FAKE_PORT/_fake/records"
+    stop_pid "$FAKE_PID"
+    # With loopguard the count depends on how fast the abort reaches the upstream, so the
+    # fake decodes at 200 tokens/s (5 ms), faster than a 27B model on one GPU: pessimistic.
+    start_loop_fake "$LOOP_PACE_MS"
+    start_target loopguard
+    curl -sS -m 60 -o "$OUT/loop-with.sse" -H 'content-type: application/json' -d "$body" \
+        "$T_URL" || die "looping request through loopguard failed"
+    sleep 0.5 # aborted generations are recorded when the fake notices the abort
+    curl -fsS -m 5 -o "$OUT/loop-with.json" "http://127.0.0.1:$FAKE_PORT/_fake/records"
+    stop_target
+    stop_pid "$FAKE_PID"
+    ;;
+esac
+
+python3 tests/bench/report.py summary "$OUT" "$BUILD/bench.json" "${QUICK:+quick}" ||
+    die "report failed"
