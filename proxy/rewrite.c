@@ -1,0 +1,267 @@
+/* rewrite.c — client request validation and the per-attempt upstream body
+ * (see rewrite.h for the contract).
+ *
+ * Every attempt starts from a deep copy of the client's parsed body (O(body)), so the
+ * request stays pristine for the next attempt and for incident records. */
+#include "proxy/rewrite.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "proxy/buf.h"
+#include "proxy/dialect.h"
+
+static int fail(rw_error *err, const char *message, const char *param)
+{
+    err->status = 400;
+    err->message = message;
+    err->param = param;
+    err->code = NULL;
+    return -1;
+}
+
+static bool absent(const cJSON *v)
+{
+    return !v || cJSON_IsNull(v);
+}
+
+/* The field checks that do not depend on the endpoint. Returns 0 or -1 with err. */
+static int check_common(const cJSON *root, rw_request *out, rw_error *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "stream");
+    if (!absent(v) && !cJSON_IsBool(v)) return fail(err, "'stream' must be a boolean", "stream");
+    out->client_stream = cJSON_IsTrue(v);
+
+    v = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (!absent(v) && !cJSON_IsObject(v))
+        return fail(err, "'stream_options' must be an object", "stream_options");
+    out->client_usage =
+        out->client_stream && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(v, "include_usage"));
+
+    v = cJSON_GetObjectItemCaseSensitive(root, "n");
+    out->n = 1;
+    if (!absent(v)) {
+        if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > 1e6 ||
+            v->valuedouble != (double)v->valueint)
+            return fail(err, "'n' must be a positive integer", "n");
+        out->n = v->valueint;
+    }
+
+    v = cJSON_GetObjectItemCaseSensitive(root, "temperature");
+    if (!absent(v)) {
+        if (!cJSON_IsNumber(v)) return fail(err, "'temperature' must be a number", "temperature");
+        out->temperature = v->valuedouble;
+        out->has_temperature = true;
+    }
+
+    v = cJSON_GetObjectItemCaseSensitive(root, "model");
+    out->model = cJSON_IsString(v) ? v->valuestring : NULL;
+
+    v = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs"), "enable_thinking");
+    out->enable_thinking = cJSON_IsBool(v) ? cJSON_IsTrue(v) : -1;
+    return 0;
+}
+
+int rw_parse(const char *body, size_t len, bool chat, rw_request *out, rw_error *err)
+{
+    memset(out, 0, sizeof(*out));
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root)
+        return fail(
+            err, "We could not parse the JSON body of your request: expected a JSON object.", NULL);
+    int rc = -1;
+    if (!cJSON_IsObject(root)) {
+        fail(err, "The request body must be a JSON object.", NULL);
+        goto out;
+    }
+    if (chat) {
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages"), *m;
+        if (absent(msgs)) {
+            fail(err, "'messages' is a required property", "messages");
+            goto out;
+        }
+        if (!cJSON_IsArray(msgs)) {
+            fail(err, "'messages' must be an array", "messages");
+            goto out;
+        }
+        cJSON_ArrayForEach(m, msgs)
+        {
+            if (!cJSON_IsObject(m)) {
+                fail(err, "each item of 'messages' must be an object", "messages");
+                goto out;
+            }
+        }
+    } else {
+        const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+        if (absent(prompt)) {
+            fail(err, "'prompt' is a required property", "prompt");
+            goto out;
+        }
+        out->prompt_is_string = cJSON_IsString(prompt);
+    }
+    if (check_common(root, out, err)) goto out;
+    out->root = root;
+    out->chat = chat;
+    rc = 0;
+out:
+    if (rc) {
+        cJSON_Delete(root);
+        memset(out, 0, sizeof(*out));
+    }
+    return rc;
+}
+
+void rw_request_clear(rw_request *r)
+{
+    cJSON_Delete(r->root);
+    memset(r, 0, sizeof(*r));
+}
+
+/* Applies a retry step's sampling to `obj` (the upstream body, or a record of the
+ * client's sampling). Temperature is rounded to 6 decimals so that 0.6 + 0.2 prints as
+ * 0.8, not 0.79999999999999993. */
+static void apply_step(cJSON *obj, const rw_request *req, const rw_opts *o)
+{
+    const lg_sampling_step *st = o->step;
+    if (!st) return;
+    if (st->temperature_add != 0) {
+        double t = (req->has_temperature ? req->temperature : 1.0) + st->temperature_add;
+        t = t < 0 ? 0 : t > 2 ? 2 : t;
+        t = (double)(long long)(t * 1e6 + 0.5) / 1e6;
+        dl_json_set(obj, "temperature", cJSON_CreateNumber(t));
+    }
+    if (st->has_presence_penalty)
+        dl_json_set(obj, "presence_penalty", cJSON_CreateNumber(st->presence_penalty));
+    if (st->has_frequency_penalty)
+        dl_json_set(obj, "frequency_penalty", cJSON_CreateNumber(st->frequency_penalty));
+    if (st->has_repetition_penalty &&
+        (o->upstream_kind == LG_UPSTREAM_SGLANG || o->upstream_kind == LG_UPSTREAM_VLLM))
+        dl_json_set(obj, "repetition_penalty", cJSON_CreateNumber(st->repetition_penalty));
+    if (st->new_seed) dl_json_set(obj, "seed", cJSON_CreateNumber((double)o->seed));
+}
+
+/* Moves, keeps or drops the reasoning of assistant messages in the history. */
+static void rewrite_history(cJSON *msgs, const rw_opts *o)
+{
+    const char *target = o->upstream_kind == LG_UPSTREAM_VLLM     ? "reasoning"
+                         : o->upstream_kind == LG_UPSTREAM_SGLANG ? "reasoning_content"
+                                                                  : NULL;
+    if (o->history == LG_HISTORY_KEEP || (o->history == LG_HISTORY_REWRITE && !target)) return;
+    cJSON *m;
+    cJSON_ArrayForEach(m, msgs)
+    {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant")) continue;
+        cJSON *rc = cJSON_DetachItemFromObjectCaseSensitive(m, "reasoning_content");
+        cJSON *r = cJSON_DetachItemFromObjectCaseSensitive(m, "reasoning");
+        if (o->history == LG_HISTORY_REWRITE) {
+            cJSON **keep = cJSON_IsString(rc) && rc->valuestring[0] ? &rc
+                           : cJSON_IsString(r)                      ? &r
+                                                                    : NULL;
+            if (keep) {
+                dl_json_set(m, target, *keep);
+                *keep = NULL;
+            }
+        }
+        cJSON_Delete(rc);
+        cJSON_Delete(r);
+    }
+}
+
+/* Appends text to the string at obj[key]. */
+static void append_to(cJSON *obj, const char *key, const char *text, size_t n)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    lg_buf b = LG_BUF_INIT;
+    lg_buf_append_str(&b, v->valuestring);
+    lg_buf_append(&b, text, n);
+    dl_json_set(obj, key, cJSON_CreateString(b.p));
+    lg_buf_free(&b);
+}
+
+/* The continuation of a clean prefix. Returns 0, or -1 with err when the upstream or the
+ * request cannot continue (the caller then restarts). */
+static int add_continuation(cJSON *body, const rw_request *req, const rw_opts *o, rw_error *err)
+{
+    if (o->upstream_kind != LG_UPSTREAM_SGLANG && o->upstream_kind != LG_UPSTREAM_VLLM) {
+        fail(err, "continuation needs an SGLang or vLLM upstream", NULL);
+        err->status = 500;
+        err->code = "continue_unsupported";
+        return -1;
+    }
+    if (!req->chat) {
+        if (!req->prompt_is_string) {
+            fail(err, "continuation needs a string prompt", "prompt");
+            err->status = 500;
+            err->code = "continue_unsupported";
+            return -1;
+        }
+        append_to(body, "prompt", o->continue_text, o->continue_len);
+        return 0;
+    }
+    cJSON *msgs = cJSON_GetObjectItemCaseSensitive(body, "messages");
+    int n = cJSON_GetArraySize(msgs);
+    cJSON *last = n ? cJSON_GetArrayItem(msgs, n - 1) : NULL;
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(last, "role");
+    bool client_continues =
+        cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(body, "continue_final_message")) &&
+        cJSON_IsString(role) && !strcmp(role->valuestring, "assistant") &&
+        cJSON_IsString(cJSON_GetObjectItemCaseSensitive(last, "content"));
+    if (client_continues) {
+        append_to(last, "content", o->continue_text, o->continue_len);
+    } else {
+        cJSON *m = dl_json_must(cJSON_CreateObject());
+        dl_json_set(m, "role", cJSON_CreateString("assistant"));
+        char *text = strndup(o->continue_text, o->continue_len);
+        if (!text) abort();
+        dl_json_set(m, "content", cJSON_CreateString(text));
+        free(text);
+        cJSON_AddItemToArray(msgs, m);
+    }
+    dl_json_set(body, "continue_final_message", cJSON_CreateTrue());
+    if (o->upstream_kind == LG_UPSTREAM_VLLM)
+        dl_json_set(body, "add_generation_prompt", cJSON_CreateFalse());
+    return 0;
+}
+
+char *rw_build_upstream(const rw_request *req, const rw_opts *o, rw_error *err)
+{
+    cJSON *body = dl_json_must(cJSON_Duplicate(req->root, 1));
+    dl_json_set(body, "stream", cJSON_CreateTrue());
+    cJSON *so = cJSON_GetObjectItemCaseSensitive(body, "stream_options");
+    if (!cJSON_IsObject(so)) {
+        so = dl_json_must(cJSON_CreateObject());
+        dl_json_set(body, "stream_options", so);
+    }
+    dl_json_set(so, "include_usage", cJSON_CreateTrue());
+    if (o->rid && o->upstream_kind == LG_UPSTREAM_SGLANG)
+        dl_json_set(body, "rid", cJSON_CreateString(o->rid));
+    apply_step(body, req, o);
+    if (o->max_tokens > 0) {
+        bool mct = cJSON_GetObjectItemCaseSensitive(body, "max_completion_tokens") != NULL;
+        bool mt = cJSON_GetObjectItemCaseSensitive(body, "max_tokens") != NULL;
+        if (mct) dl_json_set(body, "max_completion_tokens", cJSON_CreateNumber(o->max_tokens));
+        if (mt || !mct) dl_json_set(body, "max_tokens", cJSON_CreateNumber(o->max_tokens));
+    }
+    if (req->chat) rewrite_history(cJSON_GetObjectItemCaseSensitive(body, "messages"), o);
+    if (o->continue_text && add_continuation(body, req, o, err)) {
+        cJSON_Delete(body);
+        return NULL;
+    }
+    return dl_json_print_free(body);
+}
+
+cJSON *rw_sampling_json(const rw_request *req, const rw_opts *o)
+{
+    static const char *const keys[] = {
+        "temperature",        "top_p", "top_k", "presence_penalty", "frequency_penalty",
+        "repetition_penalty", "seed"};
+    cJSON *obj = dl_json_must(cJSON_CreateObject());
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(req->root, keys[i]);
+        if (!absent(v)) dl_json_set(obj, keys[i], cJSON_Duplicate(v, 1));
+    }
+    apply_step(obj, req, o);
+    return obj;
+}
