@@ -34,7 +34,7 @@ endif
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -g $(OPT) $(SANFLAGS) -I. $(PKG_CFLAGS)
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-format-truncation -g $(OPT) $(SANFLAGS) -I. $(PKG_CFLAGS)
 LDFLAGS += $(SANFLAGS)
 LDLIBS  += $(PKG_LIBS) -lpthread -lm
 

@@ -1,0 +1,84 @@
+/* admin.c — see admin.h. Every answer is computed on the calling worker from state that
+ * is safe to read across threads (per-worker metrics read with relaxed atomics, the
+ * incident ring under its own lock, the pool's atomics). */
+#include "proxy/admin.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "proxy/http.h"
+#include "proxy/upstream.h"
+
+static bool admin_authorized(const lg_config *cfg, struct MHD_Connection *conn)
+{
+    if (!cfg->admin.token) return true;
+    const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    return auth && strncasecmp(auth, "Bearer ", 7) == 0 && strcmp(auth + 7, cfg->admin.token) == 0;
+}
+
+/* Gauges that live outside the per-worker counters, in Prometheus text. */
+static char *extra_metrics(lg_server *srv)
+{
+    incident_stats st = {0};
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) abort();
+    if (srv->incidents) incident_log_stats(srv->incidents, &st);
+    fprintf(f, "# HELP loopguard_incidents_total Incident records by fate.\n"
+               "# TYPE loopguard_incidents_total counter\n"
+               "loopguard_incidents_total{fate=\"submitted\"} %llu\n"
+               "loopguard_incidents_total{fate=\"written\"} %llu\n"
+               "loopguard_incidents_total{fate=\"dropped\"} %llu\n"
+               "loopguard_incidents_total{fate=\"write_error\"} %llu\n",
+            (unsigned long long)st.submitted, (unsigned long long)st.written,
+            (unsigned long long)st.dropped, (unsigned long long)st.write_errors);
+    fprintf(f, "# HELP loopguard_workers Worker threads.\n# TYPE loopguard_workers gauge\n"
+               "loopguard_workers %zu\n",
+            srv->n_workers);
+    fclose(f);
+    return buf;
+}
+
+enum MHD_Result admin_handle(lg_worker *w, struct MHD_Connection *conn, const char *url,
+                             const char *method)
+{
+    lg_server *srv = w->srv;
+    enum MHD_Result rc;
+    char *body = NULL;
+
+    if (!admin_authorized(srv->cfg, conn))
+        return http_respond_error(conn, 401, "admin token required", "authentication_error",
+                                  "invalid_admin_token");
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+        return http_respond_error(conn, 405, "admin endpoints answer GET only",
+                                  "invalid_request_error", "method_not_allowed");
+    metrics_request(w->metrics, LG_EP_ADMIN, 200);
+    if (strcmp(url, "/loopguard/health") == 0) {
+        bool draining = atomic_load(&srv->draining);
+        return http_respond_json(conn, draining ? 503 : 200,
+                                 draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}");
+    }
+    if (strcmp(url, "/loopguard/metrics") == 0) {
+        lg_metrics *ms[256];
+        size_t n = srv->n_workers < 256 ? srv->n_workers : 256;
+        for (size_t i = 0; i < n; i++) ms[i] = srv->workers[i]->metrics;
+        char *extra = extra_metrics(srv);
+        body = metrics_render(ms, n, pool_names(srv->pool), pool_size(srv->pool), extra);
+        free(extra);
+        rc = http_respond_text(conn, 200, "text/plain; version=0.0.4; charset=utf-8", body);
+    } else if (strcmp(url, "/loopguard/incidents") == 0) {
+        body = srv->incidents ? incident_log_recent_json(srv->incidents) : strdup("[]");
+        rc = http_respond_json(conn, 200, body);
+    } else if (strcmp(url, "/loopguard/upstreams") == 0) {
+        body = pool_json(srv->pool);
+        rc = http_respond_json(conn, 200, body);
+    } else {
+        rc = http_respond_error(conn, 404, "no such loopguard endpoint",
+                                "invalid_request_error", "not_found");
+    }
+    free(body);
+    return rc;
+}

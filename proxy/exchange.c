@@ -1,0 +1,1216 @@
+/* exchange.c — the guarded exchange, loopguard's main job.
+ *
+ * One client request (chat or text completion) becomes one or more upstream attempts. The
+ * upstream is always asked to stream, so that a loop costs a few dozen tokens rather than
+ * max_tokens, even when the client asked for one whole JSON answer. Each upstream event goes
+ *
+ *   SSE parser -> dialect parser -> think splitter (inline <think>) -> guard per channel
+ *   -> release what the guard has cleared -> client (SSE bytes, or the assembler)
+ *
+ * Holdback: the guard says how many trailing bytes of a channel could still become part of
+ * a loop (guard_suspect); only those are held, everything before them is released at once.
+ * When nothing is held and the event needs no reshaping, the upstream's own bytes are
+ * forwarded untouched, so a clean stream reaches the client byte for byte.
+ *
+ * Trip: the SSE callback cannot tear down the libcurl transfer it runs inside, so it marks
+ * the trip and makes the write callback fail; the transfer's completion (on_done) then
+ * closes it, tells SGLang to abort the rid, records the attempt and starts the next one with
+ * the next rung of the sampling ladder — restarting from the original request while the
+ * client has seen nothing, or continuing the clean prefix the client already has.
+ *
+ * Memory: everything an exchange owns is freed in exchange_destroy. */
+#include "proxy/exchange.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include <cJSON.h>
+
+#include "proxy/assemble.h"
+#include "proxy/buf.h"
+#include "proxy/dialect.h"
+#include "proxy/http.h"
+#include "proxy/rewrite.h"
+#include "proxy/sse.h"
+#include "proxy/think.h"
+#include "proxy/upstream.h"
+
+#define EX_BLOCK (32 * 1024)
+#define EX_OUT_HIGH (256 * 1024)
+#define EX_ERRBODY_MAX (1 << 20)
+#define EX_EXCERPT 512
+
+typedef struct chan {
+    guard *g;
+    lg_buf held; /* fed to the guard, not yet released */
+    lg_buf sent; /* released to the client, all attempts */
+    uint64_t attempt_bytes;
+} chan;
+
+typedef enum { PHASE_BODY, PHASE_RUNNING, PHASE_DONE } ex_phase;
+
+typedef struct exchange {
+    lg_req base;
+    lg_xfer xfer;
+    ex_phase phase;
+    bool chat;
+    const char *endpoint;
+    lg_buf body;
+    bool body_too_big;
+
+    rw_request req;
+    const lg_model_rule *rule;
+    lg_reasoning_output mode;
+    bool guard_on;
+    bool think_opened;
+    char id[40];
+
+    /* the current attempt */
+    unsigned attempt;
+    CURL *easy;
+    struct curl_slist *headers;
+    char *up_body;
+    char rid[33];
+    size_t replica;
+    bool have_replica;
+    http_head head;
+    lg_buf errbody;
+    sse_parser *sse;
+    think_split *think;
+    bool think_inline; /* this exchange's upstream sends <think> inside content */
+    chan ch[LG_CH_COUNT];
+    bool attempt_guarded;
+    uint64_t tokens;
+    uint64_t attempt_start_ns, last_event_ns, trip_ns;
+    bool first_byte;
+    bool finished_gen; /* a finish_reason arrived */
+    bool saw_done;
+    bool trip_pending;
+    bool timed_out;
+    guard_verdict verdict;
+    char verdict_unit[260];
+    char verdict_detector[64];
+    uint64_t tokens_after_trip;
+    cJSON *sampling;
+    size_t write_rest; /* bytes of the current write not yet parsed (tokens_after_trip) */
+    const char *write_rest_p;
+    int inline_state; /* LG_REASONING_INLINE output: 0 nothing, 1 <think> open, 2 closed */
+
+    /* the client side */
+    bool stream_ready;  /* streaming response may be queued */
+    bool queued;
+    bool ended;         /* everything is in `out` ([DONE] included) */
+    lg_buf out;
+    uint64_t out_since_ns, last_out_ns;
+    lg_assembler *as;
+    int final_status;
+    char *final_body;
+    char *final_ctype;
+    char *c_id, *c_model;
+    long long c_created;
+    lg_buf done_raw;
+
+    /* the record */
+    unsigned trips;
+    cJSON *attempts;
+    char *excerpt;
+    const char *outcome;
+    bool counted_stream;
+} exchange;
+
+static void start_attempt(exchange *ex);
+static void finish_exchange(exchange *ex);
+static void attempt_failed(exchange *ex, CURLcode rc);
+
+static const lg_config *cfg_of(const exchange *ex)
+{
+    return ex->base.w->srv->cfg;
+}
+
+static double seconds_since(uint64_t then, uint64_t now)
+{
+    return now > then ? (double)(now - then) / 1e9 : 0.0;
+}
+
+/* ---- client output ----------------------------------------------------------------- */
+
+static void out_append(exchange *ex, const char *s, size_t n)
+{
+    if (!ex->req.client_stream || ex->ended) return;
+    if (ex->out.len == 0) ex->out_since_ns = ex->base.w->now_ns;
+    lg_buf_append(&ex->out, s, n);
+    worker_resume(&ex->base);
+}
+
+static void out_event(exchange *ex, const char *json)
+{
+    if (!ex->req.client_stream || ex->ended) return;
+    out_append(ex, "data: ", 6);
+    out_append(ex, json, strlen(json));
+    out_append(ex, "\n\n", 2);
+}
+
+static void remember_meta(exchange *ex, const dl_delta *d)
+{
+    if (d->id && !ex->c_id) ex->c_id = strdup(d->id);
+    if (d->model && !ex->c_model) ex->c_model = strdup(d->model);
+    if (d->has_created && !ex->c_created) ex->c_created = d->created;
+}
+
+/* Text for the client in the inline output mode: reasoning wrapped in <think>…</think>. */
+static void inline_wrap(exchange *ex, const char *r, size_t rn, const char *c, size_t cn,
+                        lg_buf *outc)
+{
+    if (rn) {
+        if (ex->inline_state == 0) lg_buf_append_str(outc, "<think>");
+        ex->inline_state = 1;
+        lg_buf_append(outc, r, rn);
+    }
+    if (cn) {
+        if (ex->inline_state == 1) lg_buf_append_str(outc, "</think>\n\n");
+        ex->inline_state = 2;
+        lg_buf_append(outc, c, cn);
+    }
+}
+
+/* Emits released text (and the chunk's own non-text fields when tmpl is given) to a
+ * streaming client, reshaped for the output mode. */
+static void emit_chunk(exchange *ex, const dl_delta *tmpl, const char *r, size_t rn,
+                       const char *c, size_t cn, const char *finish)
+{
+    lg_buf inl = LG_BUF_INIT;
+    const char *rr = r, *cc = c;
+    size_t rrn = rn, ccn = cn;
+    if (ex->mode == LG_REASONING_INLINE && ex->chat) {
+        inline_wrap(ex, r, rn, c, cn, &inl);
+        rr = NULL, rrn = 0;
+        cc = inl.len ? inl.p : NULL, ccn = inl.len;
+    }
+    if (!rrn) rr = NULL;
+    if (!ccn) cc = NULL;
+    char *json = tmpl ? dl_build_chunk(tmpl, rr, rrn, cc, ccn, (int)ex->mode, true, finish)
+                      : dl_build_synthetic(ex->chat, ex->c_id ? ex->c_id : ex->id,
+                                           ex->c_model ? ex->c_model : "", ex->c_created, rr,
+                                           rrn, cc, ccn, (int)ex->mode, finish);
+    if (json) out_event(ex, json);
+    free(json);
+    lg_buf_free(&inl);
+}
+
+/* Moves `n` bytes from the front of channel ch's held text to its sent text. */
+static void release(exchange *ex, lg_channel ch, size_t n, lg_buf *into)
+{
+    chan *c = &ex->ch[ch];
+    if (!n) return;
+    lg_buf_append(&c->sent, c->held.p, n);
+    if (into) lg_buf_append(into, c->held.p, n);
+    lg_buf_consume(&c->held, n);
+}
+
+static size_t releasable(const exchange *ex, lg_channel ch)
+{
+    const chan *c = &ex->ch[ch];
+    size_t suspect = c->g ? guard_suspect(c->g) : 0;
+    return c->held.len > suspect ? c->held.len - suspect : 0;
+}
+
+/* ---- incidents --------------------------------------------------------------------- */
+
+static void iso_now(char *buf, size_t n)
+{
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t k = strftime(buf, n, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf + k, n - k, ".%03ldZ", ts.tv_nsec / 1000000);
+}
+
+static cJSON *prompt_capture(const exchange *ex)
+{
+    lg_capture cap = cfg_of(ex)->incidents.capture;
+    if (cap == LG_CAPTURE_NONE || !ex->req.root) return NULL;
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(ex->req.root,
+                                                      ex->chat ? "messages" : "prompt");
+    if (cap == LG_CAPTURE_FULL) return cJSON_Duplicate(p, 1);
+    /* excerpt: the last user message (or the prompt), at most 300 bytes */
+    const char *text = NULL;
+    if (cJSON_IsString(p)) text = p->valuestring;
+    for (const cJSON *m = cJSON_IsArray(p) ? p->child : NULL; m; m = m->next) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (cJSON_IsString(role) && strcmp(role->valuestring, "user") == 0 &&
+            cJSON_IsString(content))
+            text = content->valuestring;
+    }
+    if (!text) return NULL;
+    char buf[304];
+    size_t n = strlen(text);
+    if (n > 300) n = 300;
+    memcpy(buf, text, n);
+    buf[n] = '\0';
+    return cJSON_CreateString(buf);
+}
+
+static void write_incident(exchange *ex)
+{
+    lg_server *srv = ex->base.w->srv;
+    if (ex->trips == 0 || !srv->incidents) return;
+    char ts[40];
+    iso_now(ts, sizeof ts);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "ts", ts);
+    cJSON_AddStringToObject(o, "id", ex->id);
+    if (ex->req.model)
+        cJSON_AddStringToObject(o, "model", ex->req.model);
+    else
+        cJSON_AddNullToObject(o, "model");
+    cJSON_AddStringToObject(o, "endpoint", ex->endpoint);
+    cJSON_AddBoolToObject(o, "stream", ex->req.client_stream);
+    cJSON_AddStringToObject(o, "outcome", ex->outcome ? ex->outcome : "failed");
+    cJSON_AddNumberToObject(o, "trips", ex->trips);
+    cJSON_AddItemToObject(o, "attempts", ex->attempts);
+    ex->attempts = NULL;
+    if (ex->excerpt) cJSON_AddStringToObject(o, "excerpt", ex->excerpt);
+    cJSON *prompt = prompt_capture(ex);
+    if (prompt) cJSON_AddItemToObject(o, "prompt", prompt);
+    char *line = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (line) incident_log_submit(srv->incidents, line);
+}
+
+static void set_outcome(exchange *ex, const char *outcome)
+{
+    if (ex->outcome) return;
+    ex->outcome = outcome;
+    if (ex->trips) metrics_outcome(ex->base.w->metrics, outcome);
+}
+
+/* ---- attempts ---------------------------------------------------------------------- */
+
+static size_t discard_body(char *p, size_t size, size_t n, void *ud)
+{
+    (void)p, (void)ud;
+    return size * n;
+}
+
+/* A fire-and-forget POST /abort_request; owns itself and frees itself when done. */
+typedef struct abort_req {
+    lg_xfer xfer;
+    lg_worker *w;
+    CURL *easy;
+    struct curl_slist *headers;
+    char body[64];
+} abort_req;
+
+static void abort_req_done(lg_xfer *x, CURLcode rc)
+{
+    abort_req *a = x->owner;
+    (void)rc;
+    worker_remove_xfer(a->w, a->easy);
+    curl_easy_cleanup(a->easy);
+    curl_slist_free_all(a->headers);
+    free(a);
+}
+
+/* Tells SGLang to stop decoding the attempt's rid: recent SGLang versions keep decoding a
+ * request whose client left (sglang issues 36333, 34894), so closing is not enough. */
+static void send_sglang_abort(exchange *ex)
+{
+    lg_worker *w = ex->base.w;
+    abort_req *a = calloc(1, sizeof *a);
+    char url[2048];
+    if (!a) abort();
+    a->w = w;
+    a->xfer = (lg_xfer){.done = abort_req_done, .owner = a};
+    snprintf(a->body, sizeof a->body, "{\"rid\":\"%s\"}", ex->rid);
+    snprintf(url, sizeof url, "%s/abort_request", pool_base(w->srv->pool, ex->replica));
+    a->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    a->easy = curl_easy_init();
+    if (!a->easy || !a->headers) abort();
+    curl_easy_setopt(a->easy, CURLOPT_URL, url);
+    curl_easy_setopt(a->easy, CURLOPT_PRIVATE, &a->xfer);
+    curl_easy_setopt(a->easy, CURLOPT_HTTPHEADER, a->headers);
+    curl_easy_setopt(a->easy, CURLOPT_POSTFIELDS, a->body);
+    curl_easy_setopt(a->easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(a->easy, CURLOPT_TIMEOUT_MS, 5000L);
+    curl_easy_setopt(a->easy, CURLOPT_WRITEFUNCTION, discard_body);
+    if (worker_add_xfer(w, a->easy) != 0) abort_req_done(&a->xfer, CURLE_FAILED_INIT);
+}
+
+/* Closes the current attempt's transfer (if any) and frees its per-attempt state. Safe
+ * outside libcurl callbacks only. */
+static void stop_transfer(exchange *ex)
+{
+    if (ex->easy) {
+        worker_remove_xfer(ex->base.w, ex->easy);
+        curl_easy_cleanup(ex->easy);
+        ex->easy = NULL;
+    }
+    if (ex->have_replica) {
+        pool_release(ex->base.w->srv->pool, ex->replica);
+        ex->have_replica = false;
+    }
+    curl_slist_free_all(ex->headers);
+    ex->headers = NULL;
+    free(ex->up_body);
+    ex->up_body = NULL;
+}
+
+/* Stops the attempt at the server: close the transfer and, for SGLang, abort the rid. */
+static void abort_attempt(exchange *ex)
+{
+    bool was_running = ex->easy != NULL;
+    size_t replica = ex->replica;
+    stop_transfer(ex);
+    ex->replica = replica;
+    if (was_running && pool_kind(ex->base.w->srv->pool, replica) == LG_UPSTREAM_SGLANG &&
+        ex->rid[0])
+        send_sglang_abort(ex);
+}
+
+static void free_attempt_state(exchange *ex)
+{
+    sse_parser_free(ex->sse);
+    ex->sse = NULL;
+    think_free(ex->think);
+    ex->think = NULL;
+    for (int c = 0; c < LG_CH_COUNT; c++) {
+        guard_free(ex->ch[c].g);
+        ex->ch[c].g = NULL;
+        lg_buf_reset(&ex->ch[c].held);
+        ex->ch[c].attempt_bytes = 0;
+    }
+    http_head_clear(&ex->head);
+    lg_buf_reset(&ex->errbody);
+    cJSON_Delete(ex->sampling);
+    ex->sampling = NULL;
+}
+
+/* Appends this attempt's record to ex->attempts. */
+static void record_attempt(exchange *ex, const guard_verdict *v)
+{
+    cJSON *a = cJSON_CreateObject();
+    cJSON_AddNumberToObject(a, "attempt", ex->attempt);
+    cJSON_AddStringToObject(a, "rid", ex->rid);
+    cJSON_AddStringToObject(a, "upstream", pool_base(ex->base.w->srv->pool, ex->replica));
+    if (v) {
+        cJSON_AddStringToObject(a, "detector", ex->verdict_detector);
+        cJSON_AddStringToObject(a, "channel", guard_channel_name(v->channel));
+        cJSON_AddStringToObject(a, "unit", ex->verdict_unit);
+        cJSON_AddNumberToObject(a, "repeats", v->repeats);
+        cJSON_AddNumberToObject(a, "loop_start", (double)v->loop_start);
+        cJSON_AddNumberToObject(a, "at_byte", (double)v->at_byte);
+    } else {
+        cJSON_AddNullToObject(a, "detector");
+    }
+    cJSON_AddNumberToObject(a, "tokens", (double)ex->tokens);
+    cJSON_AddNumberToObject(a, "tokens_after_trip", (double)ex->tokens_after_trip);
+    cJSON_AddItemToObject(a, "sampling", ex->sampling ? ex->sampling : cJSON_CreateObject());
+    ex->sampling = NULL;
+    cJSON_AddNumberToObject(a, "ms",
+                            (double)((ex->base.w->now_ns - ex->attempt_start_ns) / 1000000));
+    cJSON_AddBoolToObject(a, "guarded", ex->attempt_guarded);
+    cJSON_AddItemToArray(ex->attempts, a);
+}
+
+/* ---- the end of an exchange -------------------------------------------------------- */
+
+static void end_stream(exchange *ex)
+{
+    if (!ex->req.client_stream || ex->ended) return;
+    if (ex->trips) {
+        char c[128];
+        int n = snprintf(c, sizeof c, ": X-Loopguard-Attempts: %u\n: X-Loopguard-Trips: %u\n\n",
+                         ex->attempt, ex->trips);
+        out_append(ex, c, (size_t)n);
+    }
+    if (ex->done_raw.len && !ex->trips)
+        out_append(ex, ex->done_raw.p, ex->done_raw.len);
+    else
+        out_append(ex, "data: [DONE]\n\n", 14);
+    ex->ended = true;
+    worker_resume(&ex->base);
+}
+
+/* Ends the exchange with an error: a JSON error response when nothing was sent yet, else
+ * an error event then [DONE]. */
+static void fail_exchange(exchange *ex, int status, const char *message, const char *type,
+                          const char *code)
+{
+    if (ex->phase == PHASE_DONE) return;
+    ex->phase = PHASE_DONE;
+    if (ex->queued && ex->req.client_stream) {
+        char *json = dl_error_json(message, type, code, status);
+        out_event(ex, json);
+        free(json);
+        end_stream(ex);
+    } else {
+        ex->final_status = status;
+        ex->final_body = dl_error_json(message, type, code, status);
+        ex->stream_ready = false;
+    }
+    worker_resume(&ex->base);
+}
+
+static void finish_exchange(exchange *ex)
+{
+    if (ex->phase == PHASE_DONE) return;
+    if (ex->trips) set_outcome(ex, "recovered");
+    ex->phase = PHASE_DONE;
+    if (ex->req.client_stream) {
+        if (ex->mode == LG_REASONING_INLINE && ex->inline_state == 1 && ex->chat) {
+            lg_buf close = LG_BUF_INIT;
+            lg_buf_append_str(&close, "</think>\n\n");
+            char *json = dl_build_synthetic(ex->chat, ex->c_id ? ex->c_id : ex->id,
+                                            ex->c_model ? ex->c_model : "", ex->c_created,
+                                            NULL, 0, close.p, close.len, (int)ex->mode, NULL);
+            out_event(ex, json);
+            free(json);
+            lg_buf_free(&close);
+        }
+        end_stream(ex);
+    } else {
+        for (int c = LG_CH_REASONING; c <= LG_CH_CONTENT; c++)
+            asm_text(ex->as, c, ex->ch[c].sent.p, ex->ch[c].sent.len);
+        ex->final_status = 200;
+        ex->final_body = asm_render(ex->as, (int)ex->mode);
+    }
+    worker_resume(&ex->base);
+}
+
+/* Attempts ran out: end as configured (documented in the README). */
+static void exhausted(exchange *ex)
+{
+    set_outcome(ex, "failed");
+    if (cfg_of(ex)->retry.on_exhausted == LG_EXHAUSTED_ERROR) {
+        fail_exchange(ex, 502, "the generation degenerated into a loop on every attempt",
+                      "loop_detected", "loop_detected");
+        return;
+    }
+    /* content_filter: a well-formed end with what was clean. */
+    if (ex->req.client_stream)
+        emit_chunk(ex, NULL, NULL, 0, NULL, 0, "content_filter");
+    else
+        asm_set_finish(ex->as, "content_filter");
+    finish_exchange(ex);
+}
+
+/* The guard tripped in the current attempt (its transfer is already closed). */
+static void after_trip(exchange *ex)
+{
+    lg_worker *w = ex->base.w;
+    const guard_verdict *v = &ex->verdict;
+    ex->trips++;
+    metrics_trip(w->metrics, ex->replica, ex->verdict_detector, (int)v->channel);
+    metrics_aborted_tokens(w->metrics, ex->tokens);
+    pool_report_generation(w->srv->pool, ex->replica, true);
+    if (!ex->excerpt) {
+        /* What the model was producing: the released tail plus the held loop. */
+        const chan *c = &ex->ch[v->channel];
+        lg_buf e = LG_BUF_INIT;
+        size_t from = c->sent.len > 128 ? c->sent.len - 128 : 0;
+        lg_buf_append(&e, c->sent.p + from, c->sent.len - from);
+        lg_buf_append(&e, c->held.p, c->held.len < EX_EXCERPT ? c->held.len : EX_EXCERPT);
+        ex->excerpt = lg_buf_steal(&e);
+    }
+    record_attempt(ex, v);
+    free_attempt_state(ex);
+    if (ex->attempt >= cfg_of(ex)->retry.max_attempts) {
+        exhausted(ex);
+        return;
+    }
+    start_attempt(ex);
+}
+
+/* ---- upstream events --------------------------------------------------------------- */
+
+static bool guard_text(exchange *ex, lg_channel ch, const char *s, size_t n)
+{
+    chan *c = &ex->ch[ch];
+    if (!n) return false;
+    c->attempt_bytes += n;
+    lg_buf_append(&c->held, s, n);
+    if (!c->g) return false;
+    if (!guard_feed(c->g, s, n)) return false;
+    return true;
+}
+
+/* Copies the tripped guard's verdict (its strings die with the guard). */
+static void take_verdict(exchange *ex, const guard *g)
+{
+    const guard_verdict *v = guard_get_verdict(g);
+    ex->verdict = *v;
+    snprintf(ex->verdict_unit, sizeof ex->verdict_unit, "%.*s",
+             (int)(v->unit_len < 256 ? v->unit_len : 256), v->unit ? v->unit : "");
+    snprintf(ex->verdict_detector, sizeof ex->verdict_detector, "%s", v->detector);
+    ex->verdict.unit = ex->verdict_unit;
+    ex->verdict.detector = ex->verdict_detector;
+    ex->trip_pending = true;
+    ex->trip_ns = ex->base.w->now_ns;
+}
+
+/* End of generation for this attempt: last checks before the text is released. Returns
+ * true when a guard tripped. */
+static bool end_checks(exchange *ex)
+{
+    for (int c = 0; c < LG_CH_COUNT; c++) {
+        guard *g = ex->ch[c].g;
+        if (g && guard_finish(g)) {
+            take_verdict(ex, g);
+            return true;
+        }
+    }
+    guard *cg = ex->ch[LG_CH_CONTENT].g;
+    uint64_t rbytes = ex->ch[LG_CH_REASONING].attempt_bytes + ex->ch[LG_CH_REASONING].sent.len;
+    if (cg && ex->chat && ex->ch[LG_CH_CONTENT].attempt_bytes == 0 &&
+        ex->ch[LG_CH_CONTENT].sent.len == 0 && ex->ch[LG_CH_TOOL_ARGS].attempt_bytes == 0 &&
+        guard_report_empty_answer(cg, rbytes)) {
+        take_verdict(ex, cg);
+        return true;
+    }
+    return false;
+}
+
+/* True when the event can go to the client as the upstream's own bytes. */
+static bool raw_ok(const exchange *ex, const dl_delta *d, bool held_before)
+{
+    if (held_before || ex->think || !ex->req.client_stream) return false;
+    if (ex->mode == LG_REASONING_INLINE && ex->inline_state == 1 && d->content_len) return false;
+    for (int c = 0; c < LG_CH_COUNT; c++)
+        if (ex->ch[c].held.len) return false;
+    if (!d->reasoning_len) return true;
+    switch (ex->mode) {
+    case LG_REASONING_CONTENT:
+        return d->reasoning_keys == DL_KEY_REASONING_CONTENT;
+    case LG_REASONING_FIELD:
+        return d->reasoning_keys == DL_KEY_REASONING;
+    default:
+        return false;
+    }
+}
+
+/* True when content starting with `s` could open a <think> block (whitespace, then a
+ * prefix of the tag): a tag split across deltas is only recognised if we look now. */
+static bool may_open_think(const char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
+    if (i == n) return true;
+    size_t k = n - i < 7 ? n - i : 7;
+    return memcmp(s + i, "<think>", k) == 0;
+}
+
+static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
+{
+    remember_meta(ex, d);
+    if (ex->as) asm_meta(ex->as, d);
+    if (d->n_choices == 0) {
+        /* usage-only chunk: the client sees it only if it asked for usage */
+        if (ex->req.client_usage) out_append(ex, ev->raw, ev->raw_len);
+        return 0;
+    }
+    if (d->choice_index != 0) { /* n > 1: only choice 0 is guarded */
+        out_append(ex, ev->raw, ev->raw_len);
+        return 0;
+    }
+    bool held_before = false;
+    for (int c = 0; c < LG_CH_COUNT; c++) held_before |= ex->ch[c].held.len > 0;
+    if (ex->attempt > 1) {
+        /* A retry continues the client's stream: same id, no second opening chunk. */
+        if (d->role && !d->reasoning_len && !d->content_len && !d->n_tools &&
+            !d->finish_reason)
+            return 0;
+        if (ex->c_id && d->id && strcmp(d->id, ex->c_id) != 0)
+        {
+            cJSON_ReplaceItemInObjectCaseSensitive(d->root, "id",
+                                                   cJSON_CreateString(ex->c_id));
+            d->id = ex->c_id; /* the borrowed string just died */
+        }
+        held_before = true; /* never the retry's raw bytes */
+    }
+
+    /* Split inline <think> out of content (no server-side reasoning parser). */
+    lg_buf r = LG_BUF_INIT, c = LG_BUF_INIT;
+    if (d->reasoning_len) lg_buf_append(&r, d->reasoning, d->reasoning_len);
+    if (d->content_len && ex->chat && !ex->think && !d->reasoning_len &&
+        ex->ch[LG_CH_REASONING].attempt_bytes == 0 && ex->ch[LG_CH_CONTENT].attempt_bytes == 0 &&
+        (ex->think_opened || may_open_think(d->content, d->content_len))) {
+        ex->think = think_new(ex->think_opened);
+        ex->think_inline = true;
+    }
+    bool reshaped = ex->think != NULL; /* the splitter saw this event */
+    if (ex->think) {
+        think_feed(ex->think, d->content, d->content_len, &r, &c);
+        if (d->finish_reason) think_finish(ex->think, &r, &c);
+        if (!think_inside(ex->think) && !think_closed(ex->think) && c.len) {
+            /* decided: no <think> at the start; plain content from here on */
+            think_free(ex->think);
+            ex->think = NULL;
+            ex->think_inline = false;
+        }
+    } else if (d->content_len) {
+        lg_buf_append(&c, d->content, d->content_len);
+    }
+
+    bool text = r.len || c.len;
+    bool tripped = guard_text(ex, LG_CH_REASONING, r.p, r.len) ||
+                   guard_text(ex, LG_CH_CONTENT, c.p, c.len);
+    for (size_t i = 0; !tripped && i < d->n_tools; i++) {
+        tripped = guard_text(ex, LG_CH_TOOL_ARGS, d->tools[i].args, d->tools[i].args_len);
+        text |= d->tools[i].args_len > 0;
+    }
+    lg_buf_free(&r);
+    lg_buf_free(&c);
+    if (text) ex->tokens++;
+    if (tripped) {
+        for (int k = 0; k < LG_CH_COUNT; k++)
+            if (ex->ch[k].g && guard_tripped(ex->ch[k].g)) take_verdict(ex, ex->ch[k].g);
+        return 1;
+    }
+    if (d->finish_reason) {
+        ex->finished_gen = true;
+        if (end_checks(ex)) return 1;
+    }
+
+    /* Release: everything at the end of the generation, else what the guard cleared. Tool
+     * arguments are guarded but never held (they are forwarded in their own deltas). */
+    lg_buf rel_r = LG_BUF_INIT, rel_c = LG_BUF_INIT;
+    bool all = d->finish_reason != NULL;
+    release(ex, LG_CH_TOOL_ARGS, ex->ch[LG_CH_TOOL_ARGS].held.len, NULL);
+    release(ex, LG_CH_REASONING,
+            all ? ex->ch[LG_CH_REASONING].held.len : releasable(ex, LG_CH_REASONING), &rel_r);
+    release(ex, LG_CH_CONTENT,
+            all ? ex->ch[LG_CH_CONTENT].held.len : releasable(ex, LG_CH_CONTENT), &rel_c);
+    if (!reshaped && raw_ok(ex, d, held_before)) {
+        out_append(ex, ev->raw, ev->raw_len);
+    } else if (ex->req.client_stream) {
+        bool other = d->finish_reason || d->n_tools || d->role || d->usage;
+        bool visible = rel_c.len || (rel_r.len && ex->mode != LG_REASONING_HIDE);
+        if (visible || other)
+            emit_chunk(ex, d, rel_r.p, rel_r.len, rel_c.p, rel_c.len, d->finish_reason);
+    }
+    lg_buf_free(&rel_r);
+    lg_buf_free(&rel_c);
+    return 0;
+}
+
+static int on_event(void *ud, const sse_event *ev)
+{
+    exchange *ex = ud;
+    ex->last_event_ns = ex->base.w->now_ns;
+    if (ex->trip_pending) { /* already decided: count what the upstream still produced */
+        ex->tokens_after_trip++;
+        return 1;
+    }
+    dl_delta d;
+    dl_parse(ev->data, ev->data_len, &d);
+    int rc = 0;
+    switch (d.kind) {
+    case DL_DONE:
+        ex->saw_done = true;
+        lg_buf_reset(&ex->done_raw);
+        lg_buf_append(&ex->done_raw, ev->raw, ev->raw_len);
+        break;
+    case DL_ERROR:
+        metrics_upstream_error(ex->base.w->metrics, ex->replica, "protocol");
+        set_outcome(ex, "upstream_error");
+        if (ex->req.client_stream && ex->queued) {
+            out_append(ex, ev->raw, ev->raw_len);
+            ex->finished_gen = true; /* the stream ends with [DONE] after the error */
+        } else {
+            ex->phase = PHASE_DONE;
+            ex->final_status = d.error_code >= 400 && d.error_code < 600 ? d.error_code : 502;
+            ex->final_body = cJSON_PrintUnformatted(d.root);
+            ex->stream_ready = false;
+        }
+        break;
+    case DL_CHUNK:
+        rc = on_chunk(ex, ev, &d);
+        break;
+    case DL_OTHER:
+        out_append(ex, ev->raw, ev->raw_len);
+        break;
+    }
+    dl_delta_clear(&d);
+    return rc;
+}
+
+static size_t on_header(char *line, size_t size, size_t n, void *ud)
+{
+    exchange *ex = ud;
+    http_head_line(&ex->head, line, size * n);
+    if (ex->head.complete && ex->head.status == 200 && ex->req.client_stream) {
+        ex->stream_ready = true;
+        worker_resume(&ex->base);
+    }
+    return size * n;
+}
+
+static size_t on_write(char *data, size_t size, size_t n, void *ud)
+{
+    exchange *ex = ud;
+    size_t len = size * n;
+    if (ex->base.client_gone || ex->phase == PHASE_DONE) return 0;
+    if (!ex->first_byte) {
+        ex->first_byte = true;
+        metrics_ttfb(ex->base.w->metrics, ex->replica,
+                     seconds_since(ex->attempt_start_ns, ex->base.w->now_ns));
+        pool_report_health(ex->base.w->srv->pool, ex->replica, ex->head.status < 500);
+    }
+    if (ex->head.status != 200) {
+        if (ex->errbody.len < EX_ERRBODY_MAX) lg_buf_append(&ex->errbody, data, len);
+        return len;
+    }
+    /* A slow client: stop reading the upstream until the output drains. */
+    if (ex->out.len >= EX_OUT_HIGH) return CURL_WRITEFUNC_PAUSE;
+    int rc = sse_parser_feed(ex->sse, data, len);
+    if (rc == SSE_ERR_TOO_BIG) {
+        set_outcome(ex, "upstream_error");
+        fail_exchange(ex, 502, "upstream event too large", "upstream_error", "bad_upstream");
+        return 0;
+    }
+    if (ex->trip_pending) {
+        /* Events already in this read that the guard never needed. */
+        size_t pend = 0;
+        const char *raw = sse_parser_pending_raw(ex->sse, &pend);
+        for (const char *p = raw; p && (p = memmem(p, pend - (size_t)(p - raw), "data:", 5));
+             p += 5)
+            ex->tokens_after_trip++;
+        return 0; /* fails the transfer; on_done finishes the trip */
+    }
+    return len;
+}
+
+/* The attempt failed at the transport or HTTP level (its transfer is closed): pass the
+ * upstream's own error on, or map the failure to 502/504 (an error event once streaming). */
+static void attempt_failed(exchange *ex, CURLcode rc)
+{
+    lg_worker *w = ex->base.w;
+    size_t replica = ex->replica;
+    set_outcome(ex, "upstream_error");
+    if (ex->trips) record_attempt(ex, NULL);
+    if (ex->head.complete && ex->head.status != 200 && !ex->timed_out) {
+        pool_report_health(w->srv->pool, replica, ex->head.status < 500);
+        if (ex->head.status >= 500) metrics_upstream_error(w->metrics, replica, "http_5xx");
+        if (ex->queued) {
+            fail_exchange(ex, ex->head.status, "upstream error", "upstream_error", NULL);
+            return;
+        }
+        ex->phase = PHASE_DONE;
+        ex->final_status = ex->head.status;
+        ex->final_body = lg_buf_steal(&ex->errbody);
+        if (ex->head.content_type) ex->final_ctype = strdup(ex->head.content_type);
+        ex->stream_ready = false;
+        worker_resume(&ex->base);
+        return;
+    }
+    bool timeout = ex->timed_out || rc == CURLE_OPERATION_TIMEDOUT;
+    metrics_upstream_error(w->metrics, replica,
+                           timeout ? "timeout" : rc == CURLE_OK ? "protocol" : "connect");
+    pool_report_health(w->srv->pool, replica, false);
+    if (timeout)
+        fail_exchange(ex, 504, "upstream timed out", "upstream_error", "upstream_timeout");
+    else if (!ex->head.complete)
+        fail_exchange(ex, 502, "upstream unreachable", "upstream_error",
+                      "upstream_unreachable");
+    else
+        fail_exchange(ex, 502, "upstream stream ended early", "upstream_error",
+                      "upstream_truncated");
+}
+
+/* The attempt's transfer ended (completed, failed, or failed on purpose after a trip). */
+static void on_done(lg_xfer *x, CURLcode rc)
+{
+    exchange *ex = x->owner;
+    lg_worker *w = ex->base.w;
+    size_t replica = ex->replica;
+    bool sglang = pool_kind(w->srv->pool, replica) == LG_UPSTREAM_SGLANG;
+    stop_transfer(ex);
+    ex->replica = replica;
+    if (ex->trip_pending) {
+        ex->trip_pending = false;
+        if (sglang) send_sglang_abort(ex);
+        after_trip(ex);
+        return;
+    }
+    if (ex->base.client_gone || ex->phase == PHASE_DONE) return;
+    if ((ex->head.complete && ex->head.status != 200) || rc != CURLE_OK || ex->timed_out ||
+        !(ex->finished_gen || ex->saw_done)) {
+        attempt_failed(ex, rc);
+        return;
+    }
+    pool_report_generation(w->srv->pool, replica, false);
+    if (ex->trips) {
+        record_attempt(ex, NULL);
+        metrics_retry_latency(w->metrics, seconds_since(ex->trip_ns, w->now_ns));
+    }
+    finish_exchange(ex);
+}
+
+/* ---- starting an attempt ----------------------------------------------------------- */
+
+static void random_hex(char *out, size_t nbytes)
+{
+    unsigned char b[32];
+    if (nbytes > sizeof b) nbytes = sizeof b;
+    if (getrandom(b, nbytes, 0) != (ssize_t)nbytes)
+        for (size_t i = 0; i < nbytes; i++) b[i] = (unsigned char)rand();
+    for (size_t i = 0; i < nbytes; i++) sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+/* The clean prefix the client already has, as the upstream's template expects it in a
+ * final assistant message: bare reasoning when the template opens <think> itself, the
+ * answer after "</think>\n\n" once the reasoning is over. */
+static void continuation_text(const exchange *ex, lg_buf *out)
+{
+    const lg_buf *r = &ex->ch[LG_CH_REASONING].sent, *c = &ex->ch[LG_CH_CONTENT].sent;
+    if (!ex->chat || r->len == 0) {
+        lg_buf_append(out, c->p, c->len);
+        return;
+    }
+    if (!ex->think_opened) lg_buf_append_str(out, "<think>\n");
+    lg_buf_append(out, r->p, r->len);
+    if (c->len) {
+        lg_buf_append_str(out, "\n</think>\n\n");
+        lg_buf_append(out, c->p, c->len);
+    }
+}
+
+static void start_attempt(exchange *ex)
+{
+    lg_worker *w = ex->base.w;
+    const lg_config *cfg = cfg_of(ex);
+    lg_pool *pool = w->srv->pool;
+    unsigned k = ++ex->attempt;
+    bool has_prefix = ex->ch[LG_CH_REASONING].sent.len || ex->ch[LG_CH_CONTENT].sent.len;
+
+    metrics_attempt(w->metrics, k);
+    size_t avoid = k > 1 && cfg->retry.elsewhere == LG_ELSEWHERE_AUTO ? ex->replica : SIZE_MAX;
+    ex->replica = pool_acquire(pool, avoid);
+    ex->have_replica = true;
+    lg_upstream_kind kind = pool_kind(pool, ex->replica);
+    random_hex(ex->rid, 16);
+
+    rw_opts o = {.upstream_kind = (int)kind,
+                 .rid = kind == LG_UPSTREAM_SGLANG ? ex->rid : NULL,
+                 .history = (int)cfg->reasoning.history};
+    if (k > 1 && cfg->retry.n_ladder) {
+        size_t i = k - 2 < cfg->retry.n_ladder ? k - 2 : cfg->retry.n_ladder - 1;
+        o.step = &cfg->retry.ladder[i];
+        if (getrandom(&o.seed, sizeof o.seed, 0) != sizeof o.seed) o.seed = (unsigned)rand();
+        o.seed &= 0x7fffffff;
+    }
+    lg_buf prefix = LG_BUF_INIT;
+    /* auto: continue only what a streaming client has already seen; a whole response
+     * has shown nothing yet, so it restarts cleanly. */
+    bool cont = k > 1 && has_prefix && kind != LG_UPSTREAM_OPENAI &&
+                (ex->chat || ex->req.prompt_is_string) &&
+                (cfg->retry.mode == LG_RETRY_CONTINUE ||
+                 (cfg->retry.mode == LG_RETRY_AUTO && ex->req.client_stream));
+    if (cont) {
+        continuation_text(ex, &prefix);
+        o.continue_text = prefix.p;
+        o.continue_len = prefix.len;
+    } else if (k > 1 && !ex->req.client_stream) {
+        /* A whole response restarts from scratch: the client has seen nothing. */
+        for (int c = 0; c < LG_CH_COUNT; c++) lg_buf_reset(&ex->ch[c].sent);
+        asm_free(ex->as);
+        ex->as = asm_new(ex->chat);
+    }
+    rw_error err = {0};
+    ex->up_body = rw_build_upstream(&ex->req, &o, &err);
+    if (!ex->up_body && cont) { /* this upstream cannot continue: restart instead */
+        o.continue_text = NULL, o.continue_len = 0, cont = false;
+        ex->up_body = rw_build_upstream(&ex->req, &o, &err);
+    }
+    if (!ex->up_body) {
+        lg_buf_free(&prefix);
+        fail_exchange(ex, err.status ? err.status : 400,
+                      err.message ? err.message : "invalid request", "invalid_request_error",
+                      err.code);
+        return;
+    }
+    ex->sampling = rw_sampling_json(&ex->req, &o);
+    lg_buf_free(&prefix);
+
+    ex->attempt_guarded = ex->guard_on && !(k > 1 && k == cfg->retry.max_attempts &&
+                                            cfg->retry.on_exhausted == LG_EXHAUSTED_PASS_THROUGH);
+    for (int c = 0; c < LG_CH_COUNT; c++) {
+        const guard_params *gp = config_guard_params(cfg, ex->rule, (lg_channel)c);
+        if (ex->attempt_guarded && gp && guard_params_enabled(gp))
+            ex->ch[c].g = guard_new(gp, (lg_channel)c);
+    }
+    ex->sse = sse_parser_new(SSE_DEFAULT_MAX_EVENT, on_event, ex);
+    if (cont && ex->think_inline && ex->ch[LG_CH_CONTENT].sent.len == 0)
+        ex->think = think_new(true);
+    ex->tokens = ex->tokens_after_trip = 0;
+    ex->first_byte = ex->finished_gen = ex->saw_done = ex->timed_out = false;
+    ex->attempt_start_ns = ex->last_event_ns = w->now_ns;
+
+    char url[2048];
+    snprintf(url, sizeof url, "%s%s", pool_base(pool, ex->replica), ex->endpoint);
+    ex->headers = http_upstream_headers(ex->base.conn, true);
+    CURL *e = ex->easy = curl_easy_init();
+    if (!e) abort();
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, &ex->xfer);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, ex->headers);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS, ex->up_body);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(ex->up_body));
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, ex);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, ex);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)cfg->timeouts.connect_ms);
+    curl_easy_setopt(e, CURLOPT_HTTP_CONTENT_DECODING, 0L);
+    if (worker_add_xfer(w, e) != 0) {
+        stop_transfer(ex);
+        attempt_failed(ex, CURLE_FAILED_INIT);
+    }
+}
+
+/* ---- the client side --------------------------------------------------------------- */
+
+static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    exchange *ex = cls;
+    lg_worker *w = ex->base.w;
+    (void)pos;
+    if (ex->base.client_gone) return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (ex->out.len) {
+        size_t k = ex->out.len < max ? ex->out.len : max;
+        memcpy(buf, ex->out.p, k);
+        lg_buf_consume(&ex->out, k);
+        uint64_t now = lg_now_ns();
+        metrics_added_latency(w->metrics, seconds_since(ex->out_since_ns, now));
+        ex->out_since_ns = now;
+        ex->last_out_ns = now;
+        if (ex->out.len < EX_OUT_HIGH / 2 && ex->easy)
+            curl_easy_pause(ex->easy, CURLPAUSE_CONT); /* may deliver data right here */
+        return (ssize_t)k;
+    }
+    if (ex->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+    worker_suspend(&ex->base);
+    return 0;
+}
+
+static void add_loopguard_headers(const exchange *ex, struct MHD_Response *resp)
+{
+    char n[16];
+    snprintf(n, sizeof n, "%u", ex->attempt);
+    MHD_add_response_header(resp, "X-Loopguard-Attempts", n);
+    snprintf(n, sizeof n, "%u", ex->trips);
+    MHD_add_response_header(resp, "X-Loopguard-Trips", n);
+}
+
+static lg_endpoint endpoint_id(const exchange *ex)
+{
+    return ex->chat ? LG_EP_CHAT : LG_EP_COMPLETIONS;
+}
+
+static enum MHD_Result queue_final(exchange *ex)
+{
+    const char *body = ex->final_body ? ex->final_body : "";
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), (void *)body,
+                                                                MHD_RESPMEM_MUST_COPY);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type",
+                            ex->final_ctype ? ex->final_ctype : "application/json");
+    add_loopguard_headers(ex, resp);
+    ex->queued = true;
+    metrics_request(ex->base.w->metrics, endpoint_id(ex), ex->final_status);
+    enum MHD_Result rc = MHD_queue_response(ex->base.conn, (unsigned)ex->final_status, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+static enum MHD_Result queue_stream(exchange *ex)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, EX_BLOCK, reader, ex, NULL);
+    if (!resp) return MHD_NO;
+    if (ex->head.complete)
+        http_head_apply(&ex->head, resp);
+    else
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream; charset=utf-8");
+    ex->queued = true;
+    ex->last_out_ns = ex->base.w->now_ns;
+    metrics_request(ex->base.w->metrics, endpoint_id(ex), 200);
+    enum MHD_Result rc = MHD_queue_response(ex->base.conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+/* The body is complete: validate it and start the first attempt. Returns false when a
+ * final (error) response is ready instead. */
+static bool begin(exchange *ex)
+{
+    lg_worker *w = ex->base.w;
+    const lg_config *cfg = cfg_of(ex);
+    struct MHD_Connection *conn = ex->base.conn;
+    rw_error err = {0};
+
+    if (ex->body_too_big) {
+        ex->final_status = 413;
+        ex->final_body = dl_error_json("request body too large", "invalid_request_error",
+                                       "body_too_large", 413);
+        return false;
+    }
+    if (rw_parse(ex->body.p ? ex->body.p : "", ex->body.len, ex->chat, &ex->req, &err) != 0) {
+        ex->final_status = err.status ? err.status : 400;
+        ex->final_body = dl_error_json(err.message ? err.message : "invalid request",
+                                       "invalid_request_error", err.code ? err.code : err.param,
+                                       ex->final_status);
+        return false;
+    }
+    lg_buf_free(&ex->body);
+    ex->rule = config_model_rule(cfg, ex->req.model);
+    ex->mode = cfg->reasoning.output;
+    const char *want = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Loopguard-Reasoning");
+    if (want && cfg->reasoning.allow_client_choice &&
+        config_reasoning_output_parse(want, &ex->mode) != 0) {
+        ex->final_status = 400;
+        ex->final_body = dl_error_json("X-Loopguard-Reasoning must be reasoning_content, "
+                                       "reasoning, inline or hide",
+                                       "invalid_request_error", "bad_header", 400);
+        return false;
+    }
+    ex->guard_on = cfg->guard.enabled;
+    if (ex->rule && ex->rule->guard_enabled >= 0) ex->guard_on = ex->rule->guard_enabled;
+    const char *off = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Loopguard");
+    if (off && strcasecmp(off, "off") == 0 && cfg->guard.allow_client_off) ex->guard_on = false;
+    ex->think_opened = ex->rule && ex->rule->think_opened == 1 && ex->req.enable_thinking != 0;
+    if (!ex->req.client_stream) ex->as = asm_new(ex->chat);
+    if (ex->req.client_stream) {
+        metrics_streams(w->metrics, 1);
+        ex->counted_stream = true;
+    }
+    ex->phase = PHASE_RUNNING;
+    start_attempt(ex);
+    return ex->phase != PHASE_DONE || !ex->final_body;
+}
+
+static enum MHD_Result ex_access(lg_req *base, const char *upload, size_t *upload_size)
+{
+    exchange *ex = (exchange *)base;
+    if (*upload_size) {
+        if (ex->body.len + *upload_size > cfg_of(ex)->max_body_bytes) {
+            ex->body_too_big = true; /* keep reading, keep nothing: 413 at the end */
+            lg_buf_free(&ex->body);
+        } else if (!ex->body_too_big) {
+            lg_buf_append(&ex->body, upload, *upload_size);
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (ex->phase == PHASE_BODY && !begin(ex)) {
+        ex->phase = PHASE_DONE;
+        return queue_final(ex);
+    }
+    if (ex->queued) return MHD_YES;
+    if (ex->final_body) return queue_final(ex);
+    if (ex->stream_ready || (ex->req.client_stream && ex->ended)) return queue_stream(ex);
+    worker_suspend(base);
+    return MHD_YES;
+}
+
+static void ex_tick(lg_req *base, uint64_t now)
+{
+    exchange *ex = (exchange *)base;
+    const lg_config *cfg = cfg_of(ex);
+    if (ex->phase != PHASE_RUNNING) return;
+    if (ex->easy) {
+        uint64_t fb = (uint64_t)cfg->timeouts.first_byte_ms * 1000000ull;
+        uint64_t idle = (uint64_t)cfg->timeouts.idle_ms * 1000000ull;
+        if ((!ex->first_byte && fb && now - ex->attempt_start_ns > fb) ||
+            (ex->first_byte && idle && now - ex->last_event_ns > idle)) {
+            ex->timed_out = true;
+            abort_attempt(ex);
+            attempt_failed(ex, CURLE_OPERATION_TIMEDOUT);
+            return;
+        }
+    }
+    /* Keep intermediaries from timing out while text is held back or a retry runs. */
+    uint64_t ka = (uint64_t)cfg->guard.keepalive_ms * 1000000ull;
+    if (ex->req.client_stream && ex->queued && !ex->ended && ka && ex->out.len == 0 &&
+        now > ex->last_out_ns && now - ex->last_out_ns >= ka) {
+        out_append(ex, ": keep-alive\n\n", 14);
+        ex->last_out_ns = now;
+    }
+}
+
+static void ex_client_gone(lg_req *base)
+{
+    exchange *ex = (exchange *)base;
+    if (ex->phase == PHASE_RUNNING) {
+        bool running = ex->easy != NULL;
+        abort_attempt(ex);
+        set_outcome(ex, "client_gone");
+        if (ex->trips && running) record_attempt(ex, NULL);
+    }
+    ex->phase = PHASE_DONE;
+}
+
+static void ex_shutdown(lg_req *base)
+{
+    exchange *ex = (exchange *)base;
+    if (ex->phase != PHASE_RUNNING) return;
+    abort_attempt(ex);
+    fail_exchange(ex, 503, "loopguard is shutting down", "server_error", "shutting_down");
+}
+
+static void ex_destroy(lg_req *base)
+{
+    exchange *ex = (exchange *)base;
+    write_incident(ex);
+    stop_transfer(ex);
+    free_attempt_state(ex);
+    if (ex->counted_stream) metrics_streams(ex->base.w->metrics, -1);
+    for (int c = 0; c < LG_CH_COUNT; c++) {
+        lg_buf_free(&ex->ch[c].held);
+        lg_buf_free(&ex->ch[c].sent);
+    }
+    rw_request_clear(&ex->req);
+    asm_free(ex->as);
+    lg_buf_free(&ex->body);
+    lg_buf_free(&ex->errbody);
+    lg_buf_free(&ex->out);
+    lg_buf_free(&ex->done_raw);
+    free(ex->final_body);
+    free(ex->final_ctype);
+    free(ex->c_id);
+    free(ex->c_model);
+    free(ex->excerpt);
+    cJSON_Delete(ex->attempts);
+    free(ex);
+}
+
+static const lg_req_ops exchange_ops = {
+    .name = "exchange",
+    .access = ex_access,
+    .client_gone = ex_client_gone,
+    .tick = ex_tick,
+    .shutdown = ex_shutdown,
+    .destroy = ex_destroy,
+};
+
+lg_req *exchange_new(lg_worker *w, struct MHD_Connection *conn, const char *url)
+{
+    exchange *ex = calloc(1, sizeof *ex);
+    if (!ex) abort();
+    worker_req_init(w, &ex->base, &exchange_ops, conn);
+    ex->xfer = (lg_xfer){.done = on_done, .owner = ex};
+    ex->chat = strcmp(url, "/v1/chat/completions") == 0;
+    ex->endpoint = ex->chat ? "/v1/chat/completions" : "/v1/completions";
+    ex->attempts = cJSON_CreateArray();
+    http_head_clear(&ex->head);
+    memcpy(ex->id, "lg-", 3);
+    random_hex(ex->id + 3, 12);
+    return &ex->base;
+}

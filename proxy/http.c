@@ -1,0 +1,283 @@
+/* http.c — see http.h. */
+#include "proxy/http.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cJSON.h>
+
+/* The numeric form of a peer address ("127.0.0.1", "::1"). Returns getnameinfo's result. */
+static int getnameinfo_numeric(const struct sockaddr *sa, char *host, size_t hostlen)
+{
+    socklen_t len = sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                              : sizeof(struct sockaddr_in);
+    return getnameinfo(sa, len, host, (socklen_t)hostlen, NULL, 0, NI_NUMERICHOST);
+}
+
+static enum MHD_Result respond(struct MHD_Connection *conn, int status, const char *ctype,
+                               const char *body)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", ctype);
+    enum MHD_Result rc = MHD_queue_response(conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+enum MHD_Result http_respond_text(struct MHD_Connection *conn, int status, const char *ctype,
+                                  const char *body)
+{
+    return respond(conn, status, ctype, body);
+}
+
+enum MHD_Result http_respond_json(struct MHD_Connection *conn, int status, const char *body)
+{
+    return respond(conn, status, "application/json", body);
+}
+
+enum MHD_Result http_respond_error(struct MHD_Connection *conn, int status, const char *message,
+                                   const char *type, const char *code)
+{
+    cJSON *root = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(e, "message", message);
+    cJSON_AddStringToObject(e, "type", type);
+    if (code)
+        cJSON_AddStringToObject(e, "code", code);
+    else
+        cJSON_AddNullToObject(e, "code");
+    char *body = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!body) abort();
+    enum MHD_Result rc = respond(conn, status, "application/json", body);
+    free(body);
+    return rc;
+}
+
+bool http_client_authorized(const lg_config *cfg, struct MHD_Connection *conn)
+{
+    if (cfg->n_api_keys == 0) return true;
+    const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    const char *xkey = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key");
+    const char *key = xkey;
+    if (auth && strncasecmp(auth, "Bearer ", 7) == 0) key = auth + 7;
+    if (!key) return false;
+    for (size_t i = 0; i < cfg->n_api_keys; i++)
+        if (strcmp(cfg->api_keys[i], key) == 0) return true;
+    return false;
+}
+
+/* True when the comma-separated token list `list` contains `name` (case-insensitive). */
+static bool token_listed(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; p && *p;) {
+        while (*p == ' ' || *p == '\t' || *p == ',') p++;
+        const char *e = p;
+        while (*e && *e != ',') e++;
+        const char *t = e;
+        while (t > p && (t[-1] == ' ' || t[-1] == '\t')) t--;
+        if ((size_t)(t - p) == n && strncasecmp(p, name, n) == 0) return true;
+        p = e;
+    }
+    return false;
+}
+
+bool http_is_hop_header(const char *name, const char *connection_value)
+{
+    static const char *const hop[] = {"connection",        "keep-alive", "proxy-connection",
+                                      "proxy-authenticate", "proxy-authorization",
+                                      "te",                "trailer",    "transfer-encoding",
+                                      "upgrade"};
+    for (size_t i = 0; i < sizeof hop / sizeof *hop; i++)
+        if (strcasecmp(name, hop[i]) == 0) return true;
+    return connection_value && token_listed(connection_value, name);
+}
+
+typedef struct hdr_ctx {
+    struct curl_slist *list;
+    const char *connection;
+    bool for_exchange;
+    bool have_xff;
+} hdr_ctx;
+
+static struct curl_slist *append_header(struct curl_slist *l, const char *name, const char *value)
+{
+    size_t n = strlen(name) + strlen(value) + 3;
+    char *line = malloc(n);
+    if (!line) abort();
+    /* "Name;" is libcurl's way to send a header with an empty value. */
+    if (*value)
+        snprintf(line, n, "%s: %s", name, value);
+    else
+        snprintf(line, n, "%s;", name);
+    struct curl_slist *r = curl_slist_append(l, line);
+    free(line);
+    if (!r) abort();
+    return r;
+}
+
+static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
+{
+    hdr_ctx *c = cls;
+    (void)kind;
+    if (!value) value = "";
+    if (http_is_hop_header(key, c->connection) || strcasecmp(key, "Host") == 0 ||
+        strcasecmp(key, "Content-Length") == 0 || strcasecmp(key, "Expect") == 0)
+        return MHD_YES;
+    if (c->for_exchange &&
+        (strcasecmp(key, "Accept-Encoding") == 0 || strcasecmp(key, "Content-Type") == 0 ||
+         strncasecmp(key, "X-Loopguard", 11) == 0))
+        return MHD_YES;
+    if (strcasecmp(key, "X-Forwarded-For") == 0) return MHD_YES; /* re-added below */
+    c->list = append_header(c->list, key, value);
+    return MHD_YES;
+}
+
+struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_exchange)
+{
+    hdr_ctx c = {.connection =
+                     MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Connection"),
+                 .for_exchange = for_exchange};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, collect_header, &c);
+
+    /* X-Forwarded-For: the client's list plus the peer address. */
+    char addr[64] = "";
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr) {
+        char host[64];
+        if (getnameinfo_numeric(ci->client_addr, host, sizeof host) == 0)
+            snprintf(addr, sizeof addr, "%s", host);
+    }
+    const char *xff = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Forwarded-For");
+    if (xff || *addr) {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s%s%s", xff ? xff : "", xff && *addr ? ", " : "", addr);
+        c.list = append_header(c.list, "X-Forwarded-For", buf);
+    }
+    /* libcurl would add these itself; a proxy must not. */
+    c.list = append_header(c.list, "Expect", "");
+    if (for_exchange) {
+        c.list = append_header(c.list, "Content-Type", "application/json");
+        c.list = append_header(c.list, "Accept", "text/event-stream");
+    }
+    return c.list;
+}
+
+/* ---- response heads ---------------------------------------------------------------- */
+
+static char *dup_range(const char *s, size_t n)
+{
+    char *d = malloc(n + 1);
+    if (!d) abort();
+    memcpy(d, s, n);
+    d[n] = '\0';
+    return d;
+}
+
+void http_head_clear(http_head *h)
+{
+    for (size_t i = 0; i < h->n; i++) {
+        free(h->names[i]);
+        free(h->values[i]);
+    }
+    free(h->names);
+    free(h->values);
+    free(h->content_type);
+    memset(h, 0, sizeof *h);
+    h->content_length = -1;
+}
+
+void http_head_line(http_head *h, const char *line, size_t len)
+{
+    while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
+    if (len >= 5 && strncmp(line, "HTTP/", 5) == 0) {
+        http_head_clear(h);
+        const char *sp = memchr(line, ' ', len);
+        h->status = sp ? atoi(sp + 1) : 0;
+        return;
+    }
+    if (len == 0) {
+        if (h->status >= 200) h->complete = true;
+        return;
+    }
+    const char *colon = memchr(line, ':', len);
+    if (!colon || h->status < 200) return;
+    size_t nlen = (size_t)(colon - line);
+    const char *v = colon + 1;
+    size_t vlen = len - nlen - 1;
+    while (vlen && (*v == ' ' || *v == '\t')) v++, vlen--;
+    while (vlen && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t')) vlen--;
+    if (h->n == h->cap) {
+        h->cap = h->cap ? h->cap * 2 : 16;
+        h->names = realloc(h->names, h->cap * sizeof *h->names);
+        h->values = realloc(h->values, h->cap * sizeof *h->values);
+        if (!h->names || !h->values) abort();
+    }
+    char *name = dup_range(line, nlen), *value = dup_range(v, vlen);
+    if (strcasecmp(name, "Content-Length") == 0) h->content_length = atoll(value);
+    if (strcasecmp(name, "Transfer-Encoding") == 0 && token_listed(value, "chunked"))
+        h->chunked = true;
+    if (strcasecmp(name, "Content-Type") == 0) {
+        free(h->content_type);
+        h->content_type = strdup(value);
+    }
+    h->names[h->n] = name;
+    h->values[h->n] = value;
+    h->n++;
+}
+
+void http_head_apply(const http_head *h, struct MHD_Response *resp)
+{
+    const char *connection = NULL;
+    for (size_t i = 0; i < h->n; i++)
+        if (strcasecmp(h->names[i], "Connection") == 0) connection = h->values[i];
+    for (size_t i = 0; i < h->n; i++) {
+        if (http_is_hop_header(h->names[i], connection) ||
+            strcasecmp(h->names[i], "Content-Length") == 0)
+            continue;
+        MHD_add_response_header(resp, h->names[i], h->values[i]);
+    }
+}
+
+size_t http_keep_escaped(void *cls, struct MHD_Connection *conn, char *s)
+{
+    (void)cls, (void)conn;
+    return strlen(s);
+}
+
+typedef struct query_ctx {
+    lg_buf *url;
+    bool first;
+} query_ctx;
+
+static enum MHD_Result add_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                               const char *value)
+{
+    query_ctx *q = cls;
+    (void)kind;
+    lg_buf_append_str(q->url, q->first ? "?" : "&");
+    q->first = false;
+    lg_buf_append_str(q->url, key);
+    if (value) {
+        lg_buf_append_str(q->url, "=");
+        lg_buf_append_str(q->url, value);
+    }
+    return MHD_YES;
+}
+
+void http_append_query(lg_buf *url, struct MHD_Connection *conn)
+{
+    query_ctx q = {url, true};
+    MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, add_arg, &q);
+}

@@ -1,0 +1,66 @@
+/* http.h — small HTTP helpers shared by the relay, the exchange and the admin endpoints:
+ * OpenAI-shaped error responses, hop-by-hop header rules (RFC 9110 §7.6.1), copying
+ * client headers onto an upstream request and collecting upstream response headers. */
+#ifndef LG_HTTP_H
+#define LG_HTTP_H
+
+#include <curl/curl.h>
+#include <microhttpd.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "config/config.h"
+#include "proxy/buf.h"
+
+/* Queues {"error":{"message","type","code"}} with `status`. Returns MHD's result. */
+enum MHD_Result http_respond_error(struct MHD_Connection *conn, int status, const char *message,
+                                   const char *type, const char *code);
+
+/* Queues `body` (copied) as application/json with `status`. */
+enum MHD_Result http_respond_json(struct MHD_Connection *conn, int status, const char *body);
+
+/* Queues `body` (copied) with the given content type. */
+enum MHD_Result http_respond_text(struct MHD_Connection *conn, int status, const char *ctype,
+                                  const char *body);
+
+/* True when the request carries one of cfg->api_keys (Authorization: Bearer or x-api-key),
+ * or when no keys are configured. */
+bool http_client_authorized(const lg_config *cfg, struct MHD_Connection *conn);
+
+/* True for headers a proxy must not forward: the RFC 9110 hop-by-hop set, plus any header
+ * named in `connection_value` (the message's Connection header, may be NULL). */
+bool http_is_hop_header(const char *name, const char *connection_value);
+
+/* Builds the upstream request headers from the client's: end-to-end headers kept (Authorization
+ * included), hop-by-hop, Host, Content-Length and Expect dropped, X-Forwarded-For appended.
+ * With `for_exchange`, Accept-Encoding is dropped too (loopguard must read the stream) and
+ * Content-Type is set to application/json. Returns a list the caller frees with
+ * curl_slist_free_all (NULL only when empty). */
+struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_exchange);
+
+/* Appends the request's query string ("?a=1&b") to `url` as the client sent it; the worker
+ * installs an identity unescaper so libmicrohttpd keeps arguments (and the path) raw. */
+void http_append_query(lg_buf *url, struct MHD_Connection *conn);
+
+/* libmicrohttpd unescape callback that leaves the text as it came (transparent proxying). */
+size_t http_keep_escaped(void *cls, struct MHD_Connection *conn, char *s);
+
+/* Upstream response head, filled line by line from CURLOPT_HEADERFUNCTION. */
+typedef struct http_head {
+    int status;
+    char **names, **values;
+    size_t n, cap;
+    long long content_length; /* -1 when absent */
+    bool chunked;
+    bool complete; /* the blank line after the final (non-1xx) head was seen */
+    char *content_type;
+} http_head;
+
+/* Feeds one raw header line (with CRLF) as libcurl delivers it. A status line starts a new
+ * head (interim 1xx heads are discarded). */
+void http_head_line(http_head *h, const char *line, size_t len);
+/* Adds the end-to-end headers of `h` to `resp` (hop-by-hop and Content-Length skipped). */
+void http_head_apply(const http_head *h, struct MHD_Response *resp);
+void http_head_clear(http_head *h);
+
+#endif

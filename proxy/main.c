@@ -1,0 +1,224 @@
+/* main.c — loopguard's entry point.
+ *
+ * The main thread parses the configuration (defaults < file < LOOPGUARD_* environment <
+ * flags), raises the file-descriptor limit, probes the upstreams, starts one worker per core
+ * on a shared SO_REUSEPORT port, and then only handles signals: SIGTERM/SIGINT stop
+ * accepting and let streams finish up to shutdown_grace_ms before they are ended
+ * well-formed; SIGHUP reopens the incident log (logrotate). `loopguard scan` runs the guard
+ * over files instead (see scan.c). */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+
+#include "config/config.h"
+#include "proxy/incident.h"
+#include "proxy/scan.h"
+#include "proxy/upstream.h"
+#include "proxy/worker.h"
+
+extern char **environ;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: loopguard [--config FILE] [--listen HOST:PORT] [--upstream URL]\n"
+            "                 [--upstream-kind auto|sglang|vllm|openai]\n"
+            "       loopguard --check-config FILE\n"
+            "       loopguard scan [--config FILE] [--channel content|reasoning] FILE...\n");
+}
+
+/* Applies argv over the defaults. Returns the config, or NULL after printing why. */
+static lg_config *load_config(int argc, char **argv, bool *check_only)
+{
+    char err[512];
+    const char *file = NULL, *listen = NULL, *upstream = NULL, *kind = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char **slot = strcmp(a, "--config") == 0          ? &file
+                            : strcmp(a, "--check-config") == 0  ? &file
+                            : strcmp(a, "--listen") == 0        ? &listen
+                            : strcmp(a, "--upstream") == 0      ? &upstream
+                            : strcmp(a, "--upstream-kind") == 0 ? &kind
+                                                                : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            exit(0);
+        }
+        if (!slot || i + 1 >= argc) {
+            fprintf(stderr, "loopguard: %s: %s\n", a, slot ? "missing value" : "unknown flag");
+            usage(stderr);
+            return NULL;
+        }
+        if (strcmp(a, "--check-config") == 0) *check_only = true;
+        *slot = argv[++i];
+    }
+    lg_config *cfg = config_new_defaults();
+    if ((file && config_load_file(cfg, file, err, sizeof err) != 0) ||
+        config_apply_env(cfg, environ, err, sizeof err) != 0 ||
+        (listen && config_set_listen(cfg, listen, err, sizeof err) != 0) ||
+        (upstream && config_set_upstream(cfg, upstream, err, sizeof err) != 0) ||
+        (kind && config_set_upstream_kind(cfg, kind, err, sizeof err) != 0) ||
+        config_validate(cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "loopguard: %s\n", err);
+        config_free(cfg);
+        return NULL;
+    }
+    return cfg;
+}
+
+/* Raises RLIMIT_NOFILE towards `want` (soft up to hard; as root, hard too). */
+static void raise_nofile(unsigned want)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    if (rl.rlim_cur >= want) return;
+    struct rlimit nr = {want, rl.rlim_max > want ? rl.rlim_max : want};
+    if (setrlimit(RLIMIT_NOFILE, &nr) != 0) {
+        nr.rlim_cur = rl.rlim_max;
+        nr.rlim_max = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &nr) != 0) perror("loopguard: setrlimit");
+    }
+}
+
+static int bound_port(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) return -1;
+    if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+static bool all_joined(lg_server *srv, bool *joined)
+{
+    bool all = true;
+    for (size_t i = 0; i < srv->n_workers; i++) {
+        if (!joined[i] && pthread_tryjoin_np(srv->workers[i]->thread, NULL) == 0)
+            joined[i] = true;
+        all &= joined[i];
+    }
+    return all;
+}
+
+/* Signal loop: returns when every worker has stopped. */
+static void serve_signals(lg_server *srv, const sigset_t *set)
+{
+    bool *joined = calloc(srv->n_workers, sizeof *joined);
+    uint64_t deadline = 0;
+    if (!joined) abort();
+    for (;;) {
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        int sig = sigtimedwait(set, NULL, &ts);
+        if (sig == SIGHUP && srv->incidents) {
+            incident_log_reopen(srv->incidents);
+        } else if (sig == SIGTERM || sig == SIGINT) {
+            if (atomic_load(&srv->draining)) {
+                atomic_store(&srv->stopping, true); /* a second signal: stop now */
+            } else {
+                atomic_store(&srv->draining, true);
+                deadline = lg_now_ns() + (uint64_t)srv->cfg->shutdown_grace_ms * 1000000ull;
+                fprintf(stderr, "loopguard: draining (up to %u ms)\n",
+                        srv->cfg->shutdown_grace_ms);
+            }
+            for (size_t i = 0; i < srv->n_workers; i++) worker_wake(srv->workers[i]);
+        }
+        if (deadline && !atomic_load(&srv->stopping) && lg_now_ns() > deadline) {
+            atomic_store(&srv->stopping, true);
+            for (size_t i = 0; i < srv->n_workers; i++) worker_wake(srv->workers[i]);
+        }
+        if (atomic_load(&srv->draining) && all_joined(srv, joined)) break;
+    }
+    free(joined);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "scan") == 0) return scan_main(argc - 1, argv + 1);
+
+    bool check_only = false;
+    char err[512];
+    lg_config *cfg = load_config(argc, argv, &check_only);
+    if (!cfg) return 2;
+    if (check_only) {
+        printf("config OK\n");
+        config_free(cfg);
+        return 0;
+    }
+
+    /* Signals are taken synchronously by the main thread; workers inherit the mask. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    raise_nofile(cfg->rlimit_nofile);
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        fprintf(stderr, "loopguard: curl_global_init failed\n");
+        return 1;
+    }
+    lg_server srv = {.cfg = cfg, .started_ns = lg_now_ns()};
+    srv.n_workers = cfg->workers > 0 ? (size_t)cfg->workers : (size_t)sysconf(_SC_NPROCESSORS_ONLN);
+    if (srv.n_workers < 1) srv.n_workers = 1;
+    srv.incidents = incident_log_open(cfg->incidents.path, cfg->incidents.recent,
+                                      cfg->incidents.max_record_bytes, err, sizeof err);
+    if (!srv.incidents) {
+        fprintf(stderr, "loopguard: %s\n", err);
+        return 1;
+    }
+    srv.pool = pool_new(cfg);
+    srv.workers = calloc(srv.n_workers, sizeof *srv.workers);
+    if (!srv.workers) abort();
+
+    int rc = 1;
+    size_t started = 0;
+    int port = cfg->listen_port;
+    for (size_t i = 0; i < srv.n_workers; i++) {
+        int fd = worker_listen_socket(cfg->listen_host, port, err, sizeof err);
+        if (fd < 0) goto out;
+        if (i == 0) port = srv.port = bound_port(fd);
+        srv.workers[i] = worker_new(&srv, (int)i, fd, err, sizeof err);
+        if (!srv.workers[i]) goto out;
+    }
+    for (size_t i = 0; i < srv.n_workers; i++, started++)
+        if (worker_start(srv.workers[i]) != 0) {
+            snprintf(err, sizeof err, "cannot start worker threads: %s", strerror(errno));
+            goto out;
+        }
+    if (pool_start(srv.pool) != 0) {
+        snprintf(err, sizeof err, "cannot start the health checker");
+        goto out;
+    }
+    fprintf(stderr, "loopguard: %zu workers, upstream %s (%s)\n", srv.n_workers,
+            pool_base(srv.pool, 0), config_upstream_kind_name(pool_kind(srv.pool, 0)));
+    printf("listening on %s:%d\n", cfg->listen_host, srv.port);
+    fflush(stdout);
+    serve_signals(&srv, &set);
+    rc = 0;
+out:
+    if (rc != 0) {
+        fprintf(stderr, "loopguard: %s\n", err);
+        atomic_store(&srv.draining, true);
+        atomic_store(&srv.stopping, true);
+        for (size_t i = 0; i < started; i++) worker_wake(srv.workers[i]);
+        for (size_t i = 0; i < started; i++) worker_join(srv.workers[i]);
+    }
+    for (size_t i = 0; i < srv.n_workers; i++) worker_free(srv.workers[i]);
+    free(srv.workers);
+    pool_free(srv.pool);
+    incident_log_close(srv.incidents);
+    curl_global_cleanup();
+    config_free(cfg);
+    return rc;
+}

@@ -1,0 +1,268 @@
+/* relay.c — transparent pass-through of every request loopguard does not guard.
+ *
+ * Bodies stream in both directions with bounded memory: the client's upload is handed to
+ * libcurl as it arrives (the client connection is suspended while more than RELAY_HIGH
+ * bytes wait for the upstream), and the upstream's response is handed to libmicrohttpd's
+ * content reader (the libcurl transfer is paused while more than RELAY_HIGH bytes wait for
+ * the client). Status and end-to-end headers pass unchanged; hop-by-hop headers are
+ * dropped per RFC 9110. The relay never looks inside the bytes. */
+#include "proxy/relay.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "proxy/buf.h"
+#include "proxy/http.h"
+#include "proxy/upstream.h"
+
+#define RELAY_HIGH (256 * 1024)
+#define RELAY_BLOCK (32 * 1024)
+
+typedef struct relay {
+    lg_req base;
+    lg_xfer xfer;
+    CURL *easy;
+    struct curl_slist *headers;
+    size_t replica;
+    bool has_body;
+    lg_buf up;       /* client bytes not yet read by libcurl */
+    bool up_done;    /* the client finished its body */
+    bool up_paused;  /* libcurl's read callback returned PAUSE */
+    lg_buf down;     /* upstream bytes not yet sent to the client */
+    bool down_paused;
+    http_head head;
+    bool queued;     /* response queued on the client connection */
+    bool finished;   /* upstream transfer over */
+    CURLcode result;
+    int status_for_metrics;
+} relay;
+
+static void relay_stop_transfer(relay *r)
+{
+    if (!r->easy) return;
+    worker_remove_xfer(r->base.w, r->easy);
+    curl_easy_cleanup(r->easy);
+    r->easy = NULL;
+    pool_release(r->base.w->srv->pool, r->replica);
+}
+
+static size_t on_read(char *buf, size_t size, size_t n, void *ud)
+{
+    relay *r = ud;
+    size_t want = size * n;
+    if (r->up.len == 0) {
+        if (r->up_done) return 0;
+        r->up_paused = true;
+        return CURL_READFUNC_PAUSE;
+    }
+    size_t k = r->up.len < want ? r->up.len : want;
+    memcpy(buf, r->up.p, k);
+    lg_buf_consume(&r->up, k);
+    if (r->up.len < RELAY_HIGH / 2) worker_resume(&r->base);
+    return k;
+}
+
+static size_t on_header(char *line, size_t size, size_t n, void *ud)
+{
+    relay *r = ud;
+    http_head_line(&r->head, line, size * n);
+    if (r->head.complete) worker_resume(&r->base); /* the access handler queues the response */
+    return size * n;
+}
+
+static size_t on_write(char *data, size_t size, size_t n, void *ud)
+{
+    relay *r = ud;
+    if (r->base.client_gone) return 0; /* aborts the transfer */
+    if (r->down.len >= RELAY_HIGH) {
+        r->down_paused = true;
+        return CURL_WRITEFUNC_PAUSE;
+    }
+    lg_buf_append(&r->down, data, size * n);
+    worker_resume(&r->base);
+    return size * n;
+}
+
+static void on_done(lg_xfer *x, CURLcode rc)
+{
+    relay *r = x->owner;
+    r->finished = true;
+    r->result = rc;
+    long status = 0;
+    curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
+    pool_report_health(r->base.w->srv->pool, r->replica, rc == CURLE_OK && status < 500);
+    if (rc != CURLE_OK)
+        metrics_upstream_error(r->base.w->metrics, r->replica,
+                               rc == CURLE_OPERATION_TIMEDOUT ? "timeout" : "connect");
+    relay_stop_transfer(r);
+    worker_resume(&r->base);
+}
+
+static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    relay *r = cls;
+    (void)pos;
+    if (r->base.client_gone) return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (r->down.len) {
+        size_t k = r->down.len < max ? r->down.len : max;
+        memcpy(buf, r->down.p, k);
+        lg_buf_consume(&r->down, k);
+        if (r->down_paused && r->down.len < RELAY_HIGH / 2 && r->easy) {
+            r->down_paused = false;
+            curl_easy_pause(r->easy, CURLPAUSE_CONT);
+        }
+        return (ssize_t)k;
+    }
+    if (r->finished)
+        return r->result == CURLE_OK ? MHD_CONTENT_READER_END_OF_STREAM
+                                     : MHD_CONTENT_READER_END_WITH_ERROR;
+    worker_suspend(&r->base);
+    return 0;
+}
+
+static enum MHD_Result queue_response(relay *r)
+{
+    struct MHD_Connection *c = r->base.conn;
+    r->queued = true;
+    if (!r->head.complete) {
+        /* The upstream never answered: map the transport error. */
+        bool timeout = r->result == CURLE_OPERATION_TIMEDOUT;
+        r->status_for_metrics = timeout ? 504 : 502;
+        metrics_request(r->base.w->metrics, LG_EP_PASSTHROUGH, r->status_for_metrics);
+        return http_respond_error(c, r->status_for_metrics,
+                                  timeout ? "upstream timed out" : "upstream unreachable",
+                                  "upstream_error", timeout ? "upstream_timeout"
+                                                            : "upstream_unreachable");
+    }
+    uint64_t size = r->head.content_length >= 0 && !r->head.chunked
+                        ? (uint64_t)r->head.content_length
+                        : MHD_SIZE_UNKNOWN;
+    struct MHD_Response *resp = MHD_create_response_from_callback(size, RELAY_BLOCK, reader, r,
+                                                                  NULL);
+    if (!resp) return MHD_NO;
+    http_head_apply(&r->head, resp);
+    r->status_for_metrics = r->head.status;
+    metrics_request(r->base.w->metrics, LG_EP_PASSTHROUGH, r->head.status);
+    enum MHD_Result rc = MHD_queue_response(c, (unsigned)r->head.status, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+static enum MHD_Result relay_access(lg_req *base, const char *upload, size_t *upload_size)
+{
+    relay *r = (relay *)base;
+    if (*upload_size) {
+        lg_buf_append(&r->up, upload, *upload_size);
+        *upload_size = 0;
+        if (r->up_paused && r->easy) {
+            r->up_paused = false;
+            curl_easy_pause(r->easy, CURLPAUSE_CONT);
+        }
+        if (r->up.len >= RELAY_HIGH) worker_suspend(base);
+        return MHD_YES;
+    }
+    if (!r->up_done) {
+        r->up_done = true;
+        if (r->up_paused && r->easy) {
+            r->up_paused = false;
+            curl_easy_pause(r->easy, CURLPAUSE_CONT);
+        }
+    }
+    if (r->queued) return MHD_YES;
+    if (r->head.complete || r->finished) return queue_response(r);
+    worker_suspend(base);
+    return MHD_YES;
+}
+
+static void relay_client_gone(lg_req *base)
+{
+    relay_stop_transfer((relay *)base);
+}
+
+static void relay_destroy(lg_req *base)
+{
+    relay *r = (relay *)base;
+    relay_stop_transfer(r);
+    curl_slist_free_all(r->headers);
+    lg_buf_free(&r->up);
+    lg_buf_free(&r->down);
+    http_head_clear(&r->head);
+    free(r);
+}
+
+static void relay_shutdown(lg_req *base)
+{
+    relay *r = (relay *)base;
+    relay_stop_transfer(r);
+    r->finished = true;
+    r->result = CURLE_ABORTED_BY_CALLBACK;
+    worker_resume(base);
+}
+
+static const lg_req_ops relay_ops = {
+    .name = "relay",
+    .access = relay_access,
+    .client_gone = relay_client_gone,
+    .tick = NULL,
+    .shutdown = relay_shutdown,
+    .destroy = relay_destroy,
+};
+
+lg_req *relay_new(lg_worker *w, struct MHD_Connection *conn, const char *method, const char *url)
+{
+    const lg_config *cfg = w->srv->cfg;
+    relay *r = calloc(1, sizeof *r);
+    if (!r) abort();
+    http_head_clear(&r->head);
+    worker_req_init(w, &r->base, &relay_ops, conn);
+    r->xfer = (lg_xfer){.done = on_done, .owner = r};
+    r->replica = pool_acquire(w->srv->pool, SIZE_MAX);
+
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+    const char *te = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Transfer-Encoding");
+    long long clen = cl ? atoll(cl) : -1;
+    r->has_body = clen > 0 || te;
+    if (!r->has_body) r->up_done = true;
+
+    lg_buf url_full = LG_BUF_INIT;
+    lg_buf_append_str(&url_full, pool_base(w->srv->pool, r->replica));
+    lg_buf_append_str(&url_full, url);
+    http_append_query(&url_full, conn);
+
+    r->headers = http_upstream_headers(conn, false);
+    CURL *e = r->easy = curl_easy_init();
+    if (!e) abort();
+    curl_easy_setopt(e, CURLOPT_URL, url_full.p);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, &r->xfer);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->headers);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)cfg->timeouts.connect_ms);
+    curl_easy_setopt(e, CURLOPT_HTTP_TRANSFER_DECODING, 1L);
+    curl_easy_setopt(e, CURLOPT_HTTP_CONTENT_DECODING, 0L); /* bytes pass as they came */
+    if (strcmp(method, "HEAD") == 0) {
+        curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+    } else if (r->has_body) {
+        curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+        curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
+        curl_easy_setopt(e, CURLOPT_READDATA, r);
+        curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)(clen >= 0 ? clen : -1));
+        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+    } else if (strcmp(method, "GET") != 0) {
+        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+    }
+    lg_buf_free(&url_full);
+    if (worker_add_xfer(w, e) != 0) {
+        curl_easy_cleanup(e);
+        r->easy = NULL;
+        pool_release(w->srv->pool, r->replica);
+        r->finished = true;
+        r->result = CURLE_FAILED_INIT;
+    }
+    return &r->base;
+}

@@ -1,0 +1,501 @@
+/* worker.c — one event loop per thread: libmicrohttpd (clients) and libcurl (upstream)
+ * driven from a single epoll instance. See worker.h for the model.
+ *
+ * epoll data carries a tag, and for client sockets the fd and a generation number, instead
+ * of a pointer: an event that is still queued in the current batch after its request was
+ * retired then finds a generation mismatch in the fd map and is ignored. Requests are
+ * destroyed only at the end of an iteration for the same reason. */
+#include "proxy/worker.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proxy/admin.h"
+#include "proxy/exchange.h"
+#include "proxy/http.h"
+#include "proxy/relay.h"
+
+enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT };
+
+#define TICK_NS (250ull * 1000 * 1000)
+#define MAX_EVENTS 256
+
+typedef struct lg_fdslot {
+    lg_req *req;
+    uint32_t gen;
+} lg_fdslot;
+
+static uint64_t ev_pack(unsigned tag, uint32_t gen, int fd)
+{
+    return ((uint64_t)tag << 56) | ((uint64_t)(gen & 0xffffff) << 32) | (uint32_t)fd;
+}
+
+uint64_t lg_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int worker_listen_socket(const char *host, int port, char *err, size_t errlen)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    char portstr[16];
+    int fd = -1, one = 1;
+
+    snprintf(portstr, sizeof portstr, "%d", port);
+    int rc = getaddrinfo(host, portstr, &hints, &res);
+    if (rc != 0) {
+        snprintf(err, errlen, "listen %s:%d: %s", host, port, gai_strerror(rc));
+        return -1;
+    }
+    fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0 ||
+        bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 4096) != 0) {
+        snprintf(err, errlen, "listen %s:%d: %s", host, port, strerror(errno));
+        if (fd >= 0) close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+static int ep_ctl(lg_worker *w, int op, int fd, uint32_t events, uint64_t data)
+{
+    struct epoll_event ev = {.events = events, .data.u64 = data};
+    return epoll_ctl(w->epfd, op, fd, &ev);
+}
+
+/* ---- requests ---------------------------------------------------------------------- */
+
+static void list_unlink(lg_req *r)
+{
+    r->prev->next = r->next;
+    r->next->prev = r->prev;
+    r->prev = r->next = r;
+}
+
+static void list_push(lg_req *head, lg_req *r)
+{
+    r->prev = head->prev;
+    r->next = head;
+    head->prev->next = r;
+    head->prev = r;
+}
+
+void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops,
+                     struct MHD_Connection *conn)
+{
+    static uint32_t gen_counter;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+
+    r->ops = ops;
+    r->w = w;
+    r->conn = conn;
+    r->client_fd = ci ? ci->connect_fd : -1;
+    r->gen = ++gen_counter; /* per-thread use only: workers never share requests */
+    r->start_ns = w->now_ns ? w->now_ns : lg_now_ns();
+    list_push(&w->live, r);
+    w->n_live++;
+
+    /* Watch the client socket for hang-ups ourselves: a suspended connection is out of
+     * libmicrohttpd's epoll set and would not notice the client leaving. */
+    if (r->client_fd >= 0 && (size_t)r->client_fd < w->fdmap_len) {
+        w->fdmap[r->client_fd] = (lg_fdslot){r, r->gen};
+        if (ep_ctl(w, EPOLL_CTL_ADD, r->client_fd, EPOLLRDHUP,
+                   ev_pack(TAG_CLIENT, r->gen, r->client_fd)) != 0)
+            w->fdmap[r->client_fd].req = NULL;
+    }
+}
+
+void worker_suspend(lg_req *r)
+{
+    if (r->suspended || r->retired) return;
+    MHD_suspend_connection(r->conn);
+    r->suspended = true;
+}
+
+void worker_resume(lg_req *r)
+{
+    if (!r->suspended || r->retired) return;
+    r->suspended = false;
+    MHD_resume_connection(r->conn);
+    r->w->mhd_dirty = true;
+}
+
+static void unwatch_client(lg_worker *w, lg_req *r)
+{
+    if (r->client_fd < 0 || (size_t)r->client_fd >= w->fdmap_len) return;
+    lg_fdslot *s = &w->fdmap[r->client_fd];
+    if (s->req == r) {
+        s->req = NULL;
+        (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, r->client_fd, NULL); /* fd may be closing */
+    }
+}
+
+static void client_hung_up(lg_worker *w, int fd, uint32_t gen)
+{
+    if (fd < 0 || (size_t)fd >= w->fdmap_len) return;
+    lg_fdslot *s = &w->fdmap[fd];
+    if (!s->req || (s->gen & 0xffffff) != gen) return;
+    lg_req *r = s->req;
+    unwatch_client(w, r);
+    if (!r->client_gone) {
+        r->client_gone = true;
+        r->ops->client_gone(r);
+    }
+    /* Let libmicrohttpd see the closed socket and complete the request. */
+    worker_resume(r);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    lg_worker *w = cls;
+    lg_req *r = *con_cls;
+    (void)conn;
+
+    if (!r) return;
+    *con_cls = NULL;
+    unwatch_client(w, r);
+    r->retired = true;
+    r->suspended = false;
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !r->client_gone) {
+        r->client_gone = true;
+        r->ops->client_gone(r);
+    }
+    list_unlink(r);
+    w->n_live--;
+    list_push(&w->graveyard, r);
+}
+
+static void bury_the_dead(lg_worker *w)
+{
+    while (w->graveyard.next != &w->graveyard) {
+        lg_req *r = w->graveyard.next;
+        list_unlink(r);
+        r->ops->destroy(r);
+    }
+}
+
+static bool is_admin_path(const char *url)
+{
+    return strncmp(url, "/loopguard/", 11) == 0 || strcmp(url, "/loopguard") == 0;
+}
+
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
+                                 const char *method, const char *version, const char *upload,
+                                 size_t *upload_size, void **con_cls)
+{
+    lg_worker *w = cls;
+    lg_req *r = *con_cls;
+    (void)version;
+
+    if (r) {
+        if (r->client_gone) return MHD_NO;
+        return r->ops->access(r, upload, upload_size);
+    }
+    if (atomic_load(&w->srv->stopping))
+        return http_respond_error(conn, 503, "loopguard is shutting down", "server_error",
+                                  "shutting_down");
+    /* Only origin-form targets: an absolute-form target must never choose the upstream. */
+    if (url[0] != '/')
+        return http_respond_error(conn, 400, "request target must be a path",
+                                  "invalid_request_error", "bad_target");
+    if (is_admin_path(url)) return admin_handle(w, conn, url, method);
+    if (!http_client_authorized(w->srv->cfg, conn))
+        return http_respond_error(conn, 401, "missing or invalid API key",
+                                  "authentication_error", "invalid_api_key");
+
+    if (strcmp(method, "POST") == 0 &&
+        (strcmp(url, "/v1/chat/completions") == 0 || strcmp(url, "/v1/completions") == 0))
+        r = exchange_new(w, conn, url);
+    else
+        r = relay_new(w, conn, method, url);
+    if (!r) return MHD_NO;
+    *con_cls = r;
+    return MHD_YES;
+}
+
+/* ---- libcurl glue ------------------------------------------------------------------ */
+
+static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
+{
+    lg_worker *w = userp;
+    (void)easy;
+
+    if (what == CURL_POLL_REMOVE) {
+        (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, s, NULL);
+        curl_multi_assign(w->multi, s, NULL);
+        return 0;
+    }
+    uint32_t ev = (what & CURL_POLL_IN ? EPOLLIN : 0) | (what & CURL_POLL_OUT ? EPOLLOUT : 0);
+    int op = socketp ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    if (ep_ctl(w, op, s, ev, ev_pack(TAG_CURL_SOCK, 0, s)) != 0 && op == EPOLL_CTL_ADD &&
+        errno == EEXIST)
+        (void)ep_ctl(w, EPOLL_CTL_MOD, s, ev, ev_pack(TAG_CURL_SOCK, 0, s));
+    curl_multi_assign(w->multi, s, (void *)1);
+    return 0;
+}
+
+static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp)
+{
+    lg_worker *w = userp;
+    struct itimerspec its = {0};
+    (void)multi;
+
+    if (timeout_ms >= 0) {
+        /* 0 means "now": arm the smallest non-zero expiry, never disarm by accident. */
+        its.it_value.tv_sec = timeout_ms / 1000;
+        its.it_value.tv_nsec = (timeout_ms % 1000) * 1000000L + (timeout_ms == 0 ? 1 : 0);
+    }
+    return timerfd_settime(w->curl_timerfd, 0, &its, NULL) == 0 ? 0 : -1;
+}
+
+static void drain_curl_messages(lg_worker *w)
+{
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(w->multi, &left))) {
+        if (msg->msg != CURLMSG_DONE) continue;
+        lg_xfer *x = NULL;
+        CURL *easy = msg->easy_handle;
+        CURLcode rc = msg->data.result;
+        curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+        if (x && x->done) x->done(x, rc);
+    }
+}
+
+int worker_add_xfer(lg_worker *w, CURL *easy)
+{
+    return curl_multi_add_handle(w->multi, easy) == CURLM_OK ? 0 : -1;
+}
+
+void worker_remove_xfer(lg_worker *w, CURL *easy)
+{
+    curl_multi_remove_handle(w->multi, easy);
+}
+
+/* ---- the loop ---------------------------------------------------------------------- */
+
+static void run_mhd(lg_worker *w)
+{
+    /* A resume inside MHD's own callbacks needs one more pass to take effect. */
+    for (int i = 0; i < 4; i++) {
+        w->mhd_dirty = false;
+        MHD_run(w->mhd);
+        if (!w->mhd_dirty) break;
+    }
+}
+
+static void tick_all(lg_worker *w)
+{
+    lg_req *r = w->live.next;
+    while (r != &w->live) {
+        lg_req *next = r->next; /* tick may retire r */
+        if (r->ops->tick) r->ops->tick(r, w->now_ns);
+        r = next;
+    }
+}
+
+static void shutdown_all(lg_worker *w)
+{
+    lg_req *r = w->live.next;
+    while (r != &w->live) {
+        lg_req *next = r->next;
+        if (r->ops->shutdown) r->ops->shutdown(r);
+        r = next;
+    }
+}
+
+static void resume_all(lg_worker *w)
+{
+    for (lg_req *r = w->live.next; r != &w->live; r = r->next) worker_resume(r);
+}
+
+static void *worker_main(void *arg)
+{
+    lg_worker *w = arg;
+    struct epoll_event evs[MAX_EVENTS];
+    uint64_t next_tick = lg_now_ns() + TICK_NS;
+    bool quiesced = false, shut = false;
+    uint64_t stop_at = 0;
+
+    for (;;) {
+        MHD_UNSIGNED_LONG_LONG mhd_to = 0;
+        int timeout = 250;
+        if (MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && mhd_to < (unsigned)timeout)
+            timeout = (int)mhd_to;
+        int n = epoll_wait(w->epfd, evs, MAX_EVENTS, timeout);
+        if (n < 0 && errno != EINTR) {
+            perror("loopguard: epoll_wait");
+            break;
+        }
+        w->now_ns = lg_now_ns();
+        bool mhd_ready = n == 0; /* on timeout, let MHD handle its own timeouts */
+        for (int i = 0; i < n; i++) {
+            uint64_t d = evs[i].data.u64;
+            unsigned tag = (unsigned)(d >> 56);
+            int fd = (int)(uint32_t)d;
+            uint64_t buf;
+            int running;
+            switch (tag) {
+            case TAG_MHD:
+                mhd_ready = true;
+                break;
+            case TAG_CURL_TIMER:
+                if (read(w->curl_timerfd, &buf, sizeof buf) < 0 && errno != EAGAIN)
+                    perror("loopguard: timerfd read");
+                curl_multi_socket_action(w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+                break;
+            case TAG_WAKE:
+                if (read(w->wake_fd, &buf, sizeof buf) < 0 && errno != EAGAIN)
+                    perror("loopguard: eventfd read");
+                break;
+            case TAG_CURL_SOCK: {
+                int flags = (evs[i].events & EPOLLIN ? CURL_CSELECT_IN : 0) |
+                            (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
+                            (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
+                curl_multi_socket_action(w->multi, fd, flags, &running);
+                break;
+            }
+            case TAG_CLIENT:
+                client_hung_up(w, fd, (uint32_t)(d >> 32) & 0xffffff);
+                break;
+            }
+            drain_curl_messages(w);
+        }
+        drain_curl_messages(w);
+        if (mhd_ready || w->mhd_dirty) run_mhd(w);
+        if (w->now_ns >= next_tick) {
+            next_tick = w->now_ns + TICK_NS;
+            tick_all(w);
+            if (w->mhd_dirty) run_mhd(w);
+        }
+        bury_the_dead(w);
+
+        if (atomic_load(&w->srv->draining) && !quiesced) {
+            MHD_socket ls = MHD_quiesce_daemon(w->mhd);
+            if (ls != MHD_INVALID_SOCKET) close(ls);
+            quiesced = true;
+        }
+        if (atomic_load(&w->srv->stopping) && !shut) {
+            shut = true;
+            stop_at = w->now_ns + 2000000000ull;
+            shutdown_all(w);
+            run_mhd(w);
+        }
+        if (quiesced && (w->n_live == 0 || (shut && w->now_ns > stop_at))) break;
+    }
+    resume_all(w);
+    return NULL;
+}
+
+lg_worker *worker_new(lg_server *srv, int id, int listen_fd, char *err, size_t errlen)
+{
+    const lg_config *cfg = srv->cfg;
+    lg_worker *w = calloc(1, sizeof *w);
+    if (!w) abort();
+    w->srv = srv;
+    w->id = id;
+    w->listen_fd = listen_fd;
+    w->live.prev = w->live.next = &w->live;
+    w->graveyard.prev = w->graveyard.next = &w->graveyard;
+    w->epfd = epoll_create1(EPOLL_CLOEXEC);
+    w->curl_timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    w->fdmap_len = cfg->rlimit_nofile ? cfg->rlimit_nofile : 65536;
+    w->fdmap = calloc(w->fdmap_len, sizeof *w->fdmap);
+    w->metrics = metrics_new(srv->cfg->n_upstreams);
+    if (w->epfd < 0 || w->curl_timerfd < 0 || w->wake_fd < 0 || !w->fdmap) {
+        snprintf(err, errlen, "worker %d: %s", id, strerror(errno));
+        goto fail;
+    }
+
+    unsigned limit = cfg->max_connections / (unsigned)srv->n_workers;
+    w->mhd = MHD_start_daemon(
+        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_SUPPRESS_DATE_NO_CLOCK |
+            MHD_USE_TURBO,
+        0, NULL, NULL, on_access, w, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)listen_fd,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, w, MHD_OPTION_CONNECTION_LIMIT,
+        limit ? limit : 1u, MHD_OPTION_CONNECTION_TIMEOUT, cfg->client_timeout_s,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, cfg->max_header_bytes,
+        MHD_OPTION_UNESCAPE_CALLBACK, http_keep_escaped, NULL, MHD_OPTION_END);
+    if (!w->mhd) {
+        snprintf(err, errlen, "worker %d: libmicrohttpd failed to start", id);
+        goto fail;
+    }
+    w->listen_fd = -1; /* the daemon owns it now */
+    w->mhd_epfd = MHD_get_daemon_info(w->mhd, MHD_DAEMON_INFO_EPOLL_FD)->epoll_fd;
+
+    w->multi = curl_multi_init();
+    if (!w->multi) {
+        snprintf(err, errlen, "worker %d: curl_multi_init failed", id);
+        goto fail;
+    }
+    curl_multi_setopt(w->multi, CURLMOPT_SOCKETFUNCTION, on_curl_socket);
+    curl_multi_setopt(w->multi, CURLMOPT_SOCKETDATA, w);
+    curl_multi_setopt(w->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
+    curl_multi_setopt(w->multi, CURLMOPT_TIMERDATA, w);
+    /* Keep-alive pool to the upstreams: one connection per concurrent stream. */
+    curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, (long)(limit ? limit : 1024));
+
+    if (ep_ctl(w, EPOLL_CTL_ADD, w->mhd_epfd, EPOLLIN, ev_pack(TAG_MHD, 0, w->mhd_epfd)) ||
+        ep_ctl(w, EPOLL_CTL_ADD, w->curl_timerfd, EPOLLIN,
+               ev_pack(TAG_CURL_TIMER, 0, w->curl_timerfd)) ||
+        ep_ctl(w, EPOLL_CTL_ADD, w->wake_fd, EPOLLIN, ev_pack(TAG_WAKE, 0, w->wake_fd))) {
+        snprintf(err, errlen, "worker %d: epoll_ctl: %s", id, strerror(errno));
+        goto fail;
+    }
+    return w;
+fail:
+    worker_free(w);
+    return NULL;
+}
+
+int worker_start(lg_worker *w)
+{
+    return pthread_create(&w->thread, NULL, worker_main, w) == 0 ? 0 : -1;
+}
+
+void worker_wake(lg_worker *w)
+{
+    uint64_t one = 1;
+    if (write(w->wake_fd, &one, sizeof one) < 0 && errno != EAGAIN)
+        perror("loopguard: eventfd write");
+}
+
+void worker_join(lg_worker *w)
+{
+    pthread_join(w->thread, NULL);
+}
+
+void worker_free(lg_worker *w)
+{
+    if (!w) return;
+    if (w->mhd) MHD_stop_daemon(w->mhd);
+    bury_the_dead(w);
+    if (w->multi) curl_multi_cleanup(w->multi);
+    if (w->listen_fd >= 0) close(w->listen_fd);
+    if (w->epfd >= 0) close(w->epfd);
+    if (w->curl_timerfd >= 0) close(w->curl_timerfd);
+    if (w->wake_fd >= 0) close(w->wake_fd);
+    metrics_free(w->metrics);
+    free(w->fdmap);
+    free(w);
+}

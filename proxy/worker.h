@@ -1,0 +1,130 @@
+/* worker.h — the per-thread event loop that every client request lives on.
+ *
+ * A worker owns one epoll instance, one libmicrohttpd daemon in external-epoll mode on its
+ * own SO_REUSEPORT listening socket (the kernel spreads connections over the workers), and
+ * one libcurl multi handle driven by curl_multi_socket_action from the same loop (a timerfd
+ * carries curl's timer). A request stays on the worker that accepted it from accept to
+ * completion, so nothing on the hot path takes a lock: curl pause/unpause and
+ * MHD_resume_connection always run on the owning thread.
+ *
+ * Requests (relay.c, exchange.c, admin.c) embed an lg_req and register it with the worker;
+ * the worker tells them when the client went away, when a transfer finished, and ticks them
+ * four times a second for timeouts and keep-alives. Per-request memory is released in one
+ * place: lg_req_ops.destroy, called by the worker at the end of a loop iteration after the
+ * request was retired, so that no event still queued in the same epoll batch can reach
+ * freed memory. */
+#ifndef LG_WORKER_H
+#define LG_WORKER_H
+
+#include <curl/curl.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config/config.h"
+#include "proxy/incident.h"
+#include "proxy/metrics.h"
+
+typedef struct lg_worker lg_worker;
+typedef struct lg_req lg_req;
+typedef struct lg_pool lg_pool;
+
+/* State shared by all workers; read-only after start except the atomics. */
+typedef struct lg_server {
+    const lg_config *cfg;
+    incident_log *incidents;
+    lg_pool *pool;
+    lg_worker **workers;
+    size_t n_workers;
+    int port;                 /* the bound listening port */
+    atomic_bool draining;     /* SIGTERM: stop accepting, let streams finish */
+    atomic_bool stopping;     /* past the drain deadline: end everything */
+    atomic_uint_fast64_t next_id;
+    uint64_t started_ns;
+} lg_server;
+
+typedef struct lg_req_ops {
+    const char *name;
+    /* libmicrohttpd's access-handler call for this request after the first one: upload
+     * data to consume (set *upload_size to 0) or, with *upload_size == 0, the body is
+     * complete and a response may be queued. */
+    enum MHD_Result (*access)(lg_req *r, const char *upload, size_t *upload_size);
+    /* The client connection closed (detected by the worker while the request may be
+     * suspended). Must release upstream resources; the request is retired later by
+     * MHD's completion callback. */
+    void (*client_gone)(lg_req *r);
+    /* Called every ~250 ms with the monotonic time in ns. */
+    void (*tick)(lg_req *r, uint64_t now_ns);
+    /* Shutdown deadline passed: end the response well-formed now. */
+    void (*shutdown)(lg_req *r);
+    /* Frees everything the request owns, including itself. Called once. */
+    void (*destroy)(lg_req *r);
+} lg_req_ops;
+
+/* Embedded at the start of every request object. */
+struct lg_req {
+    const lg_req_ops *ops;
+    lg_worker *w;
+    struct MHD_Connection *conn;
+    int client_fd;
+    uint32_t gen;       /* distinguishes reuses of client_fd in the fd map */
+    bool suspended;     /* MHD connection suspended by us */
+    bool client_gone;   /* client left; every MHD callback must now end the request */
+    bool retired;       /* MHD completed it; destroy pending */
+    uint64_t start_ns;
+    lg_req *prev, *next; /* worker's live list (ticks) or graveyard */
+};
+
+/* A libcurl transfer's private data (CURLOPT_PRIVATE): who to tell when it finishes. */
+typedef struct lg_xfer {
+    void (*done)(struct lg_xfer *x, CURLcode rc);
+    void *owner;
+} lg_xfer;
+
+struct lg_worker {
+    lg_server *srv;
+    int id;
+    pthread_t thread;
+    int epfd;
+    int listen_fd;
+    int curl_timerfd;
+    int wake_fd; /* eventfd: main thread pokes it on drain/stop */
+    struct MHD_Daemon *mhd;
+    int mhd_epfd;
+    CURLM *multi;
+    lg_metrics *metrics;
+    struct lg_fdslot *fdmap; /* indexed by client fd */
+    size_t fdmap_len;
+    lg_req live;      /* sentinel of the circular list of live requests */
+    lg_req graveyard; /* sentinel: retired, destroyed at the end of the iteration */
+    size_t n_live;
+    bool mhd_dirty;   /* a connection was resumed: run MHD again this iteration */
+    uint64_t now_ns;  /* cached loop time */
+};
+
+/* Creates the listening socket bound to cfg->listen_host:port (port 0 = pick). Returns the
+ * socket, or -1 with err. Each worker calls it with the same port (SO_REUSEPORT). */
+int worker_listen_socket(const char *host, int port, char *err, size_t errlen);
+
+/* Creates a worker on `listen_fd` (taken over). Returns NULL with err on failure. */
+lg_worker *worker_new(lg_server *srv, int id, int listen_fd, char *err, size_t errlen);
+int worker_start(lg_worker *w);
+/* Wakes the worker so that it notices srv->draining / srv->stopping. Thread-safe. */
+void worker_wake(lg_worker *w);
+void worker_join(lg_worker *w);
+void worker_free(lg_worker *w);
+
+/* Request plumbing for relay.c, exchange.c and admin.c; owning thread only. */
+void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops,
+                     struct MHD_Connection *conn);
+void worker_suspend(lg_req *r);
+void worker_resume(lg_req *r);
+/* Adds/removes a libcurl easy handle on the worker's multi handle. */
+int worker_add_xfer(lg_worker *w, CURL *easy);
+void worker_remove_xfer(lg_worker *w, CURL *easy);
+/* Monotonic nanoseconds. */
+uint64_t lg_now_ns(void);
+
+#endif
