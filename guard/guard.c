@@ -30,6 +30,7 @@
 #define GUARD_RULE_STEP 64
 #define GUARD_TTAB_BITS 11
 #define GUARD_UNIT_MAX  256
+#define GUARD_SEG_WORDS 128 /* words of one segment the novelty detector reads */
 
 typedef struct gcand {
     uint32_t period;
@@ -75,22 +76,32 @@ struct guard {
     unsigned open_len;
     bool in_fence;
 
-    /* lines */
+    /* The current segment (line or sentence) and its words. */
     uint64_t seg_hash, seg_start;
-    uint32_t seg_len;
-    bool seg_letter, seg_gap;
+    uint32_t seg_len, seg_alpha, seg_code, seg_words,
+        seg_wide; /* non-space bytes, letters, code chars */
+    unsigned char seg_lastc;
+    bool seg_gap;
     unsigned char prev, prev2;
+    struct {
+        uint64_t hash, start;
+        bool alpha;
+    } sw[GUARD_SEG_WORDS];
+    unsigned nsw;
+    uint64_t w_hash, w_start;
+    uint32_t w_len;
+    bool w_alpha;      /* the word starts with a letter */
+    uint32_t cp;       /* code point being decoded */
+    unsigned cp_need;  /* continuation bytes still expected */
+    uint64_t cp_start; /* offset of its first byte */
+
+    /* lines */
     gseg *segs;
     uint64_t nsegs;
 
     /* novelty */
-    uint64_t w_hash, w_start;
-    uint32_t w_len;
-    bool w_ok;         /* the word starts with a letter */
-    uint32_t cp;       /* code point being decoded */
-    unsigned cp_need;  /* continuation bytes still expected */
-    uint64_t cp_start; /* offset of its first byte */
     uint64_t wh[3], ws[3];
+    unsigned char walpha; /* bit i: word i of the trigram starts with a letter */
     uint32_t nwords;
     gtri *ttab;
     uint64_t *tri_start; /* ring over the novelty window: first byte of each trigram */
@@ -253,10 +264,13 @@ static guard_rclass classify(const unsigned char *u, size_t n)
         } else if (c == '!' || c == '?') {
             loud++;
         } else if (c >= 0xC0) {
-            /* Box drawing and block elements (U+2500–U+259F: E2 94..96) are rules;
-             * everything else outside ASCII counts as text. */
-            unsigned char c1 = u[(i + 1) % n];
-            if (!(c == 0xE2 && c1 >= 0x94 && c1 <= 0x96)) wide++;
+            /* Box drawing and block elements (U+2500–U+259F: E2 94..96) are rules, and
+             * so is U+FFFD (EF BF BD), the filler of decoded binary tables; everything
+             * else outside ASCII counts as text. */
+            unsigned char c1 = u[(i + 1) % n], c2 = u[(i + 2) % n];
+            if (!(c == 0xE2 && c1 >= 0x94 && c1 <= 0x96) &&
+                !(c == 0xEF && c1 == 0xBF && c2 == 0xBD))
+                wide++;
         } else if (c < 0x80) {
             other++;
         }
@@ -286,11 +300,20 @@ static uint32_t judge(const guard *g, const gcand *c)
 {
     const guard_params *p = g->p;
     uint64_t end = g->fed;
-    guard_rclass cls = classify(g->buf + (end - c->period - g->base), c->period);
-    double reps = steps_repeats(p, c->period);
+    const unsigned char *u = g->buf + (end - c->period - g->base);
+    guard_rclass cls = classify(u, c->period);
+    /* The period table counts characters, not bytes: "。" is one character repeated. */
+    uint32_t chars = 0;
+    for (uint32_t i = 0; i < c->period; i++)
+        chars += !is_cont(u[i]);
+    double reps = steps_repeats(p, chars ? chars : 1);
     uint32_t minb = p->repeat.min_bytes;
-    if (p->repeat.cls[cls].min_repeats > reps) reps = p->repeat.cls[cls].min_repeats;
-    if (p->repeat.cls[cls].min_bytes > minb) minb = p->repeat.cls[cls].min_bytes;
+    /* A class's own thresholds hold up to its max_period (0: any period); past it, a
+     * long block of code is judged like prose. */
+    if (!p->repeat.cls[cls].max_period || chars <= p->repeat.cls[cls].max_period) {
+        if (p->repeat.cls[cls].min_repeats > reps) reps = p->repeat.cls[cls].min_repeats;
+        if (p->repeat.cls[cls].min_bytes > minb) minb = p->repeat.cls[cls].min_bytes;
+    }
     if (g->in_fence) {
         reps *= p->repeat.fence_factor;
         minb = (uint32_t)(minb * p->repeat.fence_factor);
@@ -438,25 +461,52 @@ static void fence_step(guard *g, unsigned char b)
     }
 }
 
-/* ---- lines ------------------------------------------------------------------------- */
+/* ---- segments: lines and sentences ------------------------------------------------- */
+
+/* Byte classes for judging whether a segment is prose. */
+enum { BC_LETTER = 1, BC_CODE = 2 };
+static unsigned char byte_class(unsigned char c)
+{
+    if (((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c >= 0x80) return BC_LETTER;
+    switch (c) {
+    case '=':
+    case '{':
+    case '}':
+    case '[':
+    case ']':
+    case '<':
+    case '>':
+    case '\\':
+    case '|':
+    case '`':
+    case ';':
+    case '_':
+        return BC_CODE;
+    default:
+        return 0;
+    }
+}
 
 static inline uint64_t fnv(uint64_t h, unsigned char c)
 {
     return (h ^ c) * 0x100000001B3ull;
 }
 
-/* A segment (line or sentence) [seg_start, end) is complete. Returns true on a trip. */
-static bool seg_end(guard *g, uint64_t end)
+static inline uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33;
+    return x;
+}
+
+/* The lines detector, for a completed segment with a letter. The window keeps every such
+ * segment, short ones too (they are what lies between the repeats); only a prose sentence
+ * of min_segment_bytes can trigger, because code repeats lines on purpose. Returns true on
+ * a trip. */
+static bool lines_check(guard *g, uint64_t h, uint64_t start, uint64_t end, bool prose)
 {
     const guard_params *p = g->p;
-    bool ok = g->seg_len >= p->lines.min_segment_bytes && g->seg_letter;
-    uint64_t h = g->seg_hash, start = g->seg_start;
-    g->seg_hash = 0xCBF29CE484222325ull;
-    g->seg_len = 0;
-    g->seg_letter = false;
-    g->seg_gap = false;
-    if (!ok) return false;
-
     unsigned w = p->lines.window;
     uint64_t first = g->nsegs > w - 1 ? g->nsegs - (w - 1) : 0;
     uint64_t occ[64];
@@ -473,7 +523,7 @@ static bool seg_end(guard *g, uint64_t end)
     s->end = end;
     s->seen = nocc > 0;
     g->nsegs++;
-    if (nocc < need) return false;
+    if (!prose || nocc < need) return false;
     /* The span from the oldest of those occurrences to now must be made of returns. */
     uint64_t from = occ[need - 1];
     unsigned seen = 0, total = 0;
@@ -485,6 +535,72 @@ static bool seg_end(guard *g, uint64_t end)
     set_unit(g, start, end);
     trip(g, "lines", g->segs[from % w].start, g->fed, nocc + 1);
     return true;
+}
+
+/* The novelty detector, for one word: is the trigram ending here new within
+ * memory_words? Trips when fewer than min_ratio of the last `window` trigrams were. Words
+ * outside prose only ever count as evidence of novelty (code and templated comments repeat
+ * on purpose, but their fresh names still show the text is going somewhere), and a
+ * trigram made only of numbers does not count at all (zero tables, version lists). */
+static bool novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool prose)
+{
+    const guard_params *p = g->p;
+    g->wh[0] = g->wh[1];
+    g->wh[1] = g->wh[2];
+    g->wh[2] = h;
+    g->ws[0] = g->ws[1];
+    g->ws[1] = g->ws[2];
+    g->ws[2] = start;
+    g->walpha = (unsigned char)((g->walpha << 1 | alpha) & 7);
+    if (++g->nwords < 3 || !g->walpha) return false;
+
+    uint64_t t = mix(g->wh[0] * 3 + mix(g->wh[1] * 5 + mix(g->wh[2])));
+    gtri *e = &g->ttab[t >> (64 - GUARD_TTAB_BITS)];
+    bool novel = !(e->tag == (uint32_t)t && g->nwords - e->word <= p->novelty.memory_words);
+    e->tag = (uint32_t)t;
+    e->word = g->nwords;
+    if (!novel && !prose) return false;
+
+    unsigned w = p->novelty.window, slot = (unsigned)(g->ntri % w);
+    if (g->ntri >= w) g->novel -= g->tri_novel[slot];
+    g->tri_novel[slot] = novel;
+    g->tri_start[slot] = g->ws[0];
+    g->novel += novel;
+    g->ntri++;
+    if (g->ntri < w || g->novel >= p->novelty.min_ratio * w) return false;
+    uint64_t from = g->tri_start[g->ntri % w];
+    set_unit(g, from, g->fed);
+    trip(g, "novelty", from, g->fed, w - g->novel);
+    return true;
+}
+
+/* A segment (line or sentence) [seg_start, end) is complete: hands it to the lines and
+ * novelty detectors. Returns true on a trip. */
+static bool seg_end(guard *g, uint64_t end)
+{
+    const guard_params *p = g->p;
+    uint32_t len = g->seg_len;
+    /* Prose: no code characters, mostly letters, at least three words. Only a prose
+     * sentence (ending in . ! ? or a CJK stop) can trigger the lines detector. */
+    bool prose = len && !g->seg_code && g->seg_alpha * 100 >= len * 85 &&
+                 (g->seg_words >= 3 || g->seg_wide >= 9);
+    unsigned char e = g->seg_lastc;
+    bool sentence = prose && (e == '.' || e == '!' || e == '?' || e == 0x82 || e == 0x81 ||
+                              e == 0x9F || e == 0xA6);
+    bool ok = g->seg_alpha > 0;
+    uint64_t h = g->seg_hash, start = g->seg_start;
+    unsigned nw = g->nsw;
+    g->seg_hash = 0xCBF29CE484222325ull;
+    g->seg_len = g->seg_alpha = g->seg_code = g->seg_words = g->seg_wide = 0;
+    g->seg_gap = false;
+    g->nsw = 0;
+    if (p->lines.enabled && ok &&
+        lines_check(g, h, start, end, sentence && len >= p->lines.min_segment_bytes))
+        return true;
+    if (p->novelty.enabled)
+        for (unsigned i = 0; i < nw; i++)
+            if (novelty_word(g, g->sw[i].hash, g->sw[i].start, g->sw[i].alpha, prose)) return true;
+    return false;
 }
 
 static bool lines_step(guard *g, unsigned char b)
@@ -499,14 +615,21 @@ static bool lines_step(guard *g, unsigned char b)
         g->seg_gap = g->seg_len > 0;
         return false;
     }
-    if (!g->seg_len)
+    if (!g->seg_len) {
         g->seg_start = pos;
-    else if (g->seg_gap)
+        g->seg_words = 1;
+    } else if (g->seg_gap) {
         g->seg_hash = fnv(g->seg_hash, ' ');
+        g->seg_words++;
+    }
     g->seg_gap = false;
+    g->seg_lastc = b;
     g->seg_hash = fnv(g->seg_hash, b);
     g->seg_len++;
-    g->seg_letter |= ((b | 0x20) >= 'a' && (b | 0x20) <= 'z') || b >= 0x80;
+    unsigned char bc = byte_class(b);
+    g->seg_alpha += bc == BC_LETTER;
+    g->seg_code += bc == BC_CODE;
+    g->seg_wide += b >= 0x80;
     /* CJK sentence ends: 。 (E3 80 82), ！ (EF BC 81), ？ (EF BC 9F). */
     if ((p2 == 0xE3 && p1 == 0x80 && b == 0x82) ||
         (p2 == 0xEF && p1 == 0xBC && (b == 0x81 || b == 0x9F)))
@@ -514,51 +637,20 @@ static bool lines_step(guard *g, unsigned char b)
     return false;
 }
 
-/* ---- novelty ----------------------------------------------------------------------- */
+/* ---- words ------------------------------------------------------------------------- */
 
-static inline uint64_t mix(uint64_t x)
+/* A word ended: it joins the current segment's word list (judged at the segment's end). */
+static void word_end(guard *g)
 {
-    x ^= x >> 33;
-    x *= 0xFF51AFD7ED558CCDull;
-    x ^= x >> 33;
-    return x;
-}
-
-/* A word ended; `ok` says it starts with a letter (numbers are not words here, so zero
- * tables and hex dumps never look like a paraphrase loop). Returns true on a trip. */
-static bool word_end(guard *g)
-{
-    const guard_params *p = g->p;
-    bool ok = g->w_len && g->w_ok;
-    uint64_t h = g->w_hash, start = g->w_start;
+    if (!g->w_len) return;
+    if (g->nsw < GUARD_SEG_WORDS) {
+        g->sw[g->nsw].hash = g->w_hash;
+        g->sw[g->nsw].start = g->w_start;
+        g->sw[g->nsw].alpha = g->w_alpha;
+        g->nsw++;
+    }
     g->w_len = 0;
     g->w_hash = 0xCBF29CE484222325ull;
-    if (!ok) return false;
-    g->wh[0] = g->wh[1];
-    g->wh[1] = g->wh[2];
-    g->wh[2] = h;
-    g->ws[0] = g->ws[1];
-    g->ws[1] = g->ws[2];
-    g->ws[2] = start;
-    if (++g->nwords < 3) return false;
-
-    uint64_t t = mix(g->wh[0] * 3 + mix(g->wh[1] * 5 + mix(g->wh[2])));
-    gtri *e = &g->ttab[t >> (64 - GUARD_TTAB_BITS)];
-    bool novel = !(e->tag == (uint32_t)t && g->nwords - e->word <= p->novelty.memory_words);
-    e->tag = (uint32_t)t;
-    e->word = g->nwords;
-
-    unsigned w = p->novelty.window, slot = (unsigned)(g->ntri % w);
-    if (g->ntri >= w) g->novel -= g->tri_novel[slot];
-    g->tri_novel[slot] = novel;
-    g->tri_start[slot] = g->ws[0];
-    g->novel += novel;
-    g->ntri++;
-    if (g->ntri < w || g->novel >= p->novelty.min_ratio * w) return false;
-    uint64_t from = g->tri_start[g->ntri % w];
-    set_unit(g, from, g->fed);
-    trip(g, "novelty", from, g->fed, w - g->novel);
-    return true;
 }
 
 static bool is_cjk(uint32_t cp)
@@ -578,45 +670,49 @@ static void word_add(guard *g, unsigned char c, uint64_t pos, bool letter)
 {
     if (!g->w_len) {
         g->w_start = pos;
-        g->w_ok = letter;
+        g->w_alpha = letter;
     }
     g->w_len++;
     g->w_hash = fnv(g->w_hash, c >= 'A' && c <= 'Z' ? c | 0x20 : c);
 }
 
-static bool novelty_step(guard *g, unsigned char b)
+/* Splits the stream into words: runs of ASCII letters, digits and '_', and of non-ASCII
+ * letters; each CJK character is a word of its own. Must run before lines_step for the
+ * same byte, so that a word is in its segment's list when the segment ends. */
+static void words_step(guard *g, unsigned char b)
 {
     uint64_t pos = g->fed - 1;
     if (b < 0x80) {
         g->cp_need = 0;
         bool alpha = ((b | 0x20) >= 'a' && (b | 0x20) <= 'z') || b == '_';
-        if (alpha || (b >= '0' && b <= '9')) {
+        if (alpha || (b >= '0' && b <= '9'))
             word_add(g, b, pos, alpha);
-            return false;
-        }
-        return word_end(g);
+        else
+            word_end(g);
+        return;
     }
     if (b >= 0xC0) {
         g->cp_need = b >= 0xF0 ? 3 : b >= 0xE0 ? 2 : 1;
         g->cp = b & (b >= 0xF0 ? 0x07 : b >= 0xE0 ? 0x0F : 0x1F);
         g->cp_start = pos;
-        return false;
+        return;
     }
-    if (!g->cp_need) /* a stray continuation byte: a separator */
-        return word_end(g);
+    if (!g->cp_need) { /* a stray continuation byte: a separator */
+        word_end(g);
+        return;
+    }
     g->cp = (g->cp << 6) | (b & 0x3F);
-    if (--g->cp_need) return false;
-    if (is_sep_cp(g->cp)) return word_end(g);
-    if (is_cjk(g->cp)) {
-        /* Scripts without spaces: every character is a word. */
-        if (word_end(g)) return true;
-        for (uint64_t o = g->cp_start; o <= pos; o++)
-            word_add(g, at(g, o), g->cp_start, true);
-        return word_end(g);
+    if (--g->cp_need) return;
+    if (is_sep_cp(g->cp)) {
+        word_end(g);
+        return;
     }
+    bool cjk = is_cjk(g->cp);
+    if (cjk) /* scripts without spaces: every character is a word */
+        word_end(g);
     for (uint64_t o = g->cp_start; o <= pos; o++)
         word_add(g, at(g, o), g->cp_start, true);
-    return false;
+    if (cjk) word_end(g);
 }
 
 /* ---- rules and leaks --------------------------------------------------------------- */
@@ -688,8 +784,10 @@ static bool step(guard *g, unsigned char b)
     if (p->n_leaks && leak_step(g, b)) return true;
     if (p->n_rules && g->fed % GUARD_RULE_STEP == 0 && rules_run(g, g->fed, false)) return true;
     if (p->repeat.enabled && repeat_step(g, b)) return true;
-    if (p->lines.enabled && lines_step(g, b)) return true;
-    if (p->novelty.enabled && novelty_step(g, b)) return true;
+    if (p->lines.enabled || p->novelty.enabled) {
+        if (p->novelty.enabled) words_step(g, b);
+        if (lines_step(g, b)) return true;
+    }
     if (p->budget_bytes && g->fed > p->budget_bytes) {
         set_unit(g, g->fed, g->fed);
         trip(g, "budget", p->budget_bytes, g->fed, 0);
@@ -719,8 +817,9 @@ bool guard_finish(guard *g)
     }
     g->finished = true;
     if (g->p->n_rules && rules_run(g, g->fed, true)) return true;
-    if (g->p->lines.enabled && g->seg_len && seg_end(g, g->fed)) return true;
-    if (g->p->novelty.enabled && word_end(g)) return true;
+    if (g->p->novelty.enabled) word_end(g);
+    if ((g->p->lines.enabled || g->p->novelty.enabled) && g->seg_len && seg_end(g, g->fed))
+        return true;
     return false;
 }
 

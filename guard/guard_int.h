@@ -53,6 +53,7 @@ struct guard_params {
         struct {
             uint32_t min_bytes;
             double min_repeats;
+            uint32_t max_period; /* characters; 0: no limit */
         } cls[GR_COUNT];
     } repeat;
 

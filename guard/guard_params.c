@@ -67,10 +67,11 @@ guard_params *guard_params_new(lg_channel ch)
     static const struct {
         uint32_t min_bytes;
         double min_repeats;
+        uint32_t max_period;
     } cls[GR_COUNT] = {
-        [GR_NORMAL] = {0, 0},    [GR_RULE] = {4096, 0},   [GR_DATA] = {4096, 0},
-        [GR_ITEM] = {1024, 128}, [GR_LINE] = {2048, 128}, [GR_TABLE] = {2048, 64},
-        [GR_BLOB] = {2048, 64},
+        [GR_NORMAL] = {0, 0, 0},    [GR_RULE] = {4096, 0, 0},     [GR_DATA] = {4096, 0, 0},
+        [GR_ITEM] = {1024, 128, 0}, [GR_LINE] = {2048, 128, 160}, [GR_TABLE] = {2048, 64, 160},
+        [GR_BLOB] = {2048, 64, 0},
     };
     guard_params *p = xcalloc(1, sizeof(*p));
     p->ch = ch;
@@ -88,18 +89,19 @@ guard_params *guard_params_new(lg_channel ch)
     for (int c = 0; c < GR_COUNT; c++) {
         p->repeat.cls[c].min_bytes = cls[c].min_bytes;
         p->repeat.cls[c].min_repeats = cls[c].min_repeats;
+        p->repeat.cls[c].max_period = cls[c].max_period;
     }
 
     p->lines.enabled = true;
-    p->lines.min_repeats = 4;
+    p->lines.min_repeats = 5;
     p->lines.window = 64;
     p->lines.min_segment_bytes = 16;
-    p->lines.min_repeat_ratio = 0.75;
+    p->lines.min_repeat_ratio = 0.9;
 
     p->novelty.enabled = true;
-    p->novelty.window = 96;
-    p->novelty.min_ratio = 0.1;
-    p->novelty.memory_words = 1024;
+    p->novelty.window = 128;
+    p->novelty.min_ratio = 0.05;
+    p->novelty.memory_words = 256;
 
     p->rule_max_match_bytes = 256;
 
@@ -307,6 +309,8 @@ static int apply_classes(guard_params *p, jctx *c, const char *pre, const cJSON 
                 JU32(c, sub2, it, 0, 1 << 30, p->repeat.cls[k].min_bytes);
             else if (!strcmp(it->string, "min_repeats"))
                 JDBL(c, sub2, it, 0, 1 << 30, p->repeat.cls[k].min_repeats);
+            else if (!strcmp(it->string, "max_period"))
+                JU32(c, sub2, it, 0, GUARD_HISTORY, p->repeat.cls[k].max_period);
             else
                 return jfail(c, sub2, it->string, "unknown key");
         }
