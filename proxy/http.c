@@ -165,8 +165,9 @@ struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_e
         snprintf(buf, sizeof buf, "%s%s%s", xff ? xff : "", xff && *addr ? ", " : "", addr);
         c.list = append_header(c.list, "X-Forwarded-For", buf);
     }
-    /* libcurl would add these itself; a proxy must not. */
-    c.list = append_header(c.list, "Expect", "");
+    /* "Expect:" with no value stops libcurl from adding its own Expect: 100-continue. */
+    c.list = curl_slist_append(c.list, "Expect:");
+    if (!c.list) abort();
     if (for_exchange) {
         c.list = append_header(c.list, "Content-Type", "application/json");
         c.list = append_header(c.list, "Accept", "text/event-stream");
