@@ -158,6 +158,16 @@ static pcre2_code *rule_compile(const char *pattern, char *err, size_t errlen)
         return NULL;
     }
     (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
+    /* A pattern that matches nothing at all would trip every generation. */
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    if (!md) abort();
+    int rc = pcre2_match(re, (PCRE2_SPTR) "", 0, 0, 0, md, NULL);
+    pcre2_match_data_free(md);
+    if (rc >= 0) {
+        snprintf(err, errlen, "pattern matches the empty string");
+        pcre2_code_free(re);
+        return NULL;
+    }
     return re;
 }
 

@@ -1,0 +1,697 @@
+/* test_guard.c — the guard: the seed's loops are caught within 40 words, the known
+ * false-positive traps (tables, `None,` lists, asserts, rules, zero arrays, shared-prefix
+ * lists, ASCII art) pass, verdicts do not depend on chunking (property test over random
+ * splits), UTF-8 split anywhere is fine, holdback never splits a character and keeps a
+ * loop's second copy away from the client, and the JSON settings name bad keys. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "guard/guard.h"
+
+/* ---- helpers ----------------------------------------------------------------------- */
+
+typedef struct text {
+    char *s;
+    size_t n, cap;
+} text;
+
+static void tput(text *t, const char *s, size_t n)
+{
+    if (t->n + n + 1 > t->cap) {
+        t->cap = (t->n + n + 1) * 2;
+        t->s = realloc(t->s, t->cap);
+        assert_non_null(t->s);
+    }
+    memcpy(t->s + t->n, s, n);
+    t->n += n;
+    t->s[t->n] = 0;
+}
+
+static void tcat(text *t, const char *s)
+{
+    tput(t, s, strlen(s));
+}
+
+static void trep(text *t, const char *s, int times)
+{
+    for (int i = 0; i < times; i++)
+        tcat(t, s);
+}
+
+/* A verdict copied out of a guard, for comparisons after guard_free. */
+typedef struct result {
+    bool tripped;
+    char detector[64];
+    uint64_t loop_start, at_byte;
+    char unit[260];
+    size_t unit_len;
+    unsigned repeats;
+    size_t suspect;
+} result;
+
+static result snapshot(const guard *g)
+{
+    result r;
+    memset(&r, 0, sizeof(r));
+    const guard_verdict *v = guard_get_verdict(g);
+    r.tripped = guard_tripped(g);
+    r.suspect = guard_suspect(g);
+    if (v) {
+        snprintf(r.detector, sizeof(r.detector), "%s", v->detector);
+        r.loop_start = v->loop_start;
+        r.at_byte = v->at_byte;
+        r.unit_len = v->unit_len;
+        memcpy(r.unit, v->unit, v->unit_len);
+        r.repeats = v->repeats;
+    }
+    return r;
+}
+
+static void assert_same(const result *a, const result *b)
+{
+    assert_int_equal(a->tripped, b->tripped);
+    assert_string_equal(a->detector, b->detector);
+    assert_int_equal(a->loop_start, b->loop_start);
+    assert_int_equal(a->at_byte, b->at_byte);
+    assert_int_equal(a->unit_len, b->unit_len);
+    assert_memory_equal(a->unit, b->unit, a->unit_len);
+    assert_int_equal(a->repeats, b->repeats);
+    assert_int_equal(a->suspect, b->suspect);
+}
+
+/* Runs `s` through a guard whole, then finishes it. */
+static result run_whole(const guard_params *p, lg_channel ch, const char *s, size_t n, bool finish)
+{
+    guard *g = guard_new(p, ch);
+    guard_feed(g, s, n);
+    if (finish) guard_finish(g);
+    result r = snapshot(g);
+    guard_free(g);
+    return r;
+}
+
+static result scan_text(lg_channel ch, const char *s)
+{
+    guard_params *p = guard_params_new(ch);
+    result r = run_whole(p, ch, s, strlen(s), true);
+    guard_params_free(p);
+    return r;
+}
+
+static unsigned long long rng_state = 0x243F6A8885A308D3ull;
+static unsigned rnd(unsigned n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (unsigned)(rng_state % n);
+}
+
+/* Feeds `s` in random chunks (sizes 1..maxchunk), checking that guard_feed reports the
+ * trip in the chunk that holds at_byte, and returns the result. */
+static result run_split(const guard_params *p, lg_channel ch, const char *s, size_t n,
+                        unsigned maxchunk, bool finish)
+{
+    guard *g = guard_new(p, ch);
+    size_t off = 0;
+    while (off < n) {
+        size_t k = 1 + rnd(maxchunk);
+        if (k > n - off) k = n - off;
+        bool t = guard_feed(g, s + off, k);
+        off += k;
+        if (t) {
+            const guard_verdict *v = guard_get_verdict(g);
+            assert_non_null(v);
+            assert_true(v->at_byte <= off);
+            assert_true(v->at_byte > off - k);
+            break;
+        }
+    }
+    if (finish) guard_finish(g);
+    result r = snapshot(g);
+    guard_free(g);
+    return r;
+}
+
+static size_t count_words(const char *s, size_t n)
+{
+    size_t w = 0;
+    bool in = false;
+    for (size_t i = 0; i < n; i++) {
+        bool sp = s[i] == ' ' || s[i] == '\n' || s[i] == '\t';
+        if (!sp && !in) w++;
+        in = !sp;
+    }
+    return w;
+}
+
+/* ---- the seed's loops -------------------------------------------------------------- */
+
+static void check_seed(lg_channel ch, const char *prefix, const char *unit, size_t max_words)
+{
+    text t = {0};
+    tcat(&t, prefix);
+    trep(&t, unit, 200);
+    result r = scan_text(ch, t.s);
+    assert_true(r.tripped);
+    assert_string_equal(r.detector, "repeat");
+    size_t words = count_words(t.s, r.at_byte);
+    assert_true(words <= max_words);
+    /* The loop begins where the unit begins, give or take a rotation: the prefix may end
+     * like the unit does ("Okay.\n" and "...2+2.\n"). */
+    assert_true(r.loop_start + strlen(unit) > strlen(prefix));
+    assert_true(r.loop_start <= strlen(prefix) + strlen(unit));
+    free(t.s);
+}
+
+static void test_seed_cases(void **state)
+{
+    (void)state;
+    for (int ch = 0; ch < 2; ch++) {
+        check_seed((lg_channel)ch, "You can use the ", "lambda ", 40);
+        check_seed((lg_channel)ch, "", "The user is asking for the result of 2+2. ", 40);
+        check_seed((lg_channel)ch, "Okay.\n", "The user is asking for the result of 2+2.\n", 40);
+        check_seed((lg_channel)ch, "Here a bit of code to check prime numbers:\n", "prime ", 40);
+    }
+}
+
+/* ---- false-positive traps ---------------------------------------------------------- */
+
+static void assert_clean(const char *what, const char *s)
+{
+    for (int ch = 0; ch < LG_CH_COUNT; ch++) {
+        result r = scan_text((lg_channel)ch, s);
+        if (r.tripped)
+            fail_msg("%s tripped %s on channel %d at %llu, unit '%s'", what, r.detector, ch,
+                     (unsigned long long)r.at_byte, r.unit);
+    }
+}
+
+/* Each trap bare and inside a code fence. */
+static void assert_clean_both(const char *what, const char *s)
+{
+    text t = {0};
+    assert_clean(what, s);
+    tcat(&t, "Here it is:\n\n```\n");
+    tcat(&t, s);
+    tcat(&t, "```\n\nThat is all.\n");
+    assert_clean(what, t.s);
+    free(t.s);
+}
+
+static void test_traps(void **state)
+{
+    (void)state;
+    text t = {0};
+
+    tcat(&t, "| option | enabled | default |\n| --- | --- | --- |\n");
+    trep(&t, "| yes | no | yes |\n", 80);
+    assert_clean_both("table rows", t.s);
+
+    t.n = 0;
+    tcat(&t, "values = [\n");
+    trep(&t, "    None,\n", 100);
+    tcat(&t, "]\n");
+    assert_clean_both("None, lines", t.s);
+
+    t.n = 0;
+    tcat(&t, "values = [");
+    trep(&t, "None, ", 100);
+    tcat(&t, "None]\n");
+    assert_clean_both("None, inline", t.s);
+
+    t.n = 0;
+    tcat(&t, "def test_f():\n");
+    trep(&t, "    assert f(1) == 1\n", 60);
+    assert_clean_both("asserts", t.s);
+
+    t.n = 0;
+    for (int i = 0; i < 6; i++) {
+        char title[32];
+        trep(&t, "-", 120);
+        snprintf(title, sizeof(title), "\nSection %d\n", i + 1);
+        tcat(&t, title);
+        trep(&t, "=", 79);
+        tcat(&t, "\n");
+        trep(&t, "\xe2\x94\x80", 100); /* ─ */
+        tcat(&t, "\n");
+        trep(&t, "*", 70);
+        tcat(&t, "\n");
+    }
+    assert_clean_both("rules", t.s);
+
+    t.n = 0;
+    tcat(&t, "static const unsigned char table[1024] = {\n");
+    for (int i = 0; i < 64; i++)
+        tcat(&t, "    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,\n");
+    tcat(&t, "};\nstatic const uint8_t blob[] = {");
+    trep(&t, "0x00, ", 400);
+    tcat(&t, "};\n");
+    assert_clean_both("zero arrays", t.s);
+
+    t.n = 0;
+    static const char *const items[] = {"alpha", "beta", "gamma", "delta", "epsilon",
+                                        "zeta",  "eta",  "theta", "iota",  "kappa"};
+    for (int i = 0; i < 30; i++) {
+        char line[160];
+        snprintf(line, sizeof(line), "%d. Add support for the %s option in the %s parser.\n", i + 1,
+                 items[i % 10], items[(i * 7 + 3) % 10]);
+        tcat(&t, line);
+    }
+    for (int i = 0; i < 20; i++) {
+        char line[160];
+        snprintf(line, sizeof(line), "- Step %d: install the %s package.\n", i + 1,
+                 items[(i * 3) % 10]);
+        tcat(&t, line);
+    }
+    assert_clean_both("shared-prefix lists", t.s);
+
+    t.n = 0;
+    for (int i = 0; i < 30; i++)
+        tcat(&t, "+--------+--------+--------+\n|  cell  |  cell  |  cell  |\n");
+    tcat(&t, "+--------+--------+--------+\n");
+    for (int i = 0; i < 12; i++)
+        tcat(&t, "  /\\_/\\    /\\_/\\    /\\_/\\    /\\_/\\    /\\_/\\\n"
+                 " ( o.o )  ( o.o )  ( o.o )  ( o.o )  ( o.o )\n"
+                 "  > ^ <    > ^ <    > ^ <    > ^ <    > ^ <\n");
+    assert_clean_both("ASCII art", t.s);
+
+    t.n = 0;
+    tcat(&t, "Wow!!! That is great!!!!!! Really?!?! Yes... hahahaha, ok.\n");
+    tcat(&t, "The the the end. Zzzzzzz. Hmm, hmm, hmm.\n");
+    assert_clean_both("emphasis", t.s);
+    free(t.s);
+}
+
+/* ---- other loops are caught, fences raise thresholds rather than disabling -------- */
+
+static void assert_trips(const char *what, lg_channel ch, const char *s, const char *detector)
+{
+    result r = scan_text(ch, s);
+    if (!r.tripped) fail_msg("%s did not trip", what);
+    if (detector && strcmp(r.detector, detector))
+        fail_msg("%s tripped %s, expected %s", what, r.detector, detector);
+}
+
+static void test_loops(void **state)
+{
+    (void)state;
+    text t = {0};
+    tcat(&t, "Sure!");
+    trep(&t, "!", 200);
+    assert_trips("!!!!", LG_CH_CONTENT, t.s, "repeat");
+
+    t.n = 0;
+    trep(&t, "?!", 200);
+    assert_trips("?!", LG_CH_CONTENT, t.s, "repeat");
+
+    t.n = 0;
+    tcat(&t, "好的");
+    trep(&t, "\xe3\x80\x82", 200); /* 。 */
+    assert_trips("。。。", LG_CH_REASONING, t.s, "repeat");
+
+    t.n = 0;
+    trep(&t, "\n", 5000);
+    assert_trips("newlines", LG_CH_CONTENT, t.s, "repeat");
+
+    t.n = 0;
+    tcat(&t, "```python\n");
+    trep(&t, "lambda ", 300);
+    assert_trips("lambda in a fence", LG_CH_CONTENT, t.s, "repeat");
+
+    t.n = 0;
+    tcat(&t, "```python\n");
+    trep(&t, "    print(x)\n", 800);
+    assert_trips("code line in a fence", LG_CH_CONTENT, t.s, "repeat");
+
+    /* Fences raise the bar: the same lines trip later inside one. */
+    t.n = 0;
+    trep(&t, "    print(x)\n", 800);
+    result bare = scan_text(LG_CH_CONTENT, t.s);
+    t.n = 0;
+    tcat(&t, "```\n");
+    trep(&t, "    print(x)\n", 800);
+    result fenced = scan_text(LG_CH_CONTENT, t.s);
+    assert_true(bare.tripped && fenced.tripped);
+    assert_true(fenced.at_byte - 4 > bare.at_byte);
+
+    /* A sentence coming back with other returning sentences between: lines. */
+    t.n = 0;
+    static const char *const s3[] = {"The user wants the sum of two and two.",
+                                     "Let me compute it step by step.",
+                                     "I should double check the arithmetic here."};
+    tcat(&t, "Okay. ");
+    for (int i = 0; i < 30; i++) {
+        tcat(&t, s3[(i * 7 + i / 3) % 3]);
+        tcat(&t, " ");
+    }
+    assert_trips("rotating sentences", LG_CH_REASONING, t.s, NULL);
+    free(t.s);
+}
+
+/* ---- chunking invariance ----------------------------------------------------------- */
+
+/* A pseudo-random text: prose words, code, UTF-8, sometimes a loop of some kind. */
+static void random_text(text *t, unsigned kind)
+{
+    static const char *const words[] = {"the",
+                                        "model",
+                                        "prime",
+                                        "number",
+                                        "lambda",
+                                        "def",
+                                        "return",
+                                        "None,",
+                                        "好的",
+                                        "计算",
+                                        "\xf0\x9f\x98\x80",
+                                        "|",
+                                        "---",
+                                        "0,",
+                                        "x",
+                                        "!",
+                                        "<|im_",
+                                        "end|>",
+                                        "```",
+                                        "\n",
+                                        "\n\n",
+                                        "。",
+                                        "==",
+                                        "(1)"};
+    size_t nw = sizeof(words) / sizeof(words[0]);
+    unsigned n = 50 + rnd(400);
+    for (unsigned i = 0; i < n; i++) {
+        tcat(t, words[rnd((unsigned)nw)]);
+        if (rnd(3)) tcat(t, " ");
+    }
+    if (kind % 4 == 1) {
+        const char *u = words[rnd((unsigned)nw)];
+        trep(t, u, 20 + (int)rnd(200));
+    } else if (kind % 4 == 2) {
+        char unit[64];
+        size_t k = 1 + rnd(40);
+        for (size_t i = 0; i < k; i++)
+            unit[i] = rnd(4) ? (char)('a' + rnd(26)) : " .,\n"[rnd(4)];
+        unit[k] = 0;
+        trep(t, unit, 5 + (int)rnd(100));
+    } else if (kind % 4 == 3) {
+        for (unsigned i = 0; i < 64; i++) /* raw bytes, invalid UTF-8 included */
+            tput(t, (const char[]){(char)rnd(256)}, 1);
+    }
+    trep(t, "tail words here ", (int)rnd(5));
+}
+
+static void test_chunking_invariance(void **state)
+{
+    (void)state;
+    guard_params *p[LG_CH_COUNT];
+    cJSON *rules = cJSON_Parse("{\"rules\":[{\"name\":\"ai\",\"pattern\":\"As an AI\\\\b\","
+                               "\"action\":\"trip\"},{\"name\":\"x\",\"pattern\":\"x x x x\"}]}");
+    char err[256];
+    for (int ch = 0; ch < LG_CH_COUNT; ch++) {
+        p[ch] = guard_params_new((lg_channel)ch);
+        assert_int_equal(guard_params_apply_json(p[ch], rules, "guard.x", err, sizeof(err)), 0);
+    }
+    cJSON_Delete(rules);
+    unsigned trips = 0;
+    for (unsigned k = 0; k < 400; k++) {
+        text t = {0};
+        random_text(&t, k);
+        if (k % 9 == 0) tcat(&t, "As an AI language model");
+        lg_channel ch = (lg_channel)(k % LG_CH_COUNT);
+        bool finish = k % 2;
+        result whole = run_whole(p[ch], ch, t.s, t.n, finish);
+        result bytes = run_split(p[ch], ch, t.s, t.n, 1, finish);
+        assert_same(&whole, &bytes);
+        for (int s = 0; s < 4; s++) {
+            result split = run_split(p[ch], ch, t.s, t.n, 1 + rnd(64), finish);
+            assert_same(&whole, &split);
+        }
+        trips += whole.tripped;
+        free(t.s);
+    }
+    /* The generator must exercise both outcomes. */
+    assert_true(trips > 50);
+    assert_true(trips < 380);
+    for (int ch = 0; ch < LG_CH_COUNT; ch++)
+        guard_params_free(p[ch]);
+}
+
+/* ---- holdback ---------------------------------------------------------------------- */
+
+static bool utf8_cont(unsigned char c)
+{
+    return (c & 0xC0) == 0x80;
+}
+
+static void test_suspect(void **state)
+{
+    (void)state;
+    guard_params *p = guard_params_new(LG_CH_CONTENT);
+
+    /* Clean prose: nothing held at word ends. */
+    const char *prose = "Here is a short answer. Two plus two equals four, as expected. ";
+    guard *g = guard_new(p, LG_CH_CONTENT);
+    guard_feed(g, prose, strlen(prose));
+    assert_int_equal(guard_suspect(g), 0);
+    guard_free(g);
+
+    /* A loop: byte by byte, the client never gets past the first copy plus the 7 bytes
+     * the detector needs to see the second one begin. */
+    text t = {0};
+    tcat(&t, "You can use the ");
+    trep(&t, "lambda ", 40);
+    g = guard_new(p, LG_CH_CONTENT);
+    size_t max_release = 0;
+    for (size_t i = 0; i < t.n && !guard_tripped(g); i++) {
+        guard_feed(g, t.s + i, 1);
+        size_t rel = (size_t)guard_bytes(g) - guard_suspect(g);
+        if (rel > max_release) max_release = rel;
+    }
+    assert_true(guard_tripped(g));
+    assert_true(max_release <= strlen("You can use the lambda ") + 7);
+    assert_int_equal(guard_bytes(g) - guard_suspect(g), guard_get_verdict(g)->loop_start);
+    guard_free(g);
+
+    /* UTF-8 split anywhere: the release point is always on a character boundary, and
+     * the cap holds. */
+    t.n = 0;
+    for (int i = 0; i < 200; i++)
+        tcat(&t, i % 3 ? "好的，我们计算 " : "\xf0\x9f\x98\x80 caf\xc3\xa9 ");
+    trep(&t, "计算。", 60);
+    cJSON *o = cJSON_Parse("{\"holdback_max_bytes\": 10}");
+    char err[128];
+    assert_int_equal(guard_params_apply_json(p, o, "guard.content", err, sizeof(err)), 0);
+    cJSON_Delete(o);
+    g = guard_new(p, LG_CH_CONTENT);
+    for (size_t i = 0; i < t.n && !guard_tripped(g); i++) {
+        guard_feed(g, t.s + i, 1);
+        size_t s = guard_suspect(g), fed = (size_t)guard_bytes(g);
+        assert_true(s <= 10);
+        if (s < fed) assert_false(utf8_cont((unsigned char)t.s[fed - s]));
+        if (s == 0 && i + 1 < t.n) /* nothing held: the fed text ends on a boundary */
+            assert_false(utf8_cont((unsigned char)t.s[fed]));
+    }
+    guard_free(g);
+    free(t.s);
+    guard_params_free(p);
+}
+
+/* ---- leaks, rules, budgets, empty answers ------------------------------------------ */
+
+static void test_leak(void **state)
+{
+    (void)state;
+    guard_params *p = guard_params_new(LG_CH_CONTENT);
+    const char *s = "The answer is 4.<|im_end|>more";
+    for (size_t cut = 1; cut < strlen(s); cut++) {
+        guard *g = guard_new(p, LG_CH_CONTENT);
+        guard_feed(g, s, cut);
+        if (cut >= 16 && cut < 26) /* a prefix of the token is held back */
+            assert_int_equal(guard_suspect(g), cut - 16);
+        guard_feed(g, s + cut, strlen(s) - cut);
+        const guard_verdict *v = guard_get_verdict(g);
+        assert_non_null(v);
+        assert_string_equal(v->detector, "leak");
+        assert_int_equal(v->loop_start, 16);
+        assert_int_equal(v->at_byte, 26);
+        assert_string_equal(v->unit, "<|im_end|>");
+        guard_free(g);
+    }
+    result r = scan_text(LG_CH_CONTENT, "Answer.</think> and again");
+    assert_string_equal(r.detector, "leak");
+    guard_params_free(p);
+}
+
+static void test_rules(void **state)
+{
+    (void)state;
+    guard_params *p = guard_params_new(LG_CH_CONTENT);
+    char err[256];
+    cJSON *o = cJSON_Parse("{\"rules\":[{\"name\":\"ai\",\"pattern\":\"(?i)as an ai language "
+                           "model\",\"action\":\"trip\"}]}");
+    assert_int_equal(guard_params_apply_json(p, o, "guard.content", err, sizeof(err)), 0);
+    cJSON_Delete(o);
+    text t = {0};
+    trep(&t, "Some preamble text that goes on. ", 3); /* 99 bytes: straddles offset 64 */
+    size_t at = t.n;
+    tcat(&t, "As an AI language model, I cannot. ");
+    trep(&t, "Filler words to pass the next check. ", 4);
+    for (size_t cut = 1; cut < t.n; cut += 7) {
+        guard *g = guard_new(p, LG_CH_CONTENT);
+        guard_feed(g, t.s, cut);
+        if (cut > at + 3 && cut < at + 23 && !guard_tripped(g))
+            assert_true(guard_suspect(g) >= cut - at); /* partial match held */
+        guard_feed(g, t.s + cut, t.n - cut);
+        const guard_verdict *v = guard_get_verdict(g);
+        assert_non_null(v);
+        assert_string_equal(v->detector, "rule:ai");
+        assert_int_equal(v->loop_start, at);
+        assert_int_equal(v->at_byte, 128); /* the first check at a multiple of 64 after */
+        assert_string_equal(v->unit, "As an AI language model");
+        guard_free(g);
+    }
+    /* At the end of the text, a match after the last check is still found. */
+    result r = run_whole(p, LG_CH_CONTENT, "as an AI language model", 23, true);
+    assert_string_equal(r.detector, "rule:ai");
+    free(t.s);
+    guard_params_free(p);
+}
+
+static void test_budget_and_empty(void **state)
+{
+    (void)state;
+    guard_params *rp = guard_params_new(LG_CH_REASONING);
+    char err[128];
+    cJSON *o = cJSON_Parse("{\"budget_bytes\": 1000}");
+    assert_int_equal(guard_params_apply_json(rp, o, "guard.reasoning", err, sizeof(err)), 0);
+    cJSON_Delete(o);
+    text t = {0};
+    for (int i = 0; i < 100; i++) {
+        char s[64];
+        snprintf(s, sizeof(s), "Thought number %d is different. ", i * 7919 % 1000);
+        tcat(&t, s);
+    }
+    result r = run_whole(rp, LG_CH_REASONING, t.s, t.n, false);
+    assert_string_equal(r.detector, "budget");
+    assert_int_equal(r.at_byte, 1001);
+    free(t.s);
+
+    guard_params *cp = guard_params_new(LG_CH_CONTENT);
+    guard *g = guard_new(cp, LG_CH_CONTENT);
+    assert_false(guard_report_empty_answer(g, 0));
+    assert_true(guard_report_empty_answer(g, 500));
+    assert_string_equal(guard_get_verdict(g)->detector, "empty_answer");
+    guard_free(g);
+    g = guard_new(cp, LG_CH_CONTENT);
+    guard_feed(g, " \n", 2);
+    assert_true(guard_report_empty_answer(g, 500)); /* whitespace is no answer */
+    guard_free(g);
+    g = guard_new(cp, LG_CH_CONTENT);
+    guard_feed(g, "4", 1);
+    assert_false(guard_report_empty_answer(g, 500));
+    guard_free(g);
+    guard_params_free(rp);
+    guard_params_free(cp);
+}
+
+/* ---- settings ---------------------------------------------------------------------- */
+
+static void expect_error(const char *json, const char *msg)
+{
+    guard_params *p = guard_params_new(LG_CH_CONTENT);
+    char err[256] = "";
+    cJSON *o = cJSON_Parse(json);
+    assert_non_null(o);
+    assert_int_equal(guard_params_apply_json(p, o, "guard.content", err, sizeof(err)), -1);
+    if (!strstr(err, msg)) fail_msg("error '%s' does not contain '%s'", err, msg);
+    cJSON_Delete(o);
+    /* A failed apply leaves the defaults in place: "lambda" still trips. */
+    text t = {0};
+    trep(&t, "lambda ", 100);
+    result r = run_whole(p, LG_CH_CONTENT, t.s, t.n, true);
+    assert_string_equal(r.detector, "repeat");
+    free(t.s);
+    guard_params_free(p);
+}
+
+static void test_settings(void **state)
+{
+    (void)state;
+    expect_error("{\"repet\": {}}", "guard.content.repet: unknown key");
+    expect_error("{\"repeat\": {\"enabled\": false, \"min_byte\": 3}}",
+                 "guard.content.repeat.min_byte: unknown key");
+    expect_error("{\"repeat\": {\"classes\": {\"rule\": {\"min_repeat\": 3}}}}",
+                 "guard.content.repeat.classes.rule.min_repeat: unknown key");
+    expect_error("{\"repeat\": {\"classes\": {\"prose\": {}}}}",
+                 "guard.content.repeat.classes.prose: unknown key");
+    expect_error("{\"lines\": {\"min_repeats\": \"4\"}}", "guard.content.lines.min_repeats");
+    expect_error("{\"novelty\": {\"min_ratio\": 2}}", "guard.content.novelty.min_ratio");
+    expect_error("{\"repeat\": {\"repeats_by_period\": [[4, 10], [2, 5]]}}",
+                 "guard.content.repeat.repeats_by_period");
+    expect_error("{\"rules\": [{\"name\": \"r\", \"pattern\": \"(\"}]}",
+                 "guard.content.rules[0].pattern");
+    expect_error("{\"rules\": [{\"name\": \"r\", \"pattern\": \"a*\"}]}",
+                 "guard.content.rules[0].pattern");
+    expect_error("{\"rules\": [{\"name\": \"r\", \"pattern\": \"a\", \"action\": \"log\"}]}",
+                 "guard.content.rules[0].action");
+    expect_error("{\"leak_tokens\": [\"\"]}", "guard.content.leak_tokens");
+    expect_error("{\"enabled\": 1}", "guard.content.enabled");
+
+    /* Settings take effect: a custom period table, the repeat detector off, leaks off. */
+    guard_params *p = guard_params_new(LG_CH_CONTENT);
+    char err[256];
+    cJSON *o = cJSON_Parse("{\"repeat\": {\"repeats_by_period\": [[8, 50], [2048, 3]]},"
+                           "\"leak_tokens\": [], \"lines\": {\"enabled\": false}}");
+    assert_int_equal(guard_params_apply_json(p, o, "guard.content", err, sizeof(err)), 0);
+    cJSON_Delete(o);
+    text t = {0};
+    trep(&t, "lambda ", 100);
+    result r = run_whole(p, LG_CH_CONTENT, t.s, t.n, true);
+    assert_string_equal(r.detector, "repeat");
+    assert_int_equal(r.at_byte, 350);
+    r = run_whole(p, LG_CH_CONTENT, "x<|im_end|>", 11, true);
+    assert_false(r.tripped);
+    guard_params *c = guard_params_clone(p);
+    o = cJSON_Parse("{\"repeat\": {\"enabled\": false}, \"novelty\": {\"enabled\": false}}");
+    assert_int_equal(guard_params_apply_json(c, o, "guard.content", err, sizeof(err)), 0);
+    cJSON_Delete(o);
+    r = run_whole(c, LG_CH_CONTENT, t.s, t.n, true);
+    assert_false(r.tripped);
+    o = cJSON_Parse("{\"enabled\": false}");
+    assert_true(guard_params_enabled(p));
+    assert_int_equal(guard_params_apply_json(p, o, "guard.content", err, sizeof(err)), 0);
+    assert_false(guard_params_enabled(p));
+    cJSON_Delete(o);
+    r = run_whole(p, LG_CH_CONTENT, t.s, t.n, true);
+    assert_false(r.tripped);
+    free(t.s);
+    guard_params_free(p);
+    guard_params_free(c);
+
+    guard_free(NULL);
+    guard_params_free(NULL);
+    assert_string_equal(guard_channel_name(LG_CH_REASONING), "reasoning");
+    assert_string_equal(guard_channel_name(LG_CH_CONTENT), "content");
+    assert_string_equal(guard_channel_name(LG_CH_TOOL_ARGS), "tool_args");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_seed_cases), cmocka_unit_test(test_traps),
+        cmocka_unit_test(test_loops),      cmocka_unit_test(test_chunking_invariance),
+        cmocka_unit_test(test_suspect),    cmocka_unit_test(test_leak),
+        cmocka_unit_test(test_rules),      cmocka_unit_test(test_budget_and_empty),
+        cmocka_unit_test(test_settings),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
