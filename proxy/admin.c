@@ -38,6 +38,9 @@ static char *extra_metrics(lg_server *srv)
     fprintf(f, "# HELP loopguard_workers Worker threads.\n# TYPE loopguard_workers gauge\n"
                "loopguard_workers %zu\n",
             srv->n_workers);
+    char *pool = pool_metrics_text(srv->pool);
+    fputs(pool, f);
+    free(pool);
     fclose(f);
     return buf;
 }

@@ -15,6 +15,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -26,6 +27,29 @@
 #include "proxy/worker.h"
 
 extern char **environ;
+
+/* Replica state changes: ejections and returns become incident records of their own
+ * kind; health flips are logged. Called from worker or health-checker threads. */
+static void on_pool_event(void *ud, size_t replica, const char *event, const char *json)
+{
+    lg_server *srv = ud;
+    const char *base = pool_base(srv->pool, replica);
+    fprintf(stderr, "loopguard: upstream %s %s\n", base, event);
+    if (strcmp(event, "ejected") != 0 && strcmp(event, "returned") != 0) return;
+    char ts[40];
+    struct timespec now;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &now);
+    gmtime_r(&now.tv_sec, &tm);
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    size_t n = strlen(base) + (json ? strlen(json) : 4) + 160;
+    char *line = malloc(n);
+    if (!line) abort();
+    snprintf(line, n, "{\"ts\":\"%s\",\"kind\":\"upstream\",\"event\":\"%s\","
+                      "\"upstream\":\"%s\",\"detail\":%s}",
+             ts, event, base, json ? json : "null");
+    incident_log_submit(srv->incidents, line);
+}
 
 static void usage(FILE *f)
 {
@@ -196,6 +220,7 @@ int main(int argc, char **argv)
             snprintf(err, sizeof err, "cannot start worker threads: %s", strerror(errno));
             goto out;
         }
+    pool_set_event_hook(srv.pool, on_pool_event, &srv);
     if (pool_start(srv.pool) != 0) {
         snprintf(err, sizeof err, "cannot start the health checker");
         goto out;

@@ -1,19 +1,37 @@
-/* upstream.c — see upstream.h. */
+/* upstream.c — see upstream.h.
+ *
+ * Hot path (pool_acquire/pool_release, once per attempt) touches only atomics. The
+ * degeneration record is a ring of time buckets per replica under one pool mutex, taken once
+ * per finished generation (not per token); the ejection decision is made there, O(replicas).
+ * The health checker is one background thread doing blocking GETs with short timeouts. */
 #include "proxy/upstream.h"
 
+#include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#include <curl/curl.h>
 #include <cJSON.h>
+#include <curl/curl.h>
+
+#define BUCKETS 12
 
 typedef struct lg_replica {
     char *base;
     atomic_int kind; /* lg_upstream_kind; AUTO until probed */
     atomic_uint outstanding;
     atomic_bool healthy;
+    atomic_uint fails, oks; /* consecutive health results (active and passive) */
+    atomic_uint_fast64_t requests;
+    /* guarded by pool->mu */
+    uint32_t gens[BUCKETS], trips[BUCKETS];
+    uint64_t bucket_epoch[BUCKETS];
+    uint64_t ejected_until_ms; /* 0: not ejected */
+    uint64_t returned_at_ms;   /* end of the last ejection: ramp-up starts here */
+    unsigned ejections;
 } lg_replica;
 
 struct lg_pool {
@@ -21,9 +39,20 @@ struct lg_pool {
     lg_replica *r;
     size_t n;
     atomic_uint seed;
+    pthread_mutex_t mu;
+    pthread_t health;
+    bool health_running;
+    atomic_bool stop;
     pool_event_fn hook;
     void *hook_ud;
 };
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
 
 static size_t discard(char *p, size_t sz, size_t n, void *ud)
 {
@@ -66,7 +95,8 @@ lg_pool *pool_new(const lg_config *cfg)
     p->n = cfg->n_upstreams;
     p->r = calloc(p->n, sizeof *p->r);
     if (!p->r) abort();
-    atomic_store(&p->seed, 0x9e3779b9u);
+    pthread_mutex_init(&p->mu, NULL);
+    atomic_store(&p->seed, 0x9e3779b9u ^ (unsigned)now_ms());
     for (size_t i = 0; i < p->n; i++) {
         lg_replica *r = &p->r[i];
         r->base = strdup(cfg->upstreams[i]);
@@ -77,12 +107,6 @@ lg_pool *pool_new(const lg_config *cfg)
         atomic_store(&r->healthy, true);
     }
     return p;
-}
-
-int pool_start(lg_pool *p)
-{
-    (void)p;
-    return 0;
 }
 
 size_t pool_size(const lg_pool *p)
@@ -107,6 +131,159 @@ const char *const *pool_names(const lg_pool *p)
     return (const char *const *)p->cfg->upstreams;
 }
 
+void pool_set_event_hook(lg_pool *p, pool_event_fn fn, void *ud)
+{
+    p->hook = fn;
+    p->hook_ud = ud;
+}
+
+/* ---- health ------------------------------------------------------------------------ */
+
+static void health_result(lg_pool *p, size_t i, bool ok)
+{
+    lg_replica *r = &p->r[i];
+    const lg_config *cfg = p->cfg;
+    if (ok) {
+        atomic_store(&r->fails, 0);
+        unsigned oks = atomic_fetch_add(&r->oks, 1) + 1;
+        if (!atomic_load(&r->healthy) && oks >= cfg->health.healthy_after) {
+            atomic_store(&r->healthy, true);
+            if (p->hook) p->hook(p->hook_ud, i, "healthy", NULL);
+        }
+    } else {
+        atomic_store(&r->oks, 0);
+        unsigned fails = atomic_fetch_add(&r->fails, 1) + 1;
+        if (atomic_load(&r->healthy) && fails >= cfg->health.unhealthy_after) {
+            atomic_store(&r->healthy, false);
+            if (p->hook) p->hook(p->hook_ud, i, "unhealthy", NULL);
+        }
+    }
+}
+
+void pool_report_health(lg_pool *p, size_t i, bool ok)
+{
+    health_result(p, i, ok);
+}
+
+static void *health_main(void *arg)
+{
+    lg_pool *p = arg;
+    const lg_config *cfg = p->cfg;
+    long timeout = cfg->health.interval_ms / 2 < 2000 ? (long)cfg->health.interval_ms / 2 : 2000;
+    if (timeout < 100) timeout = 100;
+    while (!atomic_load(&p->stop)) {
+        for (size_t i = 0; i < p->n && !atomic_load(&p->stop); i++) {
+            lg_replica *r = &p->r[i];
+            long s = probe_get(r->base, cfg->health.path, timeout);
+            health_result(p, i, s >= 200 && s < 300);
+            if (s && atomic_load(&r->kind) == LG_UPSTREAM_AUTO)
+                atomic_store(&r->kind, (int)probe_kind(r->base));
+        }
+        /* Sleep in small steps so that pool_free does not wait a whole interval. */
+        for (unsigned slept = 0; slept < cfg->health.interval_ms && !atomic_load(&p->stop);
+             slept += 50) {
+            struct timespec ts = {0, 50 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+int pool_start(lg_pool *p)
+{
+    if (p->cfg->health.interval_ms == 0) return 0;
+    if (pthread_create(&p->health, NULL, health_main, p) != 0) return -1;
+    p->health_running = true;
+    return 0;
+}
+
+/* ---- degeneration record and ejection ---------------------------------------------- */
+
+static uint64_t bucket_ms(const lg_config *cfg)
+{
+    uint64_t w = (uint64_t)(cfg->eject.window_s ? cfg->eject.window_s : 60) * 1000u;
+    return w / BUCKETS ? w / BUCKETS : 1;
+}
+
+/* Generations and trips of replica r within the window. Caller holds p->mu. */
+static void window_counts(const lg_pool *p, const lg_replica *r, uint64_t now,
+                          uint64_t *gens, uint64_t *trips)
+{
+    uint64_t epoch = now / bucket_ms(p->cfg);
+    *gens = *trips = 0;
+    for (int b = 0; b < BUCKETS; b++)
+        if (epoch - r->bucket_epoch[b] < BUCKETS) {
+            *gens += r->gens[b];
+            *trips += r->trips[b];
+        }
+}
+
+static bool is_ejected(const lg_replica *r, uint64_t now)
+{
+    return r->ejected_until_ms && now < r->ejected_until_ms;
+}
+
+/* Decides whether replica i is an outlier and ejects it. Caller holds p->mu. */
+static void maybe_eject(lg_pool *p, size_t i, uint64_t now)
+{
+    const lg_config *cfg = p->cfg;
+    lg_replica *r = &p->r[i];
+    uint64_t g, t, og = 0, ot = 0;
+    size_t others_up = 0;
+    if (is_ejected(r, now)) return;
+    window_counts(p, r, now, &g, &t);
+    if (g < cfg->eject.min_requests || g == 0) return;
+    for (size_t j = 0; j < p->n; j++) {
+        if (j == i) continue;
+        uint64_t jg, jt;
+        window_counts(p, &p->r[j], now, &jg, &jt);
+        og += jg, ot += jt;
+        if (atomic_load(&p->r[j].healthy) && !is_ejected(&p->r[j], now)) others_up++;
+    }
+    double rate = (double)t / (double)g;
+    double others = og ? (double)ot / (double)og : 0.0;
+    if (others_up == 0 || rate < cfg->eject.min_trip_rate) return; /* never the last one */
+    if (og && rate <= cfg->eject.trip_ratio * others) return;
+    /* Exponential back-off on repeat offenders, capped at 16x. */
+    unsigned shift = r->ejections < 4 ? r->ejections : 4;
+    uint64_t backoff = (uint64_t)cfg->eject.backoff_ms << shift;
+    r->ejected_until_ms = now + backoff;
+    r->ejections++;
+    memset(r->gens, 0, sizeof r->gens);
+    memset(r->trips, 0, sizeof r->trips);
+    if (p->hook) {
+        char json[256];
+        snprintf(json, sizeof json,
+                 "{\"trip_rate\":%.3f,\"others_trip_rate\":%.3f,\"generations\":%llu,"
+                 "\"backoff_ms\":%llu}",
+                 rate, others, (unsigned long long)g, (unsigned long long)backoff);
+        p->hook(p->hook_ud, i, "ejected", json);
+    }
+}
+
+void pool_report_generation(lg_pool *p, size_t i, bool tripped)
+{
+    lg_replica *r = &p->r[i];
+    uint64_t now = now_ms(), epoch = now / bucket_ms(p->cfg);
+    int b = (int)(epoch % BUCKETS);
+    pthread_mutex_lock(&p->mu);
+    if (r->bucket_epoch[b] != epoch) {
+        r->bucket_epoch[b] = epoch;
+        r->gens[b] = r->trips[b] = 0;
+    }
+    r->gens[b]++;
+    r->trips[b] += tripped;
+    if (r->ejected_until_ms && now >= r->ejected_until_ms) {
+        r->returned_at_ms = r->ejected_until_ms;
+        r->ejected_until_ms = 0;
+        if (p->hook) p->hook(p->hook_ud, i, "returned", NULL);
+    }
+    if (tripped) maybe_eject(p, i, now);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* ---- balancing --------------------------------------------------------------------- */
+
 static unsigned next_random(lg_pool *p)
 {
     /* xorshift on a shared word; a lost update only repeats a tie-break. */
@@ -116,14 +293,35 @@ static unsigned next_random(lg_pool *p)
     return x;
 }
 
+/* 0 eligible, 1 ramping up after an ejection and not chosen this time, 2 avoided,
+ * 3 ejected, 4 unhealthy. Reads the ejection fields without the lock: a stale value only
+ * misroutes one attempt. */
+static int rank_of(lg_pool *p, size_t i, size_t avoid, uint64_t now)
+{
+    lg_replica *r = &p->r[i];
+    if (!atomic_load(&r->healthy)) return 4;
+    uint64_t until = __atomic_load_n(&r->ejected_until_ms, __ATOMIC_RELAXED);
+    if (until && now < until) return 3;
+    if (i == avoid && p->n > 1) return 2;
+    uint64_t back = __atomic_load_n(&r->returned_at_ms, __ATOMIC_RELAXED);
+    uint64_t ramp = p->cfg->eject.backoff_ms;
+    if (until) back = until; /* expired but not yet noticed by a report */
+    if (back && ramp && now - back < ramp) {
+        /* Brought back gradually: a share of picks growing linearly over one back-off. */
+        unsigned share = (unsigned)((now - back) * 1000 / ramp);
+        if (next_random(p) % 1000 >= share) return 1;
+    }
+    return 0;
+}
+
 size_t pool_acquire(lg_pool *p, size_t avoid)
 {
+    uint64_t now = now_ms();
     size_t best = 0, ties = 0;
     unsigned best_load = ~0u;
-    int best_rank = 3;
+    int best_rank = 5;
     for (size_t i = 0; i < p->n; i++) {
-        /* rank: 0 eligible, 1 avoided, 2 unhealthy */
-        int rank = !atomic_load(&p->r[i].healthy) ? 2 : (i == avoid && p->n > 1) ? 1 : 0;
+        int rank = rank_of(p, i, avoid, now);
         unsigned load = atomic_load_explicit(&p->r[i].outstanding, memory_order_relaxed);
         if (rank < best_rank || (rank == best_rank && load < best_load)) {
             best = i, best_rank = rank, best_load = load, ties = 1;
@@ -132,6 +330,7 @@ size_t pool_acquire(lg_pool *p, size_t avoid)
         }
     }
     atomic_fetch_add_explicit(&p->r[best].outstanding, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->r[best].requests, 1, memory_order_relaxed);
     return best;
 }
 
@@ -140,43 +339,74 @@ void pool_release(lg_pool *p, size_t i)
     atomic_fetch_sub_explicit(&p->r[i].outstanding, 1, memory_order_relaxed);
 }
 
-void pool_report_health(lg_pool *p, size_t i, bool ok)
-{
-    (void)p, (void)i, (void)ok;
-}
-
-void pool_report_generation(lg_pool *p, size_t i, bool tripped)
-{
-    (void)p, (void)i, (void)tripped;
-}
-
 char *pool_json(lg_pool *p)
 {
+    uint64_t now = now_ms();
     cJSON *arr = cJSON_CreateArray();
+    pthread_mutex_lock(&p->mu);
     for (size_t i = 0; i < p->n; i++) {
+        lg_replica *r = &p->r[i];
+        uint64_t g, t;
+        window_counts(p, r, now, &g, &t);
         cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "url", p->r[i].base);
+        cJSON_AddStringToObject(o, "url", r->base);
         cJSON_AddStringToObject(o, "kind", config_upstream_kind_name(pool_kind(p, i)));
-        cJSON_AddBoolToObject(o, "healthy", atomic_load(&p->r[i].healthy));
-        cJSON_AddNumberToObject(o, "outstanding", atomic_load(&p->r[i].outstanding));
+        cJSON_AddBoolToObject(o, "healthy", atomic_load(&r->healthy));
+        cJSON_AddBoolToObject(o, "ejected", is_ejected(r, now));
+        cJSON_AddNumberToObject(o, "ejected_for_ms",
+                                is_ejected(r, now) ? (double)(r->ejected_until_ms - now) : 0);
+        cJSON_AddNumberToObject(o, "ejections", r->ejections);
+        cJSON_AddNumberToObject(o, "outstanding", atomic_load(&r->outstanding));
+        cJSON_AddNumberToObject(o, "requests", (double)atomic_load(&r->requests));
+        cJSON_AddNumberToObject(o, "window_generations", (double)g);
+        cJSON_AddNumberToObject(o, "window_trips", (double)t);
+        cJSON_AddNumberToObject(o, "window_trip_rate", g ? round(1000.0 * t / g) / 1000 : 0);
         cJSON_AddItemToArray(arr, o);
     }
+    pthread_mutex_unlock(&p->mu);
     char *s = cJSON_PrintUnformatted(arr);
     cJSON_Delete(arr);
     if (!s) abort();
     return s;
 }
 
-void pool_set_event_hook(lg_pool *p, pool_event_fn fn, void *ud)
+char *pool_metrics_text(lg_pool *p)
 {
-    p->hook = fn;
-    p->hook_ud = ud;
+    uint64_t now = now_ms();
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) abort();
+    static const char *const names[] = {"healthy", "ejected", "ejections_total", "requests_total"};
+    static const char *const help[] = {
+        "1 when the replica passes health checks.", "1 while the replica is ejected.",
+        "Times the replica was ejected for degenerating.", "Attempts sent to the replica."};
+    pthread_mutex_lock(&p->mu);
+    for (size_t m = 0; m < 4; m++) {
+        bool counter = m >= 2;
+        fprintf(f, "# HELP loopguard_upstream_%s %s\n# TYPE loopguard_upstream_%s %s\n",
+                names[m], help[m], names[m], counter ? "counter" : "gauge");
+        for (size_t i = 0; i < p->n; i++) {
+            lg_replica *r = &p->r[i];
+            unsigned long long v = m == 0   ? atomic_load(&r->healthy)
+                                   : m == 1 ? is_ejected(r, now)
+                                   : m == 2 ? r->ejections
+                                            : (unsigned long long)atomic_load(&r->requests);
+            fprintf(f, "loopguard_upstream_%s{upstream=\"%s\"} %llu\n", names[m], r->base, v);
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    fclose(f);
+    return buf;
 }
 
 void pool_free(lg_pool *p)
 {
     if (!p) return;
+    atomic_store(&p->stop, true);
+    if (p->health_running) pthread_join(p->health, NULL);
     for (size_t i = 0; i < p->n; i++) free(p->r[i].base);
+    pthread_mutex_destroy(&p->mu);
     free(p->r);
     free(p);
 }

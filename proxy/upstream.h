@@ -44,6 +44,9 @@ void pool_report_generation(lg_pool *p, size_t i, bool tripped);
 
 /* JSON array describing each replica's state (for /loopguard/upstreams); malloc'd. */
 char *pool_json(lg_pool *p);
+/* Prometheus text for the per-replica state the pool owns (healthy, ejected, ejections,
+ * requests); malloc'd. */
+char *pool_metrics_text(lg_pool *p);
 /* Stops the health checker and frees. No-op on NULL. */
 void pool_free(lg_pool *p);
 
