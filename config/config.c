@@ -299,123 +299,6 @@ struct key_spec {
         .path = p, .kind = K_CUSTOM, .apply = fn, .env = ENV_LIST                                  \
     }
 
-static int apply_object(load_ctx *c, void *base, const key_spec *table, const char *rel,
-                        const cJSON *obj, const char *path);
-
-static int apply_listen(load_ctx *c, void *base, const key_spec *k, const cJSON *v,
-                        const char *path);
-static int apply_upstream(load_ctx *c, void *base, const key_spec *k, const cJSON *v,
-                          const char *path);
-static int apply_guard_channel(load_ctx *c, void *base, const key_spec *k, const cJSON *v,
-                               const char *path);
-static int apply_models(load_ctx *c, void *base, const key_spec *k, const cJSON *v,
-                        const char *path);
-static int apply_ladder(load_ctx *c, void *base, const key_spec *k, const cJSON *v,
-                        const char *path);
-static int apply_api_keys(load_ctx *c, void *base, const key_spec *k, const cJSON *v,
-                          const char *path);
-static int check_hostport(load_ctx *c, void *base, const key_spec *k, const cJSON *v,
-                          const char *path);
-static int check_abs_path(load_ctx *c, void *base, const key_spec *k, const cJSON *v,
-                          const char *path);
-static int check_nonempty(load_ctx *c, void *base, const key_spec *k, const cJSON *v,
-                          const char *path);
-
-#define MS_HOUR 3600000.0
-#define MS_DAY  86400000.0
-
-/* Top-level keys. Order matters: members of an object are applied in table order, so the
- * global guard settings are in place before `models` clones them. */
-static const key_spec config_keys[] = {
-    {.path = "listen", .kind = K_CUSTOM, .apply = apply_listen, .env = ENV_STRING},
-    C_LIST("upstream", apply_upstream),
-    C_ENUM("upstream_kind", upstream_kind, upstream_kind_names),
-    C_UINT("workers", workers, 0, 1024),
-    C_UINT("max_connections", max_connections, 1, 1000000),
-    C_UINT("rlimit_nofile", rlimit_nofile, 0, 1 << 24),
-    C_UINT("max_body_bytes", max_body_bytes, 1024, 4294967296.0),
-    C_UINT("max_header_bytes", max_header_bytes, 4096, 16 << 20),
-    C_UINT("client_timeout_s", client_timeout_s, 1, 86400),
-    C_UINT("shutdown_grace_ms", shutdown_grace_ms, 0, MS_HOUR),
-    C_OBJ("timeouts"),
-    C_UINT("timeouts.connect_ms", timeouts.connect_ms, 1, MS_HOUR),
-    C_UINT("timeouts.first_byte_ms", timeouts.first_byte_ms, 1, MS_DAY),
-    C_UINT("timeouts.idle_ms", timeouts.idle_ms, 1, MS_DAY),
-    C_OBJ("reasoning"),
-    C_ENUM("reasoning.output", reasoning.output, reasoning_output_names),
-    C_BOOL("reasoning.allow_client_choice", reasoning.allow_client_choice),
-    C_ENUM("reasoning.history", reasoning.history, history_names),
-    C_OBJ("guard"),
-    C_BOOL("guard.enabled", guard.enabled),
-    C_BOOL("guard.allow_client_off", guard.allow_client_off),
-    C_UINT("guard.holdback_max_bytes", guard.holdback_max_bytes, 0, 64 << 20),
-    C_UINT("guard.keepalive_ms", guard.keepalive_ms, 100, MS_HOUR),
-    C_CUSTOM("guard.reasoning", apply_guard_channel, LG_CH_REASONING),
-    C_CUSTOM("guard.content", apply_guard_channel, LG_CH_CONTENT),
-    C_CUSTOM("guard.tool_args", apply_guard_channel, LG_CH_TOOL_ARGS),
-    C_CUSTOM("models", apply_models, 0),
-    C_OBJ("retry"),
-    C_UINT("retry.max_attempts", retry.max_attempts, 1, 10),
-    C_ENUM("retry.mode", retry.mode, retry_mode_names),
-    C_ENUM("retry.on_exhausted", retry.on_exhausted, exhausted_names),
-    C_ENUM("retry.elsewhere", retry.elsewhere, elsewhere_names),
-    C_CUSTOM("retry.ladder", apply_ladder, 0),
-    C_OBJ("incidents"),
-    C_STR("incidents.path", incidents.path, true, check_nonempty),
-    C_ENUM("incidents.capture", incidents.capture, capture_names),
-    C_UINT("incidents.max_record_bytes", incidents.max_record_bytes, 1024, 64 << 20),
-    C_UINT("incidents.recent", incidents.recent, 0, 100000),
-    C_OBJ("admin"),
-    C_STR("admin.listen", admin.listen, true, check_hostport),
-    C_STR("admin.token", admin.token, true, check_nonempty),
-    C_LIST("api_keys", apply_api_keys),
-    C_OBJ("health"),
-    C_STR("health.path", health.path, false, check_abs_path),
-    C_UINT("health.interval_ms", health.interval_ms, 100, MS_HOUR),
-    C_UINT("health.unhealthy_after", health.unhealthy_after, 1, 100),
-    C_UINT("health.healthy_after", health.healthy_after, 1, 100),
-    C_OBJ("eject"),
-    C_DBL("eject.trip_ratio", eject.trip_ratio, 1.0, 1000.0),
-    C_DBL("eject.min_trip_rate", eject.min_trip_rate, 0.0, 1.0),
-    C_UINT("eject.min_requests", eject.min_requests, 1, 1000000),
-    C_UINT("eject.window_s", eject.window_s, 1, 86400),
-    C_UINT("eject.backoff_ms", eject.backoff_ms, 100, MS_DAY),
-    {0},
-};
-
-/* One element of `models`. */
-static int apply_model_pattern(load_ctx *c, void *base, const key_spec *k, const cJSON *v,
-                               const char *path);
-static int apply_model_guard(load_ctx *c, void *base, const key_spec *k, const cJSON *v,
-                             const char *path);
-static const key_spec model_keys[] = {
-    C_CUSTOM("pattern", apply_model_pattern, 0),
-    {.path = "guard_enabled", .kind = K_TRI, .off = offsetof(lg_model_rule, guard_enabled)},
-    {.path = "think_opened", .kind = K_TRI, .off = offsetof(lg_model_rule, think_opened)},
-    C_CUSTOM("guard", apply_model_guard, 0),
-    {0},
-};
-
-/* One rung of `retry.ladder`. Penalty ranges are the OpenAI API's; repetition_penalty is
- * multiplicative (SGLang/vLLM), 1.0 meaning none. */
-#define STEP_OPT(p, f, lo, hi)                                                                     \
-    {                                                                                              \
-        .path = #p, .kind = K_OPTNUM, .off = offsetof(lg_sampling_step, p), .min = lo, .max = hi,  \
-        .aux = offsetof(lg_sampling_step, f)                                                       \
-    }
-static const key_spec step_keys[] = {
-    {.path = "temperature_add",
-     .kind = K_DOUBLE,
-     .off = offsetof(lg_sampling_step, temperature_add),
-     .min = -2.0,
-     .max = 2.0},
-    STEP_OPT(presence_penalty, has_presence_penalty, -2.0, 2.0),
-    STEP_OPT(frequency_penalty, has_frequency_penalty, -2.0, 2.0),
-    STEP_OPT(repetition_penalty, has_repetition_penalty, 0.01, 2.0),
-    {.path = "new_seed", .kind = K_BOOL, .off = offsetof(lg_sampling_step, new_seed)},
-    {0},
-};
-
 /* The spec whose path is exactly `path` in `table`, or NULL. */
 static const key_spec *spec_find(const key_spec *table, const char *path)
 {
@@ -665,6 +548,15 @@ static int apply_model_guard(load_ctx *c, void *base, const key_spec *k, const c
     return 0;
 }
 
+/* One element of `models`. */
+static const key_spec model_keys[] = {
+    C_CUSTOM("pattern", apply_model_pattern, 0),
+    {.path = "guard_enabled", .kind = K_TRI, .off = offsetof(lg_model_rule, guard_enabled)},
+    {.path = "think_opened", .kind = K_TRI, .off = offsetof(lg_model_rule, think_opened)},
+    C_CUSTOM("guard", apply_model_guard, 0),
+    {0},
+};
+
 static void model_rules_free(lg_model_rule *rules, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -738,6 +630,26 @@ static int apply_models(load_ctx *c, void *base, const key_spec *k, const cJSON 
     return apply_array_of_objects(c, &ak, v, path, (void **)&c->cfg->models, &c->cfg->n_models);
 }
 
+/* One rung of `retry.ladder`. Penalty ranges are the OpenAI API's; repetition_penalty is
+ * multiplicative (SGLang/vLLM), 1.0 meaning none. */
+#define STEP_OPT(p, f, lo, hi)                                                                     \
+    {                                                                                              \
+        .path = #p, .kind = K_OPTNUM, .off = offsetof(lg_sampling_step, p), .min = lo, .max = hi,  \
+        .aux = offsetof(lg_sampling_step, f)                                                       \
+    }
+static const key_spec step_keys[] = {
+    {.path = "temperature_add",
+     .kind = K_DOUBLE,
+     .off = offsetof(lg_sampling_step, temperature_add),
+     .min = -2.0,
+     .max = 2.0},
+    STEP_OPT(presence_penalty, has_presence_penalty, -2.0, 2.0),
+    STEP_OPT(frequency_penalty, has_frequency_penalty, -2.0, 2.0),
+    STEP_OPT(repetition_penalty, has_repetition_penalty, 0.01, 2.0),
+    {.path = "new_seed", .kind = K_BOOL, .off = offsetof(lg_sampling_step, new_seed)},
+    {0},
+};
+
 static void steps_release(void *p, size_t n)
 {
     (void)n;
@@ -809,6 +721,71 @@ static int check_nonempty(load_ctx *c, void *base, const key_spec *k, const cJSO
     if (!v->valuestring[0]) return fail(c->err, c->errlen, path, "must not be empty");
     return 0;
 }
+
+/* ------------------------------------------------------------------------------------- */
+/* The schema of the config file                                                        */
+
+#define MS_HOUR 3600000.0
+#define MS_DAY  86400000.0
+
+/* Top-level keys. Order matters: members of an object are applied in table order, so the
+ * global guard settings are in place before `models` clones them. */
+static const key_spec config_keys[] = {
+    {.path = "listen", .kind = K_CUSTOM, .apply = apply_listen, .env = ENV_STRING},
+    C_LIST("upstream", apply_upstream),
+    C_ENUM("upstream_kind", upstream_kind, upstream_kind_names),
+    C_UINT("workers", workers, 0, 1024),
+    C_UINT("max_connections", max_connections, 1, 1000000),
+    C_UINT("rlimit_nofile", rlimit_nofile, 0, 1 << 24),
+    C_UINT("max_body_bytes", max_body_bytes, 1024, 4294967296.0),
+    C_UINT("max_header_bytes", max_header_bytes, 4096, 16 << 20),
+    C_UINT("client_timeout_s", client_timeout_s, 1, 86400),
+    C_UINT("shutdown_grace_ms", shutdown_grace_ms, 0, MS_HOUR),
+    C_OBJ("timeouts"),
+    C_UINT("timeouts.connect_ms", timeouts.connect_ms, 1, MS_HOUR),
+    C_UINT("timeouts.first_byte_ms", timeouts.first_byte_ms, 1, MS_DAY),
+    C_UINT("timeouts.idle_ms", timeouts.idle_ms, 1, MS_DAY),
+    C_OBJ("reasoning"),
+    C_ENUM("reasoning.output", reasoning.output, reasoning_output_names),
+    C_BOOL("reasoning.allow_client_choice", reasoning.allow_client_choice),
+    C_ENUM("reasoning.history", reasoning.history, history_names),
+    C_OBJ("guard"),
+    C_BOOL("guard.enabled", guard.enabled),
+    C_BOOL("guard.allow_client_off", guard.allow_client_off),
+    C_UINT("guard.holdback_max_bytes", guard.holdback_max_bytes, 0, 64 << 20),
+    C_UINT("guard.keepalive_ms", guard.keepalive_ms, 100, MS_HOUR),
+    C_CUSTOM("guard.reasoning", apply_guard_channel, LG_CH_REASONING),
+    C_CUSTOM("guard.content", apply_guard_channel, LG_CH_CONTENT),
+    C_CUSTOM("guard.tool_args", apply_guard_channel, LG_CH_TOOL_ARGS),
+    C_CUSTOM("models", apply_models, 0),
+    C_OBJ("retry"),
+    C_UINT("retry.max_attempts", retry.max_attempts, 1, 10),
+    C_ENUM("retry.mode", retry.mode, retry_mode_names),
+    C_ENUM("retry.on_exhausted", retry.on_exhausted, exhausted_names),
+    C_ENUM("retry.elsewhere", retry.elsewhere, elsewhere_names),
+    C_CUSTOM("retry.ladder", apply_ladder, 0),
+    C_OBJ("incidents"),
+    C_STR("incidents.path", incidents.path, true, check_nonempty),
+    C_ENUM("incidents.capture", incidents.capture, capture_names),
+    C_UINT("incidents.max_record_bytes", incidents.max_record_bytes, 1024, 64 << 20),
+    C_UINT("incidents.recent", incidents.recent, 0, 100000),
+    C_OBJ("admin"),
+    C_STR("admin.listen", admin.listen, true, check_hostport),
+    C_STR("admin.token", admin.token, true, check_nonempty),
+    C_LIST("api_keys", apply_api_keys),
+    C_OBJ("health"),
+    C_STR("health.path", health.path, false, check_abs_path),
+    C_UINT("health.interval_ms", health.interval_ms, 100, MS_HOUR),
+    C_UINT("health.unhealthy_after", health.unhealthy_after, 1, 100),
+    C_UINT("health.healthy_after", health.healthy_after, 1, 100),
+    C_OBJ("eject"),
+    C_DBL("eject.trip_ratio", eject.trip_ratio, 1.0, 1000.0),
+    C_DBL("eject.min_trip_rate", eject.min_trip_rate, 0.0, 1.0),
+    C_UINT("eject.min_requests", eject.min_requests, 1, 1000000),
+    C_UINT("eject.window_s", eject.window_s, 1, 86400),
+    C_UINT("eject.backoff_ms", eject.backoff_ms, 100, MS_DAY),
+    {0},
+};
 
 /* ------------------------------------------------------------------------------------- */
 /* Defaults, loading                                                                     */
