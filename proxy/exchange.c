@@ -91,6 +91,8 @@ typedef struct exchange {
     bool saw_done;
     bool trip_pending;
     bool timed_out;
+    bool avoid_replica;       /* the next attempt must prefer another replica */
+    unsigned connect_retries; /* attempts re-sent because a replica never answered */
     guard_verdict verdict;
     char verdict_unit[260];
     char verdict_detector[64];
@@ -792,6 +794,19 @@ static void attempt_failed(exchange *ex, CURLcode rc)
 {
     lg_worker *w = ex->base.w;
     size_t replica = ex->replica;
+    if (!ex->head.complete && rc != CURLE_OK && rc != CURLE_FAILED_INIT && !ex->timed_out &&
+        ex->connect_retries + 1 < pool_size(w->srv->pool)) {
+        /* The replica never answered: the client must not see a 502 while another one
+         * may be healthy. Same attempt, same sampling, another replica. */
+        ex->connect_retries++;
+        metrics_upstream_error(w->metrics, replica, "connect");
+        pool_report_health(w->srv->pool, replica, false);
+        free_attempt_state(ex);
+        ex->attempt--;
+        ex->avoid_replica = true;
+        start_attempt(ex);
+        return;
+    }
     set_outcome(ex, "upstream_error");
     if (ex->trips) record_attempt(ex, NULL);
     if (ex->head.complete && ex->head.status != 200 && !ex->timed_out) {
@@ -890,7 +905,10 @@ static void start_attempt(exchange *ex)
     bool has_prefix = ex->ch[LG_CH_REASONING].sent.len || ex->ch[LG_CH_CONTENT].sent.len;
 
     metrics_attempt(w->metrics, k);
-    size_t avoid = k > 1 && cfg->retry.elsewhere == LG_ELSEWHERE_AUTO ? ex->replica : SIZE_MAX;
+    size_t avoid = ex->avoid_replica || (k > 1 && cfg->retry.elsewhere == LG_ELSEWHERE_AUTO)
+                       ? ex->replica
+                       : SIZE_MAX;
+    ex->avoid_replica = false;
     ex->replica = pool_acquire(pool, avoid);
     ex->have_replica = true;
     lg_upstream_kind kind = pool_kind(pool, ex->replica);
