@@ -31,6 +31,17 @@ static char *path_in(const char *dir, const char *name)
     return p;
 }
 
+/* A log on dir/inc.jsonl in a fresh temporary dir (both paths malloc'd for rm_dir). */
+static incident_log *open_in_temp(char **dir, char **path, unsigned recent, size_t max)
+{
+    char err[256] = "";
+    *dir = temp_dir();
+    *path = path_in(*dir, "inc.jsonl");
+    incident_log *l = incident_log_open(*path, recent, max, err, sizeof err);
+    if (!l) fail_msg("%s", err);
+    return l;
+}
+
 static char *record(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static char *record(const char *fmt, ...)
 {
@@ -80,10 +91,8 @@ static void rm_dir(char *dir, char **files, size_t n)
 static void test_records_land_in_order(void **state)
 {
     (void)state;
-    char err[256] = "";
-    char *dir = temp_dir(), *path = path_in(dir, "inc.jsonl");
-    incident_log *l = incident_log_open(path, 10, 65536, err, sizeof err);
-    assert_non_null(l);
+    char *dir, *path;
+    incident_log *l = open_in_temp(&dir, &path, 10, 65536);
     for (int i = 0; i < 200; i++)
         incident_log_submit(l, record("{\"id\":%d}", i));
     incident_log_flush(l);
@@ -109,10 +118,9 @@ static void test_records_land_in_order(void **state)
 static void test_reopen_after_rename(void **state)
 {
     (void)state;
-    char err[256] = "";
-    char *dir = temp_dir(), *path = path_in(dir, "inc.jsonl"), *old = path_in(dir, "inc.jsonl.1");
-    incident_log *l = incident_log_open(path, 0, 65536, err, sizeof err);
-    assert_non_null(l);
+    char *dir, *path;
+    incident_log *l = open_in_temp(&dir, &path, 0, 65536);
+    char *old = path_in(dir, "inc.jsonl.1");
     incident_log_submit(l, record("{\"id\":\"before\"}"));
     incident_log_flush(l);
     assert_int_equal(rename(path, old), 0); /* logrotate */
@@ -166,10 +174,8 @@ static void test_full_disk_counted(void **state)
 static void test_unwritable_then_recovers(void **state)
 {
     (void)state;
-    char err[256] = "";
-    char *dir = temp_dir(), *path = path_in(dir, "inc.jsonl");
-    incident_log *l = incident_log_open(path, 0, 65536, err, sizeof err);
-    assert_non_null(l);
+    char *dir, *path;
+    incident_log *l = open_in_temp(&dir, &path, 0, 65536);
     assert_int_equal(unlink(path), 0);
     assert_int_equal(rmdir(dir), 0);
     incident_log_reopen(l);
@@ -213,10 +219,8 @@ static void test_concurrent_submitters_lose_nothing(void **state)
 {
     (void)state;
     enum { THREADS = 8, PER = QUEUE_MAX_RECORDS / THREADS };
-    char err[256] = "";
-    char *dir = temp_dir(), *path = path_in(dir, "inc.jsonl");
-    incident_log *l = incident_log_open(path, 50, 65536, err, sizeof err);
-    assert_non_null(l);
+    char *dir, *path;
+    incident_log *l = open_in_temp(&dir, &path, 50, 65536);
     pthread_t t[THREADS];
     submitter s[THREADS];
     for (int i = 0; i < THREADS; i++) {
@@ -306,10 +310,8 @@ static void test_stalled_disk_never_blocks_submitters(void **state)
 static void test_close_flushes(void **state)
 {
     (void)state;
-    char err[256] = "";
-    char *dir = temp_dir(), *path = path_in(dir, "inc.jsonl");
-    incident_log *l = incident_log_open(path, 0, 65536, err, sizeof err);
-    assert_non_null(l);
+    char *dir, *path;
+    incident_log *l = open_in_temp(&dir, &path, 0, 65536);
     for (int i = 0; i < 500; i++)
         incident_log_submit(l, record("{\"id\":%d}", i));
     incident_log_close(l);
@@ -324,10 +326,8 @@ static void test_close_flushes(void **state)
 static void test_oversized_records_are_cut(void **state)
 {
     (void)state;
-    char err[256] = "";
-    char *dir = temp_dir(), *path = path_in(dir, "inc.jsonl");
-    incident_log *l = incident_log_open(path, 10, 1024, err, sizeof err);
-    assert_non_null(l);
+    char *dir, *path;
+    incident_log *l = open_in_temp(&dir, &path, 10, 1024);
     /* 3000 bytes of 2-byte "é" in the excerpt, a shorter prompt, small fields. */
     char *ex = malloc(3001), *prompt = malloc(1501);
     for (int i = 0; i < 3000; i += 2)
