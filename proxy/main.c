@@ -133,6 +133,28 @@ static bool all_joined(lg_server *srv, bool *joined)
     return all;
 }
 
+/* Starts the worker of the separate admin listener (admin.listen). Returns 0 or -1. */
+static int start_admin(lg_server *srv, char *err, size_t errlen)
+{
+    const char *colon = strrchr(srv->cfg->admin.listen, ':');
+    char host[256];
+    snprintf(host, sizeof host, "%.*s", (int)(colon - srv->cfg->admin.listen),
+             srv->cfg->admin.listen);
+    int fd = worker_listen_socket(host, atoi(colon + 1), err, errlen);
+    if (fd < 0) return -1;
+    srv->admin = worker_new(srv, (int)srv->n_workers, fd, err, errlen);
+    if (!srv->admin) return -1;
+    srv->admin->admin_only = true;
+    if (worker_start(srv->admin) != 0) {
+        snprintf(err, errlen, "cannot start the admin listener");
+        worker_free(srv->admin);
+        srv->admin = NULL;
+        return -1;
+    }
+    fprintf(stderr, "loopguard: admin endpoints on %s\n", srv->cfg->admin.listen);
+    return 0;
+}
+
 /* Signal loop: returns when every worker has stopped. */
 static void serve_signals(lg_server *srv, const sigset_t *set)
 {
@@ -215,6 +237,7 @@ int main(int argc, char **argv)
         srv.workers[i] = worker_new(&srv, (int)i, fd, err, sizeof err);
         if (!srv.workers[i]) goto out;
     }
+    if (cfg->admin.listen && start_admin(&srv, err, sizeof err) != 0) goto out;
     for (size_t i = 0; i < srv.n_workers; i++, started++)
         if (worker_start(srv.workers[i]) != 0) {
             snprintf(err, sizeof err, "cannot start worker threads: %s", strerror(errno));
@@ -238,6 +261,12 @@ out:
         atomic_store(&srv.stopping, true);
         for (size_t i = 0; i < started; i++) worker_wake(srv.workers[i]);
         for (size_t i = 0; i < started; i++) worker_join(srv.workers[i]);
+    }
+    if (srv.admin) {
+        atomic_store(&srv.stopping, true);
+        worker_wake(srv.admin);
+        worker_join(srv.admin);
+        worker_free(srv.admin);
     }
     for (size_t i = 0; i < srv.n_workers; i++) worker_free(srv.workers[i]);
     free(srv.workers);

@@ -217,7 +217,13 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     if (url[0] != '/')
         return http_respond_error(conn, 400, "request target must be a path",
                                   "invalid_request_error", "bad_target");
-    if (is_admin_path(url)) return admin_handle(w, conn, url, method);
+    /* With a separate admin listener, each listener answers only its own paths. */
+    bool split = w->srv->admin != NULL;
+    if (is_admin_path(url) && (!split || w->admin_only))
+        return admin_handle(w, conn, url, method);
+    if (w->admin_only || is_admin_path(url))
+        return http_respond_error(conn, 404, "not found", "invalid_request_error",
+                                  "not_found");
     if (!http_client_authorized(w->srv->cfg, conn))
         return http_respond_error(conn, 401, "missing or invalid API key",
                                   "authentication_error", "invalid_api_key");

@@ -38,6 +38,7 @@ typedef struct lg_server {
     lg_pool *pool;
     lg_worker **workers;
     size_t n_workers;
+    lg_worker *admin; /* the separate admin listener's worker (admin.listen), or NULL */
     int port;                 /* the bound listening port */
     atomic_bool draining;     /* SIGTERM: stop accepting, let streams finish */
     atomic_bool stopping;     /* past the drain deadline: end everything */
@@ -86,6 +87,7 @@ typedef struct lg_xfer {
 struct lg_worker {
     lg_server *srv;
     int id;
+    bool admin_only; /* serves only /loopguard/ on the admin listener */
     pthread_t thread;
     int epfd;
     int listen_fd;
