@@ -90,6 +90,7 @@ typedef struct exchange {
     bool finished_gen; /* a finish_reason arrived */
     bool saw_done;
     bool trip_pending;
+    bool up_paused; /* the transfer is paused until the client drains `out` */
     bool timed_out;
     bool avoid_replica;       /* the next attempt must prefer another replica */
     unsigned connect_retries; /* attempts re-sent because a replica never answered */
@@ -769,7 +770,10 @@ static size_t on_write(char *data, size_t size, size_t n, void *ud)
         return len;
     }
     /* A slow client: stop reading the upstream until the output drains. */
-    if (ex->out.len >= EX_OUT_HIGH) return CURL_WRITEFUNC_PAUSE;
+    if (ex->out.len >= EX_OUT_HIGH) {
+        ex->up_paused = true;
+        return CURL_WRITEFUNC_PAUSE;
+    }
     int rc = sse_parser_feed(ex->sse, data, len);
     if (rc == SSE_ERR_TOO_BIG) {
         set_outcome(ex, "upstream_error");
@@ -967,7 +971,7 @@ static void start_attempt(exchange *ex)
     if (cont && ex->think_inline && ex->ch[LG_CH_CONTENT].sent.len == 0)
         ex->think = think_new(true);
     ex->tokens = ex->tokens_after_trip = 0;
-    ex->first_byte = ex->finished_gen = ex->saw_done = ex->timed_out = false;
+    ex->first_byte = ex->finished_gen = ex->saw_done = ex->timed_out = ex->up_paused = false;
     ex->attempt_start_ns = ex->last_event_ns = w->now_ns;
 
     char url[2048];
@@ -1009,8 +1013,10 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
         metrics_added_latency(w->metrics, seconds_since(ex->out_since_ns, now));
         ex->out_since_ns = now;
         ex->last_out_ns = now;
-        if (ex->out.len < EX_OUT_HIGH / 2 && ex->easy)
+        if (ex->up_paused && ex->out.len < EX_OUT_HIGH / 2 && ex->easy) {
+            ex->up_paused = false;
             curl_easy_pause(ex->easy, CURLPAUSE_CONT); /* may deliver data right here */
+        }
         return (ssize_t)k;
     }
     if (ex->ended) return MHD_CONTENT_READER_END_OF_STREAM;
