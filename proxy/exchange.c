@@ -1015,6 +1015,7 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
         ex->last_out_ns = now;
         if (ex->up_paused && ex->out.len < EX_OUT_HIGH / 2 && ex->easy) {
             ex->up_paused = false;
+            ex->last_event_ns = w->now_ns; /* time paused for the client is not idle time */
             curl_easy_pause(ex->easy, CURLPAUSE_CONT); /* may deliver data right here */
         }
         return (ssize_t)k;
@@ -1152,8 +1153,10 @@ static void ex_tick(lg_req *base, uint64_t now)
     if (ex->easy) {
         uint64_t fb = (uint64_t)cfg->timeouts.first_byte_ms * 1000000ull;
         uint64_t idle = (uint64_t)cfg->timeouts.idle_ms * 1000000ull;
-        if ((!ex->first_byte && fb && now - ex->attempt_start_ns > fb) ||
-            (ex->first_byte && idle && now - ex->last_event_ns > idle)) {
+        if ((!ex->first_byte && fb && now > ex->attempt_start_ns &&
+             now - ex->attempt_start_ns > fb) ||
+            (ex->first_byte && idle && !ex->up_paused && now > ex->last_event_ns &&
+             now - ex->last_event_ns > idle)) {
             ex->timed_out = true;
             abort_attempt(ex);
             attempt_failed(ex, CURLE_OPERATION_TIMEDOUT);
