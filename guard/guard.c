@@ -43,6 +43,7 @@ typedef struct gseg {
     uint64_t hash;
     uint64_t start, end; /* absolute offsets of the segment's text */
     bool seen;           /* its hash was already in the window when it arrived */
+    bool prose;
 } gseg;
 
 typedef struct gtri {
@@ -236,10 +237,10 @@ static uint32_t need_for(uint32_t period, double repeats, uint32_t min_bytes)
 
 /* Classifies the unit u[0..n) (any rotation gives the same answer). O(n); runs once per
  * candidate, when its tail first reaches the plain threshold. */
-static guard_rclass classify(const unsigned char *u, size_t n)
+static guard_rclass classify(const unsigned char *u, size_t n, bool *codep)
 {
     size_t letters = 0, hexletters = 0, digits = 0, spaces = 0, nl = 0, commas = 0, pipes = 0;
-    size_t other = 0, loud = 0, wide = 0, words = 0, prose_end = 0;
+    size_t code = 0, loud = 0, wide = 0, words = 0, prose_end = 0;
     bool in_word = false;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = u[i];
@@ -271,12 +272,15 @@ static guard_rclass classify(const unsigned char *u, size_t n)
             if (!(c == 0xE2 && c1 >= 0x94 && c1 <= 0x96) &&
                 !(c == 0xEF && c1 == 0xBF && c2 == 0xBD))
                 wide++;
-        } else if (c < 0x80) {
-            other++;
+        } else if (strchr("=(){}[]<>;_\\`&@", c)) {
+            code++;
+        } else if (c == '.' && ((u[(i + 1) % n] | 0x20) >= 'a' && (u[(i + 1) % n] | 0x20) <= 'z')) {
+            code++; /* member access: "MachineState.START" */
         }
         if (wordc && !in_word && (c | 0x20) >= 'a' && (c | 0x20) <= 'z') words++;
         in_word = wordc;
     }
+    *codep = code * 50 >= n; /* at least 2% code characters */
     if (pipes) return GR_TABLE;
     if (!letters && !wide) {
         if (digits) return GR_DATA;
@@ -290,6 +294,7 @@ static guard_rclass classify(const unsigned char *u, size_t n)
         bool prose = prose_end == nl && words >= 3 && (letters + spaces) * 10 >= body * 8;
         return prose || wide ? GR_NORMAL : GR_LINE;
     }
+    if (*codep) return GR_CODE;
     if (!spaces && !wide && !loud) return GR_BLOB;
     if (commas && words <= 1 && n <= 24) return GR_ITEM;
     return GR_NORMAL;
@@ -301,7 +306,8 @@ static uint32_t judge(const guard *g, const gcand *c)
     const guard_params *p = g->p;
     uint64_t end = g->fed;
     const unsigned char *u = g->buf + (end - c->period - g->base);
-    guard_rclass cls = classify(u, c->period);
+    bool code;
+    guard_rclass cls = classify(u, c->period, &code);
     /* The period table counts characters, not bytes: "。" is one character repeated. */
     uint32_t chars = 0;
     for (uint32_t i = 0; i < c->period; i++)
@@ -309,8 +315,10 @@ static uint32_t judge(const guard *g, const gcand *c)
     double reps = steps_repeats(p, chars ? chars : 1);
     uint32_t minb = p->repeat.min_bytes;
     /* A class's own thresholds hold up to its max_period (0: any period); past it, a
-     * long block of code is judged like prose. */
-    if (!p->repeat.cls[cls].max_period || chars <= p->repeat.cls[cls].max_period) {
+     * long block is judged as code, or as prose when it has no code characters. */
+    if (p->repeat.cls[cls].max_period && chars > p->repeat.cls[cls].max_period)
+        cls = code ? GR_CODE : GR_NORMAL;
+    {
         if (p->repeat.cls[cls].min_repeats > reps) reps = p->repeat.cls[cls].min_repeats;
         if (p->repeat.cls[cls].min_bytes > minb) minb = p->repeat.cls[cls].min_bytes;
     }
@@ -468,23 +476,7 @@ enum { BC_LETTER = 1, BC_CODE = 2 };
 static unsigned char byte_class(unsigned char c)
 {
     if (((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c >= 0x80) return BC_LETTER;
-    switch (c) {
-    case '=':
-    case '{':
-    case '}':
-    case '[':
-    case ']':
-    case '<':
-    case '>':
-    case '\\':
-    case '|':
-    case '`':
-    case ';':
-    case '_':
-        return BC_CODE;
-    default:
-        return 0;
-    }
+    return c && strchr("={}[]<>\\|`;_@", c) ? BC_CODE : 0;
 }
 
 static inline uint64_t fnv(uint64_t h, unsigned char c)
@@ -504,7 +496,8 @@ static inline uint64_t mix(uint64_t x)
  * segment, short ones too (they are what lies between the repeats); only a prose sentence
  * of min_segment_bytes can trigger, because code repeats lines on purpose. Returns true on
  * a trip. */
-static bool lines_check(guard *g, uint64_t h, uint64_t start, uint64_t end, bool prose)
+static bool lines_check(guard *g, uint64_t h, uint64_t start, uint64_t end, bool trigger,
+                        bool prose)
 {
     const guard_params *p = g->p;
     unsigned w = p->lines.window;
@@ -522,16 +515,19 @@ static bool lines_check(guard *g, uint64_t h, uint64_t start, uint64_t end, bool
     s->start = start;
     s->end = end;
     s->seen = nocc > 0;
+    s->prose = prose;
     g->nsegs++;
-    if (!prose || nocc < need) return false;
-    /* The span from the oldest of those occurrences to now must be made of returns. */
+    if (!trigger || nocc < need) return false;
+    /* The span from the oldest of those occurrences to now must be made of returns, and
+     * of prose at least half: doctests repeat their error messages between code. */
     uint64_t from = occ[need - 1];
-    unsigned seen = 0, total = 0;
+    unsigned seen = 0, prosy = 0, total = 0;
     for (uint64_t k = from; k < g->nsegs; k++) {
         total++;
         seen += g->segs[k % w].seen;
+        prosy += g->segs[k % w].prose;
     }
-    if ((double)seen < p->lines.min_repeat_ratio * total) return false;
+    if ((double)seen < p->lines.min_repeat_ratio * total || prosy * 2 < total) return false;
     set_unit(g, start, end);
     trip(g, "lines", g->segs[from % w].start, g->fed, nocc + 1);
     return true;
@@ -595,7 +591,7 @@ static bool seg_end(guard *g, uint64_t end)
     g->seg_gap = false;
     g->nsw = 0;
     if (p->lines.enabled && ok &&
-        lines_check(g, h, start, end, sentence && len >= p->lines.min_segment_bytes))
+        lines_check(g, h, start, end, sentence && len >= p->lines.min_segment_bytes, prose))
         return true;
     if (p->novelty.enabled)
         for (unsigned i = 0; i < nw; i++)

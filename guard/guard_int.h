@@ -21,6 +21,7 @@ typedef enum {
     GR_LINE,  /* whole lines of code: "assert f(1) == 1\n", "    None,\n" */
     GR_TABLE, /* anything with a '|': "| yes | no |\n", "| --- " */
     GR_BLOB,  /* one token with no spaces: base64 "AAAA", "xxxxxxxx" */
+    GR_CODE,  /* code punctuation: "), POINTER(BIGNUM", "<td>&nbsp;</td>", blocks */
     GR_COUNT,
 } guard_rclass;
 

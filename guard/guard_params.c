@@ -32,7 +32,7 @@ static char *xstrdup(const char *s)
 const char *guard_rclass_name(guard_rclass c)
 {
     static const char *const names[GR_COUNT] = {"normal", "rule",  "data", "item",
-                                                "line",   "table", "blob"};
+                                                "line",   "table", "blob", "code"};
     return c < GR_COUNT ? names[c] : "?";
 }
 
@@ -63,7 +63,7 @@ guard_params *guard_params_new(lg_channel ch)
     static const struct {
         uint32_t max_period;
         double repeats;
-    } steps[] = {{1, 48}, {2, 32}, {4, 20}, {8, 14}, {16, 9}, {32, 6}, {64, 4}, {2048, 3}};
+    } steps[] = {{1, 160}, {2, 32}, {4, 20}, {8, 14}, {16, 9}, {32, 6}, {64, 4}, {2048, 3}};
     static const struct {
         uint32_t min_bytes;
         double min_repeats;
@@ -71,7 +71,7 @@ guard_params *guard_params_new(lg_channel ch)
     } cls[GR_COUNT] = {
         [GR_NORMAL] = {0, 0, 0},    [GR_RULE] = {4096, 0, 0},     [GR_DATA] = {4096, 0, 0},
         [GR_ITEM] = {1024, 128, 0}, [GR_LINE] = {2048, 128, 160}, [GR_TABLE] = {2048, 64, 160},
-        [GR_BLOB] = {2048, 64, 0},
+        [GR_BLOB] = {2048, 64, 0},  [GR_CODE] = {256, 8, 0},
     };
     guard_params *p = xcalloc(1, sizeof(*p));
     p->ch = ch;
@@ -99,8 +99,8 @@ guard_params *guard_params_new(lg_channel ch)
     p->lines.min_repeat_ratio = 0.9;
 
     p->novelty.enabled = true;
-    p->novelty.window = 128;
-    p->novelty.min_ratio = 0.05;
+    p->novelty.window = 160;
+    p->novelty.min_ratio = 0.03;
     p->novelty.memory_words = 256;
 
     p->rule_max_match_bytes = 256;
