@@ -275,8 +275,9 @@ static void test_stalled_disk_never_blocks_submitters(void **state)
     assert_int_equal(mkfifo(path, 0600), 0);
     incident_log *l = incident_log_open(path, 0, 1 << 20, err, sizeof err);
     assert_non_null(l);
-    /* 100 KiB records: the pipe (64 KiB) is full after the first. */
-    size_t big = 100 * 1024, total = QUEUE_MAX_RECORDS + 50;
+    /* 1 KiB records: the pipe (64 KiB by default, at most 1 MiB) soon fills; the queue then
+     * fills to its record cap and the rest must be dropped. */
+    size_t big = 1024, total = 3 * QUEUE_MAX_RECORDS, pipe_max = (1 << 20) / big;
     char *pad = malloc(big);
     memset(pad, 'x', big - 1);
     pad[big - 1] = '\0';
@@ -286,14 +287,15 @@ static void test_stalled_disk_never_blocks_submitters(void **state)
         incident_log_submit(l, record("{\"i\":%zu,\"pad\":\"%s\"}", i, pad));
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    assert_true(secs < 10.0); /* nothing waited for the reader (it never existed) */
+    assert_true(secs < 30.0); /* nothing waited for the reader (there was none); generous
+                                 for valgrind */
     incident_stats st;
     incident_log_stats(l, &st);
     assert_int_equal(st.submitted, total);
-    /* The byte cap (32 MiB) bounds the queue long before the record cap; the writer holds
-     * at most one more queue's worth in the batch it is stuck on. */
-    assert_true(st.dropped >= total - 2 * (QUEUE_MAX_BYTES / big) - 2);
-    assert_int_equal(st.written, 0);
+    /* Besides what the pipe took, the queue holds at most QUEUE_MAX_RECORDS and the writer
+     * one more queue's worth in the batch it is stuck on. */
+    assert_true(st.dropped >= total - 2 * QUEUE_MAX_RECORDS - pipe_max);
+    assert_true(st.written <= pipe_max);
 
     drain d = {path, 0};
     pthread_t reader;
