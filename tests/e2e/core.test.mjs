@@ -1,0 +1,642 @@
+// End-to-end tests of the proxy core (issue 2) through the real loopguard binary and the
+// fake upstream: a clean stream passes event-for-event and byte-for-byte in every dialect,
+// a whole request comes back equal in meaning to the upstream's own answer, pass-through
+// paths are transparent, the upstream kind is probed, a client that hangs up stops the
+// generation upstream, and every documented error has its status and OpenAI shape.
+// The reference for "what the upstream sent" is always a second, direct request to the fake
+// with the very body loopguard sent (taken from the fake's request record).
+
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import net from 'node:net';
+import { performance } from 'node:perf_hooks';
+import {
+    startFake,
+    startLoopguard,
+    runLoopguard,
+    request,
+    chat,
+    rawStream,
+    streamUntil,
+    sse,
+    sseData,
+    sseJSON,
+    assembleDeltas,
+    normIds,
+    metrics,
+    metricValue,
+    waitFor,
+    sleep,
+    tmpFile,
+    isSanitizerBuild,
+} from './lib.mjs';
+
+const T = { timeout: isSanitizerBuild ? 60000 : 20000 };
+const SLACK = isSanitizerBuild ? 2 : 1; // time factor for the slower sanitizer build
+const MSG = [{ role: 'user', content: 'Say something useful please' }];
+
+// The request record of the newest chat/completion request that reached the fake.
+async function lastUpstreamRequest(fake, path = '/v1/chat/completions') {
+    const reqs = await fake.requests(path);
+    assert.ok(reqs.length > 0, `no ${path} request reached the fake`);
+    return reqs[reqs.length - 1];
+}
+
+// Replays the body loopguard sent upstream directly to the fake: the bytes a client would
+// have got without loopguard. `created` may tick between the two; vLLM/OpenAI ids are
+// random per request (SGLang's are the rid, so equal) — both are normalised when asked.
+async function replay(fake, rec, { ids = false } = {}) {
+    const r = await rawStream(fake.url + rec.path, rec.body);
+    assert.equal(r.status, 200);
+    let t = r.text.replace(/"created":\d+/g, '"created":0');
+    if (ids) t = normIds(t);
+    return t;
+}
+const normCreated = (t) => t.replace(/"created":\d+/g, '"created":0');
+
+// Drops the usage-only event(s) of an SSE body (what a client that did not ask for usage
+// must not see); keeps every other byte.
+function withoutUsageEvent(text) {
+    return sse(text)
+        .filter((e) => {
+            if (e.data === '[DONE]') return true;
+            const j = JSON.parse(e.data);
+            return !(Array.isArray(j.choices) && j.choices.length === 0 && j.usage);
+        })
+        .map((e) => e.raw)
+        .join('');
+}
+
+const KINDS = {
+    sglang: ['sglang', 'sglang-pydantic', 'sglang-old'],
+    vllm: ['vllm', 'vllm-old', 'vllm-both'],
+    openai: ['openai'],
+};
+const CONTENT = ['The answer is forty two, ', 'as everyone knows.\n', 'Ask again tomorrow.'];
+const REASONING = ['First I consider the question. ', 'Then I recall the book.'];
+
+function reasoningOf(msg) {
+    return msg.reasoning_content || msg.reasoning || '';
+}
+
+for (const [kind, dialects] of Object.entries(KINDS)) {
+    describe(`dialects of a ${kind} upstream`, () => {
+        let fake, lg;
+        before(async () => {
+            fake = await startFake({ kind });
+            lg = await startLoopguard({ upstream: fake.url });
+        });
+        after(async () => {
+            await lg?.stop();
+            await fake?.stop();
+        });
+
+        for (const dialect of dialects) {
+            const ids = kind !== 'sglang';
+            for (const usage of [false, true]) {
+                it(`${dialect}: clean content stream byte-for-byte (client usage ${usage})`, T, async () => {
+                    await fake.setScenario({ dialect, responses: [{ content: CONTENT }] });
+                    const body = { model: 'm1', messages: MSG, stream: true };
+                    if (usage) body.stream_options = { include_usage: true };
+                    const r = await rawStream(lg.url + '/v1/chat/completions', body);
+                    assert.equal(r.status, 200, r.text);
+                    assert.match(r.headers['content-type'], /^text\/event-stream/);
+                    const rec = await lastUpstreamRequest(fake);
+                    assert.equal(rec.body.stream, true);
+                    assert.equal(rec.body.stream_options.include_usage, true, 'upstream always asked for usage');
+                    let direct = await replay(fake, rec, { ids });
+                    if (!usage) direct = withoutUsageEvent(direct);
+                    let got = normCreated(r.text);
+                    if (ids) got = normIds(got);
+                    assert.equal(got, direct);
+                    const events = sseJSON(r.text);
+                    assert.equal(events.some((e) => e.usage), usage, 'usage chunk only when asked');
+                    assert.equal(assembleDeltas(events).content, CONTENT.join(''));
+                });
+            }
+
+            it(`${dialect}: stream with reasoning, event-for-event, same meaning`, T, async () => {
+                const scen = { dialect, responses: [{ reasoning: kind === 'openai' ? [] : REASONING, content: CONTENT }] };
+                await fake.setScenario(scen);
+                const body = { model: 'm1', messages: MSG, stream: true, stream_options: { include_usage: true } };
+                const r = await rawStream(lg.url + '/v1/chat/completions', body);
+                assert.equal(r.status, 200, r.text);
+                const rec = await lastUpstreamRequest(fake);
+                const direct = await replay(fake, rec);
+                const a = sseJSON(r.text);
+                const b = sseJSON(direct);
+                assert.equal(a.length, b.length, 'same number of events');
+                const ga = assembleDeltas(a);
+                const gb = assembleDeltas(b);
+                assert.equal(ga.content, gb.content);
+                assert.equal(ga.content, CONTENT.join(''));
+                assert.equal(ga.reasoning_content, kind === 'openai' ? '' : REASONING.join(''), 'default output mode: reasoning_content');
+                assert.equal(ga.finish_reason, gb.finish_reason);
+                assert.deepEqual(ga.usage, gb.usage);
+                assert.equal(sseData(r.text).at(-1), '[DONE]');
+            });
+
+            it(`${dialect}: whole request equal in meaning to the upstream's own answer`, T, async () => {
+                await fake.setScenario({
+                    dialect,
+                    responses: [
+                        {
+                            reasoning: kind === 'openai' ? [] : REASONING,
+                            content: CONTENT,
+                            tool_calls: [{ name: 'lookup', arguments: '{"q": "forty two", "n": 3}' }],
+                        },
+                    ],
+                });
+                const body = { model: 'm1', messages: MSG, tools: [{ type: 'function', function: { name: 'lookup', parameters: {} } }] };
+                const r = await chat(lg.url + '/v1/chat/completions', body);
+                assert.equal(r.status, 200, r.text);
+                assert.match(r.headers['content-type'], /^application\/json/);
+                const got = r.json();
+                const rec = await lastUpstreamRequest(fake);
+                assert.equal(rec.body.stream, true, 'a whole request is still streamed from the upstream');
+                const own = (await chat(fake.url + '/v1/chat/completions', { ...rec.body, stream: false, stream_options: undefined })).json();
+                assert.equal(got.object, 'chat.completion');
+                assert.equal(got.model, own.model);
+                const gm = got.choices[0].message,
+                    om = own.choices[0].message;
+                assert.equal(gm.role, 'assistant');
+                assert.equal(gm.content, om.content);
+                assert.equal(reasoningOf(gm), reasoningOf(om));
+                if (kind !== 'openai') assert.equal(gm.reasoning_content, REASONING.join(''));
+                assert.equal(gm.tool_calls.length, 1);
+                assert.equal(gm.tool_calls[0].type, 'function');
+                assert.equal(gm.tool_calls[0].function.name, om.tool_calls[0].function.name);
+                assert.equal(gm.tool_calls[0].function.arguments, om.tool_calls[0].function.arguments);
+                // The call id is the upstream's (call_<hex> on SGLang, chatcmpl-tool-<hex> on vLLM).
+                assert.equal(gm.tool_calls[0].id.replace(/[0-9a-f]{8,}$/, ''), om.tool_calls[0].id.replace(/[0-9a-f]{8,}$/, ''));
+                assert.notEqual(gm.tool_calls[0].id, '');
+                assert.equal(got.choices[0].finish_reason, own.choices[0].finish_reason);
+                assert.equal(got.choices[0].finish_reason, 'tool_calls');
+                for (const k of ['prompt_tokens', 'completion_tokens', 'total_tokens']) assert.equal(got.usage[k], own.usage[k], `usage.${k}`);
+            });
+        }
+
+        it(`${kind}: text completion stream byte-for-byte and whole equal in meaning`, T, async () => {
+            await fake.setScenario({ dialect: dialects[0], responses: [{ content: CONTENT }] });
+            const body = { model: 'm1', prompt: 'Once upon a time', stream: true };
+            const r = await rawStream(lg.url + '/v1/completions', body);
+            assert.equal(r.status, 200, r.text);
+            const rec = await lastUpstreamRequest(fake, '/v1/completions');
+            const direct = withoutUsageEvent(await replay(fake, rec, { ids: kind !== 'sglang' }));
+            let got = normCreated(r.text);
+            if (kind !== 'sglang') got = normIds(got);
+            assert.equal(got, direct);
+
+            const w = await chat(lg.url + '/v1/completions', { model: 'm1', prompt: 'Once upon a time', max_tokens: 4 });
+            assert.equal(w.status, 200, w.text);
+            const wj = w.json();
+            const wrec = await lastUpstreamRequest(fake, '/v1/completions');
+            const own = (await chat(fake.url + '/v1/completions', { ...wrec.body, stream: false, stream_options: undefined })).json();
+            assert.equal(wj.object, 'text_completion');
+            assert.equal(wj.choices[0].text, own.choices[0].text);
+            assert.equal(wj.choices[0].finish_reason, 'length');
+            assert.equal(wj.usage.completion_tokens, own.usage.completion_tokens);
+        });
+    });
+}
+
+describe('pass-through', () => {
+    let fake, lg;
+    before(async () => {
+        fake = await startFake({ kind: 'sglang' });
+        lg = await startLoopguard({ upstream: fake.url });
+    });
+    after(async () => {
+        await lg?.stop();
+        await fake?.stop();
+    });
+
+    for (const p of ['/v1/models', '/health', '/metrics', '/get_model_info', '/get_server_info', '/nope/not-here']) {
+        it(`GET ${p} arrives as the upstream sent it`, T, async () => {
+            const a = await request(lg.url + p);
+            const b = await request(fake.url + p);
+            assert.equal(a.status, b.status);
+            assert.equal(a.headers['content-type'], b.headers['content-type']);
+            // /metrics counts requests, so only its shape can be compared.
+            if (p === '/metrics') assert.match(a.text, /^fake_requests_total/m);
+            else assert.equal(a.text, b.text);
+        });
+    }
+
+    it('POST /generate (SGLang native) streams through unchanged', T, async () => {
+        await fake.setScenario({ responses: [{ reasoning: ['hmm '], content: ['ok ', 'done'] }] });
+        const body = { text: 'hello', sampling_params: { max_new_tokens: 16 }, stream: true, rid: 'gen-rid-1' };
+        const a = await rawStream(lg.url + '/generate', body);
+        const rec = await lastUpstreamRequest(fake, '/generate');
+        assert.deepEqual(rec.body, body, '/generate body untouched (no rid rewrite, no stream_options)');
+        const b = await rawStream(fake.url + '/generate', { ...body, rid: 'gen-rid-2' });
+        assert.equal(a.status, 200);
+        const strip = (t) => t.replace(/"e2e_latency":[0-9.e-]+/g, '').replace(/gen-rid-\d/g, 'R');
+        assert.equal(strip(a.text), strip(b.text));
+    });
+
+    it('echo: method, query string exactly, end-to-end headers and Authorization forwarded', T, async () => {
+        const q = '?a=1&b=%20x&c=&a=2&d=%2F&e=%E2%9C%93&f';
+        const r = await request(lg.url + '/_fake/echo' + q, {
+            method: 'PUT',
+            headers: {
+                Authorization: 'Bearer sk-secret-123',
+                'X-Custom': 'one',
+                'Content-Type': 'text/plain',
+                Connection: 'keep-alive, X-Hop',
+                'X-Hop': 'must-not-pass',
+                'Keep-Alive': 'timeout=5',
+                TE: 'trailers',
+                'Proxy-Connection': 'keep-alive',
+                Upgrade: 'websocket',
+            },
+            body: 'payload \u2713',
+        });
+        assert.equal(r.status, 200, r.text);
+        const e = r.json();
+        assert.equal(e.method, 'PUT');
+        assert.equal(e.path, '/_fake/echo');
+        assert.equal('?' + e.query, q);
+        assert.equal(e.body, 'payload \u2713');
+        assert.equal(e.headers.authorization, 'Bearer sk-secret-123');
+        assert.equal(e.headers['x-custom'], 'one');
+        assert.equal(e.headers['content-type'], 'text/plain');
+        for (const h of ['x-hop', 'keep-alive', 'te', 'proxy-connection', 'upgrade'])
+            assert.equal(e.headers[h], undefined, `hop-by-hop header ${h} forwarded`);
+        assert.ok(!/x-hop/i.test(e.headers.connection || ''), 'Connection tokens forwarded');
+        assert.doesNotMatch(lg.stderr(), /sk-secret-123/, 'Authorization never logged');
+    });
+
+    it('an 8 MiB chunked request body streams to the upstream intact', T, async () => {
+        const size = 8 << 20;
+        const block = Buffer.alloc(65536);
+        for (let i = 0; i < block.length; i++) block[i] = 97 + ((i * 7 + (i >> 9)) % 26);
+        // Every block starts with its offset in hex: a reordered or lost block shows.
+        const blockAt = (off) => {
+            const b = Buffer.from(block);
+            b.write(off.toString(16).padStart(8, '0'), 0, 'latin1');
+            return b;
+        };
+        async function* gen() {
+            for (let off = 0; off < size; off += block.length) yield blockAt(off);
+        }
+        const parts = [];
+        for (let off = 0; off < size; off += block.length) parts.push(blockAt(off));
+        const expected = Buffer.concat(parts).toString('latin1');
+        const r = await request(lg.url + '/_fake/echo', { method: 'POST', body: gen(), headers: { 'content-type': 'application/octet-stream' }, timeout: 30000 });
+        assert.equal(r.status, 200, r.text.slice(0, 300));
+        const e = r.json();
+        assert.equal(e.headers['transfer-encoding'] || e.headers['content-length'] !== undefined ? 'ok' : 'none', 'ok');
+        assert.equal(e.body.length, size);
+        assert.ok(e.body === expected, 'echoed body differs');
+    });
+
+    // The fake's /_fake/bytes stops after 262144 bytes and hangs (fake bug, reported), so
+    // stay below that.
+    it('a large response streams back intact', T, async () => {
+        const r = await request(lg.url + '/_fake/bytes?n=250000');
+        assert.equal(r.status, 200);
+        assert.equal(r.headers['content-length'], '250000');
+        assert.equal(r.body.length, 250000);
+        assert.ok(r.body.every((c) => c === 0x78));
+    });
+
+    // The fake answers HEAD /_fake/echo with a body (a fake bug: node's parser rejects the
+    // direct answer), so only loopguard's side is checked: the status and length of the
+    // echo, no body.
+    it('HEAD is forwarded as HEAD and gets headers without a body', T, async () => {
+        const a = await request(lg.url + '/_fake/echo?h=1', { method: 'HEAD' });
+        assert.equal(a.status, 200);
+        assert.equal(a.body.length, 0);
+        assert.ok(Number(a.headers['content-length']) > 0, 'content-length of the GET-equivalent body kept');
+        const g = await request(lg.url + '/_fake/echo?h=1', { method: 'GET' });
+        assert.equal(g.json().method, 'GET');
+    });
+
+    it('own endpoints: health, metrics count requests by endpoint and status', T, async () => {
+        const h = await request(lg.url + '/loopguard/health');
+        assert.equal(h.status, 200);
+        const before = await metrics(lg.url);
+        const c0 = metricValue(before, 'loopguard_requests_total');
+        await chat(lg.url + '/v1/chat/completions', { messages: MSG });
+        await chat(lg.url + '/v1/chat/completions', { messages: 'x' });
+        const m = await metrics(lg.url);
+        assert.ok(metricValue(m, 'loopguard_requests_total') >= c0 + 2);
+        assert.ok([...m.keys()].some((k) => k.startsWith('loopguard_requests_total{') && /"400"/.test(k)), 'a 400 is counted by status');
+        assert.ok(m.has('loopguard_active_streams'));
+        assert.ok([...m.keys()].some((k) => k.startsWith('loopguard_upstream_ttfb_seconds_bucket')));
+        assert.ok([...m.keys()].some((k) => k.startsWith('loopguard_added_latency_seconds_bucket')));
+    });
+});
+
+describe('upstream kind', () => {
+    const fakes = [];
+    const lgs = [];
+    after(async () => {
+        for (const l of lgs) await l.stop();
+        for (const f of fakes) await f.stop();
+    });
+    async function pair(kind, lgOpts = {}, scenario) {
+        const f = await startFake({ kind, scenario });
+        fakes.push(f);
+        const l = await startLoopguard({ upstream: f.url, ...lgOpts });
+        lgs.push(l);
+        return [f, l];
+    }
+    const LOOP = {
+        responses: [
+            { match: { fields: { presence_penalty: null } }, content: ['Fine: ', { repeat: 'lambda ', times: -1 }] },
+            { content: ['A clean answer after all.'] },
+        ],
+    };
+
+    for (const [kind, rid] of [
+        ['sglang', true],
+        ['vllm', false],
+        ['openai', false],
+    ]) {
+        it(`auto probe: ${kind} ${rid ? 'gets' : 'never gets'} rid; repetition_penalty ${kind === 'openai' ? 'never' : 'reaches it'} on retry`, T, async () => {
+            const [f, l] = await pair(kind, { config: { retry: { max_attempts: 2, ladder: [{ presence_penalty: 1.0, repetition_penalty: 1.1 }] } } }, { dialect: kind === 'sglang' ? 'sglang' : 'openai', ...LOOP });
+            const r = await chat(l.url + '/v1/chat/completions', { messages: MSG, temperature: 0.6, max_tokens: 400 });
+            assert.equal(r.status, 200, r.text);
+            assert.equal(r.json().choices[0].message.content, 'A clean answer after all.');
+            const reqs = await f.requests('/v1/chat/completions');
+            assert.equal(reqs.length, 2, 'one retry after the loop');
+            for (const q of reqs) assert.equal('rid' in q.body, rid, `rid in ${JSON.stringify(q.body)}`);
+            assert.equal(reqs[1].body.presence_penalty, 1.0);
+            if (kind === 'openai') assert.equal(reqs[1].body.repetition_penalty, undefined);
+            else assert.equal(reqs[1].body.repetition_penalty, 1.1);
+        });
+    }
+
+    it('--upstream-kind overrides the probe (sglang server driven as vllm: no rid)', T, async () => {
+        const [f, l] = await pair('sglang', { kind: 'vllm' });
+        const r = await chat(l.url + '/v1/chat/completions', { messages: MSG, stream: true });
+        assert.equal(r.status, 200);
+        const q = await lastUpstreamRequest(f);
+        assert.equal(q.body.rid, undefined);
+        assert.equal((await f.requests('/get_model_info')).length, 0, 'no probe when the kind is given');
+    });
+});
+
+describe('client disconnect', () => {
+    let fake, lg, vfake, vlg;
+    const FOREVER = { pace_ms: 10, responses: [{ content: [{ varied: -1, seed: 7 }] }] };
+    before(async () => {
+        fake = await startFake({ kind: 'sglang', scenario: FOREVER });
+        lg = await startLoopguard({ upstream: fake.url });
+        vfake = await startFake({ kind: 'vllm', scenario: FOREVER });
+        vlg = await startLoopguard({ upstream: vfake.url });
+    });
+    after(async () => {
+        await lg?.stop();
+        await fake?.stop();
+        await vlg?.stop();
+        await vfake?.stop();
+    });
+
+    it('sglang: stream client hangs up -> upstream closed within 1 s and POST /abort_request {rid}', T, async () => {
+        await fake.reset();
+        const s = await streamUntil(lg.url + '/v1/chat/completions', { messages: MSG, stream: true, max_tokens: 100000 }, { until: (t) => sse(t).length >= 5 });
+        assert.equal(s.status, 200);
+        assert.ok(s.closedAt);
+        const gen = await fake.waitRecord((r) => r.kind === 'generation', 1000 * SLACK + 500);
+        const took = performance.now() - s.closedAt;
+        assert.ok(took < 1000 * SLACK, `generation ended ${took.toFixed(0)} ms after the hang-up`);
+        assert.ok(gen.client_gone || gen.aborted, JSON.stringify(gen));
+        assert.ok(gen.tokens_sent < 300, `the GPU kept going: ${gen.tokens_sent} tokens`);
+        const rec = await lastUpstreamRequest(fake);
+        const ab = await fake.waitRecord((r) => r.kind === 'abort', 1000 * SLACK);
+        assert.equal(ab.rid, rec.rid);
+        assert.ok(typeof rec.rid === 'string' && rec.rid.length > 0);
+    });
+
+    it('sglang: whole client hangs up -> the generation stops within ~1 s', T, async () => {
+        await fake.reset();
+        const sock = net.connect(lg.port, '127.0.0.1');
+        await new Promise((r) => sock.on('connect', r));
+        const body = JSON.stringify({ messages: MSG, max_tokens: 100000 });
+        sock.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
+        await fake.waitRecord((r) => r.kind === 'request' && r.path === '/v1/chat/completions', 2000);
+        await sleep(200);
+        const at = performance.now();
+        sock.destroy();
+        const gen = await fake.waitRecord((r) => r.kind === 'generation', 2000 * SLACK + 1000);
+        const took = performance.now() - at;
+        // The connection is suspended while loopguard waits for upstream events, so it
+        // notices the hang-up at its next wake-up; the issue gives it a second.
+        assert.ok(took < 1500 * SLACK, `generation ended ${took.toFixed(0)} ms after the hang-up`);
+        assert.ok(gen.client_gone || gen.aborted);
+    });
+
+    it('vllm: hang-up closes the upstream transfer within 1 s, no /abort_request', T, async () => {
+        await vfake.reset();
+        const s = await streamUntil(vlg.url + '/v1/chat/completions', { messages: MSG, stream: true, max_tokens: 100000 }, { until: (t) => sse(t).length >= 5 });
+        const gen = await vfake.waitRecord((r) => r.kind === 'generation', 2000 * SLACK);
+        assert.ok(performance.now() - s.closedAt < 1000 * SLACK);
+        assert.ok(gen.client_gone, JSON.stringify(gen));
+        await sleep(100);
+        assert.equal((await vfake.requests('/abort_request')).length, 0);
+    });
+});
+
+function assertOpenAIError(r, status) {
+    assert.equal(r.status, status, r.text);
+    assert.match(r.headers['content-type'] || '', /json/);
+    const e = r.json().error;
+    assert.ok(e, `no error object: ${r.text}`);
+    assert.equal(typeof e.message, 'string');
+    assert.ok(e.message.length > 0);
+    assert.equal(typeof e.type, 'string');
+    assert.ok('code' in e);
+    return e;
+}
+
+// A port on which nothing listens (bound, then closed at once).
+async function deadPort() {
+    const s = net.createServer();
+    await new Promise((r) => s.listen(0, '127.0.0.1', r));
+    const p = s.address().port;
+    await new Promise((r) => s.close(r));
+    return p;
+}
+
+describe('errors', () => {
+    let fake, lg;
+    before(async () => {
+        fake = await startFake({ kind: 'sglang' });
+        lg = await startLoopguard({
+            upstream: fake.url,
+            config: { max_body_bytes: 4096, timeouts: { first_byte_ms: 400 * SLACK, idle_ms: 400 * SLACK } },
+        });
+    });
+    after(async () => {
+        await lg?.stop();
+        await fake?.stop();
+    });
+    const url = () => lg.url + '/v1/chat/completions';
+
+    const BAD = [
+        ['bad JSON', '{"messages": [', 'application/json'],
+        ['body not an object', '[1,2,3]'],
+        ['messages not an array', { messages: 'hello' }],
+        ['messages missing', { model: 'm' }],
+        ['stream not a boolean', { messages: MSG, stream: 'yes' }],
+    ];
+    for (const [name, body] of BAD) {
+        it(`400 on ${name}, nothing sent upstream`, T, async () => {
+            await fake.reset();
+            const r = await request(url(), { method: 'POST', body, headers: { 'content-type': 'application/json' } });
+            assertOpenAIError(r, 400);
+            assert.equal((await fake.requests('/v1/chat/completions')).length, 0);
+        });
+    }
+
+    it('400 on a text completion without a usable body', T, async () => {
+        const r = await request(lg.url + '/v1/completions', { method: 'POST', body: 'nope', headers: { 'content-type': 'application/json' } });
+        assertOpenAIError(r, 400);
+    });
+
+    it('413 on a body over max_body_bytes (Content-Length and chunked)', T, async () => {
+        const big = { messages: [{ role: 'user', content: 'x'.repeat(5000) }] };
+        assertOpenAIError(await chat(url(), big), 413);
+        async function* chunks() {
+            const s = JSON.stringify(big);
+            for (let i = 0; i < s.length; i += 1000) yield Buffer.from(s.slice(i, i + 1000));
+        }
+        assertOpenAIError(await request(url(), { method: 'POST', body: chunks(), headers: { 'content-type': 'application/json' } }), 413);
+    });
+
+    it('504 when the upstream sends no headers before timeouts.first_byte_ms (stream and whole)', T, async () => {
+        await fake.setScenario({ first_byte_ms: 3000, responses: [{ content: ['late'] }] });
+        const t0 = performance.now();
+        assertOpenAIError(await chat(url(), { messages: MSG, stream: true }), 504);
+        assert.ok(performance.now() - t0 < 2500, 'timed out late');
+        assertOpenAIError(await chat(url(), { messages: MSG }), 504);
+    });
+
+    it('idle timeout after the stream started: error event then [DONE]', T, async () => {
+        await fake.setScenario({ responses: [{ content: ['one ', 'two ', 'three ', 'four'], fault: { kind: 'stall', at_token: 2 } }] });
+        const r = await rawStream(url(), { messages: MSG, stream: true });
+        assert.equal(r.status, 200);
+        const data = sseData(r.text);
+        assert.equal(data.at(-1), '[DONE]');
+        const err = JSON.parse(data.at(-2));
+        assert.ok(err.error && typeof err.error.message === 'string', data.at(-2));
+        assert.equal(assembleDeltas(sseJSON(r.text).filter((j) => !j.error)).content, 'one two ');
+    });
+
+    it('idle timeout on a whole request: 504', T, async () => {
+        await fake.setScenario({ responses: [{ content: ['one ', 'two ', 'three'], fault: { kind: 'stall', at_token: 2 } }] });
+        assertOpenAIError(await chat(url(), { messages: MSG }), 504);
+    });
+
+    it('slow start (headers, then no event for longer than idle_ms): 504 or error event', T, async () => {
+        await fake.setScenario({ responses: [{ content: ['late'], fault: { kind: 'slow_start', ms: 3000 } }] });
+        const r = await rawStream(url(), { messages: MSG, stream: true });
+        if (r.status === 200) {
+            const data = sseData(r.text);
+            assert.equal(data.at(-1), '[DONE]');
+            assert.ok(JSON.parse(data.at(-2)).error);
+        } else assertOpenAIError(r, 504);
+        assertOpenAIError(await chat(url(), { messages: MSG }), 504);
+    });
+
+    const ERR_SCEN = (pace) => ({
+        pace_ms: pace,
+        responses: [{ content: ['Some words ', 'and more ', 'never ', 'sent'], fault: { kind: 'error_event', at_token: 2, message: 'GPU on fire' } }],
+    });
+    async function midStreamError() {
+        const r = await rawStream(url(), { messages: MSG, stream: true });
+        assert.equal(r.status, 200, r.text);
+        const data = sseData(r.text);
+        assert.equal(data.at(-1), '[DONE]');
+        assert.equal(data.filter((d) => d === '[DONE]').length, 1);
+        const err = JSON.parse(data.at(-2));
+        assert.equal(err.error.message, 'GPU on fire');
+        assert.equal(assembleDeltas(sseJSON(r.text).filter((j) => !j.error)).content, 'Some words ', 'the two tokens before the fault');
+        assert.ok(!sseJSON(r.text).some((j) => j.usage), 'no usage chunk: the client did not ask');
+    }
+
+    it('a mid-stream upstream error event is passed on, then [DONE] (paced upstream)', T, async () => {
+        await fake.setScenario(ERR_SCEN(20));
+        await midStreamError();
+    });
+
+    // With pace 0 the tokens and the error event arrive in one read; loopguard then answers
+    // the streaming client with a JSON 500 and the two generated tokens are lost.
+    it('a mid-stream upstream error event is passed on, then [DONE] (unpaced upstream)', { ...T, todo: 'loopguard answers 500 JSON, dropping the events before the error' }, async () => {
+        await fake.setScenario(ERR_SCEN(0));
+        await midStreamError();
+    });
+
+    it('a mid-stream upstream error on a whole request is an OpenAI error', { ...T, todo: 'loopguard never answers the whole request (hangs)' }, async () => {
+        await fake.setScenario(ERR_SCEN(0));
+        const r = await request(url(), { method: 'POST', body: { messages: MSG }, timeout: 3000 });
+        assert.ok(r.status >= 500, `status ${r.status}`);
+        assert.match(assertOpenAIError(r, r.status).message, /GPU on fire/);
+    });
+
+    for (const status of [500, 503, 400, 429]) {
+        it(`upstream HTTP ${status} is passed on as it came (stream and whole)`, T, async () => {
+            await fake.setScenario({ responses: [{ content: ['x'], fault: { kind: 'http_status', status, message: `upstream says ${status}` } }] });
+            const direct = await chat(fake.url + '/v1/chat/completions', { messages: MSG, stream: true });
+            for (const stream of [true, false]) {
+                const r = await chat(url(), { messages: MSG, stream });
+                assert.equal(r.status, status);
+                assert.equal(r.text, direct.text);
+                assert.equal(r.headers['content-type'], direct.headers['content-type']);
+            }
+        });
+    }
+
+    it('an upstream reset mid-stream ends the client stream with an error event and [DONE]', T, async () => {
+        await fake.setScenario({ pace_ms: 20, responses: [{ content: ['a ', 'b ', 'c ', 'd'], fault: { kind: 'reset', at_token: 2 } }] });
+        const r = await rawStream(url(), { messages: MSG, stream: true });
+        assert.equal(r.status, 200);
+        const data = sseData(r.text);
+        assert.equal(data.at(-1), '[DONE]');
+        assert.ok(JSON.parse(data.at(-2)).error);
+        assert.equal(assembleDeltas(sseJSON(r.text).filter((j) => !j.error)).content, 'a b ');
+    });
+
+    it('502 when nothing listens upstream (chat stream, whole, pass-through)', T, async () => {
+        const l = await startLoopguard({ upstream: `http://127.0.0.1:${await deadPort()}`, kind: 'sglang' });
+        try {
+            assertOpenAIError(await chat(l.url + '/v1/chat/completions', { messages: MSG, stream: true }), 502);
+            assertOpenAIError(await chat(l.url + '/v1/chat/completions', { messages: MSG }), 502);
+            assertOpenAIError(await request(l.url + '/v1/models'), 502);
+        } finally {
+            await l.stop();
+        }
+    });
+});
+
+describe('configuration', () => {
+    it('--check-config accepts a valid file', T, async () => {
+        const f = tmpFile('ok.json', JSON.stringify({ listen: '127.0.0.1:0', timeouts: { idle_ms: 1000 }, reasoning: { output: 'inline' } }));
+        const r = await runLoopguard(['--check-config', f]);
+        assert.equal(r.code, 0, r.stderr);
+    });
+
+    it('--check-config rejects an unknown key and names it', T, async () => {
+        const f = tmpFile('bad.json', JSON.stringify({ retry: { max_atempts: 2 } }));
+        const r = await runLoopguard(['--check-config', f]);
+        assert.notEqual(r.code, 0);
+        assert.match(r.stderr, /retry\.max_atempts/);
+    });
+
+    it('--check-config rejects a mistyped value and names the key', T, async () => {
+        const f = tmpFile('bad2.json', JSON.stringify({ timeouts: { idle_ms: 'soon' } }));
+        const r = await runLoopguard(['--check-config', f]);
+        assert.notEqual(r.code, 0);
+        assert.match(r.stderr, /timeouts\.idle_ms/);
+    });
+
+    it('loopguard refuses to start with an unknown key', T, async () => {
+        const f = tmpFile('bad3.json', JSON.stringify({ listen: '127.0.0.1:0', bogus: 1 }));
+        const r = await runLoopguard(['--config', f]);
+        assert.notEqual(r.code, 0);
+        assert.match(r.stderr, /bogus/);
+    });
+});
