@@ -17,7 +17,6 @@
 
 #include <ctype.h>
 #include <errno.h>
-#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -264,7 +263,6 @@ struct key_spec {
     env_form env;             /* how a LOOPGUARD_* value is read */
 };
 
-#define FIELD(T, f) offsetof(T, f), sizeof(((T *)0)->f)
 #define C_OBJ(p)                                                                                   \
     {                                                                                              \
         .path = p, .kind = K_OBJECT                                                                \
@@ -275,7 +273,8 @@ struct key_spec {
     }
 #define C_UINT(p, f, lo, hi)                                                                       \
     {                                                                                              \
-        .path = p, .kind = K_UINT, FIELD(lg_config, f), .min = lo, .max = hi                       \
+        .path = p, .kind = K_UINT, .off = offsetof(lg_config, f),                                  \
+        .size = sizeof(((lg_config *)0)->f), .min = lo, .max = hi                                  \
     }
 #define C_DBL(p, f, lo, hi)                                                                        \
     {                                                                                              \
