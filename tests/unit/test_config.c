@@ -466,6 +466,36 @@ static void test_model_rule_threads(void **state)
     config_free(c);
 }
 
+/* Channel settings reach the guard's own parser: from the file, from the environment
+ * (nested paths), and per model on top of the global channel settings. */
+static void test_guard_channel_settings(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    lg_config *c = config_new_defaults();
+    assert_true(guard_params_enabled(c->guard.channel[LG_CH_CONTENT]));
+    if (config_load_string(c,
+                           "{\"guard\": {\"content\": {\"enabled\": false}},"
+                           " \"models\": [{\"pattern\": \"^a$\", \"guard\": {\"content\": {}}},"
+                           "              {\"pattern\": \"^b$\", \"guard\": {\"content\": "
+                           "{\"enabled\": true}}}]}",
+                           err, sizeof err))
+        fail_msg("%s", err);
+    assert_false(guard_params_enabled(c->guard.channel[LG_CH_CONTENT]));
+    assert_true(guard_params_enabled(c->guard.channel[LG_CH_REASONING]));
+    const lg_model_rule *a = config_model_rule(c, "a"), *b = config_model_rule(c, "b");
+    assert_false(guard_params_enabled(config_guard_params(c, a, LG_CH_CONTENT))); /* inherited */
+    assert_true(guard_params_enabled(config_guard_params(c, b, LG_CH_CONTENT)));
+
+    char *env[] = {"LOOPGUARD_GUARD__REASONING__ENABLED=false", NULL};
+    if (config_apply_env(c, env, err, sizeof err)) fail_msg("%s", err);
+    assert_false(guard_params_enabled(c->guard.channel[LG_CH_REASONING]));
+    char *bad[] = {"LOOPGUARD_GUARD__TOOL_ARGS__NO_SUCH_SETTING=1", NULL};
+    assert_int_equal(config_apply_env(c, bad, err, sizeof err), -1);
+    if (!strstr(err, "guard.tool_args.no_such_setting")) fail_msg("got \"%s\"", err);
+    config_free(c);
+}
+
 static void test_enum_names(void **state)
 {
     (void)state;
@@ -491,6 +521,7 @@ int main(void)
         cmocka_unit_test(test_validate),
         cmocka_unit_test(test_model_rules),
         cmocka_unit_test(test_model_rule_threads),
+        cmocka_unit_test(test_guard_channel_settings),
         cmocka_unit_test(test_enum_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
