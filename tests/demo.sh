@@ -45,8 +45,7 @@ trap 'exit 130' INT TERM
 # Waits for a server's "listening on HOST:PORT" line (both binaries print it once bound)
 # and prints the port. Fails after 10 s or when the process died first.
 port_of() { # pid stdout-file name
-    local i
-    for i in $(seq 1 200); do
+    for _ in $(seq 1 200); do
         if grep -q '^listening on ' "$2" 2>/dev/null; then
             sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$2" | head -n 1
             return 0
