@@ -36,7 +36,7 @@ def line_summary(rec):
             f"rss {rec['target_rss_kib']} KiB  loadgen {rec['loadgen_cpu_s']:.2f}s")
 
 
-def machine(quick):
+def machine(quick, outdir):
     model = "unknown"
     try:
         with open("/proc/cpuinfo") as f:
@@ -60,7 +60,34 @@ def machine(quick):
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "quick": bool(quick),
         "note": "load generator, fake upstream and target share all cores; nothing pinned",
+        "loadavg_start": read_text(os.path.join(outdir, "loadavg-start")),
+        "loadavg_end": read_text("/proc/loadavg"),
+        "cpu_idle_pct_start": (int(read_text(os.path.join(outdir, "idle-start")) or 0)
+                               if read_text(os.path.join(outdir, "idle-start")) else None),
+        "busy": busy_processes(os.path.join(outdir, "ps-start")),
     }
+
+
+def read_text(path):
+    try:
+        with open(path) as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return None
+
+
+def busy_processes(path):
+    """Processes using ≥ 20 % of a core (lifetime average, from `ps`) when the run started."""
+    out = []
+    try:
+        with open(path) as f:
+            for line in f.readlines()[1:]:
+                parts = line.split(None, 1)
+                if len(parts) == 2 and float(parts[0]) >= 20:
+                    out.append(f"{parts[1].strip()} {parts[0]} %")
+    except (OSError, ValueError):
+        pass
+    return out
 
 
 def load_results(path):
@@ -120,6 +147,10 @@ def figures(runs):
                 "ttft_added_us": diff(r["ttft_p99_us"], base and base["ttft_p99_us"]),
                 "rss_kib": r["target_rss_kib"],
                 "errors": r["errors"],
+                # Below 1 the target did not keep up with the offered pace; the fake then
+                # stalls on back-pressure, so its latency figures understate the delay.
+                "delivered_vs_direct": (round(r["events_per_s"] / base["events_per_s"], 3)
+                                        if base and base["events_per_s"] else None),
             }
         fig["paced"] = pac
         lo = pac[str(min(paced))] if paced else {}
@@ -187,7 +218,8 @@ def table(figs, ratios, loop, mach):
     if hi and hi != lo:
         head += [f"added p50 / p99 µs @{hi}"]
     if lo:
-        head += [f"added TTFT p50 / p99 µs @{lo}", f"RSS KiB / stream @{hi}"]
+        head += [f"added TTFT p50 / p99 µs @{lo}", f"paced delivered @{hi}",
+                 f"RSS KiB / stream @{hi}"]
     head += ["errors"]
     rows = []
     for t, f in figs.items():
@@ -199,6 +231,8 @@ def table(figs, ratios, loop, mach):
         if lo:
             p = f["paced"].get(str(lo), {})
             row.append(f"{fmt(p.get('ttft_added_p50_us'))} / {fmt(p.get('ttft_added_us'))}")
+            d = f["paced"].get(str(hi), {}).get("delivered_vs_direct")
+            row.append("–" if d is None else f"{d * 100:.0f} %")
             row.append(fmt(f.get("rss_kib_per_stream")))
         row.append(fmt(f["errors"]))
         rows.append(row)
@@ -211,7 +245,15 @@ def table(figs, ratios, loop, mach):
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines.append("")
     lines.append("Direct's latency is the floor; \"added\" is target minus direct in the same "
-                 "run. Direct's CPU and RSS are the fake upstream's.")
+                 "run. Direct's CPU and RSS are the fake upstream's. \"Paced delivered\" is the "
+                 "target's events/s over direct's at the largest paced load: below 100 % the "
+                 "target fell behind the offered pace, the fake upstream stalled on "
+                 "back-pressure, and that target's added latency is understated.")
+    idle = mach.get("cpu_idle_pct_start")
+    if idle is not None and idle < 90:
+        lines.append("")
+        lines.append(f"The machine was only {idle} % idle before the run (figures are noisier); "
+                     "busiest processes (lifetime average): " + "; ".join(mach["busy"]))
     lines.append("")
     goals = goal_rows(figs, ratios, loop, lo, hi)
     if goals:
@@ -257,7 +299,7 @@ def summary(outdir, bench_json, quick):
         "nginx_vs_direct": ratio(cps.get("nginx"), cps.get("direct")),
     }
     loop = looping(outdir)
-    mach = machine(quick)
+    mach = machine(quick, outdir)
     doc = {"machine": mach}
     doc.update(figs)
     doc["ratios"] = ratios

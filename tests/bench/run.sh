@@ -239,7 +239,7 @@ perf_start() {
     PERF_PID=
     [ "${BENCH_PERF:-}" = 1 ] && [ "$1" = loopguard ] || return 0
     command -v perf >/dev/null || return 0
-    spawn perf perf record -F 499 -g -p "$T_MAIN" -o "$OUT/perf.data"
+    spawn perf perf record -e cpu-clock -F 999 -g -p "$T_MAIN" -o "$OUT/perf.data"
     PERF_PID=$SPAWNED
 }
 
@@ -275,6 +275,17 @@ mkdir -p "$OUT"
 # Stamp tokens until max_tokens: every content token is `w<ns> `.
 echo '{"dialect":"sglang","responses":[{"content":[{"stamp_tokens":-1}]}]}' \
     >"$OUT/stamp-scenario.json"
+# How idle the machine is before we start: other work on the cores makes every figure noisier.
+cat /proc/loadavg >"$OUT/loadavg-start"
+read -r _ u1 n1 s1 i1 w1 _ </proc/stat
+sleep 1
+read -r _ u2 n2 s2 i2 w2 _ </proc/stat
+busy=$(((u2 + n2 + s2) - (u1 + n1 + s1)))
+idle=$(((i2 + w2) - (i1 + w1)))
+echo $((100 * idle / (busy + idle + 1))) >"$OUT/idle-start"
+ps -eo pcpu=,comm= --sort=-pcpu | head -5 | sed '1i %CPU COMMAND' >"$OUT/ps-start"
+[ "$(cat "$OUT/idle-start")" -ge 90 ] ||
+    log "warning: the machine was only $(cat "$OUT/idle-start") % idle before the run; figures will be noisy"
 log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), kernel $(uname -r)"
 log "targets: $TARGETS; ${QUICK:+QUICK }windows ${DURATION}s"
 
