@@ -27,9 +27,10 @@ incident_log *incident_log_open(const char *path, unsigned recent, size_t max_re
  * Never blocks on disk: the mutex is held only to push onto the bounded queue and the
  * recent ring; when the queue is full the record is dropped from the file (counted in
  * `dropped`) but still shown in the recent ring. A record longer than max_record_bytes
- * has its longest strings cut (the record gains `"truncated": true`; counted in
- * `truncated`); one that still does not fit, or is not a JSON object, is dropped and
- * counted. Thread-safe; no-op when l is NULL (line is freed). */
+ * has its longest strings cut to a common length (the record gains `"truncated": true`;
+ * counted in `truncated`); an oversized record that is not a JSON object or cannot be cut
+ * to fit is dropped and counted. Records within the limit are not parsed. Thread-safe;
+ * no-op when l is NULL (line is freed). */
 void incident_log_submit(incident_log *l, char *line);
 
 /* Asks the writer to close and reopen the file (SIGHUP after logrotate has renamed it).
