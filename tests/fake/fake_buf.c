@@ -41,11 +41,17 @@ void fbuf_puts(fbuf *b, const char *s)
 
 void fbuf_printf(fbuf *b, const char *fmt, ...)
 {
+    /* Most pieces are short: format on the stack first, into the buffer only if needed. */
+    char small[256];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
     va_end(ap);
     if (n < 0) return;
+    if ((size_t)n < sizeof small) {
+        fbuf_put(b, small, (size_t)n);
+        return;
+    }
     fbuf_reserve(b, (size_t)n);
     va_start(ap, fmt);
     vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);

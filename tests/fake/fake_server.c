@@ -1207,7 +1207,8 @@ static void bytes_fill(server *s, conn *c)
         c->bytes_left -= n;
     }
     if (c->bytes_left == 0) c->state = C_DONE;
-    conn_flush(s, c);
+    /* All written at once (no EPOLLOUT will come): refill on the next loop turn. */
+    if (conn_flush(s, c) && c->bytes_left > 0 && !pending(c)) schedule(s, c, 1);
 }
 
 static void ep_scenario(server *s, conn *c)
