@@ -9,6 +9,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
+import http from 'node:http';
 import { performance } from 'node:perf_hooks';
 import {
     startFake,
@@ -329,6 +330,114 @@ describe('pass-through', () => {
     });
 });
 
+describe('chat relay behaviour', () => {
+    let fake, lg;
+    before(async () => {
+        fake = await startFake({ kind: 'sglang' });
+        lg = await startLoopguard({ upstream: fake.url });
+    });
+    after(async () => {
+        await lg?.stop();
+        await fake?.stop();
+    });
+
+    it('each event is forwarded when it arrives, not when the stream ends', T, async () => {
+        await fake.setScenario({ pace_ms: 60, responses: [{ content: [{ varied: 12, seed: 3 }] }] });
+        const u = new URL(lg.url + '/v1/chat/completions');
+        const arrivals = await new Promise((resolve, reject) => {
+            const times = [];
+            const req = http.request({ host: u.hostname, port: u.port, path: u.pathname, method: 'POST', headers: { 'content-type': 'application/json' }, agent: false }, (res) => {
+                let buf = '';
+                res.setEncoding('utf8');
+                res.on('data', (d) => {
+                    buf += d;
+                    const n = (buf.match(/"content":"[^"]/g) || []).length;
+                    while (times.length < n) times.push(performance.now());
+                });
+                res.on('end', () => resolve(times));
+            });
+            req.on('error', reject);
+            req.end(JSON.stringify({ messages: MSG, stream: true }));
+        });
+        assert.equal(arrivals.length, 12);
+        // 12 tokens paced 60 ms apart: forwarded one by one they arrive over ~660 ms.
+        const spread = arrivals.at(-1) - arrivals[0];
+        assert.ok(spread > 400, `events arrived within ${spread.toFixed(0)} ms: buffered`);
+        const gaps = arrivals.slice(1).map((t, i) => t - arrivals[i]);
+        assert.ok(gaps.filter((g) => g > 20).length >= 8, `gaps ${gaps.map((g) => g.toFixed(0))}`);
+    });
+
+    it('Authorization, custom headers and unknown body fields reach the upstream', T, async () => {
+        await fake.setScenario({ responses: [{ content: ['ok'] }] });
+        const body = { model: 'm', messages: MSG, stream: true, logprobs: true, top_k: 20, custom_thing: { a: [1, 2, { b: null }] }, stream_options: { include_usage: false, extra: 1 } };
+        const r = await chat(lg.url + '/v1/chat/completions', body, { Authorization: 'Bearer sk-abc', 'X-Request-Id': 'req-77' });
+        assert.equal(r.status, 200);
+        const rec = await lastUpstreamRequest(fake);
+        assert.equal(rec.headers.authorization, 'Bearer sk-abc');
+        assert.equal(rec.headers['x-request-id'], 'req-77');
+        assert.equal(rec.body.logprobs, true);
+        assert.equal(rec.body.top_k, 20);
+        assert.deepEqual(rec.body.custom_thing, body.custom_thing);
+        assert.equal(rec.body.stream_options.include_usage, true);
+        assert.ok(!sseJSON(r.text).some((c) => c.usage), 'include_usage false: no usage chunk');
+        assert.doesNotMatch(lg.stderr(), /sk-abc/);
+    });
+
+    it('keep-alive: several exchanges on one client connection', T, async () => {
+        await fake.setScenario({ responses: [{ content: ['same ', 'socket'] }] });
+        const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+        const u = new URL(lg.url);
+        const ports = [];
+        const one = (path, body) =>
+            new Promise((resolve, reject) => {
+                const req = http.request({ host: u.hostname, port: u.port, path, method: body ? 'POST' : 'GET', headers: body ? { 'content-type': 'application/json' } : {}, agent }, (res) => {
+                    ports.push(res.socket.localPort);
+                    let t = '';
+                    res.setEncoding('utf8');
+                    res.on('data', (d) => (t += d));
+                    res.on('end', () => resolve({ status: res.statusCode, text: t }));
+                });
+                req.on('error', reject);
+                req.end(body ? JSON.stringify(body) : undefined);
+            });
+        try {
+            const a = await one('/v1/chat/completions', { messages: MSG, stream: true });
+            const b = await one('/v1/chat/completions', { messages: MSG });
+            const c = await one('/v1/models');
+            const d = await one('/v1/chat/completions', { messages: MSG, stream: true });
+            assert.equal(assembleDeltas(sseJSON(a.text)).content, 'same socket');
+            assert.equal(JSON.parse(b.text).choices[0].message.content, 'same socket');
+            assert.equal(c.status, 200);
+            assert.equal(assembleDeltas(sseJSON(d.text)).content, 'same socket');
+            assert.equal(new Set(ports).size, 1, `connections used: ${ports}`);
+        } finally {
+            agent.destroy();
+        }
+    });
+
+    it('40 concurrent streams each get their own answer', T, async () => {
+        const topics = ['apples', 'boats', 'clouds', 'dunes'];
+        await fake.setScenario({ pace_ms: 3, responses: topics.map((t) => ({ match: { prompt_contains: t }, content: [`About ${t}: `, { varied: 30, seed: t.length }] })) });
+        const jobs = [];
+        for (let i = 0; i < 40; i++) {
+            const t = topics[i % topics.length];
+            jobs.push(rawStream(lg.url + '/v1/chat/completions', { messages: [{ role: 'user', content: `tell me about ${t}` }], stream: i % 2 === 0 }).then((r) => [t, i % 2 === 0, r]));
+        }
+        const expected = {};
+        for (const t of topics) {
+            const d = await chat(fake.url + '/v1/chat/completions', { messages: [{ role: 'user', content: `tell me about ${t}` }] });
+            expected[t] = d.json().choices[0].message.content;
+        }
+        for (const [t, stream, r] of await Promise.all(jobs)) {
+            assert.equal(r.status, 200);
+            const content = stream ? assembleDeltas(sseJSON(r.text)).content : r.json().choices[0].message.content;
+            assert.equal(content, expected[t], `${t} (stream ${stream})`);
+        }
+        const m = await metrics(lg.url);
+        assert.equal(metricValue(m, 'loopguard_active_streams'), 0, 'no stream left active');
+    });
+});
+
 describe('upstream kind', () => {
     const fakes = [];
     const lgs = [];
@@ -427,6 +536,9 @@ describe('client disconnect', () => {
         // notices the hang-up at its next wake-up; the issue gives it a second.
         assert.ok(took < 1500 * SLACK, `generation ended ${took.toFixed(0)} ms after the hang-up`);
         assert.ok(gen.client_gone || gen.aborted);
+        const rec = await lastUpstreamRequest(fake);
+        const ab = await fake.waitRecord((r) => r.kind === 'abort', 1000 * SLACK);
+        assert.equal(ab.rid, rec.rid, 'SGLang told to abort the whole request too');
     });
 
     it('vllm: hang-up closes the upstream transfer within 1 s, no /abort_request', T, async () => {
