@@ -176,9 +176,15 @@ void dl_delta_clear(dl_delta *d)
     d->kind = DL_OTHER;
 }
 
+void dl_json_del(cJSON *obj, const char *key)
+{
+    while (cJSON_GetObjectItemCaseSensitive(obj, key))
+        cJSON_DeleteItemFromObjectCaseSensitive(obj, key);
+}
+
 void dl_json_set(cJSON *obj, const char *key, cJSON *item)
 {
-    cJSON_DeleteItemFromObjectCaseSensitive(obj, key);
+    dl_json_del(obj, key);
     if (!cJSON_AddItemToObject(obj, key, dl_json_must(item))) abort();
 }
 
@@ -207,12 +213,12 @@ static void put_texts(cJSON *choice, bool chat, const char *reasoning, size_t rl
         delta = dl_json_must(cJSON_CreateObject());
         dl_json_set(choice, "delta", delta);
     }
-    cJSON_DeleteItemFromObjectCaseSensitive(delta, "reasoning_content");
-    cJSON_DeleteItemFromObjectCaseSensitive(delta, "reasoning");
-    cJSON_DeleteItemFromObjectCaseSensitive(delta, "content");
+    dl_json_del(delta, "reasoning_content");
+    dl_json_del(delta, "reasoning");
+    dl_json_del(delta, "content");
     if (!keep_tools) {
-        cJSON_DeleteItemFromObjectCaseSensitive(delta, "tool_calls");
-        cJSON_DeleteItemFromObjectCaseSensitive(delta, "function_call");
+        dl_json_del(delta, "tool_calls");
+        dl_json_del(delta, "function_call");
     }
     if (reasoning && (mode == 0 || mode == 1))
         set_strn(delta, mode == 0 ? "reasoning_content" : "reasoning", reasoning, rlen);

@@ -108,10 +108,12 @@ char *dl_error_json(const char *message, const char *type, const char *code_or_n
                     int http_status_for_code);
 
 /* Small cJSON helpers shared by the proxy modules; each aborts on allocation failure.
- * dl_json_must returns x (never NULL); dl_json_set replaces obj[key] with item (taking
- * ownership); dl_json_print_free prints root compactly, frees it and returns the malloc'd
- * string. */
+ * dl_json_must returns x (never NULL); dl_json_del removes every member named key (JSON
+ * text may repeat a key; cJSON keeps all copies and lookups see the first);
+ * dl_json_set replaces all of obj[key] with item (taking ownership); dl_json_print_free
+ * prints root compactly, frees it and returns the malloc'd string. */
 cJSON *dl_json_must(cJSON *x);
+void dl_json_del(cJSON *obj, const char *key);
 void dl_json_set(cJSON *obj, const char *key, cJSON *item);
 char *dl_json_print_free(cJSON *root);
 

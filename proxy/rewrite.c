@@ -155,6 +155,8 @@ static void rewrite_history(cJSON *msgs, const rw_opts *o)
         if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant")) continue;
         cJSON *rc = cJSON_DetachItemFromObjectCaseSensitive(m, "reasoning_content");
         cJSON *r = cJSON_DetachItemFromObjectCaseSensitive(m, "reasoning");
+        dl_json_del(m, "reasoning_content"); /* JSON may repeat a key: drop every copy */
+        dl_json_del(m, "reasoning");
         if (o->history == LG_HISTORY_REWRITE) {
             cJSON **keep = cJSON_IsString(rc) && rc->valuestring[0] ? &rc
                            : cJSON_IsString(r)                      ? &r

@@ -353,6 +353,13 @@ static void test_build_chunk(void **state)
     free(s);
     dl_delta_clear(&t);
 
+    /* repeated keys (cJSON keeps every copy): the rebuilt chunk carries one text only */
+    t = parse("{\"choices\":[{\"delta\":0,\"delta\":{\"content\":\"stale\"}}]}");
+    s = dl_build_chunk(&t, NULL, 0, "new", 3, 0, true, NULL);
+    assert_null(strstr(s, "stale"));
+    free(s);
+    dl_delta_clear(&t);
+
     dl_delta none = {0};
     assert_null(dl_build_chunk(&none, NULL, 0, "x", 1, 0, true, NULL));
 }

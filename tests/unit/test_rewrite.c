@@ -320,6 +320,20 @@ static void test_history(void **state)
         assert_non_null(at(m, "content"));
     }
     cJSON_Delete(j);
+    rw_request_clear(&r);
+    /* a repeated key leaves no stale copy behind */
+    r = parse_ok("{\"messages\":[{\"role\":\"assistant\",\"content\":\"x\",\"reasoning\":\"a\","
+                 "\"reasoning\":\"b\"}]}",
+                 true);
+    j = build(&r, &(rw_opts){.upstream_kind = LG_UPSTREAM_SGLANG});
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetArrayItem(at(j, "messages"), 0)), 3);
+    assert_string_equal(
+        at(cJSON_GetArrayItem(at(j, "messages"), 0), "reasoning_content")->valuestring, "a");
+    cJSON_Delete(j);
+    rw_request_clear(&r);
+    r = parse_ok("{\"messages\":[{\"role\":\"assistant\",\"content\":\"x\",\"reasoning_content\":"
+                 "\"y\"}]}",
+                 true);
     int keeps[][2] = {{LG_UPSTREAM_SGLANG, LG_HISTORY_KEEP},
                       {LG_UPSTREAM_OPENAI, LG_HISTORY_REWRITE}};
     for (int k = 0; k < 2; k++) {
