@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -104,9 +105,13 @@ typedef struct perr {
     size_t len;
 } perr;
 
-static int fail(perr *e, const char *fmt, const char *what)
+/* Writes the error message; returns -1 for the caller to pass on. */
+static int __attribute__((format(printf, 2, 3))) perr_set(perr *e, const char *fmt, ...)
 {
-    snprintf(e->buf, e->len, fmt, what);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->buf, e->len, fmt, ap);
+    va_end(ap);
     return -1;
 }
 
@@ -134,7 +139,7 @@ static int parse_seg(const cJSON *j, fake_seg *g, fake_tok_mode mode, long nbyte
         g->len = strlen(j->valuestring);
         g->ntok = text_count(g->text, g->len, mode, nbytes);
     } else if (!cJSON_IsObject(j)) {
-        return fail(e, "segment must be a string or an object%s", "");
+        return perr_set(e, "segment must be a string or an object");
     } else if (cJSON_IsString(v = cJSON_GetObjectItemCaseSensitive(j, "repeat"))) {
         g->kind = FAKE_SEG_REPEAT;
         g->text = v->valuestring;
@@ -143,8 +148,8 @@ static int parse_seg(const cJSON *j, fake_seg *g, fake_tok_mode mode, long nbyte
         g->ntok = text_count(g->text, g->len, mode, nbytes);
     } else if (cJSON_IsArray(v = cJSON_GetObjectItemCaseSensitive(j, "tokens"))) {
         const cJSON *t;
-        cJSON_ArrayForEach(t, v) if (!cJSON_IsString(t)) return fail(
-            e, "\"tokens\" must be an array of strings%s", "");
+        cJSON_ArrayForEach(t, v) if (!cJSON_IsString(t)) return perr_set(
+            e, "\"tokens\" must be an array of strings");
         g->kind = FAKE_SEG_TOKENS;
         g->toks = v;
     } else if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(j, "stamp_tokens"))) {
@@ -156,7 +161,7 @@ static int parse_seg(const cJSON *j, fake_seg *g, fake_tok_mode mode, long nbyte
         g->seed = (unsigned long)num_or(j, "seed", 1);
     } else {
         char *s = cJSON_PrintUnformatted(j);
-        int rc = fail(e, "unknown segment %s", s ? s : "?");
+        int rc = perr_set(e, "unknown segment %s", s ? s : "?");
         free(s);
         return rc;
     }
@@ -171,7 +176,7 @@ static int parse_segs(const cJSON *j, fake_segs *out, fake_tok_mode mode, long n
     if (!j || cJSON_IsNull(j)) return 0;
     size_t n = cJSON_IsArray(j) ? (size_t)cJSON_GetArraySize(j) : 1;
     out->v = calloc(n ? n : 1, sizeof *out->v);
-    if (!out->v) return fail(e, "out of memory%s", "");
+    if (!out->v) return perr_set(e, "out of memory");
     if (!cJSON_IsArray(j)) {
         out->n = 1;
         return parse_seg(j, &out->v[0], mode, nbytes, e);
@@ -207,10 +212,10 @@ static int parse_fault(const cJSON *j, fake_fault *f, perr *e)
     f->ms = -1;
     if (!j) return 0;
     const cJSON *k = cJSON_GetObjectItemCaseSensitive(j, "kind");
-    if (!cJSON_IsString(k)) return fail(e, "fault needs a \"kind\"%s", "");
+    if (!cJSON_IsString(k)) return perr_set(e, "fault needs a \"kind\"");
     for (size_t i = 0; i < sizeof fault_names / sizeof fault_names[0]; i++)
         if (!strcmp(k->valuestring, fault_names[i].name)) f->kind = fault_names[i].kind;
-    if (f->kind == FAKE_FAULT_NONE) return fail(e, "unknown fault kind \"%s\"", k->valuestring);
+    if (f->kind == FAKE_FAULT_NONE) return perr_set(e, "unknown fault kind \"%s\"", k->valuestring);
     f->at_token = num_or(j, "at_token", 0);
     f->status = (int)num_or(j, "status", num_or(j, "code", 500));
     f->ms = num_or(j, "ms", f->kind == FAKE_FAULT_SLOW_START ? 5000 : -1);
@@ -233,10 +238,10 @@ static int parse_tag(const cJSON *j, const char *dflt, fake_segs *out, perr *e)
         j = defaults[which];
     }
     const cJSON *it;
-    cJSON_ArrayForEach(it, j) if (!cJSON_IsString(it)) return fail(
-        e, "tag tokens must be strings%s", "");
+    cJSON_ArrayForEach(it,
+                       j) if (!cJSON_IsString(it)) return perr_set(e, "tag tokens must be strings");
     out->v = calloc(1, sizeof *out->v);
-    if (!out->v || !j) return fail(e, "out of memory%s", "");
+    if (!out->v || !j) return perr_set(e, "out of memory");
     out->n = 1;
     out->v[0].kind = FAKE_SEG_TOKENS;
     out->v[0].toks = j;
@@ -246,9 +251,9 @@ static int parse_tag(const cJSON *j, const char *dflt, fake_segs *out, perr *e)
 static int parse_resp(const cJSON *j, fake_resp *r, perr *e)
 {
     memset(r, 0, sizeof *r);
-    if (!cJSON_IsObject(j)) return fail(e, "each response must be an object%s", "");
+    if (!cJSON_IsObject(j)) return perr_set(e, "each response must be an object");
     r->match = cJSON_GetObjectItemCaseSensitive(j, "match");
-    if (r->match && !cJSON_IsObject(r->match)) return fail(e, "\"match\" must be an object%s", "");
+    if (r->match && !cJSON_IsObject(r->match)) return perr_set(e, "\"match\" must be an object");
 
     const cJSON *tk = cJSON_GetObjectItemCaseSensitive(j, "tokens");
     r->tok_mode = FAKE_TOK_WORDS;
@@ -256,11 +261,11 @@ static int parse_resp(const cJSON *j, fake_resp *r, perr *e)
         if (!strcmp(tk->valuestring, "chars"))
             r->tok_mode = FAKE_TOK_CHARS;
         else if (strcmp(tk->valuestring, "words"))
-            return fail(e, "unknown \"tokens\" mode \"%s\"", tk->valuestring);
+            return perr_set(e, "unknown \"tokens\" mode \"%s\"", tk->valuestring);
     } else if (cJSON_IsObject(tk)) {
         r->tok_mode = FAKE_TOK_BYTES;
         r->tok_bytes = num_or(tk, "bytes", 1);
-        if (r->tok_bytes < 1) return fail(e, "\"tokens\": {\"bytes\": N} needs N >= 1%s", "");
+        if (r->tok_bytes < 1) return perr_set(e, "\"tokens\": {\"bytes\": N} needs N >= 1");
     }
     if (parse_segs(cJSON_GetObjectItemCaseSensitive(j, "reasoning"), &r->reasoning, r->tok_mode,
                    r->tok_bytes, e) < 0 ||
@@ -271,14 +276,14 @@ static int parse_resp(const cJSON *j, fake_resp *r, perr *e)
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(j, "tool_calls");
     if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) {
         r->tools = calloc((size_t)cJSON_GetArraySize(tools), sizeof *r->tools);
-        if (!r->tools) return fail(e, "out of memory%s", "");
+        if (!r->tools) return perr_set(e, "out of memory");
         const cJSON *t;
         cJSON_ArrayForEach(t, tools)
         {
             fake_tool *ft = &r->tools[r->ntools++];
             const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(t, "id");
-            if (!cJSON_IsString(name)) return fail(e, "tool call needs a \"name\"%s", "");
+            if (!cJSON_IsString(name)) return perr_set(e, "tool call needs a \"name\"");
             ft->name = name->valuestring;
             ft->id = cJSON_IsString(id) ? id->valuestring : NULL;
             if (parse_segs(cJSON_GetObjectItemCaseSensitive(t, "arguments"), &ft->args, r->tok_mode,
@@ -320,13 +325,13 @@ fake_scenario *fake_scenario_parse(const char *json, size_t len, char *err, size
     perr e = {err, errlen};
     fake_scenario *sc = calloc(1, sizeof *sc);
     if (!sc) {
-        fail(&e, "out of memory%s", "");
+        perr_set(&e, "out of memory");
         return NULL;
     }
     sc->refs = 1;
     sc->root = cJSON_ParseWithLength(json, len);
     if (!cJSON_IsObject(sc->root)) {
-        fail(&e, "scenario is not a JSON object%s", "");
+        perr_set(&e, "scenario is not a JSON object");
         goto fail;
     }
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(sc->root, "dialect");
@@ -337,7 +342,7 @@ fake_scenario *fake_scenario_parse(const char *json, size_t len, char *err, size
     sc->first_byte_ms = num_or(sc->root, "first_byte_ms", -1);
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(sc->root, "responses");
     if (!cJSON_IsArray(rs)) {
-        fail(&e, "scenario needs a \"responses\" array%s", "");
+        perr_set(&e, "scenario needs a \"responses\" array");
         goto fail;
     }
     sc->resp = calloc((size_t)cJSON_GetArraySize(rs) + 1, sizeof *sc->resp);
