@@ -415,6 +415,30 @@ describe('chat relay behaviour', () => {
         }
     });
 
+    it('Expect: 100-continue from the client is honoured', T, async () => {
+        await fake.setScenario({ responses: [{ content: ['continued'] }] });
+        const body = JSON.stringify({ messages: MSG });
+        const u = new URL(lg.url);
+        const r = await new Promise((resolve, reject) => {
+            let gotContinue = false;
+            const req = http.request({ host: u.hostname, port: u.port, path: '/v1/chat/completions', method: 'POST', agent: false, headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), expect: '100-continue' } }, (res) => {
+                let t = '';
+                res.setEncoding('utf8');
+                res.on('data', (d) => (t += d));
+                res.on('end', () => resolve({ status: res.statusCode, text: t, gotContinue }));
+            });
+            req.on('continue', () => {
+                gotContinue = true;
+                req.end(body);
+            });
+            req.on('error', reject);
+            req.flushHeaders();
+        });
+        assert.ok(r.gotContinue, '100 Continue received');
+        assert.equal(r.status, 200);
+        assert.equal(JSON.parse(r.text).choices[0].message.content, 'continued');
+    });
+
     it('40 concurrent streams each get their own answer', T, async () => {
         const topics = ['apples', 'boats', 'clouds', 'dunes'];
         await fake.setScenario({ pace_ms: 3, responses: topics.map((t) => ({ match: { prompt_contains: t }, content: [`About ${t}: `, { varied: 30, seed: t.length }] })) });
@@ -712,6 +736,48 @@ describe('errors', () => {
         assert.equal(assembleDeltas(sseJSON(r.text).filter((j) => !j.error)).content, 'a b ');
     });
 
+    it('garbage lines in the upstream stream are survived (stream and whole)', T, async () => {
+        for (const pace of [0, 20]) {
+            await fake.setScenario({ pace_ms: pace, responses: [{ content: ['a ', 'b ', 'c ', 'd'], fault: { kind: 'garbage', at_token: 2 } }] });
+            const r = await rawStream(url(), { messages: MSG, stream: true });
+            assert.equal(r.status, 200);
+            const data = sseData(r.text);
+            assert.equal(data.at(-1), '[DONE]');
+            const chunks = sseJSON(r.text); // every data line the client sees is JSON
+            assert.equal(assembleDeltas(chunks).content, 'a b c d');
+            assert.equal(assembleDeltas(chunks).finish_reason, 'stop');
+            const w = await chat(url(), { messages: MSG });
+            assert.equal(w.status, 200);
+            assert.equal(w.json().choices[0].message.content, 'a b c d');
+        }
+    });
+
+    it('a truncated chunked upstream body: error event then [DONE] (stream), 502 (whole)', T, async () => {
+        await fake.setScenario({ pace_ms: 20, responses: [{ content: ['a ', 'b ', 'c ', 'd'], fault: { kind: 'truncated_chunked', at_token: 2 } }] });
+        const r = await rawStream(url(), { messages: MSG, stream: true });
+        assert.equal(r.status, 200);
+        const data = sseData(r.text);
+        assert.equal(data.at(-1), '[DONE]');
+        assert.ok(JSON.parse(data.at(-2)).error);
+        assert.equal(assembleDeltas(sseJSON(r.text).filter((j) => !j.error)).content, 'a b ');
+        assertOpenAIError(await chat(url(), { messages: MSG }), 502);
+    });
+
+    it('upstream closes before any header: 502', T, async () => {
+        await fake.setScenario({ responses: [{ content: ['x'], fault: { kind: 'close_before_headers' } }] });
+        assertOpenAIError(await chat(url(), { messages: MSG, stream: true }), 502);
+        assertOpenAIError(await chat(url(), { messages: MSG }), 502);
+    });
+
+    it('upstream answers 200 text/plain instead of SSE: an OpenAI 5xx error', T, async () => {
+        await fake.setScenario({ responses: [{ content: ['x'], fault: { kind: 'not_sse' } }] });
+        for (const stream of [true, false]) {
+            const r = await chat(url(), { messages: MSG, stream });
+            assert.ok(r.status >= 500 && r.status < 600, `status ${r.status}`);
+            assertOpenAIError(r, r.status);
+        }
+    });
+
     it('502 when nothing listens upstream (chat stream, whole, pass-through)', T, async () => {
         const l = await startLoopguard({ upstream: `http://127.0.0.1:${await deadPort()}`, kind: 'sglang' });
         try {
@@ -750,5 +816,60 @@ describe('configuration', () => {
         const r = await runLoopguard(['--config', f]);
         assert.notEqual(r.code, 0);
         assert.match(r.stderr, /bogus/);
+    });
+});
+
+describe('shutdown (SIGTERM)', () => {
+    let fake;
+    before(async () => {
+        fake = await startFake({ kind: 'sglang', scenario: { pace_ms: 30, responses: [{ content: [{ varied: 25, seed: 5 }] }] } });
+    });
+    after(async () => {
+        await fake?.stop();
+    });
+
+    it('a running stream finishes within shutdown_grace_ms, then loopguard exits 0', T, async () => {
+        const lg = await startLoopguard({ upstream: fake.url, config: { shutdown_grace_ms: 5000 } });
+        try {
+            let signalled = false;
+            const done = rawStream(lg.url + '/v1/chat/completions', { messages: MSG, stream: true });
+            await fake.waitRecord((r) => r.kind === 'request' && r.path === '/v1/chat/completions', 2000);
+            await sleep(100);
+            lg.proc.kill('SIGTERM');
+            signalled = true;
+            const r = await done;
+            assert.ok(signalled);
+            assert.equal(r.status, 200);
+            assert.equal(sseData(r.text).at(-1), '[DONE]');
+            assert.equal(assembleDeltas(sseJSON(r.text)).finish_reason, 'stop');
+            const gen = await fake.waitRecord((g) => g.kind === 'generation', 2000);
+            assert.equal(gen.ended, 'complete');
+            assert.equal(gen.tokens_sent, 25);
+        } finally {
+            await lg.stop();
+        }
+    });
+
+    // Under ASan: LeakSanitizer reports the /abort_request transfer that ex_shutdown starts
+    // (exchange.c send_sglang_abort via worker.c shutdown_all) and nobody completes or frees.
+    it('past shutdown_grace_ms the stream is ended, the upstream freed, exit 0', { ...T, todo: isSanitizerBuild ? 'LeakSanitizer: /abort_request curl handle started at shutdown is leaked' : undefined }, async () => {
+        await fake.reset();
+        const lg = await startLoopguard({ upstream: fake.url, config: { shutdown_grace_ms: 200 } });
+        try {
+            const done = rawStream(lg.url + '/v1/chat/completions', { messages: MSG, stream: true }).catch((e) => ({ error: e }));
+            await fake.waitRecord((r) => r.kind === 'request' && r.path === '/v1/chat/completions', 2000);
+            await sleep(100);
+            const t0 = performance.now();
+            lg.proc.kill('SIGTERM');
+            await lg.stop(); // asserts exit code 0
+            assert.ok(performance.now() - t0 < 3000 * SLACK, 'exit took too long');
+            const r = await done;
+            if (!r.error) assert.ok(!sseJSON(r.text).some((c) => c.choices?.[0]?.finish_reason === 'stop'), 'the stream was not cut');
+            const gen = await fake.waitRecord((g) => g.kind === 'generation', 2000);
+            assert.ok(gen.client_gone || gen.aborted, JSON.stringify(gen));
+            assert.ok(gen.tokens_sent < 25);
+        } finally {
+            await lg.stop();
+        }
     });
 });
