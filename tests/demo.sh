@@ -247,13 +247,16 @@ print()
 
 # The smoke-test verdict: the loop must show without loopguard and be gone with it.
 problems = []
-if "lambda lambda lambda" not in without["reasoning"]:
+LOOP = "lambda lambda lambda"
+if LOOP not in without["reasoning"]:
     problems.append("the direct request did not show the lambda loop")
 if without["content"]:
     problems.append("the direct request unexpectedly has content")
 if "def is_prime" not in withlg["content"]:
     problems.append("the guarded answer lacks def is_prime")
-if "lambda lambda" in withlg["reasoning"] or "lambda lambda" in withlg["content"]:
+# A loop is the unit three times in a row, as in the report; the retry may continue a
+# clean prefix that ends in one or two occurrences of the word.
+if LOOP in withlg["reasoning"] or LOOP in withlg["content"]:
     problems.append("the loop reached the client through loopguard")
 if inc.get("outcome") != "recovered" or len(attempts) < 2:
     problems.append("no incident with outcome recovered after a retry")
