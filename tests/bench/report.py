@@ -91,15 +91,26 @@ def busy_processes(path):
 
 
 def load_results(path):
-    runs = {}
+    """({target: {scenario: record}}, {target: errors over every run, repeats included})."""
+    runs, errors = {}, {}
     with open(path) as f:
         for line in f:
             line = line.strip()
             if line:
                 rec = json.loads(line)
                 target, scen = rec["label"].split(":", 1)
-                runs.setdefault(target, {})[scen] = rec
-    return runs
+                errors[target] = errors.get(target, 0) + rec.get("errors", 0)
+                scens = runs.setdefault(target, {})
+                old = scens.get(scen)
+                # Saturation runs repeat; the best pass is the target's capacity.
+                if old is not None:
+                    rec["passes"] = old.get("passes", [round(old["events_per_s"])]) + [
+                        round(rec["events_per_s"])]
+                    if old["events_per_s"] > rec["events_per_s"]:
+                        old["passes"] = rec["passes"]
+                        rec = old
+                scens[scen] = rec
+    return runs, errors
 
 
 def by_prefix(scens, prefix):
@@ -115,7 +126,7 @@ def diff(a, b):
     return None if a is None or b is None else a - b
 
 
-def figures(runs):
+def figures(runs, errors):
     direct = runs.get("direct", {})
     d_paced = by_prefix(direct, "paced")
     out = {}
@@ -131,6 +142,7 @@ def figures(runs):
         fig["saturation"] = {str(n): {"streams": n, "events_per_s": round(r["events_per_s"]),
                                       "cpu_s_per_M": (round(r["target_cpu_s"] / r["events"] * 1e6, 2)
                                                       if r["events"] else None),
+                                      "passes": r.get("passes"),
                                       "errors": r["errors"]}
                              for n, r in sorted(sat.items())}
         pac = {}
@@ -164,7 +176,7 @@ def figures(runs):
             fig["rss_streams"] = hi
         else:
             fig["rss_kib_per_stream"] = None
-        fig["errors"] = sum(r["errors"] for n, r in scens.items() if n != "idle")
+        fig["errors"] = errors.get(target, 0)
         out[target] = fig
     return out
 
@@ -289,8 +301,8 @@ def goal_rows(figs, ratios, loop, lo, hi):
 
 
 def summary(outdir, bench_json, quick):
-    runs = load_results(os.path.join(outdir, "results.jsonl"))
-    figs = figures(runs)
+    runs, errors = load_results(os.path.join(outdir, "results.jsonl"))
+    figs = figures(runs, errors)
     cps = {t: f["chunks_per_s"] for t, f in figs.items()}
     ratios = {
         "loopguard_vs_nginx": ratio(cps.get("loopguard"), cps.get("nginx")),
