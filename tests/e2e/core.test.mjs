@@ -502,6 +502,21 @@ describe('upstream kind', () => {
         });
     }
 
+    it('a retried text completion keeps its prompt', T, async () => {
+        const [f, l] = await pair('sglang', {}, {
+            responses: [
+                { match: { fields: { presence_penalty: null } }, content: ['Fine: ', { repeat: 'lambda ', times: -1 }] },
+                { content: ['A clean completion.'] },
+            ],
+        });
+        const r = await chat(l.url + '/v1/completions', { model: 'm', prompt: 'Complete this: ', max_tokens: 400 });
+        assert.equal(r.status, 200, r.text);
+        const reqs = await f.requests('/v1/completions');
+        assert.ok(reqs.length >= 2, 'the loop was retried');
+        for (const q of reqs) assert.equal(q.body.prompt, 'Complete this: ', JSON.stringify(q.body));
+        assert.equal(r.json().choices[0].text, 'A clean completion.');
+    });
+
     it('--upstream-kind overrides the probe (sglang server driven as vllm: no rid)', T, async () => {
         const [f, l] = await pair('sglang', { kind: 'vllm' });
         const r = await chat(l.url + '/v1/chat/completions', { messages: MSG, stream: true });

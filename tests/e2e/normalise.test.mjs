@@ -118,6 +118,45 @@ describe('every dialect in x every output mode out', () => {
         }
     }
 
+    it('tool calls after reasoning survive every output mode (sglang, vllm), stream and whole', T, async () => {
+        const TOOL = { name: 'lookup', arguments: '{"q": "the answer", "limit": 3}' };
+        for (const [kind, dialect] of [
+            ['sglang', 'sglang'],
+            ['vllm', 'vllm'],
+        ]) {
+            const { fake, lg } = env[kind];
+            await fake.setScenario({ dialect, responses: [{ reasoning: REASONING, content: ['Let me look.'], tool_calls: [TOOL] }] });
+            for (const mode of MODES) {
+                const headers = { 'X-Loopguard-Reasoning': mode };
+                const s = await rawStream(lg.url + '/v1/chat/completions', { model: 'm', messages: MSG, stream: true }, headers);
+                const a = checkStream(s.text, mode);
+                assert.deepEqual(viewOf(a), expectView(mode, R, 'Let me look.'), `${dialect} ${mode}`);
+                assert.equal(a.tool_calls.length, 1);
+                assert.equal(a.tool_calls[0].function.name, TOOL.name);
+                assert.equal(a.tool_calls[0].function.arguments, TOOL.arguments);
+                assert.equal(a.finish_reason, 'tool_calls');
+                const { j, view } = checkWhole(await chat(lg.url + '/v1/chat/completions', { model: 'm', messages: MSG }, headers), mode);
+                assert.deepEqual(view, expectView(mode, R, 'Let me look.'));
+                assert.equal(j.choices[0].message.tool_calls[0].function.arguments, TOOL.arguments);
+                assert.equal(j.choices[0].finish_reason, 'tool_calls');
+            }
+        }
+    });
+
+    // Reasoning models on /v1/completions write <think>R</think>C into `text` (there is no
+    // reasoning field); that first </think> is the model's own, not a leaked template token.
+    it('text completions (no reasoning field) keep inline <think> text byte-for-byte', { ...T, todo: 'the first </think> in text trips leak: 3 attempts, ends content_filter' }, async () => {
+        const { fake, lg } = env.sglang;
+        await fake.setScenario({ dialect: 'sglang', responses: [{ reasoning: REASONING, content: CONTENT }] });
+        const s = await rawStream(lg.url + '/v1/completions', { model: 'm', prompt: 'Q:', stream: true, stream_options: { include_usage: true } });
+        const text = sseJSON(s.text).map((c) => c.choices[0]?.text ?? '').join('');
+        assert.equal(text, `<think>${R}</think>${C}`);
+        const reqs = await fake.requests('/v1/completions');
+        const d = await rawStream(fake.url + '/v1/completions', reqs.at(-1).body);
+        const norm = (t) => t.replace(/"created":\d+/g, '"created":0');
+        assert.equal(norm(s.text), norm(d.text));
+    });
+
     it('usage (with the reasoning token count) is kept in every mode, stream and whole', T, async () => {
         const { fake, lg } = env.sglang;
         await fake.setScenario({ dialect: 'sglang', responses: [{ reasoning: REASONING, content: CONTENT }] });
@@ -390,6 +429,11 @@ describe('reasoning in the request history', () => {
         const m = await upstreamMessages('sglang');
         assert.deepEqual(m[1], { role: 'assistant', content: 'Hello.', reasoning_content: 'They greet me.' });
         assert.deepEqual(m[2], { role: 'assistant', content: 'Hello again.', reasoning_content: 'Still greeting.' });
+    });
+
+    it('generic openai upstream: the history is forwarded as sent', T, async () => {
+        const m = await upstreamMessages('openai');
+        assert.deepEqual(m, HIST);
     });
 
     it('reasoning.history drop removes it; keep forwards it as sent', T, async () => {
