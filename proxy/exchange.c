@@ -81,7 +81,9 @@ typedef struct exchange {
     lg_buf errbody;
     sse_parser *sse;
     think_split *think;
-    bool think_inline; /* this exchange's upstream sends <think> inside content */
+    bool think_inline;    /* this exchange's upstream sends <think> inside content */
+    bool think_hindsight; /* whole response: reasoning until proven otherwise */
+    bool think_explicit;  /* the content opened with <think> itself */
     chan ch[LG_CH_COUNT];
     bool attempt_guarded;
     uint64_t tokens;
@@ -91,6 +93,7 @@ typedef struct exchange {
     bool saw_done;
     bool trip_pending;
     bool up_paused; /* the transfer is paused until the client drains `out` */
+    bool not_sse;   /* 200 without text/event-stream: a broken upstream */
     bool timed_out;
     bool avoid_replica;       /* the next attempt must prefer another replica */
     unsigned connect_retries; /* attempts re-sent because a replica never answered */
@@ -423,6 +426,25 @@ static void record_attempt(exchange *ex, const guard_verdict *v)
 
 /* ---- the end of an exchange -------------------------------------------------------- */
 
+/* True once the client's streaming response exists or is about to be queued: from then
+ * on, every end is written into the stream (error event, then [DONE]). */
+static bool streaming_started(const exchange *ex)
+{
+    return ex->req.client_stream && (ex->queued || ex->stream_ready);
+}
+
+/* Releases every held byte (the generation ended without a trip) as one synthetic chunk. */
+static void flush_held(exchange *ex)
+{
+    lg_buf r = LG_BUF_INIT, c = LG_BUF_INIT;
+    release(ex, LG_CH_REASONING, ex->ch[LG_CH_REASONING].held.len, &r);
+    release(ex, LG_CH_CONTENT, ex->ch[LG_CH_CONTENT].held.len, &c);
+    release(ex, LG_CH_TOOL_ARGS, ex->ch[LG_CH_TOOL_ARGS].held.len, NULL);
+    if (r.len || c.len) emit_chunk(ex, NULL, r.p, r.len, c.p, c.len, NULL);
+    lg_buf_free(&r);
+    lg_buf_free(&c);
+}
+
 static void end_stream(exchange *ex)
 {
     if (!ex->req.client_stream || ex->ended) return;
@@ -447,7 +469,7 @@ static void fail_exchange(exchange *ex, int status, const char *message, const c
 {
     if (ex->phase == PHASE_DONE) return;
     ex->phase = PHASE_DONE;
-    if (ex->queued && ex->req.client_stream) {
+    if (streaming_started(ex)) {
         char *json = dl_error_json(message, type, code, status);
         out_event(ex, json);
         free(json);
@@ -559,7 +581,7 @@ static void take_verdict(exchange *ex, const guard *g)
 
 /* End of generation for this attempt: last checks before the text is released. Returns
  * true when a guard tripped. */
-static bool end_checks(exchange *ex)
+static bool end_checks(exchange *ex, bool answer_expected)
 {
     for (int c = 0; c < LG_CH_COUNT; c++) {
         guard *g = ex->ch[c].g;
@@ -570,7 +592,8 @@ static bool end_checks(exchange *ex)
     }
     guard *cg = ex->ch[LG_CH_CONTENT].g;
     uint64_t rbytes = ex->ch[LG_CH_REASONING].attempt_bytes + ex->ch[LG_CH_REASONING].sent.len;
-    if (cg && ex->chat && ex->ch[LG_CH_CONTENT].attempt_bytes == 0 &&
+    /* A generation cut by max_tokens inside its reasoning has no answer by design. */
+    if (cg && answer_expected && ex->chat && ex->ch[LG_CH_CONTENT].attempt_bytes == 0 &&
         ex->ch[LG_CH_CONTENT].sent.len == 0 && ex->ch[LG_CH_TOOL_ARGS].attempt_bytes == 0 &&
         guard_report_empty_answer(cg, rbytes)) {
         take_verdict(ex, cg);
@@ -608,6 +631,28 @@ static bool may_open_think(const char *s, size_t n)
     return memcmp(s + i, "<think>", k) == 0;
 }
 
+static bool starts_with_open_tag(const char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
+    return n - i >= 7 && memcmp(s + i, "<think>", 7) == 0;
+}
+
+/* End of a whole response read in hindsight mode: with no </think> (and no explicit
+ * <think>), what looked like reasoning was the answer. */
+static void settle_hindsight(exchange *ex)
+{
+    ex->think_hindsight = false;
+    if (!ex->think || think_closed(ex->think) || ex->think_explicit) return;
+    chan *r = &ex->ch[LG_CH_REASONING], *c = &ex->ch[LG_CH_CONTENT];
+    lg_buf_append(&c->held, r->sent.p, r->sent.len);
+    lg_buf_append(&c->held, r->held.p, r->held.len);
+    c->attempt_bytes += r->attempt_bytes;
+    r->attempt_bytes = 0;
+    lg_buf_reset(&r->sent);
+    lg_buf_reset(&r->held);
+}
+
 static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
 {
     remember_meta(ex, d);
@@ -641,10 +686,18 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     lg_buf r = LG_BUF_INIT, c = LG_BUF_INIT;
     if (d->reasoning_len) lg_buf_append(&r, d->reasoning, d->reasoning_len);
     if (d->content_len && ex->chat && !ex->think && !d->reasoning_len &&
-        ex->ch[LG_CH_REASONING].attempt_bytes == 0 && ex->ch[LG_CH_CONTENT].attempt_bytes == 0 &&
-        (ex->think_opened || may_open_think(d->content, d->content_len))) {
-        ex->think = think_new(ex->think_opened);
-        ex->think_inline = true;
+        ex->ch[LG_CH_REASONING].attempt_bytes == 0 && ex->ch[LG_CH_CONTENT].attempt_bytes == 0) {
+        /* A whole response can be split in hindsight: read it as reasoning until a
+         * </think> and, if none comes, give it back to the answer (settle_hindsight). */
+        bool hindsight = !ex->req.client_stream && !ex->think_opened &&
+                         (!ex->rule || ex->rule->think_opened != 0) &&
+                         ex->req.enable_thinking != 0;
+        if (ex->think_opened || hindsight || may_open_think(d->content, d->content_len)) {
+            ex->think = think_new(ex->think_opened || hindsight);
+            ex->think_inline = true;
+            ex->think_hindsight = hindsight;
+            ex->think_explicit = starts_with_open_tag(d->content, d->content_len);
+        }
     }
     bool reshaped = ex->think != NULL; /* the splitter saw this event */
     if (ex->think) {
@@ -677,7 +730,8 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     }
     if (d->finish_reason) {
         ex->finished_gen = true;
-        if (end_checks(ex)) return 1;
+        if (ex->think_hindsight) settle_hindsight(ex);
+        if (end_checks(ex, strcmp(d->finish_reason, "length") != 0)) return 1;
     }
 
     /* Release: everything at the end of the generation, else what the guard cleared. Tool
@@ -722,7 +776,8 @@ static int on_event(void *ud, const sse_event *ev)
     case DL_ERROR:
         metrics_upstream_error(ex->base.w->metrics, ex->replica, "protocol");
         set_outcome(ex, "upstream_error");
-        if (ex->req.client_stream && ex->queued) {
+        if (streaming_started(ex)) {
+            flush_held(ex);
             out_append(ex, ev->raw, ev->raw_len);
             ex->finished_gen = true; /* the stream ends with [DONE] after the error */
         } else {
@@ -730,6 +785,8 @@ static int on_event(void *ud, const sse_event *ev)
             ex->final_status = d.error_code >= 400 && d.error_code < 600 ? d.error_code : 502;
             ex->final_body = cJSON_PrintUnformatted(d.root);
             ex->stream_ready = false;
+            if (ex->trips) record_attempt(ex, NULL);
+            worker_resume(&ex->base);
         }
         break;
     case DL_CHUNK:
@@ -743,11 +800,18 @@ static int on_event(void *ud, const sse_event *ev)
     return rc;
 }
 
+static bool is_event_stream(const http_head *h)
+{
+    return h->content_type && strncasecmp(h->content_type, "text/event-stream", 17) == 0;
+}
+
 static size_t on_header(char *line, size_t size, size_t n, void *ud)
 {
     exchange *ex = ud;
     http_head_line(&ex->head, line, size * n);
-    if (ex->head.complete && ex->head.status == 200 && ex->req.client_stream) {
+    if (ex->head.complete && ex->head.status == 200 && !is_event_stream(&ex->head))
+        ex->not_sse = true;
+    if (ex->head.complete && ex->head.status == 200 && !ex->not_sse && ex->req.client_stream) {
         ex->stream_ready = true;
         worker_resume(&ex->base);
     }
@@ -765,7 +829,7 @@ static size_t on_write(char *data, size_t size, size_t n, void *ud)
                      seconds_since(ex->attempt_start_ns, ex->base.w->now_ns));
         pool_report_health(ex->base.w->srv->pool, ex->replica, ex->head.status < 500);
     }
-    if (ex->head.status != 200) {
+    if (ex->head.status != 200 || ex->not_sse) {
         if (ex->errbody.len < EX_ERRBODY_MAX) lg_buf_append(&ex->errbody, data, len);
         return len;
     }
@@ -828,6 +892,12 @@ static void attempt_failed(exchange *ex, CURLcode rc)
         worker_resume(&ex->base);
         return;
     }
+    if (ex->not_sse) {
+        metrics_upstream_error(w->metrics, replica, "protocol");
+        fail_exchange(ex, 502, "the upstream did not answer with an event stream",
+                      "upstream_error", "bad_upstream");
+        return;
+    }
     bool timeout = ex->timed_out || rc == CURLE_OPERATION_TIMEDOUT;
     metrics_upstream_error(w->metrics, replica,
                            timeout ? "timeout" : rc == CURLE_OK ? "protocol" : "connect");
@@ -858,12 +928,15 @@ static void on_done(lg_xfer *x, CURLcode rc)
         return;
     }
     if (ex->base.client_gone || ex->phase == PHASE_DONE) return;
-    if ((ex->head.complete && ex->head.status != 200) || rc != CURLE_OK || ex->timed_out ||
+    if ((ex->head.complete && ex->head.status != 200) || ex->not_sse || rc != CURLE_OK ||
+        ex->timed_out ||
         !(ex->finished_gen || ex->saw_done)) {
         attempt_failed(ex, rc);
         return;
     }
     pool_report_generation(w->srv->pool, replica, false);
+    /* The last attempt ran unguarded because attempts ran out: not a recovery. */
+    if (ex->trips && !ex->attempt_guarded) set_outcome(ex, "failed");
     if (ex->trips) {
         record_attempt(ex, NULL);
         metrics_retry_latency(w->metrics, seconds_since(ex->trip_ns, w->now_ns));
@@ -972,6 +1045,7 @@ static void start_attempt(exchange *ex)
         ex->think = think_new(true);
     ex->tokens = ex->tokens_after_trip = 0;
     ex->first_byte = ex->finished_gen = ex->saw_done = ex->timed_out = ex->up_paused = false;
+    ex->not_sse = false;
     ex->attempt_start_ns = ex->last_event_ns = w->now_ns;
 
     char url[2048];

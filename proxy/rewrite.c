@@ -63,9 +63,32 @@ static int check_common(const cJSON *root, rw_request *out, rw_error *err)
     return 0;
 }
 
+/* True when s[0..n) is well-formed UTF-8 (RFC 3629: no overlongs, no surrogates, nothing
+ * past U+10FFFF). cJSON does not check, and an upstream must never get invalid text. O(n). */
+static bool valid_utf8(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t k = c < 0x80 ? 0 : (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2
+                                 : (c & 0xf8) == 0xf0 ? 3 : 4;
+        if (k == 4 || k > n - i - 1) return false; /* bad lead byte, or cut short */
+        unsigned cp = k == 0 ? c : c & (0x3f >> k);
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xc0) != 0x80) return false;
+            cp = (cp << 6) | (s[i + j] & 0x3f);
+        }
+        static const unsigned min[] = {0, 0x80, 0x800, 0x10000};
+        if (cp < min[k] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+        i += k + 1;
+    }
+    return true;
+}
+
 int rw_parse(const char *body, size_t len, bool chat, rw_request *out, rw_error *err)
 {
     memset(out, 0, sizeof(*out));
+    if (!valid_utf8((const unsigned char *)body, len))
+        return fail(err, "The request body is not valid UTF-8.", NULL);
     cJSON *root = cJSON_ParseWithLength(body, len);
     if (!root)
         return fail(
