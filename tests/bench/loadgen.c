@@ -397,6 +397,23 @@ static int head_line(conn *c, const char *p, size_t n)
     return 0;
 }
 
+/* Passes at most c->left of the n bytes at p to the SSE splitter and counts them off.
+ * Returns the bytes used, or -1 on a runaway line. */
+static ssize_t feed_counted(conn *c, const char *p, size_t n, uint64_t t_read)
+{
+    size_t k = n < c->left ? n : (size_t)c->left;
+    if (sse_feed(c, p, k, t_read) < 0) return -1;
+    c->left -= k;
+    return (ssize_t)k;
+}
+
+/* The chunk-size line ended: data follows, or the trailer after the last chunk. */
+static void chunk_size_done(conn *c)
+{
+    c->body = c->left ? B_CHUNK_DATA : B_TRAILER;
+    c->trailer_line = 0;
+}
+
 /* Decodes body bytes per framing. Returns bytes consumed (the rest belongs to nothing: we
  * never pipeline), or -1 on a framing error. Sets *done when the response ended. */
 static ssize_t body_feed(conn *c, const char *p, size_t n, uint64_t t_read, bool *done)
@@ -409,10 +426,9 @@ static ssize_t body_feed(conn *c, const char *p, size_t n, uint64_t t_read, bool
             i = n;
             break;
         case B_LENGTH: {
-            size_t k = n - i < c->left ? n - i : (size_t)c->left;
-            if (sse_feed(c, p + i, k, t_read) < 0) return -1;
-            i += k;
-            c->left -= k;
+            ssize_t k = feed_counted(c, p + i, n - i, t_read);
+            if (k < 0) return -1;
+            i += (size_t)k;
             if (c->left == 0) *done = true;
             break;
         }
@@ -428,24 +444,19 @@ static ssize_t body_feed(conn *c, const char *p, size_t n, uint64_t t_read, bool
             } else if (ch == ';' || ch == ' ' || ch == '\t') {
                 c->body = B_CHUNK_EXT;
             } else if (ch == '\n') {
-                c->body = c->left ? B_CHUNK_DATA : B_TRAILER;
-                c->trailer_line = 0;
+                chunk_size_done(c);
             } else if (ch != '\r') {
                 return -1;
             }
             break;
         }
         case B_CHUNK_EXT:
-            if (p[i++] == '\n') {
-                c->body = c->left ? B_CHUNK_DATA : B_TRAILER;
-                c->trailer_line = 0;
-            }
+            if (p[i++] == '\n') chunk_size_done(c);
             break;
         case B_CHUNK_DATA: {
-            size_t k = n - i < c->left ? n - i : (size_t)c->left;
-            if (sse_feed(c, p + i, k, t_read) < 0) return -1;
-            i += k;
-            c->left -= k;
+            ssize_t k = feed_counted(c, p + i, n - i, t_read);
+            if (k < 0) return -1;
+            i += (size_t)k;
             if (c->left == 0) c->body = B_CHUNK_END;
             break;
         }
