@@ -519,6 +519,27 @@ describe('container files', () => {
     });
 });
 
+describe('make demo', () => {
+    it('tests/demo.sh shows the loop without loopguard and the recovery with it, in 100 columns, within 30 s', { timeout: 60000 }, async () => {
+        const t0 = Date.now();
+        const r = await run(path.join(ROOT, 'tests/demo.sh'), [], { env: { BUILD }, timeout: 60000 });
+        const secs = (Date.now() - t0) / 1000;
+        assert.equal(r.code, 0, `demo failed:\n${r.stdout}\n${r.stderr}`);
+        assert.ok(secs < 30, `the demo took ${secs} s`);
+        const out = r.stdout;
+        assert.match(out, /WITHOUT loopguard.*\| WITH loopguard/);
+        assert.match(out, /You can use the lambda lambda lambda/);
+        assert.match(out, /def is_prime\(n\):/);
+        assert.match(out, /tokens saved: \d+ of \d+/);
+        assert.match(out, /"outcome": "recovered"/);
+        assert.match(out, /loopguard_trips_total\{[^}]*\} [1-9]/);
+        assert.match(out, /^demo OK/m);
+        // Readable in a 100-column terminal (the pretty-printed incident aside).
+        const prose = out.split('\n').filter((l) => !/^\s*("|[{}\]])/.test(l));
+        for (const l of prose) assert.ok([...l].length <= 100, `line over 100 columns: ${l}`);
+    });
+});
+
 describe('configuration through LOOPGUARD_* environment variables', () => {
     let fake;
     before(async () => {
