@@ -703,6 +703,16 @@ static double latency_s(const gen *g)
     return (double)(fake_now_ns() - g->t_start) / 1e9;
 }
 
+/* One /generate event: the text so far; finish NULL until the last. */
+static void emit_generate(conn *c, const char *finish)
+{
+    gen *g = c->g;
+    fake_usage u = usage_of(g);
+    fbuf_reset(&g->ev);
+    fake_render_generate(&g->ev, &g->ctx, &g->content, finish, g->cap, &u, latency_s(g));
+    put_event(c, g->ev.p, g->ev.len);
+}
+
 /* Appends token t's text to the whole-response buffers. */
 static void accumulate(gen *g, const fake_token *t)
 {
@@ -778,19 +788,23 @@ static bool emit_token(server *s, conn *c)
         d.finish = g->finish;
         g->finish_sent = true;
     }
-    if (g->ctx.ep == FAKE_EP_GENERATE) {
-        fbuf_reset(&g->ev);
-        fake_usage u = usage_of(g);
-        fake_render_generate(&g->ev, &g->ctx, &g->content, d.finish, g->cap, &u, latency_s(g));
-        put_event(c, g->ev.p, g->ev.len);
-    } else {
+    if (g->ctx.ep == FAKE_EP_GENERATE)
+        emit_generate(c, d.finish);
+    else
         emit_delta(c, &d);
-    }
     return true;
 }
 
-static void put_done(conn *c)
+/* The end of every stream: the usage chunk when asked for, [DONE], the last HTTP chunk. */
+static void put_tail(conn *c)
 {
+    gen *g = c->g;
+    if (g->usage) {
+        fbuf_reset(&g->ev);
+        fake_usage u = usage_of(g);
+        fake_render_usage_chunk(&g->ev, &g->ctx, &u);
+        put_event(c, g->ev.p, g->ev.len);
+    }
     put_event(c, "[DONE]", 6);
     fbuf_puts(&c->out, "0\r\n\r\n");
 }
@@ -805,23 +819,13 @@ static void stream_finish(conn *c)
         d.finish = g->finish;
         if (strcmp(g->finish, "stop")) d.matched_stop = "null";
         if (!fake_dialect_separate_finish(g->ctx.d, g->ctx.ep)) d.content = "", d.cn = 0;
-        if (g->ctx.ep == FAKE_EP_GENERATE) {
-            fbuf_reset(&g->ev);
-            fake_usage u = usage_of(g);
-            fake_render_generate(&g->ev, &g->ctx, &g->content, g->finish, g->cap, &u, latency_s(g));
-            put_event(c, g->ev.p, g->ev.len);
-        } else {
+        if (g->ctx.ep == FAKE_EP_GENERATE)
+            emit_generate(c, g->finish);
+        else
             emit_delta(c, &d);
-        }
         g->finish_sent = true;
     }
-    if (g->usage) {
-        fbuf_reset(&g->ev);
-        fake_usage u = usage_of(g);
-        fake_render_usage_chunk(&g->ev, &g->ctx, &u);
-        put_event(c, g->ev.p, g->ev.len);
-    }
-    put_done(c);
+    put_tail(c);
 }
 
 static void whole_finish(conn *c)
@@ -925,13 +929,7 @@ static bool stream_fault(server *s, conn *c, bool *stop)
             fbuf_reset(&g->ev);
             fake_render_error_event(&g->ev, g->ctx.d, fault_message(f), fault_type(f), f->status);
             put_event(c, g->ev.p, g->ev.len);
-            if (g->usage) {
-                fbuf_reset(&g->ev);
-                fake_usage u = usage_of(g);
-                fake_render_usage_chunk(&g->ev, &g->ctx, &u);
-                put_event(c, g->ev.p, g->ev.len);
-            }
-            put_done(c);
+            put_tail(c);
             c->state = C_DONE;
         } else {
             fbuf_reset(&g->ev);
@@ -1078,50 +1076,45 @@ static bool kind_has(const server *s, const char *path)
     return false;
 }
 
-static void ep_models(server *s, conn *c)
+/* Responds 200 with the JSON template tmpl in which each "$M" stands for the model name
+ * (written as a JSON string). */
+static void respond_with_model(server *s, conn *c, const char *tmpl)
 {
     fbuf *b = &s->tmp;
     fbuf_reset(b);
-    const char *owner = s->cfg.kind == FAKE_KIND_SGLANG ? "sglang"
-                        : s->cfg.kind == FAKE_KIND_VLLM ? "vllm"
-                                                        : "fake";
-    fbuf_puts(b, "{\"object\":\"list\",\"data\":[{\"id\":");
-    fbuf_json_str(b, s->model, strlen(s->model), false);
-    fbuf_printf(b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"%s\",\"root\":",
-                (long)time(NULL), owner);
-    fbuf_json_str(b, s->model, strlen(s->model), false);
-    fbuf_puts(b, ",\"parent\":null,\"max_model_len\":262144}]}");
+    for (const char *p = tmpl, *m; *p; p = m + 2) {
+        if (!(m = strstr(p, "$M"))) {
+            fbuf_puts(b, p);
+            break;
+        }
+        fbuf_put(b, p, (size_t)(m - p));
+        fbuf_json_str(b, s->model, strlen(s->model), false);
+    }
     respond_json(c, 200, b);
 }
 
-static void ep_model_info(server *s, conn *c)
+static void ep_models(server *s, conn *c)
 {
-    fbuf *b = &s->tmp;
-    fbuf_reset(b);
-    fbuf_puts(b, "{\"model_path\":");
-    fbuf_json_str(b, s->model, strlen(s->model), false);
-    fbuf_puts(b, ",\"tokenizer_path\":");
-    fbuf_json_str(b, s->model, strlen(s->model), false);
-    fbuf_puts(b, ",\"is_generation\":true,\"preferred_sampling_params\":null,"
-                 "\"weight_version\":\"default\",\"has_image_understanding\":false,"
-                 "\"has_audio_understanding\":false,\"model_type\":\"qwen3_5\","
-                 "\"architectures\":[\"Qwen3_5ForConditionalGeneration\"]}");
-    respond_json(c, 200, b);
+    char t[512];
+    const char *owner = s->cfg.kind == FAKE_KIND_SGLANG ? "sglang"
+                        : s->cfg.kind == FAKE_KIND_VLLM ? "vllm"
+                                                        : "fake";
+    snprintf(t, sizeof t,
+             "{\"object\":\"list\",\"data\":[{\"id\":$M,\"object\":\"model\",\"created\":%ld,"
+             "\"owned_by\":\"%s\",\"root\":$M,\"parent\":null,\"max_model_len\":262144}]}",
+             (long)time(NULL), owner);
+    respond_with_model(s, c, t);
 }
 
 static void ep_server_info(server *s, conn *c)
 {
-    fbuf *b = &s->tmp;
-    fbuf_reset(b);
-    fbuf_puts(b, "{\"model_path\":");
-    fbuf_json_str(b, s->model, strlen(s->model), false);
-    fbuf_puts(b, ",\"served_model_name\":");
-    fbuf_json_str(b, s->model, strlen(s->model), false);
-    fbuf_printf(b,
-                ",\"reasoning_parser\":\"qwen3\",\"tool_call_parser\":\"qwen3_coder\","
-                "\"context_length\":262144,\"dialect\":\"%s\",\"version\":\"0.5.6\"}",
-                fake_dialect_name(s->dialect));
-    respond_json(c, 200, b);
+    char t[512];
+    snprintf(t, sizeof t,
+             "{\"model_path\":$M,\"served_model_name\":$M,\"reasoning_parser\":\"qwen3\","
+             "\"tool_call_parser\":\"qwen3_coder\",\"context_length\":262144,\"dialect\":\"%s\","
+             "\"version\":\"0.5.6\"}",
+             fake_dialect_name(s->dialect));
+    respond_with_model(s, c, t);
 }
 
 static void ep_metrics(server *s, conn *c)
@@ -1321,7 +1314,12 @@ static void dispatch(server *s, conn *c)
     } else if (!strcmp(p, "/v1/models")) {
         ep_models(s, c);
     } else if (!strcmp(p, "/get_model_info")) {
-        ep_model_info(s, c);
+        respond_with_model(s, c,
+                           "{\"model_path\":$M,\"tokenizer_path\":$M,\"is_generation\":true,"
+                           "\"preferred_sampling_params\":null,\"weight_version\":\"default\","
+                           "\"has_image_understanding\":false,\"has_audio_understanding\":false,"
+                           "\"model_type\":\"qwen3_5\","
+                           "\"architectures\":[\"Qwen3_5ForConditionalGeneration\"]}");
     } else if (!strcmp(p, "/get_server_info")) {
         ep_server_info(s, c);
     } else if (!strcmp(p, "/metrics")) {
