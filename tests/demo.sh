@@ -62,8 +62,9 @@ pids+=($!)
 fake_port=$(port_of "$!" "$tmp/fake.out" fake_upstream)
 fake=http://127.0.0.1:$fake_port
 
-# The demo's own configuration, written out so that it can be shown: the built-in defaults
-# plus a free port, the fake as the upstream, and an incident log in the temp directory.
+# The demo's configuration: the built-in defaults plus a free port, the fake as the
+# upstream, one worker and an incident log in the temp directory. LOOPGUARD_* variables
+# still apply on top (LOOPGUARD_GUARD__ENABLED=false make demo shows the failure).
 cat >"$tmp/loopguard.json" <<EOF
 {
   "listen": "127.0.0.1:0",
@@ -268,3 +269,4 @@ if problems:
 print("demo OK: the loop was cut after %d tokens and the client got a clean answer." %
       (gen_with[0]["tokens_sent"] if gen_with else -1))
 PY
+echo "Next: make run serves 127.0.0.1:8000 in front of SGLang on 127.0.0.1:30000 (Ctrl-C stops it)."
