@@ -155,7 +155,7 @@ int dl_parse(const char *data, size_t len, dl_delta *out)
     out->id = str_of(root, "id", NULL);
     out->model = str_of(root, "model", NULL);
     const cJSON *created = cJSON_GetObjectItemCaseSensitive(root, "created");
-    if (cJSON_IsNumber(created)) {
+    if (cJSON_IsNumber(created) && created->valuedouble > -9e18 && created->valuedouble < 9e18) {
         out->created = (long long)created->valuedouble;
         out->has_created = true;
     }

@@ -174,9 +174,12 @@ int sse_parser_feed(sse_parser *p, const char *buf, size_t len)
             p->skip_lf = false;
             if (p->scan < p->pos) p->scan = p->pos;
         }
-        size_t i = p->scan;
-        while (i < n && s[i] != '\n' && s[i] != '\r')
-            i++;
+        /* Two memchr passes (LF, then CR only before it) beat a byte loop: almost every
+         * server ends lines in LF, so the CR search covers one short line. */
+        const char *lf = memchr(s + p->scan, '\n', n - p->scan);
+        size_t i = lf ? (size_t)(lf - s) : n;
+        const char *cr = memchr(s + p->scan, '\r', i - p->scan);
+        if (cr) i = (size_t)(cr - s);
         if (i == n) {
             p->scan = n;
             if (n - p->start > p->max) goto too_big;

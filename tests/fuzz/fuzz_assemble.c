@@ -46,15 +46,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char *s = asm_render(a, mode);
         cJSON *j = cJSON_Parse(s);
         if (!cJSON_IsObject(j)) abort();
-        const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
-        const cJSON *holder = chat ? cJSON_GetObjectItem(ch, "message") : ch;
+        const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
+        const cJSON *holder = chat ? cJSON_GetObjectItemCaseSensitive(ch, "message") : ch;
         if (!cJSON_IsObject(holder)) abort();
         if (mode == 0) {
-            if (!str_is(cJSON_GetObjectItem(holder, chat ? "content" : "text"), &c)) abort();
-            if (!str_is(cJSON_GetObjectItem(holder, "reasoning_content"), &r)) abort();
+            if (!str_is(cJSON_GetObjectItemCaseSensitive(holder, chat ? "content" : "text"), &c))
+                abort();
+            if (!str_is(cJSON_GetObjectItemCaseSensitive(holder, "reasoning_content"), &r)) abort();
         }
-        if (mode == 3 && (cJSON_GetObjectItem(holder, "reasoning_content") ||
-                          cJSON_GetObjectItem(holder, "reasoning")))
+        if (mode == 3 && (cJSON_GetObjectItemCaseSensitive(holder, "reasoning_content") ||
+                          cJSON_GetObjectItemCaseSensitive(holder, "reasoning")))
             abort();
         cJSON_Delete(j);
         free(s);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "proxy/buf.h"
+#include "tests/fuzz/fuzz_cuts.h"
 #include "proxy/sse.h"
 
 typedef struct run {
@@ -34,15 +35,13 @@ static int on_event(void *ud, const sse_event *ev)
 }
 
 /* Feeds data[0..len) with cut sizes drawn from `cuts`; returns the feed status. */
-static int feed(const uint8_t *data, size_t len, const uint8_t *cuts, size_t ncuts, size_t max,
-                run *r)
+static int feed(const uint8_t *data, size_t len, fuzz_cuts *cuts, size_t max, run *r)
 {
     sse_parser *p = sse_parser_new(max, on_event, r);
-    size_t at = 0, k = 0;
+    size_t at = 0;
     int rc = 0;
     while (at < len && rc == 0) {
-        size_t step = ncuts ? 1 + (size_t)cuts[k++ % ncuts] % 17 : len;
-        if (step > len - at) step = len - at;
+        size_t step = fuzz_cuts_next(cuts, len - at);
         rc = sse_parser_feed(p, (const char *)data + at, step);
         at += step;
     }
@@ -64,19 +63,16 @@ static int feed(const uint8_t *data, size_t len, const uint8_t *cuts, size_t ncu
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    size_t ncuts = size ? data[0] % 8 : 0;
-    if (size < 1 + ncuts) return 0;
-    const uint8_t *cuts = data + 1;
-    data += 1 + ncuts;
-    size -= 1 + ncuts;
+    fuzz_cuts cuts;
+    if (!fuzz_cuts_take(&data, &size, &cuts, 17)) return 0;
 
     run whole = {0}, split = {0}, tiny = {0};
-    if (feed(data, size, NULL, 0, 0, &whole) != 0) abort();
-    if (feed(data, size, cuts, ncuts, 0, &split) != 0) abort();
+    if (feed(data, size, NULL, 0, &whole) != 0) abort();
+    if (feed(data, size, &cuts, 0, &split) != 0) abort();
     if (whole.fields.len != split.fields.len ||
         (whole.fields.len && memcmp(whole.fields.p, split.fields.p, whole.fields.len)))
         abort();
-    feed(data, size, cuts, ncuts, 24, &tiny);
+    feed(data, size, &cuts, 24, &tiny);
     lg_buf_free(&whole.fields);
     lg_buf_free(&whole.raws);
     lg_buf_free(&split.fields);

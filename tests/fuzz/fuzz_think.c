@@ -10,16 +10,15 @@
 #include <string.h>
 
 #include "proxy/buf.h"
+#include "tests/fuzz/fuzz_cuts.h"
 #include "proxy/think.h"
 
-static void split(const uint8_t *in, size_t len, bool inside, const uint8_t *cuts, size_t ncuts,
-                  lg_buf *r, lg_buf *c)
+static void split(const uint8_t *in, size_t len, bool inside, fuzz_cuts *cuts, lg_buf *r, lg_buf *c)
 {
     think_split *t = think_new(inside);
-    size_t at = 0, k = 0;
+    size_t at = 0;
     while (at < len) {
-        size_t step = ncuts ? 1 + (size_t)cuts[k++ % ncuts] % 11 : len;
-        if (step > len - at) step = len - at;
+        size_t step = fuzz_cuts_next(cuts, len - at);
         think_feed(t, (const char *)in + at, step, r, c);
         at += step;
     }
@@ -34,16 +33,13 @@ static bool same(const lg_buf *a, const lg_buf *b)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    size_t ncuts = size ? data[0] % 8 : 0;
-    if (size < 1 + ncuts) return 0;
-    const uint8_t *cuts = data + 1;
-    data += 1 + ncuts;
-    size -= 1 + ncuts;
+    fuzz_cuts cuts;
+    if (!fuzz_cuts_take(&data, &size, &cuts, 11)) return 0;
 
     for (int inside = 0; inside < 2; inside++) {
         lg_buf r1 = LG_BUF_INIT, c1 = LG_BUF_INIT, r2 = LG_BUF_INIT, c2 = LG_BUF_INIT;
-        split(data, size, inside, NULL, 0, &r1, &c1);
-        split(data, size, inside, cuts, ncuts, &r2, &c2);
+        split(data, size, inside, NULL, &r1, &c1);
+        split(data, size, inside, &cuts, &r2, &c2);
         if (!same(&r1, &r2) || !same(&c1, &c2)) abort();
         if (r1.len + c1.len > size) abort();
         if (!inside && !memmem(data, size, "<think>", 7) && !memmem(data, size, "</think>", 8)) {
