@@ -22,6 +22,7 @@
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -31,6 +32,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
@@ -129,13 +131,14 @@ typedef struct conn {
     long bytes_left;
     long sleep_ms;
     uint64_t wake;
-    long heap_idx;              /* -1 when not scheduled */
-    struct conn *gprev, *gnext; /* list of connections with a generation */
+    long heap_idx;            /* -1 when not scheduled */
+    struct conn *prev, *next; /* every open connection */
 } conn;
 
 typedef struct server {
     fake_config cfg;
     int ep, lfd, tfd, sfd;
+    int reserve_fd; /* kept open to recover from EMFILE in accept */
     fake_scenario *sc;
     fake_dialect dialect;
     const char *model;
@@ -143,7 +146,7 @@ typedef struct server {
     conn **heap;
     long nheap, capheap;
     uint64_t armed;
-    conn *gens;
+    conn *conns;
     uint64_t t0;
     uint64_t rng;
     long n_requests, n_generations, n_tokens, n_active;
@@ -458,12 +461,6 @@ static void gen_end(server *s, conn *c, const char *ended, bool client_gone)
     record_generation(s, g, ended, client_gone);
     s->n_tokens += g->sent;
     s->n_active--;
-    if (c->gprev)
-        c->gprev->gnext = c->gnext;
-    else
-        s->gens = c->gnext;
-    if (c->gnext) c->gnext->gprev = c->gprev;
-    c->gprev = c->gnext = NULL;
     gen_free(g);
     c->g = NULL;
 }
@@ -493,6 +490,11 @@ static void conn_close(server *s, conn *c, bool rst)
     }
     epoll_ctl(s->ep, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
     reset_request(c);
     fbuf_free(&c->in);
     fbuf_free(&c->out);
@@ -1140,8 +1142,8 @@ static void ep_abort(server *s, conn *c, const cJSON *body)
     bool all = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(body, "abort_all"));
     const char *want = cJSON_IsString(rid) ? rid->valuestring : NULL;
     bool found = false;
-    for (conn *g = s->gens; g; g = g->gnext) {
-        if (all || (want && g->g->rid && !strcmp(want, g->g->rid))) {
+    for (conn *g = s->conns; g; g = g->next) {
+        if (g->g && (all || (want && g->g->rid && !strcmp(want, g->g->rid)))) {
             found = true;
             g->g->aborted = true;
             /* A stalled generation is aborted too: it leaves the stall at once. */
@@ -1235,10 +1237,6 @@ static void start_generation(server *s, conn *c, fake_endpoint ep, const cJSON *
     }
     c->g = g;
     c->state = C_GEN;
-    c->gnext = s->gens;
-    c->gprev = NULL;
-    if (s->gens) s->gens->gprev = c;
-    s->gens = c;
     s->n_generations++;
     s->n_active++;
     schedule(s, c, 1);
@@ -1558,6 +1556,16 @@ static void on_accept(server *s)
 {
     for (;;) {
         int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE) && s->reserve_fd >= 0) {
+            /* Out of descriptors: the listener would stay readable and spin the loop.
+             * Spend the reserve descriptor to accept and drop the connection. */
+            close(s->reserve_fd);
+            fd = accept(s->lfd, NULL, NULL);
+            if (fd >= 0) close(fd);
+            s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+            fprintf(stderr, "fake_upstream: out of file descriptors, connection dropped\n");
+            continue;
+        }
         if (fd < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
                 perror("fake_upstream: accept4");
@@ -1573,11 +1581,13 @@ static void on_accept(server *s)
         c->fd = fd;
         c->heap_idx = -1;
         c->state = C_READ;
+        c->next = s->conns;
+        if (s->conns) s->conns->prev = c;
+        s->conns = c;
         struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
         if (epoll_ctl(s->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
             perror("fake_upstream: epoll_ctl");
-            close(fd);
-            free(c);
+            conn_close(s, c, false);
         }
     }
 }
@@ -1641,6 +1651,13 @@ static int add_fd(server *s, int fd, int *tag)
 int fake_server_run(fake_config *cfg)
 {
     server s = {.cfg = *cfg, .ep = -1, .lfd = -1, .tfd = -1, .sfd = -1};
+    /* Many concurrent streams need many descriptors: raise the soft limit to the hard one. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) < 0) perror("fake_upstream: setrlimit");
+    }
+    s.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     int rc = 1;
     s.t0 = fake_now_ns();
     s.rng = s.t0 ^ ((uint64_t)getpid() << 32) ^ 0x9E3779B97F4A7C15ULL;
@@ -1716,8 +1733,8 @@ int fake_server_run(fake_config *cfg)
     rc = 0;
 done:
     /* Close every connection still open (their generations are recorded as gone). */
-    while (s.gens)
-        conn_close(&s, s.gens, false);
+    while (s.conns)
+        conn_close(&s, s.conns, false);
     free(s.heap);
     fake_records_free(&s.rec);
     fake_scenario_unref(s.sc);
@@ -1726,5 +1743,6 @@ done:
     if (s.tfd >= 0) close(s.tfd);
     if (s.sfd >= 0) close(s.sfd);
     if (s.ep >= 0) close(s.ep);
+    if (s.reserve_fd >= 0) close(s.reserve_fd);
     return rc;
 }
