@@ -63,7 +63,6 @@ typedef enum {
     PH_TOKENS,
     PH_STALL, /* fault: nothing until the client leaves or the stall ends */
     PH_FINISH,
-    PH_END,
 } gen_phase;
 
 typedef struct gen {
@@ -78,6 +77,7 @@ typedef struct gen {
     bool stream, usage;
     fake_plan plan;
     gen_phase phase;
+    gen_phase resume; /* where a timed stall or an abort picks up */
     uint64_t t_start, wake, next_tick, pace_ns;
     long sent, reasoning_sent, prompt_tokens, cap;
     bool fault_done, aborted, finish_sent;
@@ -911,6 +911,7 @@ static bool stream_fault(server *s, conn *c, bool *stop)
         conn_close(s, c, true);
         return false;
     case FAKE_FAULT_STALL:
+        g->resume = g->phase;
         g->phase = PH_STALL;
         g->wake = fake_now_ns() + (uint64_t)(f->ms > 0 ? f->ms : 0) * NS_PER_MS;
         if (f->ms >= 0) schedule(s, c, g->wake);
@@ -972,6 +973,7 @@ static void gen_pump(server *s, conn *c)
         }
         uint64_t now = fake_now_ns();
         bool alive = true, stop = false;
+        if (g->aborted) g->wake = 0; /* an abort cuts first_byte and slow_start waits short */
         switch (g->phase) {
         case PH_DELAY:
             if (now < g->wake) {
@@ -998,7 +1000,7 @@ static void gen_pump(server *s, conn *c)
                 schedule(s, c, g->wake);
                 goto out;
             }
-            if (!g->fault_done && g->r->fault.at_token <= 0 &&
+            if (!g->fault_done && !g->aborted && g->r->fault.at_token <= 0 &&
                 g->r->fault.kind != FAKE_FAULT_NONE) {
                 if (!stream_fault(s, c, &stop)) return;
                 if (stop) goto out;
@@ -1035,8 +1037,8 @@ static void gen_pump(server *s, conn *c)
         case PH_STALL:
             /* Woken by the end of a timed stall: carry on as if nothing happened. */
             if (g->r->fault.ms >= 0 && now >= g->wake) {
-                g->phase = PH_TOKENS;
-                g->next_tick = now;
+                g->phase = g->resume;
+                g->wake = g->next_tick = now;
                 break;
             }
             goto out;
@@ -1047,9 +1049,8 @@ static void gen_pump(server *s, conn *c)
             } else {
                 whole_finish(c);
             }
-            g->phase = PH_END;
-            break;
-        case PH_END:
+            /* Recorded as soon as the end is queued: a flush that closes the
+             * connection afterwards must not turn a complete stream into a lost one. */
             gen_end(s, c, g->aborted ? "aborted" : "complete", false);
             goto out;
         }
@@ -1147,7 +1148,7 @@ static void ep_abort(server *s, conn *c, const cJSON *body)
             found = true;
             g->g->aborted = true;
             /* A stalled generation is aborted too: it leaves the stall at once. */
-            if (g->g->phase == PH_STALL) g->g->phase = PH_TOKENS;
+            if (g->g->phase == PH_STALL) g->g->phase = g->g->resume;
             schedule(s, g, 1);
         }
     }
