@@ -35,6 +35,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -564,7 +565,7 @@ static void conn_event(conn *c, uint32_t events, char *buf)
 
 /* ---- /proc sampling of the watched processes ---- */
 
-/* Returns utime + stime of pid in clock ticks, or 0 when it cannot be read. */
+/* Returns utime + stime of pid in clock ticks, or 0 when it cannot be read (gone). */
 static uint64_t proc_ticks(int pid)
 {
     char path[64], buf[1024];
@@ -597,11 +598,16 @@ static uint64_t proc_rss_kib(int pid)
     return kib;
 }
 
+static bool watch_lost; /* a watched process vanished: its CPU and RSS are meaningless */
+
 static uint64_t watch_ticks(void)
 {
     uint64_t t = 0;
-    for (int i = 0; i < opt.nwatch; i++)
-        t += proc_ticks(opt.watch[i]);
+    for (int i = 0; i < opt.nwatch; i++) {
+        uint64_t v = proc_ticks(opt.watch[i]);
+        if (v == 0 && kill(opt.watch[i], 0) < 0) watch_lost = true;
+        t += v;
+    }
     return t;
 }
 
@@ -729,7 +735,7 @@ static void raise_nofile(void)
 static void print_summary(double wall_s, uint64_t ticks, uint64_t rss, double self_s)
 {
     long hz = sysconf(_SC_CLK_TCK);
-    double cpu_s = hz > 0 ? (double)ticks / (double)hz : 0;
+    double cpu_s = hz > 0 && !watch_lost ? (double)ticks / (double)hz : -1;
     uint64_t errors = cnt.err_status + cnt.err_malformed + cnt.err_io + cnt.err_connect +
                       cnt.err_truncated + cnt.err_event;
     printf("{\"label\":\"%s\",\"streams\":%d,\"max_tokens\":%d,\"duration_s\":%.3f,"
@@ -740,12 +746,14 @@ static void print_summary(double wall_s, uint64_t ticks, uint64_t rss, double se
            ",\"errors\":%" PRIu64 ",\"err\":{\"status\":%" PRIu64 ",\"malformed\":%" PRIu64
            ",\"io\":%" PRIu64 ",\"connect\":%" PRIu64 ",\"truncated\":%" PRIu64
            ",\"error_event\":%" PRIu64 "},\"negative_latency\":%" PRIu64
-           ",\"target_cpu_s\":%.3f,\"target_rss_kib\":%" PRIu64 ",\"loadgen_cpu_s\":%.3f}\n",
+           ",\"target_cpu_s\":%.3f,\"target_rss_kib\":%" PRIu64
+           ",\"target_lost\":%s,\"loadgen_cpu_s\":%.3f}\n",
            opt.label, opt.streams, opt.max_tokens, wall_s, cnt.requests, cnt.events, cnt.stamps,
            (double)cnt.events / wall_s, hist_quantile(&cnt.lat, 0.5), hist_quantile(&cnt.lat, 0.99),
            hist_quantile(&cnt.lat, 0.999), cnt.lat.max, hist_quantile(&cnt.ttft, 0.5),
            hist_quantile(&cnt.ttft, 0.99), errors, cnt.err_status, cnt.err_malformed, cnt.err_io,
-           cnt.err_connect, cnt.err_truncated, cnt.err_event, cnt.negative, cpu_s, rss, self_s);
+           cnt.err_connect, cnt.err_truncated, cnt.err_event, cnt.negative, cpu_s, rss,
+           watch_lost ? "true" : "false", self_s);
     fflush(stdout);
 }
 
@@ -799,6 +807,7 @@ int main(int argc, char **argv)
             conn_event(evs[i].data.ptr, evs[i].events, buf);
     }
     uint64_t ticks1 = watch_ticks();
+    if (ticks1 < ticks0) watch_lost = true;
     rss = watch_rss();
     double self1 = self_cpu_s();
     print_summary(opt.duration_s, ticks1 - ticks0, rss, self1 - self0);

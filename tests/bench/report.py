@@ -122,8 +122,19 @@ def by_prefix(scens, prefix):
     return out
 
 
-def diff(a, b):
-    return None if a is None or b is None else a - b
+def cpu_per_m(rec):
+    """The target's CPU seconds per million events of one run; None when the target
+    process was lost during the run (loadgen reports -1) or nothing was relayed."""
+    if rec["target_cpu_s"] < 0 or not rec["events"]:
+        return None
+    return round(rec["target_cpu_s"] / rec["events"] * 1e6, 2)
+
+
+def diff(rec, base, key):
+    """rec[key] - base[key]; None unless both runs relayed events."""
+    if not base or not rec["events"] or not base["events"]:
+        return None
+    return rec[key] - base[key]
 
 
 def figures(runs, errors):
@@ -137,11 +148,9 @@ def figures(runs, errors):
         fig = {}
         best = max(sat.values(), key=lambda r: r["events_per_s"]) if sat else None
         fig["chunks_per_s"] = round(best["events_per_s"]) if best else None
-        fig["cpu_s_per_M_chunks"] = (round(best["target_cpu_s"] / best["events"] * 1e6, 2)
-                                     if best and best["events"] else None)
+        fig["cpu_s_per_M_chunks"] = cpu_per_m(best) if best else None
         fig["saturation"] = {str(n): {"streams": n, "events_per_s": round(r["events_per_s"]),
-                                      "cpu_s_per_M": (round(r["target_cpu_s"] / r["events"] * 1e6, 2)
-                                                      if r["events"] else None),
+                                      "cpu_s_per_M": cpu_per_m(r),
                                       "passes": r.get("passes"),
                                       "errors": r["errors"]}
                              for n, r in sorted(sat.items())}
@@ -153,10 +162,10 @@ def figures(runs, errors):
                 "events_per_s": round(r["events_per_s"]),
                 "lat_p50_us": r["lat_p50_us"], "lat_p99_us": r["lat_p99_us"],
                 "ttft_p50_us": r["ttft_p50_us"], "ttft_p99_us": r["ttft_p99_us"],
-                "p50_added_us": diff(r["lat_p50_us"], base and base["lat_p50_us"]),
-                "p99_added_us": diff(r["lat_p99_us"], base and base["lat_p99_us"]),
-                "ttft_added_p50_us": diff(r["ttft_p50_us"], base and base["ttft_p50_us"]),
-                "ttft_added_us": diff(r["ttft_p99_us"], base and base["ttft_p99_us"]),
+                "p50_added_us": diff(r, base, "lat_p50_us"),
+                "p99_added_us": diff(r, base, "lat_p99_us"),
+                "ttft_added_p50_us": diff(r, base, "ttft_p50_us"),
+                "ttft_added_us": diff(r, base, "ttft_p99_us"),
                 "rss_kib": r["target_rss_kib"],
                 "errors": r["errors"],
                 # Below 1 the target did not keep up with the offered pace; the fake then

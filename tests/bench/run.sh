@@ -100,11 +100,15 @@ spawn() {
 }
 
 # Fails with the process's stderr when it is gone.
+# check_alive NAME PID — fails with the process's stderr and exit status when it is gone.
 check_alive() {
-    local name=$1 pid=$2
+    local name=$1 pid=$2 status
     kill -0 "$pid" 2>/dev/null && return 0
+    wait "$pid" 2>/dev/null
+    status=$?
     tail -n 20 "$OUT/$name.err" >&2
-    die "$name exited during start-up (see $OUT/$name.err)"
+    if [ "$status" -gt 128 ]; then status="signal $((status - 128))"; else status="status $status"; fi
+    die "$name ($pid) exited with $status (see $OUT/$name.err)"
 }
 
 # wait_listen NAME PID — waits up to 10 s for "listening on 127.0.0.1:PORT" on the process's
@@ -232,6 +236,7 @@ run_load() {
         "${T_HDRS[@]}" "${watch[@]}") || die "loadgen failed on $target:$scen"
     echo "$line" >>"$RESULTS"
     python3 tests/bench/report.py line "$line" >&2
+    check_alive fake "$FAKE_PID"
     if [ -n "$T_MAIN" ]; then check_alive "$target" "$T_MAIN"; fi
 }
 
