@@ -24,13 +24,14 @@
 
 #include "guard/guard_int.h"
 
-#define GUARD_BUF       (2 * GUARD_HISTORY) /* linear history, slid down by half when full */
-#define GUARD_GTAB_BITS 12
-#define GUARD_NCAND     8
-#define GUARD_RULE_STEP 64
-#define GUARD_TTAB_BITS 11
-#define GUARD_UNIT_MAX  256
-#define GUARD_SEG_WORDS 128 /* words of one segment the novelty detector reads */
+#define GUARD_BUF         (2 * GUARD_HISTORY) /* linear history, slid down by half when full */
+#define GUARD_GTAB_BITS   12
+#define GUARD_NCAND       8
+#define GUARD_RULE_STEP   64
+#define GUARD_TTAB_BITS   11
+#define GUARD_UNIT_MAX    256
+#define GUARD_SEG_BUCKETS 1024
+#define GUARD_SEG_WORDS   128 /* words of one segment the novelty detector reads */
 
 typedef struct gcand {
     uint32_t period;
@@ -66,7 +67,8 @@ struct guard {
 
     /* repeat */
     uint64_t gram;
-    uint32_t *gtab; /* 8-gram hash -> absolute offset + 1 of its last byte */
+    uint16_t *gtab; /* 8-gram hash -> low 16 bits of the offset + 1 of its last byte; a
+                       stale or colliding entry is caught by the run measurement */
     gcand cand[GUARD_NCAND];
     unsigned ncand;
 
@@ -98,6 +100,8 @@ struct guard {
 
     /* lines */
     gseg *segs;
+    unsigned seg_mask;
+    unsigned char seg_count[GUARD_SEG_BUCKETS]; /* window segments per hash bucket */
     uint64_t nsegs;
 
     /* novelty */
@@ -112,10 +116,14 @@ struct guard {
 
     /* rules */
     pcre2_match_data *md;
-    uint64_t *rule_ps; /* per rule: start of a partial match at the last check, or ~0 */
-    uint64_t rule_ckpt;
+    /* Per rule: no match can start before this offset (every earlier start already failed
+     * before reaching the end of the text). Advanced by checks and by guard_suspect, which
+     * is why it lives behind a pointer: the suspect query takes a const guard. */
+    uint64_t *rule_from;
 
-    unsigned char leak_last[32]; /* bitset: last bytes of leak tokens */
+    unsigned char leak_last[32];  /* bitset: last bytes of leak tokens */
+    unsigned char leak_first[32]; /* and first bytes */
+    size_t leak_maxlen;
 
     guard_verdict v;
     char unit[GUARD_UNIT_MAX + 1];
@@ -136,7 +144,10 @@ guard *guard_new(const guard_params *p, lg_channel ch)
     g->buf = xcalloc(GUARD_BUF, 1);
     g->seg_hash = g->w_hash = 0xCBF29CE484222325ull;
     g->gtab = xcalloc((size_t)1 << GUARD_GTAB_BITS, sizeof(*g->gtab));
-    g->segs = xcalloc(p->lines.window, sizeof(*g->segs));
+    /* Rings are sized to a power of two so that indexing is a mask, not a division. */
+    for (g->seg_mask = 1; g->seg_mask < p->lines.window; g->seg_mask <<= 1)
+        ;
+    g->segs = xcalloc(g->seg_mask--, sizeof(*g->segs));
     g->ttab = xcalloc((size_t)1 << GUARD_TTAB_BITS, sizeof(*g->ttab));
     g->tri_start = xcalloc(p->novelty.window, sizeof(*g->tri_start));
     g->tri_novel = xcalloc(p->novelty.window, 1);
@@ -149,13 +160,14 @@ guard *guard_new(const guard_params *p, lg_channel ch)
         }
         g->md = pcre2_match_data_create((uint32_t)ovec, NULL);
         if (!g->md) abort();
-        g->rule_ps = xcalloc(p->n_rules, sizeof(*g->rule_ps));
-        for (size_t i = 0; i < p->n_rules; i++)
-            g->rule_ps[i] = UINT64_MAX;
+        g->rule_from = xcalloc(p->n_rules, sizeof(*g->rule_from));
     }
     for (size_t i = 0; i < p->n_leaks; i++) {
         unsigned char last = (unsigned char)p->leaks[i][p->leak_len[i] - 1];
+        unsigned char first = (unsigned char)p->leaks[i][0];
         g->leak_last[last >> 3] |= (unsigned char)(1u << (last & 7));
+        g->leak_first[first >> 3] |= (unsigned char)(1u << (first & 7));
+        if (p->leak_len[i] > g->leak_maxlen) g->leak_maxlen = p->leak_len[i];
     }
     return g;
 }
@@ -170,7 +182,7 @@ void guard_free(guard *g)
     free(g->tri_start);
     free(g->tri_novel);
     pcre2_match_data_free(g->md);
-    free(g->rule_ps);
+    free(g->rule_from);
     free(g);
 }
 
@@ -369,11 +381,14 @@ static bool repeat_step(guard *g, unsigned char b)
     }
     g->ncand = n;
 
-    if (pos >= 7) {
-        uint32_t h = (uint32_t)((g->gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
-        uint32_t last = g->gtab[h];
-        g->gtab[h] = (uint32_t)(pos + 1);
-        uint32_t d = (uint32_t)(pos + 1) - last;
+    /* Every 8-gram is recorded, but looked up only at every fourth offset: a new period
+     * is noticed at most 3 bytes later (its run is measured exactly anyway), and the
+     * unpredictable "seen before?" branch runs a quarter as often. */
+    uint32_t h = (uint32_t)((g->gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
+    uint16_t last = g->gtab[h];
+    g->gtab[h] = (uint16_t)(pos + 1);
+    if ((pos & 3) == 0 && pos >= 7) {
+        uint32_t d = (uint16_t)((uint16_t)(pos + 1) - last);
         if (last && d >= 1 && d <= p->repeat.max_period && pos >= d + g->base) {
             bool live = false;
             for (unsigned i = 0; i < g->ncand; i++)
@@ -473,11 +488,19 @@ static void fence_step(guard *g, unsigned char b)
 
 /* Byte classes for judging whether a segment is prose. */
 enum { BC_LETTER = 1, BC_CODE = 2 };
-static unsigned char byte_class(unsigned char c)
+#define BIT(c) (1ull << ((c)&63))
+static inline unsigned char byte_class(unsigned char c)
 {
+    /* Code characters as two 64-bit masks: = ; < > and @ [ \ ] _ ` { | }. */
+    static const uint64_t code[2] = {
+        BIT(';') | BIT('<') | BIT('=') | BIT('>'),
+        BIT('@') | BIT('[') | BIT('\\') | BIT(']') | BIT('_') | BIT('`') | BIT('{') | BIT('|') |
+            BIT('}'),
+    };
     if (((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c >= 0x80) return BC_LETTER;
-    return c && strchr("={}[]<>\\|`;_@", c) ? BC_CODE : 0;
+    return c < 0x80 && (code[c >> 6] >> (c & 63) & 1) ? BC_CODE : 0;
 }
+#undef BIT
 
 static inline uint64_t fnv(uint64_t h, unsigned char c)
 {
@@ -500,17 +523,23 @@ static bool lines_check(guard *g, uint64_t h, uint64_t start, uint64_t end, bool
                         bool prose)
 {
     const guard_params *p = g->p;
-    unsigned w = p->lines.window;
+    unsigned w = p->lines.window, m = g->seg_mask;
     uint64_t first = g->nsegs > w - 1 ? g->nsegs - (w - 1) : 0;
     uint64_t occ[64];
     unsigned nocc = 0, need = p->lines.min_repeats - 1;
-    /* Newest first, remembering the last min_repeats-1 earlier occurrences. */
-    for (uint64_t k = g->nsegs; k-- > first;) {
-        if (g->segs[k % w].hash != h) continue;
-        if (nocc < need && nocc < 64) occ[nocc] = k;
-        nocc++;
+    /* Newest first, remembering the last min_repeats-1 earlier occurrences. The bucket
+     * counts spare the O(window) scan for the segments seen for the first time (most). */
+    if (g->seg_count[h & (GUARD_SEG_BUCKETS - 1)]) {
+        for (uint64_t k = g->nsegs; k-- > first;) {
+            if (g->segs[k & m].hash != h) continue;
+            if (nocc < need && nocc < 64) occ[nocc] = k;
+            nocc++;
+        }
     }
-    gseg *s = &g->segs[g->nsegs % w];
+    g->seg_count[h & (GUARD_SEG_BUCKETS - 1)]++;
+    if (g->nsegs >= w - 1)
+        g->seg_count[g->segs[(g->nsegs - (w - 1)) & m].hash & (GUARD_SEG_BUCKETS - 1)]--;
+    gseg *s = &g->segs[g->nsegs & m];
     s->hash = h;
     s->start = start;
     s->end = end;
@@ -524,12 +553,12 @@ static bool lines_check(guard *g, uint64_t h, uint64_t start, uint64_t end, bool
     unsigned seen = 0, prosy = 0, total = 0;
     for (uint64_t k = from; k < g->nsegs; k++) {
         total++;
-        seen += g->segs[k % w].seen;
-        prosy += g->segs[k % w].prose;
+        seen += g->segs[k & m].seen;
+        prosy += g->segs[k & m].prose;
     }
     if ((double)seen < p->lines.min_repeat_ratio * total || prosy * 2 < total) return false;
     set_unit(g, start, end);
-    trip(g, "lines", g->segs[from % w].start, g->fed, nocc + 1);
+    trip(g, "lines", g->segs[from & m].start, g->fed, nocc + 1);
     return true;
 }
 
@@ -713,30 +742,48 @@ static void words_step(guard *g, unsigned char b)
 
 /* ---- rules and leaks --------------------------------------------------------------- */
 
-/* Runs every rule over history [from, to). Final: plain matching; otherwise hard-partial,
- * remembering where a partial match starts. Trips on the first complete match, reported
- * at `to`. Returns true on a trip. */
-static bool rules_run(guard *g, uint64_t to, bool final)
+/* Matches rule i against history up to `to`, trying only starts from rule_from[i] on
+ * (the subject itself begins up to rule_max_match_bytes + GUARD_RULE_STEP earlier, so
+ * lookbehinds and \b see real context). Hard-partial unless `final`. Returns PCRE2's code;
+ * on a complete or partial match [*ms, *me) is where it lies. Advances rule_from[i] past
+ * every start that failed. Each byte is thus scanned about once, not once per check. */
+static int rule_match(const guard *g, size_t i, uint64_t to, bool final, uint64_t *ms, uint64_t *me)
 {
     const guard_params *p = g->p;
     uint64_t span = (uint64_t)p->rule_max_match_bytes + GUARD_RULE_STEP;
-    uint64_t from = to > span ? to - span : 0;
-    if (from < g->base) from = g->base;
+    uint64_t lo = to > span ? to - span : 0;
+    if (lo < g->base) lo = g->base;
+    uint64_t from = g->rule_from[i] > lo ? g->rule_from[i] : lo;
+    if (from >= to && !final) return PCRE2_ERROR_NOMATCH;
+    uint32_t opt = (final ? 0 : PCRE2_PARTIAL_HARD) | (lo ? PCRE2_NOTBOL : 0);
+    int rc = pcre2_match(p->rules[i].re, g->buf + (lo - g->base), (PCRE2_SIZE)(to - lo),
+                         (PCRE2_SIZE)(from - lo), opt, g->md, NULL);
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(g->md);
+    if (rc > 0 || rc == PCRE2_ERROR_PARTIAL) {
+        *ms = lo + ov[0];
+        *me = lo + ov[1];
+        g->rule_from[i] = *ms;
+    } else {
+        g->rule_from[i] = to;
+    }
+    return rc;
+}
+
+/* The rules check at offset `to` (a multiple of GUARD_RULE_STEP, or the end of the text
+ * when `final`). Trips on the first complete match, reported at `to`. Returns true on a
+ * trip. */
+static bool rules_run(guard *g, uint64_t to, bool final)
+{
+    const guard_params *p = g->p;
     for (size_t i = 0; i < p->n_rules; i++) {
-        uint32_t opt = (final ? 0 : PCRE2_PARTIAL_HARD) | (from ? PCRE2_NOTBOL : 0);
-        int rc = pcre2_match(p->rules[i].re, g->buf + (from - g->base), (PCRE2_SIZE)(to - from), 0,
-                             opt, g->md, NULL);
-        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(g->md);
-        g->rule_ps[i] = UINT64_MAX;
-        if (rc == PCRE2_ERROR_PARTIAL) {
-            g->rule_ps[i] = from + ov[0];
-        } else if (rc > 0 && ov[1] > ov[0]) {
-            set_unit(g, from + ov[0], from + ov[1]);
-            trip(g, p->rules[i].detector, from + ov[0], to, 1);
+        uint64_t ms, me;
+        int rc = rule_match(g, i, to, final, &ms, &me);
+        if (rc > 0 && me > ms) {
+            set_unit(g, ms, me);
+            trip(g, p->rules[i].detector, ms, to, 1);
             return true;
         }
     }
-    g->rule_ckpt = to;
     return false;
 }
 
@@ -775,7 +822,7 @@ static bool step(guard *g, unsigned char b)
     const guard_params *p = g->p;
     push_byte(g, b);
     g->gram = (g->gram << 8) | b;
-    if (b != ' ' && b != '\n' && b != '\t' && b != '\r') g->content_seen = true;
+    g->content_seen |= b > ' ';
     fence_step(g, b);
     if (p->n_leaks && leak_step(g, b)) return true;
     if (p->n_rules && g->fed % GUARD_RULE_STEP == 0 && rules_run(g, g->fed, false)) return true;
@@ -848,41 +895,35 @@ uint64_t guard_bytes(const guard *g)
 
 /* ---- holdback ---------------------------------------------------------------------- */
 
-/* Longest tail that is a proper prefix of a leak token. O(tokens × max length). */
+/* Longest tail that is a proper prefix of a leak token. O(max length) byte checks, and a
+ * compare per token only where a token could start. */
 static size_t leak_suspect(const guard *g)
 {
     const guard_params *p = g->p;
-    size_t best = 0;
-    for (size_t i = 0; i < p->n_leaks; i++) {
-        size_t n = p->leak_len[i];
-        for (size_t k = n - 1; k > best; k--) {
-            if (k > g->fed - g->base) continue;
-            if (!memcmp(g->buf + (g->fed - k - g->base), p->leaks[i], k)) {
-                best = k;
-                break;
-            }
-        }
+    size_t have = (size_t)(g->fed - g->base);
+    if (!g->leak_maxlen) return 0;
+    /* Longest first; a tail can only match where it starts with a token's first byte. */
+    for (size_t k = g->leak_maxlen - 1; k > 0; k--) {
+        if (k > have) continue;
+        const unsigned char *t = g->buf + (g->fed - k - g->base);
+        if (!(g->leak_first[t[0] >> 3] & (1u << (t[0] & 7)))) continue;
+        for (size_t i = 0; i < p->n_leaks; i++)
+            if (p->leak_len[i] > k && !memcmp(t, p->leaks[i], k)) return k;
     }
-    return best;
+    return 0;
 }
 
-/* Bytes from the start of a complete or partial rule match still in progress. Runs the
- * rules from the partial starts of the last check (or that check's offset): O(bytes since
- * then) per rule. */
+/* Bytes from the start of a complete or partial rule match still in progress. Amortised
+ * O(new bytes) per rule, plus one pcre2_match call per rule. */
 static size_t rules_suspect(const guard *g)
 {
     const guard_params *p = g->p;
     size_t best = 0;
     for (size_t i = 0; i < p->n_rules; i++) {
-        uint64_t from = g->rule_ps[i] < g->rule_ckpt ? g->rule_ps[i] : g->rule_ckpt;
-        if (from < g->base) from = g->base;
-        if (from >= g->fed) continue;
-        int rc = pcre2_match(p->rules[i].re, g->buf + (from - g->base), (PCRE2_SIZE)(g->fed - from),
-                             0, PCRE2_PARTIAL_HARD | (from ? PCRE2_NOTBOL : 0), g->md, NULL);
-        if (rc > 0 || rc == PCRE2_ERROR_PARTIAL) {
-            size_t n = (size_t)(g->fed - from - pcre2_get_ovector_pointer(g->md)[0]);
-            if (n > best) best = n;
-        }
+        uint64_t ms, me;
+        int rc = rule_match(g, i, g->fed, false, &ms, &me);
+        if ((rc > 0 || rc == PCRE2_ERROR_PARTIAL) && g->fed - ms > best)
+            best = (size_t)(g->fed - ms);
     }
     return best;
 }
