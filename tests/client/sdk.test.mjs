@@ -67,6 +67,29 @@ describe('official openai SDK through loopguard', () => {
         assert.equal(text, 'Once upon a time.');
     });
 
+    it('every reasoning output mode reads unchanged (stream and whole, vLLM reasoning in)', T, async () => {
+        await fake.setScenario({ dialect: 'vllm', responses: [{ reasoning: ['Think ', 'first.'], content: ['Then ', 'answer.'] }] });
+        const want = {
+            reasoning_content: { reasoning_content: 'Think first.', reasoning: '', content: 'Then answer.' },
+            reasoning: { reasoning_content: '', reasoning: 'Think first.', content: 'Then answer.' },
+            inline: { reasoning_content: '', reasoning: '', content: '<think>Think first.</think>\n\nThen answer.' },
+            hide: { reasoning_content: '', reasoning: '', content: 'Then answer.' },
+        };
+        for (const [mode, exp] of Object.entries(want)) {
+            const opts = { headers: { 'X-Loopguard-Reasoning': mode } };
+            const stream = await client.chat.completions.create({ model: 'm', messages: MSG, stream: true }, opts);
+            const got = { reasoning_content: '', reasoning: '', content: '' };
+            for await (const chunk of stream) {
+                const d = chunk.choices[0]?.delta ?? {};
+                for (const k of Object.keys(got)) got[k] += d[k] ?? '';
+            }
+            assert.deepEqual(got, exp, `stream, ${mode}`);
+            const c = await client.chat.completions.create({ model: 'm', messages: MSG }, opts);
+            const m = c.choices[0].message;
+            assert.deepEqual({ reasoning_content: m.reasoning_content ?? '', reasoning: m.reasoning ?? '', content: m.content ?? '' }, exp, `whole, ${mode}`);
+        }
+    });
+
     it('models.list() passes through', T, async () => {
         const ids = [];
         for await (const m of client.models.list()) ids.push(m.id);
