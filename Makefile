@@ -18,8 +18,9 @@ SAN     ?= 0
 
 PKGS      := libmicrohttpd libcurl libcjson libpcre2-8
 APT_BUILD := build-essential pkg-config libmicrohttpd-dev libcurl4-openssl-dev \
-             libcjson-dev libpcre2-dev libcmocka-dev
-APT_TEST  := nginx-light wrk nodejs npm clang libclang-rt-14-dev curl python3
+             libcjson-dev libpcre2-dev
+APT_TEST  := libcmocka-dev nginx-light wrk nodejs npm clang libclang-rt-14-dev curl python3 \
+             valgrind
 
 ifeq ($(SAN),1)
 BUILD   ?= build/san
@@ -55,14 +56,15 @@ all: deps $(BUILD)/loopguard $(BUILD)/fake_upstream $(BENCH_BIN)
 
 # Installs what the build needs when it is missing; as non-root prints the one command.
 deps:
-	@pkg-config --exists $(PKGS) cmocka 2>/dev/null && exit 0; \
+	@pkg-config --exists $(PKGS) 2>/dev/null && exit 0; \
 	if [ "$$(id -u)" = 0 ]; then \
 	  echo "installing build dependencies: $(APT_BUILD)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_BUILD)) >/dev/null; \
 	else echo "missing build dependencies; run: sudo apt-get install -y $(APT_BUILD)"; exit 1; fi
 
 test-deps: deps
-	@missing=""; for c in nginx wrk node npm clang curl python3; do command -v $$c >/dev/null || missing=1; done; \
+	@missing=""; for c in nginx wrk node npm clang curl python3 valgrind; do command -v $$c >/dev/null || missing=1; done; \
+	pkg-config --exists cmocka || missing=1; \
 	[ -e /usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.fuzzer-x86_64.a ] || missing=1; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then echo "installing test dependencies: $(APT_TEST)"; \
@@ -135,7 +137,7 @@ fuzz-smoke: test-deps $(FUZZ_BIN)
 soak: test-deps all
 	@BUILD=$(BUILD) tests/soak.sh
 
-install: all
+install: deps $(BUILD)/loopguard
 	install -D -m 0755 $(BUILD)/loopguard $(DESTDIR)$(PREFIX)/bin/loopguard
 	install -D -m 0644 config/loopguard.example.json $(DESTDIR)$(PREFIX)/share/doc/loopguard/loopguard.example.json
 	install -D -m 0644 docker/loopguard.service $(DESTDIR)$(PREFIX)/share/doc/loopguard/examples/loopguard.service

@@ -52,7 +52,9 @@ enum MHD_Result admin_handle(lg_worker *w, struct MHD_Connection *conn, const ch
     enum MHD_Result rc;
     char *body = NULL;
 
-    if (!admin_authorized(srv->cfg, conn))
+    /* Health stays open: probes and load balancers rarely carry a token. */
+    bool health = strcmp(url, "/loopguard/health") == 0;
+    if (!health && !admin_authorized(srv->cfg, conn))
         return http_respond_error(conn, 401, "admin token required", "authentication_error",
                                   "invalid_admin_token");
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)

@@ -39,7 +39,7 @@
 #include "proxy/think.h"
 #include "proxy/upstream.h"
 
-#define EX_BLOCK (32 * 1024)
+#define EX_BLOCK (4 * 1024) /* MHD's write buffer per stream: SSE events are small */
 #define EX_OUT_HIGH (256 * 1024)
 #define EX_ERRBODY_MAX (1 << 20)
 #define EX_EXCERPT 512
@@ -560,6 +560,11 @@ static bool guard_text(exchange *ex, lg_channel ch, const char *s, size_t n)
     if (!n) return false;
     c->attempt_bytes += n;
     lg_buf_append(&c->held, s, n);
+    if (!c->g && ex->attempt_guarded && c->attempt_bytes == n) {
+        /* Guards are made on a channel's first text: most streams use one or two. */
+        const guard_params *gp = config_guard_params(cfg_of(ex), ex->rule, ch);
+        if (gp && guard_params_enabled(gp)) c->g = guard_new(gp, ch);
+    }
     if (!c->g) return false;
     if (!guard_feed(c->g, s, n)) return false;
     return true;
@@ -589,6 +594,10 @@ static bool end_checks(exchange *ex, bool answer_expected)
             take_verdict(ex, g);
             return true;
         }
+    }
+    if (!ex->ch[LG_CH_CONTENT].g && ex->attempt_guarded) {
+        const guard_params *gp = config_guard_params(cfg_of(ex), ex->rule, LG_CH_CONTENT);
+        if (gp && guard_params_enabled(gp)) ex->ch[LG_CH_CONTENT].g = guard_new(gp, LG_CH_CONTENT);
     }
     guard *cg = ex->ch[LG_CH_CONTENT].g;
     uint64_t rbytes = ex->ch[LG_CH_REASONING].attempt_bytes + ex->ch[LG_CH_REASONING].sent.len;
@@ -659,7 +668,16 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     if (ex->as) asm_meta(ex->as, d);
     if (d->n_choices == 0) {
         /* usage-only chunk: the client sees it only if it asked for usage */
-        if (ex->req.client_usage) out_append(ex, ev->raw, ev->raw_len);
+        if (!ex->req.client_usage) return 0;
+        if (ex->attempt > 1 && ex->c_id && d->id && strcmp(d->id, ex->c_id) != 0) {
+            cJSON_ReplaceItemInObjectCaseSensitive(d->root, "id", cJSON_CreateString(ex->c_id));
+            d->id = ex->c_id;
+            char *json = cJSON_PrintUnformatted(d->root);
+            if (json) out_event(ex, json);
+            free(json);
+        } else {
+            out_append(ex, ev->raw, ev->raw_len);
+        }
         return 0;
     }
     if (d->choice_index != 0) { /* n > 1: only choice 0 is guarded */
@@ -946,13 +964,31 @@ static void on_done(lg_xfer *x, CURLcode rc)
 
 /* ---- starting an attempt ----------------------------------------------------------- */
 
+/* splitmix64 over a per-thread state seeded once from getrandom: ids and seeds need to be
+ * unique and unpredictable enough, not cryptographic, and a syscall per request is waste. */
+static uint64_t next_random(void)
+{
+    static _Thread_local uint64_t state;
+    if (!state && getrandom(&state, sizeof state, 0) != sizeof state)
+        state = (uint64_t)lg_now_ns() ^ (uint64_t)(uintptr_t)&state;
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 static void random_hex(char *out, size_t nbytes)
 {
-    unsigned char b[32];
-    if (nbytes > sizeof b) nbytes = sizeof b;
-    if (getrandom(b, nbytes, 0) != (ssize_t)nbytes)
-        for (size_t i = 0; i < nbytes; i++) b[i] = (unsigned char)rand();
-    for (size_t i = 0; i < nbytes; i++) sprintf(out + 2 * i, "%02x", b[i]);
+    static const char hex[] = "0123456789abcdef";
+    uint64_t r = 0;
+    for (size_t i = 0; i < nbytes; i++) {
+        if (i % 8 == 0) r = next_random();
+        unsigned b = (unsigned)(r & 0xff);
+        r >>= 8;
+        out[2 * i] = hex[b >> 4];
+        out[2 * i + 1] = hex[b & 15];
+    }
+    out[2 * nbytes] = '\0';
 }
 
 /* The clean prefix the client already has, as the upstream's template expects it in a
@@ -987,6 +1023,7 @@ static void start_attempt(exchange *ex)
                        : SIZE_MAX;
     ex->avoid_replica = false;
     ex->replica = pool_acquire(pool, avoid);
+    metrics_upstream_request(w->metrics, ex->replica);
     ex->have_replica = true;
     lg_upstream_kind kind = pool_kind(pool, ex->replica);
     random_hex(ex->rid, 16);
@@ -997,8 +1034,7 @@ static void start_attempt(exchange *ex)
     if (k > 1 && cfg->retry.n_ladder) {
         size_t i = k - 2 < cfg->retry.n_ladder ? k - 2 : cfg->retry.n_ladder - 1;
         o.step = &cfg->retry.ladder[i];
-        if (getrandom(&o.seed, sizeof o.seed, 0) != sizeof o.seed) o.seed = (unsigned)rand();
-        o.seed &= 0x7fffffff;
+        o.seed = (unsigned)(next_random() & 0x7fffffff);
     }
     lg_buf prefix = LG_BUF_INIT;
     /* auto: continue only what a streaming client has already seen; a whole response
@@ -1035,11 +1071,6 @@ static void start_attempt(exchange *ex)
 
     ex->attempt_guarded = ex->guard_on && !(k > 1 && k == cfg->retry.max_attempts &&
                                             cfg->retry.on_exhausted == LG_EXHAUSTED_PASS_THROUGH);
-    for (int c = 0; c < LG_CH_COUNT; c++) {
-        const guard_params *gp = config_guard_params(cfg, ex->rule, (lg_channel)c);
-        if (ex->attempt_guarded && gp && guard_params_enabled(gp))
-            ex->ch[c].g = guard_new(gp, (lg_channel)c);
-    }
     ex->sse = sse_parser_new(SSE_DEFAULT_MAX_EVENT, on_event, ex);
     if (cont && ex->think_inline && ex->ch[LG_CH_CONTENT].sent.len == 0)
         ex->think = think_new(true);

@@ -219,6 +219,7 @@ lg_req *relay_new(lg_worker *w, struct MHD_Connection *conn, const char *method,
     worker_req_init(w, &r->base, &relay_ops, conn);
     r->xfer = (lg_xfer){.done = on_done, .owner = r};
     r->replica = pool_acquire(w->srv->pool, SIZE_MAX);
+    metrics_upstream_request(w->metrics, r->replica);
 
     const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
     const char *te = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Transfer-Encoding");

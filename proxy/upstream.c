@@ -377,12 +377,12 @@ char *pool_metrics_text(lg_pool *p)
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f) abort();
-    static const char *const names[] = {"healthy", "ejected", "ejections_total", "requests_total"};
-    static const char *const help[] = {
-        "1 when the replica passes health checks.", "1 while the replica is ejected.",
-        "Times the replica was ejected for degenerating.", "Attempts sent to the replica."};
+    static const char *const names[] = {"healthy", "ejected", "ejections_total"};
+    static const char *const help[] = {"1 when the replica passes health checks.",
+                                       "1 while the replica is ejected.",
+                                       "Times the replica was ejected for degenerating."};
     pthread_mutex_lock(&p->mu);
-    for (size_t m = 0; m < 4; m++) {
+    for (size_t m = 0; m < 3; m++) {
         bool counter = m >= 2;
         fprintf(f, "# HELP loopguard_upstream_%s %s\n# TYPE loopguard_upstream_%s %s\n",
                 names[m], help[m], names[m], counter ? "counter" : "gauge");
@@ -390,8 +390,7 @@ char *pool_metrics_text(lg_pool *p)
             lg_replica *r = &p->r[i];
             unsigned long long v = m == 0   ? atomic_load(&r->healthy)
                                    : m == 1 ? is_ejected(r, now)
-                                   : m == 2 ? r->ejections
-                                            : (unsigned long long)atomic_load(&r->requests);
+                                            : r->ejections;
             fprintf(f, "loopguard_upstream_%s{upstream=\"%s\"} %llu\n", names[m], r->base, v);
         }
     }

@@ -265,6 +265,11 @@ static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp)
     struct itimerspec its = {0};
     (void)multi;
 
+    /* libcurl re-announces nearly the same deadline many times a second; re-arming the
+     * timerfd for a change under a millisecond is a syscall for nothing. */
+    uint64_t deadline = timeout_ms < 0 ? 0 : lg_now_ns() / 1000000u + (uint64_t)timeout_ms;
+    if (deadline == w->curl_deadline_ms) return 0;
+    w->curl_deadline_ms = deadline;
     if (timeout_ms >= 0) {
         /* 0 means "now": arm the smallest non-zero expiry, never disarm by accident. */
         its.it_value.tv_sec = timeout_ms / 1000;
@@ -367,6 +372,7 @@ static void *worker_main(void *arg)
             case TAG_CURL_TIMER:
                 if (read(w->curl_timerfd, &buf, sizeof buf) < 0 && errno != EAGAIN)
                     perror("loopguard: timerfd read");
+                w->curl_deadline_ms = 0; /* fired: the next announcement must re-arm */
                 curl_multi_socket_action(w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
                 break;
             case TAG_WAKE:

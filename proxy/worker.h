@@ -92,6 +92,7 @@ struct lg_worker {
     int epfd;
     int listen_fd;
     int curl_timerfd;
+    uint64_t curl_deadline_ms; /* what the timerfd is armed for (0: not armed) */
     int wake_fd; /* eventfd: main thread pokes it on drain/stop */
     struct MHD_Daemon *mhd;
     int mhd_epfd;
