@@ -113,7 +113,6 @@ typedef struct conn {
     size_t out_off;
     bool ev_out;      /* EPOLLOUT registered */
     bool close_after; /* close once out is written */
-    bool peer_gone;
     /* request */
     bool head_done;
     char *headbuf; /* copy of the head, owned */
@@ -1512,7 +1511,6 @@ static void on_readable(server *s, conn *c, uint32_t events)
     /* The peer closed (or half-closed) its side: whatever is running was for a client
      * that is gone. uvicorn treats a half-close the same way. */
     if (eof) {
-        c->peer_gone = true;
         conn_close(s, c, false);
         return;
     }
@@ -1714,10 +1712,10 @@ int fake_server_run(fake_config *cfg)
             } else {
                 conn *c = p;
                 uint32_t e = evs[i].events;
-                /* A connection closed earlier in this batch may have been freed: events
-                 * are only delivered for fds still registered, and conn_close removes
-                 * the fd before freeing, but the batch was fetched before. Guard by
-                 * handling output first, then input (which may close). */
+                /* A handler only ever closes (frees) its own connection, never another
+                 * one (an abort merely schedules its target), so every pointer in this
+                 * batch is valid until its own turn. Output first; pending input is
+                 * level-triggered and comes back on the next turn. */
                 if (e & EPOLLOUT) {
                     if (e & (EPOLLERR | EPOLLHUP)) {
                         conn_close(&s, c, false);
