@@ -3,25 +3,22 @@
 // whole completions, pass-through endpoints, errors, and a stream repaired by a guarded
 // retry — is read by the SDK exactly as from a real OpenAI-compatible server.
 
-import { describe, it, before, after } from 'node:test';
+import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import OpenAI from 'openai';
-import { startFake, startLoopguard, incidents, SCENARIOS, isSanitizerBuild } from '../e2e/lib.mjs';
+import { usePair, incidents, SCENARIOS, isSanitizerBuild } from '../e2e/lib.mjs';
 
 const T = { timeout: isSanitizerBuild ? 60000 : 20000 };
 const MSG = [{ role: 'user', content: 'What is the answer?' }];
+// The SDK as an application would configure it; no SDK-side retries, so a failure shows.
+const sdk = (lg) => new OpenAI({ baseURL: lg.url + '/v1', apiKey: 'x', maxRetries: 0, timeout: 30000 });
 
 describe('official openai SDK through loopguard', () => {
     let fake, lg, client;
-    before(async () => {
-        fake = await startFake({ kind: 'sglang', model: 'fake-model' });
-        lg = await startLoopguard({ upstream: fake.url });
-        client = new OpenAI({ baseURL: lg.url + '/v1', apiKey: 'x', maxRetries: 0, timeout: 15000 });
-    });
-    after(async () => {
-        await lg?.stop();
-        await fake?.stop();
+    usePair({ fake: { kind: 'sglang', model: 'fake-model' } }, (f, l) => {
+        [fake, lg] = [f, l];
+        client = sdk(lg);
     });
 
     it('chat stream: chunks arrive, content and reasoning assemble', T, async () => {
@@ -130,14 +127,9 @@ describe('official openai SDK through loopguard', () => {
 
 describe('official openai SDK: a guarded retry (seed_lambda)', () => {
     let fake, lg, client;
-    before(async () => {
-        fake = await startFake({ kind: 'sglang', scenario: path.join(SCENARIOS, 'seed_lambda.json') });
-        lg = await startLoopguard({ upstream: fake.url });
-        client = new OpenAI({ baseURL: lg.url + '/v1', apiKey: 'x', maxRetries: 0, timeout: 30000 });
-    });
-    after(async () => {
-        await lg?.stop();
-        await fake?.stop();
+    usePair({ fake: { kind: 'sglang', scenario: path.join(SCENARIOS, 'seed_lambda.json') } }, (f, l) => {
+        [fake, lg] = [f, l];
+        client = sdk(lg);
     });
 
     it('the SDK stream gets clean reasoning and the is_prime answer, no lambda loop', T, async () => {

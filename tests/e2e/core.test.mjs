@@ -30,6 +30,9 @@ import {
     sleep,
     tmpFile,
     isSanitizerBuild,
+    usePair,
+    deadPort,
+    assertOpenAIError,
 } from './lib.mjs';
 
 const T = { timeout: isSanitizerBuild ? 60000 : 20000 };
@@ -83,14 +86,7 @@ function reasoningOf(msg) {
 for (const [kind, dialects] of Object.entries(KINDS)) {
     describe(`dialects of a ${kind} upstream`, () => {
         let fake, lg;
-        before(async () => {
-            fake = await startFake({ kind });
-            lg = await startLoopguard({ upstream: fake.url });
-        });
-        after(async () => {
-            await lg?.stop();
-            await fake?.stop();
-        });
+        usePair({ fake: { kind } }, (f, l) => ([fake, lg] = [f, l]));
 
         for (const dialect of dialects) {
             const ids = kind !== 'sglang';
@@ -203,14 +199,7 @@ for (const [kind, dialects] of Object.entries(KINDS)) {
 
 describe('pass-through', () => {
     let fake, lg;
-    before(async () => {
-        fake = await startFake({ kind: 'sglang' });
-        lg = await startLoopguard({ upstream: fake.url });
-    });
-    after(async () => {
-        await lg?.stop();
-        await fake?.stop();
-    });
+    usePair({ fake: { kind: 'sglang' } }, (f, l) => ([fake, lg] = [f, l]));
 
     for (const p of ['/v1/models', '/health', '/metrics', '/get_model_info', '/get_server_info', '/nope/not-here']) {
         it(`GET ${p} arrives as the upstream sent it`, T, async () => {
@@ -332,14 +321,7 @@ describe('pass-through', () => {
 
 describe('chat relay behaviour', () => {
     let fake, lg;
-    before(async () => {
-        fake = await startFake({ kind: 'sglang' });
-        lg = await startLoopguard({ upstream: fake.url });
-    });
-    after(async () => {
-        await lg?.stop();
-        await fake?.stop();
-    });
+    usePair({ fake: { kind: 'sglang' } }, (f, l) => ([fake, lg] = [f, l]));
 
     it('each event is forwarded when it arrives, not when the stream ends', T, async () => {
         await fake.setScenario({ pace_ms: 60, responses: [{ content: [{ varied: 12, seed: 3 }] }] });
@@ -591,41 +573,27 @@ describe('client disconnect', () => {
     });
 });
 
-function assertOpenAIError(r, status) {
-    assert.equal(r.status, status, r.text);
-    assert.match(r.headers['content-type'] || '', /json/);
-    const e = r.json().error;
-    assert.ok(e, `no error object: ${r.text}`);
-    assert.equal(typeof e.message, 'string');
-    assert.ok(e.message.length > 0);
-    assert.equal(typeof e.type, 'string');
-    assert.ok('code' in e);
-    return e;
-}
-
-// A port on which nothing listens (bound, then closed at once).
-async function deadPort() {
-    const s = net.createServer();
-    await new Promise((r) => s.listen(0, '127.0.0.1', r));
-    const p = s.address().port;
-    await new Promise((r) => s.close(r));
-    return p;
-}
-
 describe('errors', () => {
     let fake, lg;
-    before(async () => {
-        fake = await startFake({ kind: 'sglang' });
-        lg = await startLoopguard({
-            upstream: fake.url,
-            config: { max_body_bytes: 4096, timeouts: { first_byte_ms: 400 * SLACK, idle_ms: 400 * SLACK } },
-        });
-    });
-    after(async () => {
-        await lg?.stop();
-        await fake?.stop();
-    });
+    const config = { max_body_bytes: 4096, timeouts: { first_byte_ms: 400 * SLACK, idle_ms: 400 * SLACK } };
+    usePair({ fake: { kind: 'sglang' }, lg: { config } }, (f, l) => ([fake, lg] = [f, l]));
     const url = () => lg.url + '/v1/chat/completions';
+
+    // Runs a streaming request under `scenario` that must end, once started, with one error
+    // event and one [DONE]; returns the error object and the content before it.
+    async function erroredStream(scenario) {
+        await fake.setScenario(scenario);
+        const r = await rawStream(url(), { messages: MSG, stream: true });
+        assert.equal(r.status, 200, r.text);
+        const data = sseData(r.text);
+        assert.equal(data.at(-1), '[DONE]');
+        assert.equal(data.filter((d) => d === '[DONE]').length, 1);
+        const err = JSON.parse(data.at(-2)).error;
+        assert.ok(err && typeof err.message === 'string', data.at(-2));
+        const chunks = sseJSON(r.text);
+        assert.ok(!chunks.some((j) => j.usage), 'no usage chunk: the client did not ask');
+        return { err, content: assembleDeltas(chunks.filter((j) => !j.error)).content };
+    }
 
     const BAD = [
         ['bad JSON', '{"messages": [', 'application/json'],
@@ -667,14 +635,8 @@ describe('errors', () => {
     });
 
     it('idle timeout after the stream started: error event then [DONE]', T, async () => {
-        await fake.setScenario({ responses: [{ content: ['one ', 'two ', 'three ', 'four'], fault: { kind: 'stall', at_token: 2 } }] });
-        const r = await rawStream(url(), { messages: MSG, stream: true });
-        assert.equal(r.status, 200);
-        const data = sseData(r.text);
-        assert.equal(data.at(-1), '[DONE]');
-        const err = JSON.parse(data.at(-2));
-        assert.ok(err.error && typeof err.error.message === 'string', data.at(-2));
-        assert.equal(assembleDeltas(sseJSON(r.text).filter((j) => !j.error)).content, 'one two ');
+        const { content } = await erroredStream({ responses: [{ content: ['one ', 'two ', 'three ', 'four'], fault: { kind: 'stall', at_token: 2 } }] });
+        assert.equal(content, 'one two ');
     });
 
     it('idle timeout on a whole request: 504', T, async () => {
@@ -697,28 +659,20 @@ describe('errors', () => {
         pace_ms: pace,
         responses: [{ content: ['Some words ', 'and more ', 'never ', 'sent'], fault: { kind: 'error_event', at_token: 2, message: 'GPU on fire' } }],
     });
-    async function midStreamError() {
-        const r = await rawStream(url(), { messages: MSG, stream: true });
-        assert.equal(r.status, 200, r.text);
-        const data = sseData(r.text);
-        assert.equal(data.at(-1), '[DONE]');
-        assert.equal(data.filter((d) => d === '[DONE]').length, 1);
-        const err = JSON.parse(data.at(-2));
-        assert.equal(err.error.message, 'GPU on fire');
-        assert.equal(assembleDeltas(sseJSON(r.text).filter((j) => !j.error)).content, 'Some words ', 'the two tokens before the fault');
-        assert.ok(!sseJSON(r.text).some((j) => j.usage), 'no usage chunk: the client did not ask');
+    async function midStreamError(pace) {
+        const { err, content } = await erroredStream(ERR_SCEN(pace));
+        assert.equal(err.message, 'GPU on fire');
+        assert.equal(content, 'Some words ', 'the two tokens before the fault');
     }
 
     it('a mid-stream upstream error event is passed on, then [DONE] (paced upstream)', T, async () => {
-        await fake.setScenario(ERR_SCEN(20));
-        await midStreamError();
+        await midStreamError(20);
     });
 
     // With pace 0 the tokens and the error event arrive in one read: the tokens must still
     // reach the client before the error event (once answered as a JSON 500, fixed in 30d90cc).
     it('a mid-stream upstream error event is passed on, then [DONE] (unpaced upstream)', T, async () => {
-        await fake.setScenario(ERR_SCEN(0));
-        await midStreamError();
+        await midStreamError(0);
     });
 
     it('a mid-stream upstream error on a whole request is an OpenAI error', T, async () => {
@@ -742,13 +696,8 @@ describe('errors', () => {
     }
 
     it('an upstream reset mid-stream ends the client stream with an error event and [DONE]', T, async () => {
-        await fake.setScenario({ pace_ms: 20, responses: [{ content: ['a ', 'b ', 'c ', 'd'], fault: { kind: 'reset', at_token: 2 } }] });
-        const r = await rawStream(url(), { messages: MSG, stream: true });
-        assert.equal(r.status, 200);
-        const data = sseData(r.text);
-        assert.equal(data.at(-1), '[DONE]');
-        assert.ok(JSON.parse(data.at(-2)).error);
-        assert.equal(assembleDeltas(sseJSON(r.text).filter((j) => !j.error)).content, 'a b ');
+        const { content } = await erroredStream({ pace_ms: 20, responses: [{ content: ['a ', 'b ', 'c ', 'd'], fault: { kind: 'reset', at_token: 2 } }] });
+        assert.equal(content, 'a b ');
     });
 
     it('garbage lines in the upstream stream are survived (stream and whole)', T, async () => {
@@ -768,13 +717,8 @@ describe('errors', () => {
     });
 
     it('a truncated chunked upstream body: error event then [DONE] (stream), 502 (whole)', T, async () => {
-        await fake.setScenario({ pace_ms: 20, responses: [{ content: ['a ', 'b ', 'c ', 'd'], fault: { kind: 'truncated_chunked', at_token: 2 } }] });
-        const r = await rawStream(url(), { messages: MSG, stream: true });
-        assert.equal(r.status, 200);
-        const data = sseData(r.text);
-        assert.equal(data.at(-1), '[DONE]');
-        assert.ok(JSON.parse(data.at(-2)).error);
-        assert.equal(assembleDeltas(sseJSON(r.text).filter((j) => !j.error)).content, 'a b ');
+        const { content } = await erroredStream({ pace_ms: 20, responses: [{ content: ['a ', 'b ', 'c ', 'd'], fault: { kind: 'truncated_chunked', at_token: 2 } }] });
+        assert.equal(content, 'a b ');
         assertOpenAIError(await chat(url(), { messages: MSG }), 502);
     });
 

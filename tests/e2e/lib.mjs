@@ -26,6 +26,12 @@
 //                  asserts the exit code and no sanitizer report in stderr; idempotent}
 //   runLoopguard(args, {env, timeout}) -> Promise<{code, signal, stdout, stderr}>  one-shot
 //       (e.g. --check-config).
+//   usePair({fake, lg}, set(fake, lg)) call inside describe(): registers before() that
+//       starts a fake (startFake(fake)) and a loopguard in front of it (startLoopguard(
+//       {upstream: fake.url, ...lg})), passes both to set(), and after() that stops both.
+//   deadPort() -> Promise<number>  a 127.0.0.1 port on which nothing listens.
+//   assertOpenAIError(resp, status) -> error object; asserts status, JSON content type and
+//       the {"error":{"message","type","code"}} shape.
 //   request(url, {method='GET', headers, body, timeout=15000}) -> Promise<Resp>
 //       body: object (sent as JSON), string, Buffer, or an async iterable of Buffers (sent
 //       chunked). Resp = {status, headers (lower-case), rawHeaders, body: Buffer, text,
@@ -53,7 +59,9 @@
 //   SCENARIOS (absolute path of tests/fake/scenarios), isSanitizerBuild.
 
 import { spawn } from 'node:child_process';
+import { before, after } from 'node:test';
 import http from 'node:http';
+import net from 'node:net';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -472,4 +480,37 @@ export function metricValue(map, name, labels = {}) {
         if (Object.entries(labels).every(([lk, lv]) => l[lk] === String(lv))) sum += v;
     }
     return sum;
+}
+
+export function usePair({ fake: fakeOpts = {}, lg: lgOpts = {} } = {}, set = () => {}) {
+    let fake, lg;
+    before(async () => {
+        fake = await startFake(fakeOpts);
+        lg = await startLoopguard({ upstream: fake.url, ...lgOpts });
+        set(fake, lg);
+    });
+    after(async () => {
+        await lg?.stop();
+        await fake?.stop();
+    });
+}
+
+export async function deadPort() {
+    const s = net.createServer();
+    await new Promise((r) => s.listen(0, '127.0.0.1', r));
+    const p = s.address().port;
+    await new Promise((r) => s.close(r));
+    return p;
+}
+
+export function assertOpenAIError(r, status) {
+    assert.equal(r.status, status, r.text);
+    assert.match(r.headers['content-type'] || '', /json/);
+    const e = r.json().error;
+    assert.ok(e, `no error object: ${r.text}`);
+    assert.equal(typeof e.message, 'string');
+    assert.ok(e.message.length > 0);
+    assert.equal(typeof e.type, 'string');
+    assert.ok('code' in e);
+    return e;
 }

@@ -8,7 +8,7 @@
 
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startFake, startLoopguard, request, chat, rawStream, sseData, sseJSON, assembleDeltas, incidents, isSanitizerBuild } from './lib.mjs';
+import { startFake, startLoopguard, usePair, request, chat, rawStream, sseData, sseJSON, assembleDeltas, incidents, isSanitizerBuild } from './lib.mjs';
 
 const T = { timeout: isSanitizerBuild ? 60000 : 20000 };
 const MSG = [{ role: 'user', content: 'What is the answer?' }];
@@ -84,19 +84,7 @@ const INPUTS = [
 
 describe('every dialect in x every output mode out', () => {
     const env = {};
-    before(async () => {
-        for (const kind of ['sglang', 'vllm', 'openai']) {
-            const fake = await startFake({ kind });
-            const lg = await startLoopguard({ upstream: fake.url });
-            env[kind] = { fake, lg };
-        }
-    });
-    after(async () => {
-        for (const { fake, lg } of Object.values(env)) {
-            await lg.stop();
-            await fake.stop();
-        }
-    });
+    for (const kind of ['sglang', 'vllm', 'openai']) usePair({ fake: { kind } }, (fake, lg) => (env[kind] = { fake, lg }));
 
     for (const [name, kind, extra, dialect] of INPUTS) {
         for (const mode of MODES) {
