@@ -48,6 +48,8 @@ typedef struct rw_request {
  * filled (caller clears it), or -1 with *err filled and *out zeroed. */
 int rw_parse(const char *body, size_t len, bool chat, rw_request *out, rw_error *err);
 
+/* LG_UPSTREAM_AUTO (not yet resolved) is treated as a generic OpenAI upstream: no rid,
+ * no repetition_penalty, no continuation, history forwarded as sent. */
 typedef struct rw_opts {
     int upstream_kind;            /* lg_upstream_kind */
     const char *rid;              /* NULL: no rid (only ever sent to SGLang) */

@@ -1,12 +1,15 @@
 /* sse.c — the server-sent-events parser (see sse.h for the contract).
  *
- * All input goes into one buffer `in`. Three offsets walk it: `start` is where the raw
- * bytes of the pending event begin, `pos` where the next unparsed line begins, and
- * `scan` how far past pos we already looked for a line terminator, so a long line that
- * arrives in many small reads is searched once, not once per read. A dispatch hands the
- * callback [start, end of the blank line) as raw and moves start forward; the consumed
- * front of the buffer is dropped once per feed (one memmove of the pending event), so a
- * read holding many events costs O(read), not O(read × events). */
+ * While no event is pending, a read is parsed in place in the caller's buffer and only
+ * its incomplete tail is copied into `in`; so complete events are never copied and a
+ * parser between events holds no read buffer (what 10k idle streams cost). Otherwise the
+ * read is appended to `in` and parsed there. Three offsets walk the bytes being parsed:
+ * `start` is where the raw bytes of the pending event begin, `pos` where the next
+ * unparsed line begins, and `scan` how far past pos we already looked for a line
+ * terminator, so a long line that arrives in many small reads is searched once, not once
+ * per read. A dispatch hands the callback [start, end of the blank line) as raw and moves
+ * start forward; the consumed front of `in` is dropped once per feed (one memmove of the
+ * pending event), so a read holding many events costs O(read), not O(read × events). */
 #include "proxy/sse.h"
 
 #include <limits.h>
@@ -109,9 +112,9 @@ static void process_field(sse_parser *p, const char *line, size_t n)
     /* Any other field name — including garbage without a colon — is ignored. */
 }
 
-/* A blank line ending at `end`: dispatches the pending event when it has data and starts
- * the next one. Returns the callback's value (0 when nothing was dispatched). */
-static int dispatch(sse_parser *p, size_t end)
+/* A blank line ending at s[end]: dispatches the pending event when it has data and
+ * starts the next one. Returns the callback's value (0 when nothing was dispatched). */
+static int dispatch(sse_parser *p, const char *s, size_t end)
 {
     int rc = 0;
     if (p->data.len) {
@@ -124,7 +127,7 @@ static int dispatch(sse_parser *p, size_t end)
             .id_len = p->id.len,
             .has_id = p->has_id,
             .retry = p->retry,
-            .raw = p->in.p + p->start,
+            .raw = s + p->start,
             .raw_len = end - p->start,
         };
         p->data.p[ev.data_len] = '\0';
@@ -154,20 +157,11 @@ static bool check_bom(sse_parser *p)
     return true;
 }
 
-int sse_parser_feed(sse_parser *p, const char *buf, size_t len)
+/* Parses the lines of s[0..n) from the offsets start/pos/scan on, dispatching events.
+ * Returns 0 when it ran out of complete lines, the callback's nonzero, or
+ * SSE_ERR_TOO_BIG (the parser is then dead). */
+static int scan_lines(sse_parser *p, const char *s, size_t n)
 {
-    if (p->dead) return SSE_ERR_TOO_BIG;
-    if (p->start) { /* drop the bytes of events already dispatched */
-        lg_buf_consume(&p->in, p->start);
-        p->pos -= p->start;
-        p->scan -= p->start;
-        p->start = 0;
-    }
-    lg_buf_append(&p->in, buf, len);
-    if (!p->bom_checked && !check_bom(p)) return 0;
-
-    const char *s = p->in.p;
-    size_t n = p->in.len;
     for (;;) {
         if (p->skip_lf && p->pos < n) {
             if (s[p->pos] == '\n') p->pos++;
@@ -182,7 +176,7 @@ int sse_parser_feed(sse_parser *p, const char *buf, size_t len)
         if (cr) i = (size_t)(cr - s);
         if (i == n) {
             p->scan = n;
-            if (n - p->start > p->max) goto too_big;
+            if (n - p->start > p->max) break;
             return 0;
         }
         size_t end = i + 1;
@@ -192,17 +186,45 @@ int sse_parser_feed(sse_parser *p, const char *buf, size_t len)
             else if (end == n)
                 p->skip_lf = true;
         }
-        if (end - p->start > p->max) goto too_big;
+        if (end - p->start > p->max) break;
         size_t line = p->pos;
         p->pos = p->scan = end;
         if (i == line) {
-            int rc = dispatch(p, end);
+            int rc = dispatch(p, s, end);
             if (rc) return rc;
         } else if (s[line] != ':') {
             process_field(p, s + line, i - line);
         }
     }
-too_big:
     p->dead = true;
     return SSE_ERR_TOO_BIG;
+}
+
+int sse_parser_feed(sse_parser *p, const char *buf, size_t len)
+{
+    if (p->dead) return SSE_ERR_TOO_BIG;
+    if (p->start) { /* drop the bytes of events already dispatched */
+        lg_buf_consume(&p->in, p->start);
+        p->pos -= p->start;
+        p->scan -= p->start;
+        p->start = 0;
+    }
+    if (p->in.len == 0 && p->bom_checked) {
+        /* Nothing pending: parse the caller's bytes in place and keep only the incomplete
+         * tail, so a parser between events holds no read buffer (10k idle streams cost
+         * nothing) and complete events are never copied. */
+        if (p->in.cap > 65536) lg_buf_free(&p->in); /* give back a once-huge event */
+        if (len == 0) return 0;
+        int rc = scan_lines(p, buf, len);
+        if (rc != SSE_ERR_TOO_BIG) {
+            lg_buf_append(&p->in, buf + p->start, len - p->start);
+            p->pos -= p->start;
+            p->scan -= p->start;
+            p->start = 0;
+        }
+        return rc;
+    }
+    lg_buf_append(&p->in, buf, len);
+    if (!p->bom_checked && !check_bom(p)) return 0;
+    return scan_lines(p, p->in.p, p->in.len);
 }

@@ -5,7 +5,8 @@
  *     equal the input, whatever the chunking;
  *  2. split invariance: the parsed events (fields, not raw boundaries — a CR LF cut
  *     between reads moves the LF into the next raw by design) are the same when the input
- *     is fed whole and when it is fed in pieces chosen by the input's first bytes;
+ *     is fed whole and when it is fed in pieces chosen by the input's first bytes with a
+ *     callback that stops the feed every few events (and the feeder resuming it);
  *  3. under a tiny event limit the parser either succeeds with property 1 or reports
  *     SSE_ERR_TOO_BIG, and stays dead afterwards. */
 #include <stdint.h>
@@ -19,6 +20,8 @@
 typedef struct run {
     lg_buf fields; /* serialised event fields */
     lg_buf raws;
+    unsigned stop_every; /* the callback stops the feed every this many events (0: never) */
+    unsigned n;
 } run;
 
 static int on_event(void *ud, const sse_event *ev)
@@ -31,7 +34,7 @@ static int on_event(void *ud, const sse_event *ev)
     lg_buf_append(&r->fields, ev->id, ev->id_len);
     lg_buf_append(&r->raws, ev->raw, ev->raw_len);
     if (ev->data[ev->data_len] != '\0') abort();
-    return 0;
+    return r->stop_every && ++r->n % r->stop_every == 0 ? 1 : 0;
 }
 
 /* Feeds data[0..len) with cut sizes drawn from `cuts`; returns the feed status. */
@@ -44,6 +47,8 @@ static int feed(const uint8_t *data, size_t len, fuzz_cuts *cuts, size_t max, ru
         size_t step = fuzz_cuts_next(cuts, len - at);
         rc = sse_parser_feed(p, (const char *)data + at, step);
         at += step;
+        while (rc == 1) /* stopped by the callback: resume on the buffered bytes */
+            rc = sse_parser_feed(p, NULL, 0);
     }
     if (rc == 0) {
         size_t plen;
@@ -66,7 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_cuts cuts;
     if (!fuzz_cuts_take(&data, &size, &cuts, 17)) return 0;
 
-    run whole = {0}, split = {0}, tiny = {0};
+    run whole = {0}, split = {.stop_every = 1 + (size % 3)}, tiny = {0};
     if (feed(data, size, NULL, 0, &whole) != 0) abort();
     if (feed(data, size, &cuts, 0, &split) != 0) abort();
     if (whole.fields.len != split.fields.len ||
