@@ -197,6 +197,64 @@ for (const [kind, dialects] of Object.entries(KINDS)) {
     });
 }
 
+// An SSE server this project did not write (node:http): SGLang-shaped chunks framed the
+// ways the WHATWG spec allows (CRLF, CR, comments, event/id/retry fields, multi-line data),
+// written in pieces of 1, 3, 7 bytes or whole, so that every read boundary is exercised.
+describe('an independent SSE server', () => {
+    const ID = '0123456789abcdef0123456789abcdef';
+    const ev = (delta, fin = null, nl = '\n') =>
+        `data: {"id":"${ID}","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":${JSON.stringify(delta)},"logprobs":null,"finish_reason":${JSON.stringify(fin)},"matched_stop":null}]}${nl}${nl}`;
+    const framed = (nl) => [ev({ role: 'assistant', content: '' }, null, nl), ev({ content: 'Hello ' }, null, nl), ev({ content: 'world' }, null, nl), ev({}, 'stop', nl), `data: [DONE]${nl}${nl}`];
+    const VARIANTS = {
+        lf: framed('\n'),
+        crlf: framed('\r\n'),
+        cr: framed('\r'),
+        'comments and fields': [': ping\n\n', ev({ role: 'assistant', content: '' }), ': keep-alive\n', ev({ content: 'Hello ' }), 'event: message\n' + ev({ content: 'world' }), 'id: 7\nretry: 100\n' + ev({}, 'stop'), 'data: [DONE]\n\n'],
+        'multi-line data': [ev({ role: 'assistant', content: '' }), `data: {"id":"${ID}","object":"chat.completion.chunk","created":1,"model":"m",\ndata: "choices":[{"index":0,"delta":{"content":"Hello "},"logprobs":null,"finish_reason":null}]}\n\n`, ev({ content: 'world' }), ev({}, 'stop'), 'data: [DONE]\n\n'],
+    };
+    let srv, lg, body, piece;
+    before(async () => {
+        srv = http.createServer((req, res) => {
+            if (req.url === '/get_model_info') {
+                res.setHeader('content-type', 'application/json');
+                return res.end('{"model_path":"m","is_generation":true}');
+            }
+            req.resume();
+            req.on('end', async () => {
+                res.writeHead(200, { 'content-type': 'text/event-stream' });
+                for (let i = 0; i < body.length; i += piece) {
+                    res.write(body.slice(i, i + piece));
+                    await new Promise((r) => setImmediate(r));
+                }
+                res.end();
+            });
+        });
+        await new Promise((r) => srv.listen(0, '127.0.0.1', r));
+        lg = await startLoopguard({ upstream: `http://127.0.0.1:${srv.address().port}` });
+    });
+    after(async () => {
+        await lg?.stop();
+        await new Promise((r) => srv?.close(r));
+    });
+
+    for (const [name, events] of Object.entries(VARIANTS)) {
+        const todo = name === 'crlf' ? 'a CRLF split between two reads loses its LF: events end "\\r\\n\\r" instead of "\\r\\n\\r\\n"' : undefined;
+        it(`${name}: the stream passes byte-for-byte at every write size; whole equal in meaning`, { ...T, todo }, async () => {
+            body = events.join('');
+            for (const p of [body.length, 7, 3, 1]) {
+                piece = p;
+                const r = await rawStream(lg.url + '/v1/chat/completions', { messages: MSG, stream: true });
+                assert.equal(r.status, 200);
+                assert.equal(assembleDeltas(sseJSON(r.text)).content, 'Hello world', `pieces of ${p}`);
+                assert.equal(r.text, body, `pieces of ${p}`);
+                const w = await chat(lg.url + '/v1/chat/completions', { messages: MSG });
+                assert.equal(w.json().choices[0].message.content, 'Hello world');
+                assert.equal(w.json().choices[0].finish_reason, 'stop');
+            }
+        });
+    }
+});
+
 describe('pass-through', () => {
     let fake, lg;
     usePair({ fake: { kind: 'sglang' } }, (f, l) => ([fake, lg] = [f, l]));
