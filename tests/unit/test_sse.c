@@ -260,6 +260,29 @@ static void test_callback_stop(void **state)
     sse_parser_free(NULL);
 }
 
+/* Once the BOM question is settled and nothing is pending, reads are parsed in place:
+ * a stop there must still keep the rest, and an incomplete tail must survive the read. */
+static void test_in_place_path(void **state)
+{
+    (void)state;
+    collect c = {.stop_at = 3};
+    sse_parser *p = sse_parser_new(0, on_event, &c);
+    assert_int_equal(sse_parser_feed(p, "data: 1\n\n", 9), 0);
+    assert_int_equal(sse_parser_pending(p), 0);
+    char in[] = "data: 2\n\ndata: 3\n\ndata: 4\n\ndata: 5";
+    assert_int_equal(sse_parser_feed(p, in, strlen(in)), 7);
+    memset(in, 'X', strlen(in)); /* the caller's buffer is gone after the call */
+    assert_int_equal(sse_parser_pending(p), strlen("data: 4\n\ndata: 5"));
+    assert_int_equal(sse_parser_feed(p, "\r", 1), 0);
+    assert_int_equal(c.n, 4);
+    assert_int_equal(sse_parser_feed(p, "\n\r\n", 3), 0);
+    assert_int_equal(c.n, 5);
+    assert_string_equal(c.log.p, "||0|-1|1\n||0|-1|2\n||0|-1|3\n||0|-1|4\n||0|-1|5\n");
+    assert_string_equal(c.raws.p, "data: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\ndata: 5\r\n\r\n");
+    sse_parser_free(p);
+    collect_free(&c);
+}
+
 /* Data may contain NUL bytes; data_len counts them. */
 static void test_nul_in_data(void **state)
 {
@@ -286,6 +309,7 @@ int main(void)
         cmocka_unit_test(test_bom_only_at_start),
         cmocka_unit_test(test_limit),
         cmocka_unit_test(test_callback_stop),
+        cmocka_unit_test(test_in_place_path),
         cmocka_unit_test(test_nul_in_data),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
