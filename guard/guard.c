@@ -28,7 +28,7 @@
 #define GUARD_GTAB_BITS   12
 #define GUARD_NCAND       8
 #define GUARD_RULE_STEP   64
-#define GUARD_TTAB_BITS   11
+#define GUARD_TTAB_BITS   10
 #define GUARD_UNIT_MAX    256
 #define GUARD_SEG_BUCKETS 1024
 #define GUARD_SEG_WORDS   128 /* words of one segment the novelty detector reads */
@@ -124,6 +124,7 @@ struct guard {
     unsigned char leak_last[32];  /* bitset: last bytes of leak tokens */
     unsigned char leak_first[32]; /* and first bytes */
     size_t leak_maxlen;
+    uint64_t leak_start; /* offset + 1 of the last byte that can start a token */
 
     guard_verdict v;
     char unit[GUARD_UNIT_MAX + 1];
@@ -141,7 +142,8 @@ guard *guard_new(const guard_params *p, lg_channel ch)
     guard *g = xcalloc(1, sizeof(*g));
     g->p = p;
     g->ch = ch;
-    g->buf = xcalloc(GUARD_BUF, 1);
+    g->buf = malloc(GUARD_BUF); /* only bytes already fed are ever read */
+    if (!g->buf) abort();
     g->seg_hash = g->w_hash = 0xCBF29CE484222325ull;
     g->gtab = xcalloc((size_t)1 << GUARD_GTAB_BITS, sizeof(*g->gtab));
     /* Rings are sized to a power of two so that indexing is a mask, not a division. */
@@ -373,10 +375,12 @@ static bool repeat_step(guard *g, unsigned char b)
     const guard_params *p = g->p;
     uint64_t pos = g->fed - 1;
     unsigned n = 0;
+    bool ready = false; /* some candidate reached its threshold */
     for (unsigned i = 0; i < g->ncand; i++) {
         gcand c = g->cand[i];
         if (at(g, pos - c.period) != b) continue;
         c.run++;
+        ready |= (uint64_t)c.run + c.period >= c.need;
         g->cand[n++] = c;
     }
     g->ncand = n;
@@ -414,6 +418,7 @@ static bool repeat_step(guard *g, unsigned char b)
                         gcand c = {d, run, 0, false};
                         c.need = need_for(d, steps_repeats(p, d), p->repeat.min_bytes);
                         if (!c.need) c.need = UINT32_MAX;
+                        ready |= (uint64_t)c.run + c.period >= c.need;
                         g->cand[slot] = c;
                     }
                 }
@@ -421,7 +426,7 @@ static bool repeat_step(guard *g, unsigned char b)
         }
     }
 
-    for (unsigned i = 0; i < g->ncand; i++) {
+    for (unsigned i = 0; ready && i < g->ncand; i++) {
         gcand *c = &g->cand[i];
         if ((uint64_t)c->run + c->period < c->need) continue;
         if (!c->judged) {
@@ -740,6 +745,32 @@ static void words_step(guard *g, unsigned char b)
     if (cjk) word_end(g);
 }
 
+/* The most common byte, an ASCII letter or digit: does exactly what words_step and
+ * lines_step do with it, with fewer branches. */
+static inline void text_alnum(guard *g, unsigned char b, bool words)
+{
+    uint64_t pos = g->fed - 1;
+    bool letter = b >= 'A';
+    if (words) {
+        g->cp_need = 0;
+        word_add(g, b, pos, letter);
+    }
+    g->prev2 = g->prev;
+    g->prev = b;
+    if (!g->seg_len) {
+        g->seg_start = pos;
+        g->seg_words = 1;
+    } else if (g->seg_gap) {
+        g->seg_hash = fnv(g->seg_hash, ' ');
+        g->seg_words++;
+    }
+    g->seg_gap = false;
+    g->seg_lastc = b;
+    g->seg_hash = fnv(g->seg_hash, b);
+    g->seg_len++;
+    g->seg_alpha += letter;
+}
+
 /* ---- rules and leaks --------------------------------------------------------------- */
 
 /* Matches rule i against history up to `to`, trying only starts from rule_from[i] on
@@ -790,6 +821,7 @@ static bool rules_run(guard *g, uint64_t to, bool final)
 static bool leak_step(guard *g, unsigned char b)
 {
     const guard_params *p = g->p;
+    if (g->leak_first[b >> 3] & (1u << (b & 7))) g->leak_start = g->fed;
     if (!(g->leak_last[b >> 3] & (1u << (b & 7)))) return false;
     for (size_t i = 0; i < p->n_leaks; i++) {
         size_t n = p->leak_len[i];
@@ -816,25 +848,37 @@ static void push_byte(guard *g, unsigned char b)
     g->fed++;
 }
 
-/* One byte through every detector. Returns true when tripped. */
-static bool step(guard *g, unsigned char b)
+/* Feeds bytes through every detector, one byte at a time, in a fixed order; returns
+ * true at the first byte that trips. Which detectors run is read once per call: the
+ * history stores are char stores, which the compiler must assume alias the params. */
+static bool feed_bytes(guard *g, const unsigned char *s, size_t len)
 {
     const guard_params *p = g->p;
-    push_byte(g, b);
-    g->gram = (g->gram << 8) | b;
-    g->content_seen |= b > ' ';
-    fence_step(g, b);
-    if (p->n_leaks && leak_step(g, b)) return true;
-    if (p->n_rules && g->fed % GUARD_RULE_STEP == 0 && rules_run(g, g->fed, false)) return true;
-    if (p->repeat.enabled && repeat_step(g, b)) return true;
-    if (p->lines.enabled || p->novelty.enabled) {
-        if (p->novelty.enabled) words_step(g, b);
-        if (lines_step(g, b)) return true;
-    }
-    if (p->budget_bytes && g->fed > p->budget_bytes) {
-        set_unit(g, g->fed, g->fed);
-        trip(g, "budget", p->budget_bytes, g->fed, 0);
-        return true;
+    const bool leak = p->n_leaks, rules = p->n_rules, rep = p->repeat.enabled;
+    const bool words = p->novelty.enabled, text = p->lines.enabled || words;
+    const uint64_t budget = p->budget_bytes ? p->budget_bytes : UINT64_MAX;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char b = s[i];
+        push_byte(g, b);
+        g->gram = (g->gram << 8) | b;
+        g->content_seen |= b > ' ';
+        if (g->fstate != 2 || b == '\n') fence_step(g, b);
+        if (leak && leak_step(g, b)) return true;
+        if (rules && g->fed % GUARD_RULE_STEP == 0 && rules_run(g, g->fed, false)) return true;
+        if (rep && repeat_step(g, b)) return true;
+        if (text) {
+            if ((unsigned)((b | 0x20) - 'a') < 26 || (unsigned)(b - '0') < 10) {
+                text_alnum(g, b, words);
+            } else {
+                if (words) words_step(g, b);
+                if (lines_step(g, b)) return true;
+            }
+        }
+        if (g->fed > budget) {
+            set_unit(g, g->fed, g->fed);
+            trip(g, "budget", budget, g->fed, 0);
+            return true;
+        }
     }
     return false;
 }
@@ -846,10 +890,7 @@ bool guard_feed(guard *g, const char *buf, size_t len)
         g->fed += len;
         return false;
     }
-    const unsigned char *s = (const unsigned char *)buf;
-    for (size_t i = 0; i < len; i++)
-        if (step(g, s[i])) return true;
-    return false;
+    return feed_bytes(g, (const unsigned char *)buf, len);
 }
 
 bool guard_finish(guard *g)
@@ -901,7 +942,8 @@ static size_t leak_suspect(const guard *g)
 {
     const guard_params *p = g->p;
     size_t have = (size_t)(g->fed - g->base);
-    if (!g->leak_maxlen) return 0;
+    /* No byte that starts a token among the last max length: nothing to hold. */
+    if (!g->leak_maxlen || g->fed - g->leak_start >= g->leak_maxlen) return 0;
     /* Longest first; a tail can only match where it starts with a token's first byte. */
     for (size_t k = g->leak_maxlen - 1; k > 0; k--) {
         if (k > have) continue;
