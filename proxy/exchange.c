@@ -32,6 +32,7 @@
 
 #include "proxy/assemble.h"
 #include "proxy/buf.h"
+#include "proxy/chunkscan.h"
 #include "proxy/dialect.h"
 #include "proxy/http.h"
 #include "proxy/rewrite.h"
@@ -119,6 +120,7 @@ typedef struct exchange {
     char *c_id, *c_model;
     long long c_created;
     lg_buf done_raw;
+    lg_buf scratch; /* chunkscan's decoded strings for the current event */
 
     /* the record */
     unsigned trips;
@@ -766,8 +768,14 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     } else if (ex->req.client_stream) {
         bool other = d->finish_reason || d->n_tools || d->role || d->usage;
         bool visible = rel_c.len || (rel_r.len && ex->mode != LG_REASONING_HIDE);
-        if (visible || other)
+        if ((visible || other) && d->root) {
             emit_chunk(ex, d, rel_r.p, rel_r.len, rel_c.p, rel_c.len, d->finish_reason);
+        } else if (visible || other) { /* scanned on the fast path: the template needs a tree */
+            dl_delta full;
+            dl_parse(ev->data, ev->data_len, &full);
+            emit_chunk(ex, &full, rel_r.p, rel_r.len, rel_c.p, rel_c.len, full.finish_reason);
+            dl_delta_clear(&full);
+        }
     }
     lg_buf_free(&rel_r);
     lg_buf_free(&rel_c);
@@ -783,7 +791,11 @@ static int on_event(void *ud, const sse_event *ev)
         return 1;
     }
     dl_delta d;
-    dl_parse(ev->data, ev->data_len, &d);
+    /* The fast path once the stream's identity is known; whole responses and retries need
+     * the full tree (assembler, id rewriting). */
+    bool fast = ex->req.client_stream && ex->c_id && ex->attempt == 1 &&
+                chunkscan(ev->data, ev->data_len, &ex->scratch, &d);
+    if (!fast) dl_parse(ev->data, ev->data_len, &d);
     int rc = 0;
     switch (d.kind) {
     case DL_DONE:
@@ -1314,6 +1326,7 @@ static void ex_destroy(lg_req *base)
     lg_buf_free(&ex->errbody);
     lg_buf_free(&ex->out);
     lg_buf_free(&ex->done_raw);
+    lg_buf_free(&ex->scratch);
     free(ex->final_body);
     free(ex->final_ctype);
     free(ex->c_id);

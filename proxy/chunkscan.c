@@ -1,0 +1,321 @@
+/* chunkscan.c — see chunkscan.h.
+ *
+ * A recursive-descent walk over the event's JSON that keeps only what a plain text delta
+ * carries. Values it does not need are skipped structurally (depth-limited). Any doubt —
+ * an unexpected type, a duplicated key, a "\u0000" that cJSON would cut a string at — is a
+ * refusal, never a guess: the full parser then decides. */
+#include "proxy/chunkscan.h"
+
+#include <string.h>
+
+#define MAX_DEPTH 32
+
+typedef struct scan {
+    const char *p, *end;
+    lg_buf *scratch;
+} scan;
+
+typedef struct str {
+    const char *s;
+    size_t n;
+    bool null; /* the JSON value was null */
+} str;
+
+static void ws(scan *c)
+{
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))
+        c->p++;
+}
+
+static bool eat(scan *c, char ch)
+{
+    ws(c);
+    if (c->p < c->end && *c->p == ch) {
+        c->p++;
+        return true;
+    }
+    return false;
+}
+
+static int hexval(char h)
+{
+    return h >= '0' && h <= '9' ? h - '0'
+           : h >= 'a' && h <= 'f' ? h - 'a' + 10
+           : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                  : -1;
+}
+
+static bool hex4(scan *c, unsigned *out)
+{
+    if (c->end - c->p < 4) return false;
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        int h = hexval(c->p[i]);
+        if (h < 0) return false;
+        v = v << 4 | (unsigned)h;
+    }
+    c->p += 4;
+    *out = v;
+    return true;
+}
+
+static void put_utf8(lg_buf *b, unsigned cp)
+{
+    char u[4];
+    size_t n;
+    if (cp < 0x80) {
+        u[0] = (char)cp, n = 1;
+    } else if (cp < 0x800) {
+        u[0] = (char)(0xc0 | cp >> 6), u[1] = (char)(0x80 | (cp & 0x3f)), n = 2;
+    } else if (cp < 0x10000) {
+        u[0] = (char)(0xe0 | cp >> 12), u[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
+        u[2] = (char)(0x80 | (cp & 0x3f)), n = 3;
+    } else {
+        u[0] = (char)(0xf0 | cp >> 18), u[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
+        u[2] = (char)(0x80 | ((cp >> 6) & 0x3f)), u[3] = (char)(0x80 | (cp & 0x3f)), n = 4;
+    }
+    lg_buf_append(b, u, n);
+}
+
+/* A JSON string at c->p (after whitespace). Without escapes it points into the input; with
+ * them it is decoded into scratch (reserved up front, so earlier pointers stay valid). */
+static bool string(scan *c, str *out)
+{
+    if (!eat(c, '"')) return false;
+    const char *start = c->p;
+    while (c->p < c->end && *c->p != '"' && *c->p != '\\' && (unsigned char)*c->p >= 0x20)
+        c->p++;
+    if (c->p < c->end && *c->p == '"') {
+        *out = (str){start, (size_t)(c->p - start), false};
+        c->p++;
+        return true;
+    }
+    size_t at = c->scratch->len;
+    lg_buf_append(c->scratch, start, (size_t)(c->p - start));
+    while (c->p < c->end && *c->p != '"') {
+        unsigned char ch = (unsigned char)*c->p++;
+        if (ch < 0x20) return false;
+        if (ch != '\\') {
+            lg_buf_append(c->scratch, (const char *)&ch, 1);
+            continue;
+        }
+        if (c->p >= c->end) return false;
+        char e = *c->p++, lit;
+        switch (e) {
+        case '"': case '\\': case '/': lit = e; break;
+        case 'b': lit = '\b'; break;
+        case 'f': lit = '\f'; break;
+        case 'n': lit = '\n'; break;
+        case 'r': lit = '\r'; break;
+        case 't': lit = '\t'; break;
+        case 'u': {
+            unsigned cp, lo;
+            if (!hex4(c, &cp) || cp == 0) return false;
+            if (cp >= 0xdc00 && cp <= 0xdfff) return false;
+            if (cp >= 0xd800 && cp <= 0xdbff) {
+                if (c->end - c->p < 2 || c->p[0] != '\\' || c->p[1] != 'u') return false;
+                c->p += 2;
+                if (!hex4(c, &lo) || lo < 0xdc00 || lo > 0xdfff) return false;
+                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+            }
+            put_utf8(c->scratch, cp);
+            continue;
+        }
+        default:
+            return false;
+        }
+        lg_buf_append(c->scratch, &lit, 1);
+    }
+    if (c->p >= c->end) return false;
+    c->p++;
+    *out = (str){c->scratch->p + at, c->scratch->len - at, false};
+    return true;
+}
+
+static bool literal(scan *c, const char *word)
+{
+    size_t n = strlen(word);
+    ws(c);
+    if ((size_t)(c->end - c->p) < n || memcmp(c->p, word, n) != 0) return false;
+    c->p += n;
+    return true;
+}
+
+/* A string or null. */
+static bool string_or_null(scan *c, str *out)
+{
+    if (literal(c, "null")) {
+        *out = (str){NULL, 0, true};
+        return true;
+    }
+    return string(c, out);
+}
+
+static bool digits(scan *c)
+{
+    const char *s = c->p;
+    while (c->p < c->end && *c->p >= '0' && *c->p <= '9') c->p++;
+    return c->p > s;
+}
+
+/* A JSON number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? */
+static bool number(scan *c)
+{
+    if (c->p < c->end && *c->p == '-') c->p++;
+    if (c->p < c->end && *c->p == '0')
+        c->p++;
+    else if (!digits(c))
+        return false;
+    if (c->p < c->end && *c->p == '.' && (c->p++, !digits(c))) return false;
+    if (c->p < c->end && (*c->p == 'e' || *c->p == 'E')) {
+        c->p++;
+        if (c->p < c->end && (*c->p == '+' || *c->p == '-')) c->p++;
+        if (!digits(c)) return false;
+    }
+    return true;
+}
+
+static bool skip_value(scan *c, int depth);
+
+/* Calls member(c, key, ud) for each key of an object; the callback consumes the value. */
+typedef bool (*member_fn)(scan *c, str key, void *ud, int depth);
+
+static bool object(scan *c, member_fn member, void *ud, int depth)
+{
+    if (depth > MAX_DEPTH || !eat(c, '{')) return false;
+    if (eat(c, '}')) return true;
+    do {
+        str key;
+        if (!string(c, &key) || !eat(c, ':') || !member(c, key, ud, depth + 1)) return false;
+    } while (eat(c, ','));
+    return eat(c, '}');
+}
+
+static bool skip_member(scan *c, str key, void *ud, int depth)
+{
+    (void)key, (void)ud;
+    return skip_value(c, depth);
+}
+
+static bool skip_value(scan *c, int depth)
+{
+    str s;
+    ws(c);
+    if (c->p >= c->end || depth > MAX_DEPTH) return false;
+    switch (*c->p) {
+    case '"':
+        return string(c, &s);
+    case '{':
+        return object(c, skip_member, NULL, depth);
+    case '[':
+        c->p++;
+        if (eat(c, ']')) return true;
+        do {
+            if (!skip_value(c, depth + 1)) return false;
+        } while (eat(c, ','));
+        return eat(c, ']');
+    case 't':
+        return literal(c, "true");
+    case 'f':
+        return literal(c, "false");
+    case 'n':
+        return literal(c, "null");
+    default:
+        return number(c);
+    }
+}
+
+static bool key_is(str k, const char *name)
+{
+    return k.n == strlen(name) && memcmp(k.s, name, k.n) == 0;
+}
+
+/* ---- the shape we accept ----------------------------------------------------------- */
+
+typedef struct view {
+    str role, content, rc, r;
+    unsigned seen; /* one bit per key we read, to refuse duplicates */
+    int index;
+    bool choice_seen;
+} view;
+
+enum { K_ROLE = 1, K_CONTENT = 2, K_RC = 4, K_R = 8, K_INDEX = 16, K_DELTA = 32, K_FINISH = 64 };
+
+static bool once(view *v, unsigned bit)
+{
+    if (v->seen & bit) return false;
+    v->seen |= bit;
+    return true;
+}
+
+static bool delta_member(scan *c, str key, void *ud, int depth)
+{
+    view *v = ud;
+    if (key_is(key, "role")) return once(v, K_ROLE) && string_or_null(c, &v->role);
+    if (key_is(key, "content")) return once(v, K_CONTENT) && string_or_null(c, &v->content);
+    if (key_is(key, "reasoning_content")) return once(v, K_RC) && string_or_null(c, &v->rc);
+    if (key_is(key, "reasoning")) return once(v, K_R) && string_or_null(c, &v->r);
+    if (key_is(key, "tool_calls") || key_is(key, "function_call")) {
+        ws(c);
+        return literal(c, "null") || (eat(c, '[') && eat(c, ']'));
+    }
+    return skip_value(c, depth);
+}
+
+static bool number_zero(scan *c)
+{
+    ws(c);
+    const char *s = c->p;
+    return number(c) && c->p - s == 1 && *s == '0';
+}
+
+static bool choice_member(scan *c, str key, void *ud, int depth)
+{
+    view *v = ud;
+    str s;
+    if (key_is(key, "index")) return once(v, K_INDEX) && number_zero(c);
+    if (key_is(key, "delta")) return once(v, K_DELTA) && object(c, delta_member, v, depth);
+    if (key_is(key, "finish_reason"))
+        return once(v, K_FINISH) && string_or_null(c, &s) && s.n == 0;
+    if (key_is(key, "text")) return false; /* a text completion: the full parser */
+    return skip_value(c, depth);
+}
+
+static bool top_member(scan *c, str key, void *ud, int depth)
+{
+    view *v = ud;
+    str o;
+    if (key_is(key, "choices")) {
+        if (v->choice_seen || !eat(c, '[')) return false;
+        v->choice_seen = true;
+        return object(c, choice_member, v, depth) && eat(c, ']'); /* exactly one choice */
+    }
+    if (key_is(key, "usage")) return literal(c, "null");
+    if (key_is(key, "error")) return false;
+    if (key_is(key, "object")) return string(c, &o) && key_is(o, "chat.completion.chunk");
+    return skip_value(c, depth);
+}
+
+bool chunkscan(const char *data, size_t len, lg_buf *scratch, dl_delta *out)
+{
+    scan c = {data, data + len, scratch};
+    view v = {0};
+    memset(out, 0, sizeof *out);
+    lg_buf_reset(scratch);
+    lg_buf_reserve(scratch, len);
+    if (!object(&c, top_member, &v, 0)) return false;
+    ws(&c);
+    if (c.p != c.end || !v.choice_seen || !(v.seen & K_DELTA)) return false;
+    /* Both reasoning keys with text: the full parser decides how they combine. */
+    if (v.rc.n && v.r.n) return false;
+    out->kind = DL_CHUNK;
+    out->chat = true;
+    out->n_choices = 1;
+    out->role = v.role.n ? v.role.s : NULL; /* not NUL-terminated: only tested for NULL */
+    out->content = v.content.n ? v.content.s : NULL;
+    out->content_len = v.content.n;
+    out->reasoning = v.rc.n ? v.rc.s : v.r.n ? v.r.s : NULL;
+    out->reasoning_len = v.rc.n ? v.rc.n : v.r.n;
+    out->reasoning_keys = (v.rc.n ? DL_KEY_REASONING_CONTENT : 0) | (v.r.n ? DL_KEY_REASONING : 0);
+    return true;
+}

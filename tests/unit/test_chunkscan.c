@@ -1,0 +1,115 @@
+/* test_chunkscan.c — the fast scanner agrees with the full dialect parser whenever it
+ * accepts a chunk, accepts the common shapes, and refuses what it must leave to dl_parse. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "proxy/chunkscan.h"
+
+/* Returns whether chunkscan accepted `json`; when it did, asserts that every field the
+ * exchange reads equals dl_parse's view of the same bytes. */
+static bool agrees(const char *json)
+{
+    lg_buf scratch = LG_BUF_INIT;
+    dl_delta fast, full;
+    bool ok = chunkscan(json, strlen(json), &scratch, &fast);
+    dl_parse(json, strlen(json), &full);
+    if (ok) {
+        assert_int_equal(full.kind, DL_CHUNK);
+        assert_int_equal(full.n_choices, 1);
+        assert_int_equal(full.choice_index, 0);
+        assert_null(full.finish_reason);
+        assert_null(full.usage);
+        assert_int_equal(full.n_tools, 0);
+        assert_int_equal(fast.role != NULL, full.role != NULL);
+        assert_int_equal(fast.reasoning_keys, full.reasoning_keys);
+        assert_int_equal(fast.reasoning_len, full.reasoning_len);
+        assert_int_equal(fast.content_len, full.content_len);
+        if (fast.reasoning_len) assert_memory_equal(fast.reasoning, full.reasoning, fast.reasoning_len);
+        if (fast.content_len) assert_memory_equal(fast.content, full.content, fast.content_len);
+    }
+    dl_delta_clear(&full);
+    lg_buf_free(&scratch);
+    return ok;
+}
+
+static void test_accepts_common_shapes(void **state)
+{
+    (void)state;
+    /* SGLang recent: first chunk, reasoning delta, content delta */
+    assert_true(agrees("{\"id\":\"ab\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+                       "\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":null,\"role\":\"assistant\","
+                       "\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null,\"matched_stop\":null}]}"));
+    assert_true(agrees("{\"id\":\"ab\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+                       "\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"lambda \"},"
+                       "\"logprobs\":null,\"finish_reason\":null,\"matched_stop\":null}]}"));
+    /* SGLang pydantic era: every key present */
+    assert_true(agrees("{\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+                       "\"choices\":[{\"index\":0,\"delta\":{\"role\":null,\"content\":\"Hi \\\"there\\\"\\n\","
+                       "\"reasoning_content\":null,\"tool_calls\":null},\"logprobs\":null,"
+                       "\"finish_reason\":null,\"matched_stop\":null}],\"usage\":null}"));
+    /* vLLM >= 0.17 */
+    assert_true(agrees("{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,"
+                       "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"reasoning\":\"\\u00e9\\ud83d\\ude00\"},"
+                       "\"logprobs\":null,\"finish_reason\":null}]}"));
+}
+
+static void test_refuses_what_needs_the_full_parser(void **state)
+{
+    (void)state;
+    const char *refuse[] = {
+        "{\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}",
+        "{\"choices\":[],\"usage\":{\"prompt_tokens\":1}}",
+        "{\"error\":{\"message\":\"x\"}}",
+        "{\"choices\":[{\"index\":1,\"delta\":{\"content\":\"a\"}}]}",
+        "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}},{\"index\":1,\"delta\":{}}]}",
+        "{\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0}]}}]}",
+        "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\",\"content\":\"b\"}}]}",
+        "{\"choices\":[{\"index\":0,\"delta\":{\"reasoning\":\"a\",\"reasoning_content\":\"b\"}}]}",
+        "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\\u0000b\"}}]}",
+        "{\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"a\"}]}",
+        "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]} trailing",
+        "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}],\"n\":01}",
+        "[DONE]",
+        "",
+    };
+    for (size_t i = 0; i < sizeof refuse / sizeof *refuse; i++) assert_false(agrees(refuse[i]));
+}
+
+/* Random byte edits of accepted chunks: whatever the scanner still accepts, it agrees. */
+static void test_mutations_agree(void **state)
+{
+    (void)state;
+    const char *base = "{\"id\":\"ab\",\"object\":\"chat.completion.chunk\",\"created\":12,"
+                       "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\\ty\","
+                       "\"reasoning_content\":null},\"logprobs\":null,\"finish_reason\":null}]}";
+    const char alphabet[] = "{}[]\",:\\0123nulltrue \"abc\\u00e9";
+    char buf[512];
+    unsigned seed = 12345;
+    size_t accepted = 0;
+    for (int iter = 0; iter < 20000; iter++) {
+        strcpy(buf, base);
+        size_t n = strlen(buf);
+        for (int k = 0; k < 1 + iter % 3; k++) {
+            seed = seed * 1103515245u + 12345u;
+            buf[(seed >> 8) % n] = alphabet[(seed >> 20) % (sizeof alphabet - 1)];
+        }
+        accepted += agrees(buf);
+    }
+    assert_true(accepted > 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_accepts_common_shapes),
+        cmocka_unit_test(test_refuses_what_needs_the_full_parser),
+        cmocka_unit_test(test_mutations_agree),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
