@@ -219,9 +219,17 @@ describe('an independent SSE server', () => {
                 res.setHeader('content-type', 'application/json');
                 return res.end('{"model_path":"m","is_generation":true}');
             }
+            if (req.url === '/v1/models') {
+                res.writeHead(203, { 'content-type': 'application/json', 'x-upstream-id': 'u-1', 'cache-control': 'no-store', connection: 'close, x-hop', 'x-hop': 'secret', 'keep-alive': 'timeout=3' });
+                return res.end('{"object":"list","data":[]}');
+            }
+            if (req.url !== '/v1/chat/completions') {
+                res.writeHead(404);
+                return res.end();
+            }
             req.resume();
             req.on('end', async () => {
-                res.writeHead(200, { 'content-type': 'text/event-stream' });
+                res.writeHead(200, { 'content-type': 'text/event-stream', 'x-request-id': 'r-42' });
                 for (let i = 0; i < body.length; i += piece) {
                     res.write(body.slice(i, i + piece));
                     await new Promise((r) => setImmediate(r));
@@ -235,6 +243,24 @@ describe('an independent SSE server', () => {
     after(async () => {
         await lg?.stop();
         await new Promise((r) => srv?.close(r));
+    });
+
+    it('pass-through response: status and end-to-end headers kept, hop-by-hop headers dropped', T, async () => {
+        const r = await request(lg.url + '/v1/models');
+        assert.equal(r.status, 203);
+        assert.equal(r.text, '{"object":"list","data":[]}');
+        assert.equal(r.headers['x-upstream-id'], 'u-1');
+        assert.equal(r.headers['cache-control'], 'no-store');
+        assert.equal(r.headers['x-hop'], undefined);
+        assert.equal(r.headers['keep-alive'], undefined);
+    });
+
+    it('a chat stream carries the upstream response headers', T, async () => {
+        body = VARIANTS.lf.join('');
+        piece = body.length;
+        const r = await rawStream(lg.url + '/v1/chat/completions', { messages: MSG, stream: true });
+        assert.equal(r.headers['x-request-id'], 'r-42');
+        assert.match(r.headers['content-type'], /^text\/event-stream/);
     });
 
     for (const [name, events] of Object.entries(VARIANTS)) {
