@@ -394,6 +394,53 @@ describe('a repeated </think>', () => {
     });
 });
 
+// The guard gets reasoning and content as separate channels whatever the dialect: a loop in
+// the reasoning trips on channel "reasoning", a finished generation with reasoning and no
+// answer trips empty_answer, and the client ends with the clean retry in its own mode.
+describe('the guard sees the same channels in every dialect', () => {
+    const CASES = [
+        ['sglang', 'sglang', {}, 'm'],
+        ['vllm', 'vllm', {}, 'm'],
+        ['vllm', 'vllm-both', {}, 'm'],
+        ['openai', 'inline', {}, 'm'],
+        ['openai', 'inline', { open_tag: false }, 'qwen3.6-27b'],
+    ];
+    const env = {};
+    for (const kind of ['sglang', 'vllm', 'openai'])
+        usePair({ fake: { kind }, lg: { config: { models: [{ pattern: '^qwen3\\.6', think_opened: true }] } } }, (fake, lg) => (env[kind] = { fake, lg }));
+
+    for (const [kind, dialect, extra, model] of CASES) {
+        it(`${dialect}${extra.open_tag === false ? ' (template-opened)' : ''}: reasoning loop -> repeat on reasoning; no answer -> empty_answer`, T, async () => {
+            const { fake, lg } = env[kind];
+            await fake.setScenario({
+                dialect,
+                responses: [
+                    { match: { fields: { presence_penalty: null }, prompt_contains: 'loop' }, reasoning: ['Start. ', { repeat: 'lambda ', times: -1 }], content: ['x'], ...extra },
+                    { match: { fields: { presence_penalty: null }, prompt_contains: 'empty' }, reasoning: ['I thought about it carefully.'], content: [], ...extra },
+                    { reasoning: ['Clean thought.'], content: ['Clean answer.'], ...extra },
+                ],
+            });
+            for (const [prompt, detector, channel] of [
+                ['loop', 'repeat', 'reasoning'],
+                ['empty', 'empty_answer', 'content'],
+            ]) {
+                for (const stream of [true, false]) {
+                    const body = { model, messages: [{ role: 'user', content: prompt }], stream, max_tokens: 3000 };
+                    const r = await chat(lg.url + '/v1/chat/completions', body);
+                    const view = stream ? checkStream(r.text, 'reasoning_content') : checkWhole(r, 'reasoning_content').view;
+                    assert.equal(view.content, 'Clean answer.', `${prompt} stream ${stream}`);
+                    assert.doesNotMatch(view.reasoning_content, /(lambda ){3}/);
+                    if (!stream) assert.equal(view.reasoning_content, 'Clean thought.');
+                    const inc = (await incidents(lg.url)).at(-1);
+                    assert.equal(inc.outcome, 'recovered');
+                    assert.equal(inc.attempts[0].detector, detector, JSON.stringify(inc.attempts[0]));
+                    assert.equal(inc.attempts[0].channel, channel);
+                }
+            }
+        });
+    }
+});
+
 describe('reasoning in the request history', () => {
     const HIST = [
         { role: 'user', content: 'Hi' },
