@@ -324,6 +324,17 @@ describe('<think> tags in content', () => {
         await truncated(lgOff, 'qwen3.6-27b', false, 9);
     });
 
+    it('truncated reasoning in every output mode: stream and whole agree', T, async () => {
+        await fake.setScenario({ dialect: 'inline', responses: [{ reasoning: LONG, content: CONTENT }] });
+        for (const mode of MODES) {
+            const headers = { 'X-Loopguard-Reasoning': mode };
+            const s = await rawStream(lgOff.url + '/v1/chat/completions', { model: 'm', messages: MSG, stream: true, max_tokens: 10 }, headers);
+            assert.deepEqual(viewOf(checkStream(s.text, mode)), expectView(mode, TRUNC, ''), `stream ${mode}`);
+            const { view } = checkWhole(await chat(lgOff.url + '/v1/chat/completions', { model: 'm', messages: MSG, max_tokens: 10 }, headers), mode);
+            assert.deepEqual(view, expectView(mode, TRUNC, ''), `whole ${mode}`);
+        }
+    });
+
     it('truncated by max_tokens before </think>: stays reasoning, finish length (guard on)', T, async () => {
         await truncated(lg, 'm', true, 10);
         await truncated(lgRule, 'qwen3.6-27b', false, 9);
