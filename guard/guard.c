@@ -633,6 +633,22 @@ static bool seg_end(guard *g, uint64_t end)
     return false;
 }
 
+/* A non-space byte joins the current segment (one space stands for each gap). */
+static inline void seg_add(guard *g, unsigned char b, uint64_t pos)
+{
+    if (!g->seg_len) {
+        g->seg_start = pos;
+        g->seg_words = 1;
+    } else if (g->seg_gap) {
+        g->seg_hash = fnv(g->seg_hash, ' ');
+        g->seg_words++;
+    }
+    g->seg_gap = false;
+    g->seg_lastc = b;
+    g->seg_hash = fnv(g->seg_hash, b);
+    g->seg_len++;
+}
+
 static bool lines_step(guard *g, unsigned char b)
 {
     unsigned char p1 = g->prev, p2 = g->prev2;
@@ -645,17 +661,7 @@ static bool lines_step(guard *g, unsigned char b)
         g->seg_gap = g->seg_len > 0;
         return false;
     }
-    if (!g->seg_len) {
-        g->seg_start = pos;
-        g->seg_words = 1;
-    } else if (g->seg_gap) {
-        g->seg_hash = fnv(g->seg_hash, ' ');
-        g->seg_words++;
-    }
-    g->seg_gap = false;
-    g->seg_lastc = b;
-    g->seg_hash = fnv(g->seg_hash, b);
-    g->seg_len++;
+    seg_add(g, b, pos);
     unsigned char bc = byte_class(b);
     g->seg_alpha += bc == BC_LETTER;
     g->seg_code += bc == BC_CODE;
@@ -757,17 +763,7 @@ static inline void text_alnum(guard *g, unsigned char b, bool words)
     }
     g->prev2 = g->prev;
     g->prev = b;
-    if (!g->seg_len) {
-        g->seg_start = pos;
-        g->seg_words = 1;
-    } else if (g->seg_gap) {
-        g->seg_hash = fnv(g->seg_hash, ' ');
-        g->seg_words++;
-    }
-    g->seg_gap = false;
-    g->seg_lastc = b;
-    g->seg_hash = fnv(g->seg_hash, b);
-    g->seg_len++;
+    seg_add(g, b, pos);
     g->seg_alpha += letter;
 }
 

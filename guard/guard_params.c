@@ -7,6 +7,7 @@
  * corpora (tests/corpus/); guard/README-guard.md tells the story and how to re-tune. */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -328,7 +329,52 @@ static int apply_classes(guard_params *p, jctx *c, const char *pre, const cJSON 
     return 0;
 }
 
-static int apply_repeat(guard_params *p, jctx *c, const char *pre, const cJSON *obj)
+/* One scalar setting of a detector object: its key, type, place and range. */
+typedef struct jfield {
+    const char *key;
+    enum { JF_BOOL, JF_U32, JF_DBL } kind;
+    size_t off; /* offsetof(guard_params, ...) */
+    double lo, hi;
+} jfield;
+
+#define F_BOOL(k, f)                                                                               \
+    {                                                                                              \
+        k, JF_BOOL, offsetof(guard_params, f), 0, 0                                                \
+    }
+#define F_U32(k, f, lo, hi)                                                                        \
+    {                                                                                              \
+        k, JF_U32, offsetof(guard_params, f), lo, hi                                               \
+    }
+#define F_DBL(k, f, lo, hi)                                                                        \
+    {                                                                                              \
+        k, JF_DBL, offsetof(guard_params, f), lo, hi                                               \
+    }
+
+static const jfield repeat_fields[] = {
+    F_BOOL("enabled", repeat.enabled),
+    F_U32("min_bytes", repeat.min_bytes, 0, GUARD_HISTORY),
+    F_U32("max_period", repeat.max_period, 1, GUARD_HISTORY / 2),
+    F_DBL("fence_factor", repeat.fence_factor, 1, 100),
+};
+static const jfield lines_fields[] = {
+    F_BOOL("enabled", lines.enabled),
+    F_U32("min_repeats", lines.min_repeats, 2, 64),
+    F_U32("window", lines.window, 4, 1024),
+    F_U32("min_segment_bytes", lines.min_segment_bytes, 1, 4096),
+    F_DBL("min_repeat_ratio", lines.min_repeat_ratio, 0, 1),
+};
+static const jfield novelty_fields[] = {
+    F_BOOL("enabled", novelty.enabled),
+    F_U32("window", novelty.window, 8, 4096),
+    F_DBL("min_ratio", novelty.min_ratio, 0, 1),
+    F_U32("memory_words", novelty.memory_words, 16, 65536),
+};
+
+/* Applies the object `obj` (a detector's settings, named obj->string under `pre`): each
+ * key is one of `fields`, or, for the repeat detector, one of its two nested settings.
+ * Returns 0 or -1 with the key named in the error. */
+static int apply_fields(guard_params *p, jctx *c, const char *pre, const cJSON *obj,
+                        const jfield *fields, size_t n)
 {
     char sub[192];
     if (jobject(c, pre, obj) < 0) return -1;
@@ -337,71 +383,35 @@ static int apply_repeat(guard_params *p, jctx *c, const char *pre, const cJSON *
     cJSON_ArrayForEach(it, obj)
     {
         const char *k = it->string;
-        if (!strcmp(k, "enabled")) {
-            if (jbool(c, sub, it, &p->repeat.enabled) < 0) return -1;
-        } else if (!strcmp(k, "min_bytes"))
-            JU32(c, sub, it, 0, GUARD_HISTORY, p->repeat.min_bytes);
-        else if (!strcmp(k, "max_period"))
-            JU32(c, sub, it, 1, GUARD_HISTORY / 2, p->repeat.max_period);
-        else if (!strcmp(k, "repeats_by_period")) {
-            if (apply_steps(p, c, sub, it) < 0) return -1;
-        } else if (!strcmp(k, "fence_factor"))
-            JDBL(c, sub, it, 1, 100, p->repeat.fence_factor);
-        else if (!strcmp(k, "classes")) {
-            if (apply_classes(p, c, sub, it) < 0) return -1;
-        } else
-            return jfail(c, sub, k, "unknown key");
+        size_t i;
+        for (i = 0; i < n && strcmp(k, fields[i].key); i++)
+            ;
+        int rc = 0;
+        double v = 0;
+        if (i < n) {
+            char *dst = (char *)p + fields[i].off;
+            if (fields[i].kind == JF_BOOL) {
+                rc = jbool(c, sub, it, (bool *)dst);
+            } else {
+                rc = jnum(c, sub, it, fields[i].lo, fields[i].hi, fields[i].kind == JF_U32, &v);
+                if (fields[i].kind == JF_U32)
+                    *(uint32_t *)dst = (uint32_t)v;
+                else
+                    *(double *)dst = v;
+            }
+        } else if (fields == repeat_fields && !strcmp(k, "repeats_by_period")) {
+            rc = apply_steps(p, c, sub, it);
+        } else if (fields == repeat_fields && !strcmp(k, "classes")) {
+            rc = apply_classes(p, c, sub, it);
+        } else {
+            rc = jfail(c, sub, k, "unknown key");
+        }
+        if (rc < 0) return -1;
     }
     return 0;
 }
 
-static int apply_lines(guard_params *p, jctx *c, const char *pre, const cJSON *obj)
-{
-    char sub[192];
-    if (jobject(c, pre, obj) < 0) return -1;
-    subprefix(sub, sizeof(sub), pre, obj->string);
-    const cJSON *it;
-    cJSON_ArrayForEach(it, obj)
-    {
-        const char *k = it->string;
-        if (!strcmp(k, "enabled")) {
-            if (jbool(c, sub, it, &p->lines.enabled) < 0) return -1;
-        } else if (!strcmp(k, "min_repeats"))
-            JU32(c, sub, it, 2, 64, p->lines.min_repeats);
-        else if (!strcmp(k, "window"))
-            JU32(c, sub, it, 4, 1024, p->lines.window);
-        else if (!strcmp(k, "min_segment_bytes"))
-            JU32(c, sub, it, 1, 4096, p->lines.min_segment_bytes);
-        else if (!strcmp(k, "min_repeat_ratio"))
-            JDBL(c, sub, it, 0, 1, p->lines.min_repeat_ratio);
-        else
-            return jfail(c, sub, k, "unknown key");
-    }
-    return 0;
-}
-
-static int apply_novelty(guard_params *p, jctx *c, const char *pre, const cJSON *obj)
-{
-    char sub[192];
-    if (jobject(c, pre, obj) < 0) return -1;
-    subprefix(sub, sizeof(sub), pre, obj->string);
-    const cJSON *it;
-    cJSON_ArrayForEach(it, obj)
-    {
-        const char *k = it->string;
-        if (!strcmp(k, "enabled")) {
-            if (jbool(c, sub, it, &p->novelty.enabled) < 0) return -1;
-        } else if (!strcmp(k, "window"))
-            JU32(c, sub, it, 8, 4096, p->novelty.window);
-        else if (!strcmp(k, "min_ratio"))
-            JDBL(c, sub, it, 0, 1, p->novelty.min_ratio);
-        else if (!strcmp(k, "memory_words"))
-            JU32(c, sub, it, 16, 65536, p->novelty.memory_words);
-        else
-            return jfail(c, sub, k, "unknown key");
-    }
-    return 0;
-}
+#define APPLY(p, c, pre, it, f) apply_fields(p, c, pre, it, f, sizeof(f) / sizeof(f[0]))
 
 /* "rules": [{"name", "pattern", "action": "trip"}] replaces the channel's rule list. */
 static int apply_rules(guard_params *p, jctx *c, const char *pre, const cJSON *arr)
@@ -475,11 +485,11 @@ static int apply_top(guard_params *p, jctx *c, const char *pre, const cJSON *obj
         if (!strcmp(k, "enabled"))
             rc = jbool(c, pre, it, &p->enabled);
         else if (!strcmp(k, "repeat"))
-            rc = apply_repeat(p, c, pre, it);
+            rc = APPLY(p, c, pre, it, repeat_fields);
         else if (!strcmp(k, "lines"))
-            rc = apply_lines(p, c, pre, it);
+            rc = APPLY(p, c, pre, it, lines_fields);
         else if (!strcmp(k, "novelty"))
-            rc = apply_novelty(p, c, pre, it);
+            rc = APPLY(p, c, pre, it, novelty_fields);
         else if (!strcmp(k, "rules"))
             rc = apply_rules(p, c, pre, it);
         else if (!strcmp(k, "rule_max_match_bytes"))

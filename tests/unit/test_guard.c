@@ -301,36 +301,28 @@ static void assert_trips(const char *what, lg_channel ch, const char *s, const c
         fail_msg("%s tripped %s, expected %s", what, r.detector, detector);
 }
 
+/* prefix + unit x times must trip `detector` (any detector when NULL). */
+static void assert_loop(const char *what, lg_channel ch, const char *prefix, const char *unit,
+                        int times, const char *detector)
+{
+    text t = {0};
+    tcat(&t, prefix);
+    trep(&t, unit, times);
+    assert_trips(what, ch, t.s, detector);
+    free(t.s);
+}
+
 static void test_loops(void **state)
 {
     (void)state;
     text t = {0};
-    tcat(&t, "Sure!");
-    trep(&t, "!", 200);
-    assert_trips("!!!!", LG_CH_CONTENT, t.s, "repeat");
-
-    t.n = 0;
-    trep(&t, "?!", 200);
-    assert_trips("?!", LG_CH_CONTENT, t.s, "repeat");
-
-    t.n = 0;
-    tcat(&t, "好的");
-    trep(&t, "\xe3\x80\x82", 200); /* 。 */
-    assert_trips("。。。", LG_CH_REASONING, t.s, "repeat");
-
-    t.n = 0;
-    trep(&t, "\n", 5000);
-    assert_trips("newlines", LG_CH_CONTENT, t.s, "repeat");
-
-    t.n = 0;
-    tcat(&t, "```python\n");
-    trep(&t, "lambda ", 300);
-    assert_trips("lambda in a fence", LG_CH_CONTENT, t.s, "repeat");
-
-    t.n = 0;
-    tcat(&t, "```python\n");
-    trep(&t, "    print(x)\n", 800);
-    assert_trips("code line in a fence", LG_CH_CONTENT, t.s, "repeat");
+    assert_loop("!!!!", LG_CH_CONTENT, "Sure!", "!", 200, "repeat");
+    assert_loop("?!", LG_CH_CONTENT, "", "?!", 200, "repeat");
+    assert_loop("。。。", LG_CH_REASONING, "好的", "\xe3\x80\x82", 200, "repeat");
+    assert_loop("newlines", LG_CH_CONTENT, "", "\n", 5000, "repeat");
+    assert_loop("lambda in a fence", LG_CH_CONTENT, "```python\n", "lambda ", 300, "repeat");
+    assert_loop("code line in a fence", LG_CH_CONTENT, "```python\n", "    print(x)\n", 800,
+                "repeat");
 
     /* Fences raise the bar: the same lines trip later inside one. */
     t.n = 0;
