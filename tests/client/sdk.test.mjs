@@ -7,7 +7,7 @@ import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import OpenAI from 'openai';
-import { usePair, incidents, SCENARIOS, isSanitizerBuild } from '../e2e/lib.mjs';
+import { usePair, waitIncident, SCENARIOS, isSanitizerBuild } from '../e2e/lib.mjs';
 
 const T = { timeout: isSanitizerBuild ? 60000 : 20000 };
 const MSG = [{ role: 'user', content: 'What is the answer?' }];
@@ -161,8 +161,6 @@ describe('official openai SDK: a guarded retry (seed_lambda)', () => {
         assert.equal(reqs[0].body.temperature, 0.6);
         const gens = (await fake.records()).filter((r) => r.kind === 'generation');
         assert.ok(gens[0].tokens_sent < 500, `the looping attempt ran ${gens[0].tokens_sent} tokens`);
-        const inc = await incidents(lg.url);
-        const list = Array.isArray(inc) ? inc : inc.incidents;
-        assert.equal(list.at(-1).outcome, 'recovered');
+        assert.equal((await waitIncident(lg.url)).outcome, 'recovered');
     });
 });

@@ -49,7 +49,10 @@
 //   assembleDeltas(chunks) -> {role, content, reasoning_content, reasoning, tool_calls,
 //       finish_reason, usage}  concatenation of the deltas of choice 0 (any dialect).
 //   normIds(text) -> text with every "id":"…" replaced by "id":"ID" and "created":N by 0.
-//   incidents(base) -> Promise<any>   GET /loopguard/incidents parsed
+//   incidents(base) -> Promise<array>   GET /loopguard/incidents parsed (oldest first)
+//   waitIncident(base, seen=[], ms=3000) -> Promise<record>  the newest incident whose id
+//       is not in `seen` (an earlier incidents() snapshot), polling: the incident writer is
+//       asynchronous, so a record may appear just after the response ended.
 //   metrics(base) -> Promise<Map<string, number>>  GET /loopguard/metrics; key is the
 //       sample as written without its value, e.g. 'loopguard_requests_total{endpoint="chat",status="200"}'
 //   metricValue(map, name, labels={}) -> number  sum over samples of `name` whose labels
@@ -448,6 +451,11 @@ export async function incidents(base) {
     const r = await request(base + '/loopguard/incidents');
     assert.equal(r.status, 200, `GET /loopguard/incidents: ${r.text}`);
     return r.json();
+}
+
+export async function waitIncident(base, seen = [], ms = 3000) {
+    const ids = new Set(seen.map((i) => i.id));
+    return waitFor(async () => (await incidents(base)).filter((i) => !ids.has(i.id)).at(-1), ms);
 }
 
 export async function metrics(base) {

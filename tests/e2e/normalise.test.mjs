@@ -8,7 +8,7 @@
 
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startFake, startLoopguard, usePair, request, chat, rawStream, sseData, sseJSON, assembleDeltas, incidents, isSanitizerBuild } from './lib.mjs';
+import { startFake, startLoopguard, usePair, request, chat, rawStream, sseData, sseJSON, assembleDeltas, incidents, waitIncident, isSanitizerBuild } from './lib.mjs';
 
 const T = { timeout: isSanitizerBuild ? 60000 : 20000 };
 const MSG = [{ role: 'user', content: 'What is the answer?' }];
@@ -373,14 +373,12 @@ describe('a repeated </think>', () => {
 
     it('guard on: the second </think> trips leak, the clean prefix is continued', T, async () => {
         await fake.reset();
+        const seen = await incidents(lgOn.url);
         const s = await rawStream(lgOn.url + '/v1/chat/completions', { model: 'm', messages: MSG, stream: true });
         const a = checkStream(s.text, 'reasoning_content');
         assert.equal(a.reasoning_content, 'Reasoning here.');
         assert.equal(a.content, 'Answer part. More thought. Final clean.');
-        const inc = await incidents(lgOn.url);
-        const list = Array.isArray(inc) ? inc : inc.incidents;
-        assert.ok(list.length >= 1, JSON.stringify(inc));
-        const last = list.at(-1);
+        const last = await waitIncident(lgOn.url, seen);
         assert.equal(last.attempts[0].detector, 'leak');
         assert.equal(last.attempts[0].channel, 'content');
         assert.equal(last.attempts[0].unit, '</think>');
@@ -437,12 +435,13 @@ describe('the guard sees the same channels in every dialect', () => {
             ]) {
                 for (const stream of [true, false]) {
                     const body = { model, messages: [{ role: 'user', content: prompt }], stream, max_tokens: 3000 };
+                    const seen = await incidents(lg.url);
                     const r = await chat(lg.url + '/v1/chat/completions', body);
                     const view = stream ? checkStream(r.text, 'reasoning_content') : checkWhole(r, 'reasoning_content').view;
                     assert.equal(view.content, 'Clean answer.', `${prompt} stream ${stream}`);
                     assert.doesNotMatch(view.reasoning_content, /(lambda ){3}/);
                     if (!stream) assert.equal(view.reasoning_content, 'Clean thought.');
-                    const inc = (await incidents(lg.url)).at(-1);
+                    const inc = await waitIncident(lg.url, seen);
                     assert.equal(inc.outcome, 'recovered');
                     assert.equal(inc.attempts[0].detector, detector, JSON.stringify(inc.attempts[0]));
                     assert.equal(inc.attempts[0].channel, channel);
