@@ -27,6 +27,8 @@ struct sse_parser {
     bool bom_checked; /* the leading BOM question is settled */
     bool skip_lf;     /* the last line ended in a CR at the end of input: an LF next pairs */
     bool dead;        /* SSE_ERR_TOO_BIG was returned */
+    bool crlf;        /* the last CR seen ended a CR LF pair (assumed before any CR) */
+    bool deferred;    /* a blank line's CR ends the input; waiting for a possible LF */
     lg_buf data, event, id;
     bool has_id;
     long retry;
@@ -42,6 +44,7 @@ sse_parser *sse_parser_new(size_t max_event_bytes, sse_event_fn fn, void *ud)
     p->fn = fn;
     p->ud = ud;
     p->retry = -1;
+    p->crlf = true;
     /* The id field persists across events, so it must always read as a string. */
     lg_buf_append(&p->id, "", 0);
     return p;
@@ -164,7 +167,8 @@ static int scan_lines(sse_parser *p, const char *s, size_t n)
 {
     for (;;) {
         if (p->skip_lf && p->pos < n) {
-            if (s[p->pos] == '\n') p->pos++;
+            p->crlf = s[p->pos] == '\n';
+            if (p->crlf) p->pos++;
             p->skip_lf = false;
             if (p->scan < p->pos) p->scan = p->pos;
         }
@@ -181,11 +185,22 @@ static int scan_lines(sse_parser *p, const char *s, size_t n)
         }
         size_t end = i + 1;
         if (s[i] == '\r') {
-            if (end < n && s[end] == '\n')
-                end++;
-            else if (end == n)
-                p->skip_lf = true;
+            if (end == n && i == p->pos && p->crlf) {
+                /* A blank line's CR ends the input of a CR LF stream: its LF is almost
+                 * surely the next byte, so wait for it and keep the event's raw whole. */
+                p->scan = i;
+                p->deferred = true;
+                if (n - p->start > p->max) break;
+                return 0;
+            }
+            if (end < n) {
+                p->crlf = s[end] == '\n';
+                end += p->crlf;
+            } else {
+                p->skip_lf = true; /* an LF at the start of the next read pairs with it */
+            }
         }
+        p->deferred = false;
         if (end - p->start > p->max) break;
         size_t line = p->pos;
         p->pos = p->scan = end;
@@ -198,6 +213,14 @@ static int scan_lines(sse_parser *p, const char *s, size_t n)
     }
     p->dead = true;
     return SSE_ERR_TOO_BIG;
+}
+
+int sse_parser_finish(sse_parser *p)
+{
+    if (p->dead || !p->deferred) return 0;
+    p->deferred = false;
+    p->pos = p->scan = p->in.len;
+    return dispatch(p, p->in.p, p->in.len);
 }
 
 int sse_parser_feed(sse_parser *p, const char *buf, size_t len)

@@ -15,11 +15,15 @@
  * event at end of stream is never dispatched (see sse_parser_pending).
  *
  * Raw boundaries: an event's raw runs from the end of the previous dispatched event (or
- * the stream start) through the line ending of the blank line that dispatched it. When
- * that line ending is a CR that happens to be the last byte read so far, the event is
- * dispatched at once (no waiting for the next read) and an LF that follows in the next
- * read is the first byte of the next event's raw. Either way the concatenation of all
- * raws followed by the pending bytes equals the input exactly. */
+ * the stream start) through the line ending of the blank line that dispatched it, so
+ * forwarding each raw reproduces the stream. When that line ending is a CR that is the
+ * last byte read so far, the parser looks at the stream's previous CR: if it began a
+ * CR LF pair (or there was none), the event waits for the next byte so its raw ends in the
+ * whole CR LF; if the stream ends lines in bare CRs, the event is dispatched at once and
+ * an LF arriving next (a mixed stream) becomes the first byte of the next event's raw.
+ * Either way the concatenation of all raws followed by the pending bytes equals the
+ * input exactly. At end of stream call sse_parser_finish to dispatch an event whose CR
+ * was the very last byte. */
 #ifndef LG_SSE_H
 #define LG_SSE_H
 
@@ -64,6 +68,11 @@ sse_parser *sse_parser_new(size_t max_event_bytes, sse_event_fn fn, void *ud);
  * or SSE_ERR_TOO_BIG. The callback must not call feed or free on the same parser.
  * Cost: O(len) amortised; the pending event is copied at most once per call. */
 int sse_parser_feed(sse_parser *p, const char *buf, size_t len);
+
+/* End of stream: dispatches an event still waiting for the LF of its final CR (see
+ * above); an incomplete event is not dispatched (per spec). Returns 0 or the callback's
+ * value. */
+int sse_parser_finish(sse_parser *p);
 
 /* Bytes buffered that belong to no dispatched event yet (an incomplete event, or input
  * left unparsed after a callback stopped the feed). */

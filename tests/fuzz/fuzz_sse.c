@@ -50,6 +50,7 @@ static int feed(const uint8_t *data, size_t len, fuzz_cuts *cuts, size_t max, ru
         while (rc == 1) /* stopped by the callback: resume on the buffered bytes */
             rc = sse_parser_feed(p, NULL, 0);
     }
+    if (rc == 0 && sse_parser_finish(p) < 0) abort(); /* 0, or 1 from the callback */
     if (rc == 0) {
         size_t plen;
         const char *pend = sse_parser_pending_raw(p, &plen);

@@ -142,22 +142,41 @@ static void test_line_endings(void **state)
     }
 }
 
-/* CR at the end of one read, LF at the start of the next: one line ending, and the
- * event is dispatched without waiting for the LF. */
-static void test_crlf_split_dispatches_early(void **state)
+/* CR at the end of one read, LF at the start of the next: one line ending. In a CR LF
+ * stream the event waits for the LF so its raw is whole; in a bare-CR stream it is
+ * dispatched at once; sse_parser_finish dispatches one whose CR ended the stream. */
+static void test_cr_at_end_of_read(void **state)
 {
     (void)state;
     collect c = {0};
     sse_parser *p = sse_parser_new(0, on_event, &c);
     assert_int_equal(sse_parser_feed(p, "data: a\r\n\r", 10), 0);
-    assert_int_equal(c.n, 1);
+    assert_int_equal(c.n, 0); /* waits for the LF */
     assert_int_equal(sse_parser_feed(p, "\ndata: b\r\n\r\n", 12), 0);
     assert_int_equal(c.n, 2);
     assert_string_equal(c.log.p, "||0|-1|a\n||0|-1|b\n");
-    assert_string_equal(c.raws.p, "data: a\r\n\r\ndata: b\r\n\r\n");
+    assert_string_equal(c.raws.p, "data: a\r\n\r\n"
+                                  "data: b\r\n\r\n");
     assert_int_equal(sse_parser_pending(p), 0);
+    assert_int_equal(sse_parser_feed(p, "data: c\r\n\r", 10), 0);
+    assert_int_equal(c.n, 2);
+    assert_int_equal(sse_parser_finish(p), 0); /* the stream ended on that CR */
+    assert_int_equal(c.n, 3);
+    assert_int_equal(sse_parser_finish(p), 0);
+    assert_int_equal(c.n, 3);
     sse_parser_free(p);
     collect_free(&c);
+
+    collect d = {0};
+    p = sse_parser_new(0, on_event, &d);
+    assert_int_equal(sse_parser_feed(p, "data: a\r\r", 9), 0);
+    assert_int_equal(d.n, 1); /* bare-CR stream: at once */
+    assert_int_equal(sse_parser_feed(p, "data: b\r", 8), 0);
+    assert_int_equal(sse_parser_feed(p, "\r", 1), 0);
+    assert_int_equal(d.n, 2);
+    assert_string_equal(d.raws.p, "data: a\r\rdata: b\r\r");
+    sse_parser_free(p);
+    collect_free(&d);
 }
 
 static void test_field_details(void **state)
@@ -303,7 +322,7 @@ int main(void)
         cmocka_unit_test(test_every_split),
         cmocka_unit_test(test_byte_at_a_time),
         cmocka_unit_test(test_line_endings),
-        cmocka_unit_test(test_crlf_split_dispatches_early),
+        cmocka_unit_test(test_cr_at_end_of_read),
         cmocka_unit_test(test_field_details),
         cmocka_unit_test(test_id_and_empty_blocks),
         cmocka_unit_test(test_bom_only_at_start),
