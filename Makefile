@@ -50,7 +50,7 @@ FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 HDRS      := $(wildcard guard/*.h config/*.h proxy/*.h tests/*/*.h)
 
 .PHONY: all deps test-deps test check unit e2e bench demo run install fuzz fuzz-smoke \
-        soak clean format
+        soak clean format valgrind
 
 all: deps $(BUILD)/loopguard $(BUILD)/fake_upstream $(BENCH_BIN)
 
@@ -98,11 +98,22 @@ $(BUILD)/tests/%: tests/unit/%.c $(HDRS) $(BUILD)/libloopguard.a
 check: all $(UNIT_BIN)
 	@BUILD=$(BUILD) tests/run.sh
 
-# Every test, plain and under ASan+UBSan, then a short smoke of each fuzz target.
+# Every test: plain, under ASan+UBSan, the guarded e2e suites under valgrind memcheck, and a
+# short smoke of each fuzz target. Each pass adds its counts to build/test-summary; the last
+# line is the total.
 test: test-deps
-	@$(MAKE) --no-print-directory check SAN=0
-	@$(MAKE) --no-print-directory check SAN=1
-	@$(MAKE) --no-print-directory fuzz-smoke
+	@mkdir -p build; rm -f build/test-summary; st=0; \
+	$(MAKE) --no-print-directory check SAN=0 || st=1; \
+	$(MAKE) --no-print-directory check SAN=1 || st=1; \
+	$(MAKE) --no-print-directory valgrind || st=1; \
+	if $(MAKE) --no-print-directory fuzz-smoke; then echo "$(words $(FUZZ_BIN)) 0"; \
+	else st=1; echo "0 1"; fi >> build/test-summary; \
+	awk '{p += $$1; f += $$2} END {printf "%d passed, %d failed\n", p, f}' build/test-summary; \
+	exit $$st
+
+# The guarded-exchange and normalisation e2e suites with loopguard under valgrind memcheck.
+valgrind: all
+	@BUILD=build SUITES=valgrind tests/run.sh
 
 unit: all $(UNIT_BIN)
 	@BUILD=$(BUILD) SUITES=unit tests/run.sh

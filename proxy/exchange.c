@@ -267,7 +267,7 @@ static cJSON *prompt_capture(const exchange *ex)
 static void write_incident(exchange *ex)
 {
     lg_server *srv = ex->base.w->srv;
-    if (ex->trips == 0 || !srv->incidents) return;
+    if (ex->trips == 0 || !srv->incidents || !ex->attempts) return; /* once */
     char ts[40];
     iso_now(ts, sizeof ts);
     cJSON *o = cJSON_CreateObject();
@@ -289,6 +289,15 @@ static void write_incident(exchange *ex)
     char *line = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     if (line) incident_log_submit(srv->incidents, line);
+}
+
+/* The exchange's fate is decided: no more attempts. The incident is written now, before
+ * the client has its answer, so whoever reads /loopguard/incidents after the response
+ * finds it. */
+static void conclude(exchange *ex)
+{
+    ex->phase = PHASE_DONE;
+    write_incident(ex);
 }
 
 static void set_outcome(exchange *ex, const char *outcome)
@@ -402,6 +411,7 @@ static void free_attempt_state(exchange *ex)
 /* Appends this attempt's record to ex->attempts. */
 static void record_attempt(exchange *ex, const guard_verdict *v)
 {
+    if (!ex->attempts) return; /* the incident is already written */
     cJSON *a = cJSON_CreateObject();
     cJSON_AddNumberToObject(a, "attempt", ex->attempt);
     cJSON_AddStringToObject(a, "rid", ex->rid);
@@ -470,7 +480,7 @@ static void fail_exchange(exchange *ex, int status, const char *message, const c
                           const char *code)
 {
     if (ex->phase == PHASE_DONE) return;
-    ex->phase = PHASE_DONE;
+    conclude(ex);
     if (streaming_started(ex)) {
         char *json = dl_error_json(message, type, code, status);
         out_event(ex, json);
@@ -488,7 +498,7 @@ static void finish_exchange(exchange *ex)
 {
     if (ex->phase == PHASE_DONE) return;
     if (ex->trips) set_outcome(ex, "recovered");
-    ex->phase = PHASE_DONE;
+    conclude(ex);
     if (ex->req.client_stream) {
         if (ex->mode == LG_REASONING_INLINE && ex->inline_state == 1 && ex->chat) {
             lg_buf close = LG_BUF_INIT;
@@ -811,7 +821,7 @@ static int on_event(void *ud, const sse_event *ev)
             out_append(ex, ev->raw, ev->raw_len);
             ex->finished_gen = true; /* the stream ends with [DONE] after the error */
         } else {
-            ex->phase = PHASE_DONE;
+            conclude(ex);
             ex->final_status = d.error_code >= 400 && d.error_code < 600 ? d.error_code : 502;
             ex->final_body = cJSON_PrintUnformatted(d.root);
             ex->stream_ready = false;
@@ -914,7 +924,7 @@ static void attempt_failed(exchange *ex, CURLcode rc)
             fail_exchange(ex, ex->head.status, "upstream error", "upstream_error", NULL);
             return;
         }
-        ex->phase = PHASE_DONE;
+        conclude(ex);
         ex->final_status = ex->head.status;
         ex->final_body = lg_buf_steal(&ex->errbody);
         if (ex->head.content_type) ex->final_ctype = strdup(ex->head.content_type);
@@ -1298,7 +1308,7 @@ static void ex_client_gone(lg_req *base)
         set_outcome(ex, "client_gone");
         if (ex->trips && running) record_attempt(ex, NULL);
     }
-    ex->phase = PHASE_DONE;
+    conclude(ex);
 }
 
 static void ex_shutdown(lg_req *base)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the test suites against one build ($BUILD, default build) and prints one summary
-# line "N passed, N failed" that CI reads. SUITES picks a subset: unit e2e client corpus.
+# line "N passed, N failed" (also appended to build/test-summary for `make test`'s total).
+# SUITES picks a subset: unit e2e client corpus valgrind.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -34,6 +35,13 @@ for s in $SUITES; do
             echo "== client: $(basename "$t") ($BUILD)"
             node --test "$t"; record "client:$(basename "$t")" $?
         done ;;
+    valgrind)
+        for t in tests/e2e/exchange.test.mjs tests/e2e/normalise.test.mjs; do
+            echo "== valgrind: $(basename "$t")"
+            LOOPGUARD_REAL_BIN="$LOOPGUARD_BIN" LOOPGUARD_BIN="$PWD/tests/valgrind-loopguard.sh" \
+                node --test --test-concurrency=1 "$t"
+            record "valgrind:$(basename "$t")" $?
+        done ;;
     corpus)
         for t in tests/corpus/*.sh; do
             [ -e "$t" ] || continue
@@ -45,4 +53,5 @@ done
 
 [ ${#failed[@]} -eq 0 ] || printf 'FAILED: %s\n' "${failed[@]}"
 echo "$pass passed, $fail failed"
+[ -d build ] && echo "$pass $fail" >> build/test-summary
 [ "$fail" = 0 ]
