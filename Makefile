@@ -12,6 +12,7 @@
 #   tests/fuzz/fuzz_*.c              -> libFuzzer targets (clang), `make fuzz`
 
 CC      ?= cc
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2) --no-print-directory
 PREFIX  ?= /usr/local
 DESTDIR ?=
 SAN     ?= 0
