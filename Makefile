@@ -73,7 +73,7 @@ test-deps: deps
 	  else echo "missing test dependencies; run: sudo apt-get install -y $(APT_TEST)"; exit 1; fi; fi
 	@[ -d tests/client/node_modules/openai ] || (cd tests/client && npm ci --no-audit --no-fund --loglevel=error)
 
-$(BUILD)/obj/%.o: %.c $(HDRS)
+$(BUILD)/obj/%.o: %.c $(HDRS) | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -84,14 +84,14 @@ $(BUILD)/libloopguard.a: $(LIB_OBJ)
 $(BUILD)/loopguard: $(BUILD)/obj/proxy/main.o $(BUILD)/libloopguard.a
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/fake_upstream: $(FAKE_SRC) $(HDRS) $(BUILD)/libloopguard.a
+$(BUILD)/fake_upstream: $(FAKE_SRC) $(HDRS) $(BUILD)/libloopguard.a | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $(FAKE_SRC) $(BUILD)/libloopguard.a -o $@ $(LDLIBS)
 
 $(BUILD)/%: tests/bench/%.c $(HDRS) $(BUILD)/libloopguard.a
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(BUILD)/libloopguard.a -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c $(HDRS) $(BUILD)/libloopguard.a
+$(BUILD)/tests/%: tests/unit/%.c $(HDRS) $(BUILD)/libloopguard.a | test-deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< $(BUILD)/libloopguard.a -o $@ $(LDLIBS) -lcmocka
 
@@ -134,7 +134,7 @@ run: all
 # libFuzzer targets: clang with ASan+UBSan; FUZZ_SECONDS per target (default 600).
 FUZZ_SECONDS ?= 600
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
-build/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(HDRS)
+build/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(HDRS) | test-deps
 	@mkdir -p build/fuzz
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. $(PKG_CFLAGS) \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
