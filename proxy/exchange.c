@@ -961,6 +961,11 @@ static void on_done(lg_xfer *x, CURLcode rc)
     bool sglang = pool_kind(w->srv->pool, replica) == LG_UPSTREAM_SGLANG;
     stop_transfer(ex);
     ex->replica = replica;
+    /* An event whose last line ended in a bare CR at the very end is complete now (it may
+     * still trip the guard). */
+    if (rc == CURLE_OK && !ex->trip_pending && ex->sse && ex->phase == PHASE_RUNNING &&
+        !ex->base.client_gone)
+        (void)sse_parser_finish(ex->sse);
     if (ex->trip_pending) {
         ex->trip_pending = false;
         if (sglang) send_sglang_abort(ex);
@@ -968,14 +973,6 @@ static void on_done(lg_xfer *x, CURLcode rc)
         return;
     }
     if (ex->base.client_gone || ex->phase == PHASE_DONE) return;
-    /* An event whose last line ended in a bare CR at the very end is complete now. */
-    if (rc == CURLE_OK && ex->sse && sse_parser_finish(ex->sse) != 0 && ex->trip_pending) {
-        ex->trip_pending = false;
-        if (sglang) send_sglang_abort(ex);
-        after_trip(ex);
-        return;
-    }
-    if (ex->phase == PHASE_DONE) return;
     if ((ex->head.complete && ex->head.status != 200) || ex->not_sse || rc != CURLE_OK ||
         ex->timed_out ||
         !(ex->finished_gen || ex->saw_done)) {
