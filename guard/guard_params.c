@@ -64,7 +64,8 @@ guard_params *guard_params_new(lg_channel ch)
     static const struct {
         uint32_t max_period;
         double repeats;
-    } steps[] = {{1, 160}, {2, 32}, {4, 20}, {8, 14}, {16, 9}, {32, 6}, {64, 4}, {2048, 3}};
+    } steps[] = {{1, 160}, {2, 32}, {4, 20},  {8, 14},    {16, 9},
+                 {32, 6},  {64, 4}, {192, 3}, {2048, 2.5}};
     static const struct {
         uint32_t min_bytes;
         double min_repeats;
@@ -99,9 +100,12 @@ guard_params *guard_params_new(lg_channel ch)
     p->lines.min_segment_bytes = 16;
     p->lines.min_repeat_ratio = 0.9;
 
+    /* Paraphrase loops are mostly a reasoning failure, and reasoning is mostly prose: its
+     * window is shorter and its bar higher (0.05 over 128 trigrams still gives no trip on
+     * the whole corpus; 0.08 gives one). Answers keep a wider margin. */
     p->novelty.enabled = true;
-    p->novelty.window = 160;
-    p->novelty.min_ratio = 0.03;
+    p->novelty.window = ch == LG_CH_REASONING ? 128 : 160;
+    p->novelty.min_ratio = ch == LG_CH_REASONING ? 0.05 : 0.03;
     p->novelty.memory_words = 256;
 
     p->rule_max_match_bytes = 256;

@@ -6,13 +6,13 @@
                       changelogs, npm packages' markdown/JSON/JS), first 64 KiB of each,
                       scanned on the content and the reasoning channel: zero trips allowed.
   corpus.py recall  — loops injected into such text at a random point (word, phrase,
-                      sentence, code line, paragraph, punctuation, CJK, rotating
-                      paraphrases): >= 99% caught per kind and median distance from the
+                      sentence, code line, block of code, prose paragraph, punctuation,
+                      CJK, rotating paraphrases): >= 99% caught per kind and median distance from the
                       loop's start to the trip within the targets; prints a table.
 
 Nobody here wrote these files; selection is sorted and seeded, so a given machine always
 yields the same corpus. Environment: LOOPGUARD_BIN (the binary, called as `BIN scan`),
-CORPUS_FILES (default 2200), RECALL_PER_KIND (default 150), CORPUS_CONFIG (passed as
+CORPUS_FILES (default 2200), RECALL_PER_KIND (default 200), RECALL_CHANNEL (default content), CORPUS_CONFIG (passed as
 --config to scan), CORPUS_KEEP=DIR (keep the generated files there).
 """
 import gzip
@@ -213,6 +213,12 @@ WORD_RE = re.compile(rb"[A-Za-z][a-z]{2,14}")
 SENT_RE = re.compile(rb"[A-Z][A-Za-z ,;'()-]{28,158}[a-z]\.(?=\s)")
 
 
+def is_prose(b):
+    chars = [c for c in b if not c.isspace()]
+    letters = sum(c.isalpha() for c in chars)
+    return letters >= 0.85 * len(chars) and len(re.findall(r"[.!?](\s|$)", b)) >= 2
+
+
 def prose_words(text):
     return [w.decode() for w in WORD_RE.findall(text)]
 
@@ -242,15 +248,26 @@ def make_unit(kind, host, pool, rng):
                      if 10 <= len(l.strip()) <= 80 and re.search("[A-Za-z]", l)]
         return rng.choice(lines).rstrip() + "\n"
     if kind == "paragraph":
-        # A paragraph of prose: a block between blank lines, 200-600 characters, mostly
-        # letters and spaces.
+        # A paragraph of prose: a block between blank lines, 200-600 characters, with at
+        # least 85% letters among its non-space characters and two sentence ends.
         while True:
             src = rng.choice(pool).decode("utf-8", "replace")
             paras = [b.strip() for b in re.split(r"\n\s*\n", src)]
-            paras = [b for b in paras if 200 <= len(b) <= 600 and
-                     sum(c.isalpha() or c.isspace() for c in b) >= 0.8 * len(b)]
+            paras = [b for b in paras if 200 <= len(b) <= 600 and is_prose(b)]
             if paras:
                 return rng.choice(paras) + "\n\n"
+    if kind == "code_block":
+        # 200-600 characters of code, whole lines, from a Python file or a C header.
+        while True:
+            lines = rng.choice(pool).decode("utf-8", "replace").split("\n")
+            i = rng.randrange(0, len(lines))
+            block = []
+            while i < len(lines) and len("\n".join(block)) < 200:
+                block.append(lines[i])
+                i += 1
+            text = "\n".join(block).strip("\n")
+            if 200 <= len(text) <= 600 and re.search("[A-Za-z]{3}", text):
+                return text + "\n"
     if kind == "punct":
         return rng.choice(PUNCT)
     if kind == "cjk":
@@ -275,12 +292,13 @@ def paraphrase_loop(host, pool, rng):
     return sep.join(out) + sep, len(variants[0]) + 1
 
 
-KINDS = ["word", "phrase", "sentence", "code_line", "paragraph", "punct", "cjk", "paraphrase"]
+KINDS = ["word", "phrase", "sentence", "code_line", "code_block", "paragraph", "punct", "cjk",
+         "paraphrase"]
 
 
 def cmd_recall():
     rng = random.Random(SEED + 1)
-    per = int(os.environ.get("RECALL_PER_KIND", "150"))
+    per = int(os.environ.get("RECALL_PER_KIND", "200"))
     items = gather(600, random.Random(SEED))
     prose = [x[2] for x in items if x[0] in ("doc", "npm") and len(x[2]) > 1000]
     code = [x[2] for x in items if x[0] in ("python", "header")]
@@ -299,7 +317,7 @@ def cmd_recall():
                 if kind == "paraphrase":
                     loop, period = paraphrase_loop(host, prose, rng)
                 else:
-                    pool = code if kind == "code_line" else prose
+                    pool = code if kind.startswith("code") else prose
                     unit = make_unit(kind, host, pool, rng)
                     period = len(unit.encode())
                     loop = unit * (LOOP_BYTES // period + 1)
@@ -308,7 +326,9 @@ def cmd_recall():
                 with open(p, "wb") as f:
                     f.write(body)
                 cases.append((kind, p, len(prefix), period, loop[:60]))
-        res = scan([c[1] for c in cases], "content")
+        channel = os.environ.get("RECALL_CHANNEL", "content")
+        print("recall corpus: %d injected loops, channel %s" % (len(cases), channel))
+        res = scan([c[1] for c in cases], channel)
         ok = True
         print("%-10s %6s %8s %8s %10s %8s  %s" % ("kind", "cases", "caught", "early", "median B", "periods", "target"))
         for kind in KINDS:
