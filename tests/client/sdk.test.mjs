@@ -7,9 +7,9 @@ import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import OpenAI from 'openai';
-import { usePair, waitIncident, SCENARIOS, isSanitizerBuild } from '../e2e/lib.mjs';
+import { usePair, waitIncident, SCENARIOS, isSlowBuild } from '../e2e/lib.mjs';
 
-const T = { timeout: isSanitizerBuild ? 60000 : 20000 };
+const T = { timeout: isSlowBuild ? 60000 : 20000 };
 const MSG = [{ role: 'user', content: 'What is the answer?' }];
 // The SDK as an application would configure it; no SDK-side retries, so a failure shows.
 const sdk = (lg) => new OpenAI({ baseURL: lg.url + '/v1', apiKey: 'x', maxRetries: 0, timeout: 30000 });

@@ -30,13 +30,14 @@ import {
     sleep,
     tmpFile,
     isSanitizerBuild,
+    isSlowBuild,
     usePair,
     deadPort,
     assertOpenAIError,
 } from './lib.mjs';
 
-const T = { timeout: isSanitizerBuild ? 60000 : 20000 };
-const SLACK = isSanitizerBuild ? 2 : 1; // time factor for the slower sanitizer build
+const T = { timeout: isSlowBuild ? 60000 : 20000 };
+const SLACK = isSlowBuild ? 3 : 1; // time factor for the slower ASan/valgrind runs
 const MSG = [{ role: 'user', content: 'Say something useful please' }];
 
 // The request record of the newest chat/completion request that reached the fake.

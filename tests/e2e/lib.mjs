@@ -59,7 +59,8 @@
 //       include `labels` (0 when none).
 //   waitFor(fn, ms=3000, step=20) -> Promise<value>  polls async fn until truthy.
 //   sleep(ms), tmpFile(name, content) -> path, DEFAULT_LG_CONFIG, LOOPGUARD_BIN, FAKE_BIN,
-//   SCENARIOS (absolute path of tests/fake/scenarios), isSanitizerBuild.
+//   SCENARIOS (absolute path of tests/fake/scenarios), isSanitizerBuild (ASan build),
+//   isSlowBuild (ASan, or loopguard under valgrind: give timing assertions slack).
 
 import { spawn } from 'node:child_process';
 import { before, after } from 'node:test';
@@ -84,6 +85,8 @@ export const LOOPGUARD_BIN = need('LOOPGUARD_BIN');
 export const FAKE_BIN = need('FAKE_BIN');
 // The ASan build lives under build/san (run.sh's BUILD); slower, so tests may scale waits.
 export const isSanitizerBuild = /san/.test(process.env.BUILD || '') || /\/san\//.test(LOOPGUARD_BIN);
+// ASan or loopguard under valgrind (tests/valgrind-loopguard.sh): scale timeouts up.
+export const isSlowBuild = isSanitizerBuild || /valgrind/.test(LOOPGUARD_BIN);
 
 // Defaults every test loopguard gets unless its config says otherwise: one free port, a
 // short drain on SIGTERM (so stop() is quick even with a stream open) and no periodic
@@ -248,7 +251,7 @@ export async function startLoopguard({ upstream, kind, config = {}, args = [], e
             if (stopped) return stopped;
             stopped = (async () => {
                 if (p.proc.exitCode === null && p.proc.signalCode === null) p.proc.kill('SIGTERM');
-                const t = setTimeout(() => p.proc.kill('SIGKILL'), isSanitizerBuild ? 20000 : 10000);
+                const t = setTimeout(() => p.proc.kill('SIGKILL'), isSlowBuild ? 20000 : 10000);
                 const res = await p.exited;
                 clearTimeout(t);
                 assert.doesNotMatch(p.err(), SAN_RE, 'sanitizer report in loopguard stderr');

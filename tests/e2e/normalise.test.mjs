@@ -8,9 +8,9 @@
 
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startFake, startLoopguard, usePair, request, chat, rawStream, sseData, sseJSON, assembleDeltas, incidents, waitIncident, isSanitizerBuild } from './lib.mjs';
+import { startFake, startLoopguard, usePair, request, chat, rawStream, sseData, sseJSON, assembleDeltas, incidents, waitIncident, isSlowBuild } from './lib.mjs';
 
-const T = { timeout: isSanitizerBuild ? 60000 : 20000 };
+const T = { timeout: isSlowBuild ? 60000 : 20000 };
 const MSG = [{ role: 'user', content: 'What is the answer?' }];
 const R = 'First I consider the question. Then I recall the book.';
 const C = 'The answer is 42, as everyone knows.';
