@@ -234,21 +234,6 @@ static void trip(guard *g, const char *detector, uint64_t loop_start, uint64_t a
 
 /* ---- repeat ------------------------------------------------------------------------ */
 
-/* Repeats the period table asks of a unit of `period` bytes; 0 when it is too long. */
-static double steps_repeats(const guard_params *p, uint32_t period)
-{
-    for (size_t i = 0; i < p->repeat.n_steps; i++)
-        if (period <= p->repeat.steps[i].max_period) return p->repeat.steps[i].repeats;
-    return 0;
-}
-
-static uint32_t need_for(uint32_t period, double repeats, uint32_t min_bytes)
-{
-    double n = repeats * period;
-    if (n < min_bytes) n = min_bytes;
-    return n > 4e9 ? 4000000000u : (uint32_t)(n + 0.999);
-}
-
 /* Classifies the unit u[0..n) (any rotation gives the same answer). O(n); runs once per
  * candidate, when its tail first reaches the plain threshold. */
 static guard_rclass classify(const unsigned char *u, size_t n, bool *codep)
@@ -326,7 +311,7 @@ static uint32_t judge(const guard *g, const gcand *c)
     uint32_t chars = 0;
     for (uint32_t i = 0; i < c->period; i++)
         chars += !is_cont(u[i]);
-    double reps = steps_repeats(p, chars ? chars : 1);
+    double reps = guard_steps_repeats(p, chars ? chars : 1);
     uint32_t minb = p->repeat.min_bytes;
     /* A class's own thresholds hold up to its max_period (0: any period); past it, a
      * long block is judged as code, or as prose when it has no code characters. */
@@ -340,7 +325,7 @@ static uint32_t judge(const guard *g, const gcand *c)
         reps *= p->repeat.fence_factor;
         minb = (uint32_t)(minb * p->repeat.fence_factor);
     }
-    return need_for(c->period, reps, minb);
+    return guard_need_for(c->period, reps, minb);
 }
 
 /* Trips "repeat" for a tail periodic in `period`: reports the smallest period that
@@ -416,8 +401,7 @@ static bool repeat_step(guard *g, unsigned char b)
                     }
                     if (slot < GUARD_NCAND) {
                         gcand c = {d, run, 0, false};
-                        c.need = need_for(d, steps_repeats(p, d), p->repeat.min_bytes);
-                        if (!c.need) c.need = UINT32_MAX;
+                        c.need = p->repeat.base_need[d];
                         ready |= (uint64_t)c.run + c.period >= c.need;
                         g->cand[slot] = c;
                     }
@@ -636,12 +620,13 @@ static bool seg_end(guard *g, uint64_t end)
 /* A non-space byte joins the current segment (one space stands for each gap). */
 static inline void seg_add(guard *g, unsigned char b, uint64_t pos)
 {
+    /* Branch-free on the gap: word boundaries are too frequent to predict. */
+    uint64_t spaced = fnv(g->seg_hash, ' ');
+    g->seg_hash = g->seg_gap ? spaced : g->seg_hash;
+    g->seg_words += g->seg_gap;
     if (!g->seg_len) {
         g->seg_start = pos;
         g->seg_words = 1;
-    } else if (g->seg_gap) {
-        g->seg_hash = fnv(g->seg_hash, ' ');
-        g->seg_words++;
     }
     g->seg_gap = false;
     g->seg_lastc = b;
@@ -817,7 +802,7 @@ static bool rules_run(guard *g, uint64_t to, bool final)
 static bool leak_step(guard *g, unsigned char b)
 {
     const guard_params *p = g->p;
-    if (g->leak_first[b >> 3] & (1u << (b & 7))) g->leak_start = g->fed;
+    g->leak_start = g->leak_first[b >> 3] & (1u << (b & 7)) ? g->fed : g->leak_start;
     if (!(g->leak_last[b >> 3] & (1u << (b & 7)))) return false;
     for (size_t i = 0; i < p->n_leaks; i++) {
         size_t n = p->leak_len[i];

@@ -56,6 +56,9 @@ struct guard_params {
             double min_repeats;
             uint32_t max_period; /* characters; 0: no limit */
         } cls[GR_COUNT];
+        /* Derived (guard_params_derive): the tail length a unit of p bytes needs before
+         * its class is looked at, the lower bound of every class's threshold. */
+        uint32_t base_need[GUARD_HISTORY / 2 + 1];
     } repeat;
 
     struct {
@@ -87,5 +90,10 @@ struct guard_params {
 };
 
 const char *guard_rclass_name(guard_rclass c);
+
+/* Repeats the period table asks of a unit of `period` bytes or characters; 0 past it. */
+double guard_steps_repeats(const guard_params *p, uint32_t period);
+/* max(min_bytes, repeats × period) rounded up, or UINT32_MAX for repeats 0. */
+uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 
 #endif

@@ -51,6 +51,29 @@ const char *guard_channel_name(lg_channel ch)
     }
 }
 
+double guard_steps_repeats(const guard_params *p, uint32_t period)
+{
+    for (size_t i = 0; i < p->repeat.n_steps; i++)
+        if (period <= p->repeat.steps[i].max_period) return p->repeat.steps[i].repeats;
+    return 0;
+}
+
+uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes)
+{
+    if (repeats <= 0) return UINT32_MAX;
+    double n = repeats * period;
+    if (n < min_bytes) n = min_bytes;
+    return n > 4e9 ? UINT32_MAX : (uint32_t)ceil(n);
+}
+
+/* Fills the derived table after any change of the settings: O(max period). */
+static void derive(guard_params *p)
+{
+    for (uint32_t d = 0; d <= GUARD_HISTORY / 2; d++)
+        p->repeat.base_need[d] =
+            guard_need_for(d ? d : 1, guard_steps_repeats(p, d ? d : 1), p->repeat.min_bytes);
+}
+
 /* Template tokens that never belong in an answer. `</think>` is a second one: the proxy
  * splits the first off before feeding content. */
 static const char *const default_leaks[] = {"<|im_end|>", "<|im_start|>", "<|endoftext|>",
@@ -120,6 +143,7 @@ guard_params *guard_params_new(lg_channel ch)
     p->budget_bytes = ch == LG_CH_REASONING ? 262144 : 0;
     p->empty_answer_min_reasoning = ch == LG_CH_CONTENT ? 1 : 0;
     p->holdback_max = 4096;
+    derive(p);
     return p;
 }
 
@@ -528,6 +552,7 @@ int guard_params_apply_json(guard_params *p, const cJSON *obj, const char *prefi
         guard_params_free(tmp);
         return -1;
     }
+    derive(tmp);
     guard_rule *old = p->rules;
     size_t n_old = p->n_rules;
     *p = *tmp;
