@@ -12,7 +12,8 @@ import { usePair, waitIncident, SCENARIOS, isSlowBuild } from '../e2e/lib.mjs';
 const T = { timeout: isSlowBuild ? 60000 : 20000 };
 const MSG = [{ role: 'user', content: 'What is the answer?' }];
 // The SDK as an application would configure it; no SDK-side retries, so a failure shows.
-const sdk = (lg) => new OpenAI({ baseURL: lg.url + '/v1', apiKey: 'x', maxRetries: 0, timeout: 30000 });
+const API_KEY = 'sk-test-never-logged-4711';
+const sdk = (lg) => new OpenAI({ baseURL: lg.url + '/v1', apiKey: API_KEY, maxRetries: 0, timeout: 30000 });
 
 describe('official openai SDK through loopguard', () => {
     let fake, lg, client;
@@ -161,6 +162,10 @@ describe('official openai SDK: a guarded retry (seed_lambda)', () => {
         assert.equal(reqs[0].body.temperature, 0.6);
         const gens = (await fake.records()).filter((r) => r.kind === 'generation');
         assert.ok(gens[0].tokens_sent < 500, `the looping attempt ran ${gens[0].tokens_sent} tokens`);
-        assert.equal((await waitIncident(lg.url)).outcome, 'recovered');
+        const inc = await waitIncident(lg.url);
+        assert.equal(inc.outcome, 'recovered');
+        assert.equal(reqs[0].headers.authorization, `Bearer ${API_KEY}`, 'the key reaches the upstream');
+        assert.ok(!JSON.stringify(inc).includes(API_KEY), 'the API key is in the incident');
+        assert.ok(!lg.stderr().includes(API_KEY), 'the API key is in the log');
     });
 });

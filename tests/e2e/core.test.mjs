@@ -434,6 +434,17 @@ describe('chat relay behaviour', () => {
         assert.ok(gaps.filter((g) => g > 20).length >= 8, `gaps ${gaps.map((g) => g.toFixed(0))}`);
     });
 
+    it('metrics: an open stream is counted active, and no longer once it ended', T, async () => {
+        await fake.setScenario({ pace_ms: 40, responses: [{ content: [{ varied: 15, seed: 9 }] }] });
+        await fake.reset();
+        const done = rawStream(lg.url + '/v1/chat/completions', { messages: MSG, stream: true });
+        await fake.waitRecord((r) => r.kind === 'request' && r.path === '/v1/chat/completions', 2000);
+        await sleep(100);
+        assert.equal(metricValue(await metrics(lg.url), 'loopguard_active_streams'), 1);
+        assert.equal((await done).status, 200);
+        await waitFor(async () => metricValue(await metrics(lg.url), 'loopguard_active_streams') === 0, 2000);
+    });
+
     it('Authorization, custom headers and unknown body fields reach the upstream', T, async () => {
         await fake.setScenario({ responses: [{ content: ['ok'] }] });
         const body = { model: 'm', messages: MSG, stream: true, logprobs: true, top_k: 20, custom_thing: { a: [1, 2, { b: null }] }, stream_options: { include_usage: false, extra: 1 } };
@@ -828,6 +839,7 @@ describe('errors', () => {
             assertOpenAIError(await chat(l.url + '/v1/chat/completions', { messages: MSG, stream: true }), 502);
             assertOpenAIError(await chat(l.url + '/v1/chat/completions', { messages: MSG }), 502);
             assertOpenAIError(await request(l.url + '/v1/models'), 502);
+            assert.ok(metricValue(await metrics(l.url), 'loopguard_upstream_errors_total') >= 3, 'upstream errors counted');
         } finally {
             await l.stop();
         }
