@@ -391,6 +391,15 @@ describe('pass-through', () => {
     it('own endpoints: health, metrics count requests by endpoint and status', T, async () => {
         const h = await request(lg.url + '/loopguard/health');
         assert.equal(h.status, 200);
+        const u = await request(lg.url + '/loopguard/upstreams');
+        assert.equal(u.status, 200);
+        const ups = u.json();
+        assert.equal(ups.length, 1);
+        assert.equal(ups[0].url, fake.url);
+        assert.equal(ups[0].kind, 'sglang');
+        assert.equal(ups[0].healthy, true);
+        assertOpenAIError(await request(lg.url + '/loopguard/no-such-thing'), 404);
+        assert.equal((await fake.requests()).filter((r) => r.path.startsWith('/loopguard')).length, 0, 'own endpoints never proxied');
         const before = await metrics(lg.url);
         const c0 = metricValue(before, 'loopguard_requests_total');
         await chat(lg.url + '/v1/chat/completions', { messages: MSG });
