@@ -14,7 +14,9 @@
  * evenly over the ramp so that paced streams do not tick in lockstep. At the start and end
  * of the window the CPU time (utime + stime) of the processes named by --watch-pid is read
  * from /proc, and their VmRSS at the end, so that CPU per event and RSS per stream line up
- * exactly with the events counted.
+ * exactly with the events counted. The CPU time of the fake upstream (--upstream-pid) and
+ * of the whole machine is sampled too, so that the report can say how much of the machine
+ * other work took during the window.
  *
  * Cost: one read(2) per readiness event into a shared 64 KiB buffer; partial SSE lines are
  * copied into a per-connection buffer, whole lines are parsed in place. Events are checked
@@ -108,6 +110,7 @@ typedef struct options {
     size_t headers_len;
     int watch[MAX_WATCH];
     int nwatch;
+    int upstream_pid; /* the fake upstream, when it is not itself the target (0: none) */
 } options;
 
 typedef struct counters {
@@ -627,6 +630,34 @@ static double self_cpu_s(void)
            ru.ru_stime.tv_usec / 1e6;
 }
 
+/* Returns the CPU ticks all cores spent busy since boot (user, nice, system and steal from
+ * /proc/stat; irq and softirq are left out because our own loopback traffic lands there),
+ * or 0. Over the window it shows how much other work shared the machine with the target,
+ * the upstream and us. */
+static uint64_t machine_busy_ticks(void)
+{
+    unsigned long long v[8] = {0};
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return 0;
+    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+                   &v[4], &v[5], &v[6], &v[7]);
+    fclose(f);
+    return n == 8 ? v[0] + v[1] + v[2] + v[7] : 0;
+}
+
+/* CPU accounting at one instant; the summary reports the differences over the window. */
+typedef struct cpu_sample {
+    uint64_t target, upstream, machine; /* clock ticks */
+    double self;                        /* seconds */
+} cpu_sample;
+
+static cpu_sample cpu_now(void)
+{
+    cpu_sample c = {watch_ticks(), opt.upstream_pid ? proc_ticks(opt.upstream_pid) : 0,
+                    machine_busy_ticks(), self_cpu_s()};
+    return c;
+}
+
 /* ---- setup ---- */
 
 static void usage(void)
@@ -634,7 +665,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: loadgen --url http://127.0.0.1:PORT/PATH [--streams N] [--duration S]\n"
             "               [--warmup S] [--ramp S] [--max-tokens K] [--header 'Name: v']...\n"
-            "               [--watch-pid PID]... [--label NAME]\n");
+            "               [--watch-pid PID]... [--upstream-pid PID] [--label NAME]\n");
     exit(2);
 }
 
@@ -690,6 +721,8 @@ static void parse_args(int argc, char **argv)
                              "%s\r\n", v);
             if (k < 0 || (size_t)k >= sizeof opt.headers - opt.headers_len) usage();
             opt.headers_len += (size_t)k;
+        } else if (!strcmp(a, "--upstream-pid")) {
+            opt.upstream_pid = atoi(v);
         } else if (!strcmp(a, "--watch-pid")) {
             if (opt.nwatch == MAX_WATCH) usage();
             opt.watch[opt.nwatch++] = atoi(v);
@@ -732,10 +765,11 @@ static void raise_nofile(void)
     }
 }
 
-static void print_summary(double wall_s, uint64_t ticks, uint64_t rss, double self_s)
+static void print_summary(double wall_s, cpu_sample a, cpu_sample b, uint64_t rss)
 {
-    long hz = sysconf(_SC_CLK_TCK);
-    double cpu_s = hz > 0 && !watch_lost ? (double)ticks / (double)hz : -1;
+    double hz = (double)sysconf(_SC_CLK_TCK);
+    if (b.target < a.target) watch_lost = true;
+    double cpu_s = hz > 0 && !watch_lost ? (double)(b.target - a.target) / hz : -1;
     uint64_t errors = cnt.err_status + cnt.err_malformed + cnt.err_io + cnt.err_connect +
                       cnt.err_truncated + cnt.err_event;
     printf("{\"label\":\"%s\",\"streams\":%d,\"max_tokens\":%d,\"duration_s\":%.3f,"
@@ -747,13 +781,16 @@ static void print_summary(double wall_s, uint64_t ticks, uint64_t rss, double se
            ",\"io\":%" PRIu64 ",\"connect\":%" PRIu64 ",\"truncated\":%" PRIu64
            ",\"error_event\":%" PRIu64 "},\"negative_latency\":%" PRIu64
            ",\"target_cpu_s\":%.3f,\"target_rss_kib\":%" PRIu64
-           ",\"target_lost\":%s,\"loadgen_cpu_s\":%.3f}\n",
+           ",\"target_lost\":%s,\"loadgen_cpu_s\":%.3f,\"upstream_cpu_s\":%.3f"
+           ",\"machine_busy_cpu_s\":%.3f,\"cores\":%ld}\n",
            opt.label, opt.streams, opt.max_tokens, wall_s, cnt.requests, cnt.events, cnt.stamps,
            (double)cnt.events / wall_s, hist_quantile(&cnt.lat, 0.5), hist_quantile(&cnt.lat, 0.99),
            hist_quantile(&cnt.lat, 0.999), cnt.lat.max, hist_quantile(&cnt.ttft, 0.5),
            hist_quantile(&cnt.ttft, 0.99), errors, cnt.err_status, cnt.err_malformed, cnt.err_io,
            cnt.err_connect, cnt.err_truncated, cnt.err_event, cnt.negative, cpu_s, rss,
-           watch_lost ? "true" : "false", self_s);
+           watch_lost ? "true" : "false", b.self - a.self,
+           hz > 0 ? (double)(b.upstream - a.upstream) / hz : 0,
+           hz > 0 ? (double)(b.machine - a.machine) / hz : 0, sysconf(_SC_NPROCESSORS_ONLN));
     fflush(stdout);
 }
 
@@ -781,14 +818,12 @@ int main(int argc, char **argv)
     }
 
     bool started = false;
-    uint64_t ticks0 = 0, rss = 0;
-    double self0 = 0;
+    cpu_sample c0 = {0, 0, 0, 0};
     for (;;) {
         uint64_t now = now_ns();
         if (!started && now >= win_start) {
             started = true;
-            ticks0 = watch_ticks();
-            self0 = self_cpu_s();
+            c0 = cpu_now();
         }
         if (now >= win_end) break;
         if (waiting) {
@@ -806,11 +841,8 @@ int main(int argc, char **argv)
         for (int i = 0; i < n; i++)
             conn_event(evs[i].data.ptr, evs[i].events, buf);
     }
-    uint64_t ticks1 = watch_ticks();
-    if (ticks1 < ticks0) watch_lost = true;
-    rss = watch_rss();
-    double self1 = self_cpu_s();
-    print_summary(opt.duration_s, ticks1 - ticks0, rss, self1 - self0);
+    cpu_sample c1 = cpu_now();
+    print_summary(opt.duration_s, c0, c1, watch_rss());
     for (int i = 0; i < opt.streams; i++) {
         if (conns[i].fd >= 0) conn_schedule(&conns[i], 0);
         free(conns[i].line);

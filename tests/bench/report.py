@@ -130,6 +130,19 @@ def cpu_per_m(rec):
     return round(rec["target_cpu_s"] / rec["events"] * 1e6, 2)
 
 
+def others_share(recs):
+    """Mean share of the machine's CPU (all cores, over the measured windows) taken by
+    processes other than the target, the fake upstream and the load generator."""
+    shares = []
+    for r in recs:
+        if "machine_busy_cpu_s" not in r or r["target_cpu_s"] < 0:
+            continue
+        ours = r["target_cpu_s"] + r["upstream_cpu_s"] + r["loadgen_cpu_s"]
+        total = r["cores"] * r["duration_s"]
+        shares.append(max(0.0, r["machine_busy_cpu_s"] - ours) / total)
+    return round(sum(shares) / len(shares), 3) if shares else None
+
+
 def diff(rec, base, key):
     """rec[key] - base[key]; None unless both runs relayed events."""
     if not base or not rec["events"] or not base["events"]:
@@ -186,6 +199,7 @@ def figures(runs, errors):
         else:
             fig["rss_kib_per_stream"] = None
         fig["errors"] = errors.get(target, 0)
+        fig["others_cpu_share"] = others_share([r for n, r in scens.items() if n != "idle"])
         out[target] = fig
     return out
 
@@ -241,7 +255,7 @@ def table(figs, ratios, loop, mach):
     if lo:
         head += [f"added TTFT p50 / p99 µs @{lo}", f"paced delivered @{hi}",
                  f"RSS KiB / stream @{hi}"]
-    head += ["errors"]
+    head += ["errors", "others' CPU"]
     rows = []
     for t, f in figs.items():
         row = [t] + [fmt(f["saturation"].get(str(n), {}).get("events_per_s")) for n in sat_ns]
@@ -256,6 +270,8 @@ def table(figs, ratios, loop, mach):
             row.append("–" if d is None else f"{d * 100:.0f} %")
             row.append(fmt(f.get("rss_kib_per_stream")))
         row.append(fmt(f["errors"]))
+        o = f.get("others_cpu_share")
+        row.append("–" if o is None else f"{o * 100:.0f} %")
         rows.append(row)
     lines = [f"Machine: {mach['cpu']}, {mach['cores']} cores, {mach['memory_gib']} GiB, "
              f"Linux {mach['kernel']}, {mach['date']}"
@@ -269,7 +285,9 @@ def table(figs, ratios, loop, mach):
                  "run. Direct's CPU and RSS are the fake upstream's. \"Paced delivered\" is the "
                  "target's events/s over direct's at the largest paced load: below 100 % the "
                  "target fell behind the offered pace, the fake upstream stalled on "
-                 "back-pressure, and that target's added latency is understated.")
+                 "back-pressure, and that target's added latency is understated. \"Others' CPU\" is the "
+                 "share of the machine's CPU that processes other than the target, the fake "
+                 "upstream and the load generator took during that target's runs.")
     idle = mach.get("cpu_idle_pct_start")
     if idle is not None and idle < 90:
         lines.append("")

@@ -231,6 +231,7 @@ stop_target() {
 run_load() {
     local target=$1 scen=$2 streams=$3 tokens=$4 warmup=$5 ramp=$6 pid watch=() line
     for pid in $T_PIDS; do watch+=(--watch-pid "$pid"); done
+    [ "$target" = direct ] || watch+=(--upstream-pid "$FAKE_PID")
     line=$(timeout 120 "$LOADGEN" --url "$T_URL" --streams "$streams" --max-tokens "$tokens" \
         --warmup "$warmup" --ramp "$ramp" --duration "$DURATION" --label "$target:$scen" \
         "${T_HDRS[@]}" "${watch[@]}") || die "loadgen failed on $target:$scen"
