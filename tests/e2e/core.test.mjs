@@ -213,9 +213,23 @@ describe('an independent SSE server', () => {
         'comments and fields': [': ping\n\n', ev({ role: 'assistant', content: '' }), ': keep-alive\n', ev({ content: 'Hello ' }), 'event: message\n' + ev({ content: 'world' }), 'id: 7\nretry: 100\n' + ev({}, 'stop'), 'data: [DONE]\n\n'],
         'multi-line data': [ev({ role: 'assistant', content: '' }), `data: {"id":"${ID}","object":"chat.completion.chunk","created":1,"model":"m",\ndata: "choices":[{"index":0,"delta":{"content":"Hello "},"logprobs":null,"finish_reason":null}]}\n\n`, ev({ content: 'world' }), ev({}, 'stop'), 'data: [DONE]\n\n'],
     };
-    let srv, lg, body, piece;
+    let srv, lg, body, piece, firstUploadChunkAt;
     before(async () => {
         srv = http.createServer((req, res) => {
+            if (req.url === '/slow') {
+                res.writeHead(200, { 'content-type': 'text/plain' });
+                res.write('first;');
+                return setTimeout(() => res.end('second'), 500);
+            }
+            if (req.url === '/upload') {
+                firstUploadChunkAt = null;
+                let n = 0;
+                req.on('data', (d) => {
+                    firstUploadChunkAt ??= performance.now();
+                    n += d.length;
+                });
+                return req.on('end', () => res.end(String(n)));
+            }
             if (req.url === '/get_model_info') {
                 res.setHeader('content-type', 'application/json');
                 return res.end('{"model_path":"m","is_generation":true}');
@@ -254,6 +268,37 @@ describe('an independent SSE server', () => {
         assert.equal(r.headers['cache-control'], 'no-store');
         assert.equal(r.headers['x-hop'], undefined);
         assert.equal(r.headers['keep-alive'], undefined);
+    });
+
+    it('pass-through bodies stream both ways (neither is buffered whole)', T, async () => {
+        // response: the first part must arrive long before the upstream sends the rest
+        const t0 = performance.now();
+        const firstAt = await new Promise((resolve, reject) => {
+            http.get(lg.url + '/slow', { agent: false }, (res) => {
+                res.once('data', () => resolve(performance.now()));
+                res.resume();
+            }).on('error', reject);
+        });
+        assert.ok(firstAt - t0 < 350, `first response bytes after ${(firstAt - t0).toFixed(0)} ms`);
+        // request: the upstream must see the first chunk before the client sends the second
+        const u = new URL(lg.url + '/upload');
+        let secondSentAt;
+        const r = await new Promise((resolve, reject) => {
+            const req = http.request({ host: u.hostname, port: u.port, path: u.pathname, method: 'POST', agent: false, headers: { 'content-type': 'application/octet-stream' } }, (res) => {
+                let t = '';
+                res.on('data', (d) => (t += d));
+                res.on('end', () => resolve({ status: res.statusCode, text: t }));
+            });
+            req.on('error', reject);
+            req.write(Buffer.alloc(4096, 1));
+            setTimeout(() => {
+                secondSentAt = performance.now();
+                req.end(Buffer.alloc(4096, 2));
+            }, 500);
+        });
+        assert.equal(r.status, 200);
+        assert.equal(r.text, '8192');
+        assert.ok(firstUploadChunkAt < secondSentAt, 'the upstream got nothing before the whole body was sent');
     });
 
     it('a chat stream carries the upstream response headers', T, async () => {
