@@ -47,14 +47,15 @@
 //       the event's bytes including its terminating blank line.
 //   sseData(text) -> [string]     the data fields; sseJSON(text) -> [object] (without [DONE])
 //   assembleDeltas(chunks) -> {role, content, reasoning_content, reasoning, tool_calls,
-//       finish_reason, usage}  concatenation of the deltas of choice 0 (any dialect).
+//       finish_reason, usage, text}  concatenation of choice 0's deltas (any dialect; `text`
+//       for text-completion chunks).
 //   normIds(text) -> text with every "id":"…" replaced by "id":"ID" and "created":N by 0.
 //   incidents(base) -> Promise<array>   GET /loopguard/incidents parsed (oldest first)
 //   waitIncident(base, seen=[], ms=3000) -> Promise<record>  the newest incident whose id
 //       is not in `seen` (an earlier incidents() snapshot), polling: the incident writer is
 //       asynchronous, so a record may appear just after the response ended.
 //   metrics(base) -> Promise<Map<string, number>>  GET /loopguard/metrics; key is the
-//       sample as written without its value, e.g. 'loopguard_requests_total{endpoint="chat",status="200"}'
+//       sample as written without its value, e.g. 'loopguard_requests_total{endpoint="chat",code="200"}'
 //   metricValue(map, name, labels={}) -> number  sum over samples of `name` whose labels
 //       include `labels` (0 when none).
 //   waitFor(fn, ms=3000, step=20) -> Promise<value>  polls async fn until truthy.
@@ -389,9 +390,7 @@ export function sse(text) {
     let cur = { event: undefined, data: [], id: undefined, raw: '' };
     const re = /([^\r\n]*)(\r\n|\n|\r)/g;
     let m;
-    let last = 0;
     while ((m = re.exec(text))) {
-        last = re.lastIndex;
         const line = m[1];
         cur.raw += m[0];
         if (line === '') {
@@ -408,7 +407,6 @@ export function sse(text) {
         else if (field === 'event') cur.event = value;
         else if (field === 'id') cur.id = value;
     }
-    void last;
     return events;
 }
 export const sseData = (text) => sse(text).map((e) => e.data);
