@@ -87,8 +87,8 @@ guard_params *guard_params_new(lg_channel ch)
     static const struct {
         uint32_t max_period;
         double repeats;
-    } steps[] = {{1, 160}, {2, 32}, {4, 20},  {8, 14},    {16, 9},
-                 {32, 6},  {64, 4}, {192, 3}, {2048, 2.5}};
+    } steps[] = {{1, 160}, {2, 32},   {4, 20},  {8, 14},    {16, 9},
+                 {32, 6},  {64, 3.5}, {192, 3}, {2048, 2.5}};
     static const struct {
         uint32_t min_bytes;
         double min_repeats;
