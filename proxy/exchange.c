@@ -309,54 +309,15 @@ static void set_outcome(exchange *ex, const char *outcome)
 
 /* ---- attempts ---------------------------------------------------------------------- */
 
-static size_t discard_body(char *p, size_t size, size_t n, void *ud)
-{
-    (void)p, (void)ud;
-    return size * n;
-}
-
-/* A fire-and-forget POST /abort_request; owns itself and frees itself when done. */
-typedef struct abort_req {
-    lg_xfer xfer;
-    lg_worker *w;
-    CURL *easy;
-    struct curl_slist *headers;
-    char body[64];
-} abort_req;
-
-static void abort_req_done(lg_xfer *x, CURLcode rc)
-{
-    abort_req *a = x->owner;
-    (void)rc;
-    worker_remove_xfer(a->w, a->easy);
-    curl_easy_cleanup(a->easy);
-    curl_slist_free_all(a->headers);
-    free(a);
-}
-
 /* Tells SGLang to stop decoding the attempt's rid: recent SGLang versions keep decoding a
  * request whose client left (sglang issues 36333, 34894), so closing is not enough. */
 static void send_sglang_abort(exchange *ex)
 {
     lg_worker *w = ex->base.w;
-    abort_req *a = calloc(1, sizeof *a);
-    char url[2048];
-    if (!a) abort();
-    a->w = w;
-    a->xfer = (lg_xfer){.done = abort_req_done, .owner = a};
-    snprintf(a->body, sizeof a->body, "{\"rid\":\"%s\"}", ex->rid);
+    char url[2048], body[64];
+    snprintf(body, sizeof body, "{\"rid\":\"%s\"}", ex->rid);
     snprintf(url, sizeof url, "%s/abort_request", pool_base(w->srv->pool, ex->replica));
-    a->headers = curl_slist_append(NULL, "Content-Type: application/json");
-    a->easy = curl_easy_init();
-    if (!a->easy || !a->headers) abort();
-    curl_easy_setopt(a->easy, CURLOPT_URL, url);
-    curl_easy_setopt(a->easy, CURLOPT_PRIVATE, &a->xfer);
-    curl_easy_setopt(a->easy, CURLOPT_HTTPHEADER, a->headers);
-    curl_easy_setopt(a->easy, CURLOPT_POSTFIELDS, a->body);
-    curl_easy_setopt(a->easy, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(a->easy, CURLOPT_TIMEOUT_MS, 5000L);
-    curl_easy_setopt(a->easy, CURLOPT_WRITEFUNCTION, discard_body);
-    if (worker_add_xfer(w, a->easy) != 0) abort_req_done(&a->xfer, CURLE_FAILED_INIT);
+    worker_post_detached(w, url, body);
 }
 
 /* Closes the current attempt's transfer (if any) and frees its per-attempt state. Safe

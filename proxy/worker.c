@@ -302,6 +302,67 @@ void worker_remove_xfer(lg_worker *w, CURL *easy)
     curl_multi_remove_handle(w->multi, easy);
 }
 
+/* ---- fire-and-forget transfers ------------------------------------------------------ */
+
+typedef struct lg_detached {
+    lg_xfer xfer;
+    lg_worker *w;
+    CURL *easy;
+    struct curl_slist *headers;
+    char *body;
+    struct lg_detached *prev, *next;
+} lg_detached;
+
+static size_t discard_body(char *p, size_t size, size_t n, void *ud)
+{
+    (void)p, (void)ud;
+    return size * n;
+}
+
+static void detached_free(lg_detached *d)
+{
+    lg_worker *w = d->w;
+    if (d->prev)
+        d->prev->next = d->next;
+    else if (w->detached == d)
+        w->detached = d->next;
+    if (d->next) d->next->prev = d->prev;
+    curl_multi_remove_handle(w->multi, d->easy);
+    curl_easy_cleanup(d->easy);
+    curl_slist_free_all(d->headers);
+    free(d->body);
+    free(d);
+}
+
+static void detached_done(lg_xfer *x, CURLcode rc)
+{
+    (void)rc;
+    detached_free(x->owner);
+}
+
+void worker_post_detached(lg_worker *w, const char *url, const char *json)
+{
+    lg_detached *d = calloc(1, sizeof *d);
+    if (!d) abort();
+    d->w = w;
+    d->xfer = (lg_xfer){.done = detached_done, .owner = d};
+    d->body = strdup(json);
+    d->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    d->easy = curl_easy_init();
+    if (!d->body || !d->headers || !d->easy) abort();
+    curl_easy_setopt(d->easy, CURLOPT_URL, url);
+    curl_easy_setopt(d->easy, CURLOPT_PRIVATE, &d->xfer);
+    curl_easy_setopt(d->easy, CURLOPT_HTTPHEADER, d->headers);
+    curl_easy_setopt(d->easy, CURLOPT_POSTFIELDS, d->body);
+    curl_easy_setopt(d->easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(d->easy, CURLOPT_TIMEOUT_MS, 5000L);
+    curl_easy_setopt(d->easy, CURLOPT_WRITEFUNCTION, discard_body);
+    d->next = w->detached;
+    if (w->detached) w->detached->prev = d;
+    w->detached = d;
+    if (curl_multi_add_handle(w->multi, d->easy) != CURLM_OK) detached_free(d);
+}
+
 /* ---- the loop ---------------------------------------------------------------------- */
 
 static void run_mhd(lg_worker *w)
@@ -412,7 +473,9 @@ static void *worker_main(void *arg)
             shutdown_all(w);
             run_mhd(w);
         }
-        if (quiesced && (w->n_live == 0 || (shut && w->now_ns > stop_at))) break;
+        /* Pending aborts still matter at shutdown: they free GPUs. */
+        if (quiesced && ((w->n_live == 0 && !w->detached) || (shut && w->now_ns > stop_at)))
+            break;
     }
     resume_all(w);
     return NULL;
@@ -502,6 +565,7 @@ void worker_free(lg_worker *w)
     if (!w) return;
     if (w->mhd) MHD_stop_daemon(w->mhd);
     bury_the_dead(w);
+    while (w->detached) detached_free(w->detached);
     if (w->multi) curl_multi_cleanup(w->multi);
     if (w->listen_fd >= 0) close(w->listen_fd);
     if (w->epfd >= 0) close(w->epfd);

@@ -103,6 +103,7 @@ struct lg_worker {
     lg_req live;      /* sentinel of the circular list of live requests */
     lg_req graveyard; /* sentinel: retired, destroyed at the end of the iteration */
     size_t n_live;
+    struct lg_detached *detached; /* pending fire-and-forget transfers */
     bool mhd_dirty;   /* a connection was resumed: run MHD again this iteration */
     uint64_t now_ns;  /* cached loop time */
 };
@@ -127,6 +128,10 @@ void worker_resume(lg_req *r);
 /* Adds/removes a libcurl easy handle on the worker's multi handle. */
 int worker_add_xfer(lg_worker *w, CURL *easy);
 void worker_remove_xfer(lg_worker *w, CURL *easy);
+/* A fire-and-forget POST of `json` to `url` (SGLang's /abort_request): owned by the worker,
+ * bounded by a 5 s timeout; the loop waits for pending ones when it shuts down. */
+void worker_post_detached(lg_worker *w, const char *url, const char *json);
+
 /* Monotonic nanoseconds. */
 uint64_t lg_now_ns(void);
 
