@@ -116,6 +116,12 @@ guard_params *guard_params_new(lg_channel ch)
         p->repeat.cls[c].min_repeats = cls[c].min_repeats;
         p->repeat.cls[c].max_period = cls[c].max_period;
     }
+    /* Tool-call arguments are JSON: identical elements ({"x": 0}, {"x": 0}, ...) are a
+     * legitimate request there, so code-shaped units need four times more. */
+    if (ch == LG_CH_TOOL_ARGS) {
+        p->repeat.cls[GR_CODE].min_bytes = 1024;
+        p->repeat.cls[GR_CODE].min_repeats = 32;
+    }
 
     p->lines.enabled = true;
     p->lines.min_repeats = 5;

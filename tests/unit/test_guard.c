@@ -284,6 +284,13 @@ static void test_traps(void **state)
                  "  > ^ <    > ^ <    > ^ <    > ^ <    > ^ <\n");
     assert_clean_both("ASCII art", t.s);
 
+    /* Tool arguments may ask for identical JSON elements. */
+    t.n = 0;
+    tcat(&t, "{\"cells\": [");
+    trep(&t, "{\"x\": 0}, ", 60);
+    tcat(&t, "{\"x\": 0}]}");
+    assert_false(scan_text(LG_CH_TOOL_ARGS, t.s).tripped);
+
     t.n = 0;
     tcat(&t, "Wow!!! That is great!!!!!! Really?!?! Yes... hahahaha, ok.\n");
     tcat(&t, "The the the end. Zzzzzzz. Hmm, hmm, hmm.\n");
