@@ -1138,6 +1138,8 @@ static enum MHD_Result queue_final(exchange *ex)
     struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), (void *)body,
                                                                 MHD_RESPMEM_MUST_COPY);
     if (!resp) return MHD_NO;
+    /* The upstream's own headers (x-request-id, …) except its event-stream type. */
+    if (ex->head.complete) http_head_apply(&ex->head, resp, true);
     MHD_add_response_header(resp, "Content-Type",
                             ex->final_ctype ? ex->final_ctype : "application/json");
     add_loopguard_headers(ex, resp);
@@ -1154,7 +1156,7 @@ static enum MHD_Result queue_stream(exchange *ex)
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, EX_BLOCK, reader, ex, NULL);
     if (!resp) return MHD_NO;
     if (ex->head.complete)
-        http_head_apply(&ex->head, resp);
+        http_head_apply(&ex->head, resp, false);
     else
         MHD_add_response_header(resp, "Content-Type", "text/event-stream; charset=utf-8");
     ex->queued = true;

@@ -238,14 +238,15 @@ void http_head_line(http_head *h, const char *line, size_t len)
     h->n++;
 }
 
-void http_head_apply(const http_head *h, struct MHD_Response *resp)
+void http_head_apply(const http_head *h, struct MHD_Response *resp, bool own_type)
 {
     const char *connection = NULL;
     for (size_t i = 0; i < h->n; i++)
         if (strcasecmp(h->names[i], "Connection") == 0) connection = h->values[i];
     for (size_t i = 0; i < h->n; i++) {
         if (http_is_hop_header(h->names[i], connection) ||
-            strcasecmp(h->names[i], "Content-Length") == 0)
+            strcasecmp(h->names[i], "Content-Length") == 0 ||
+            (own_type && strcasecmp(h->names[i], "Content-Type") == 0))
             continue;
         MHD_add_response_header(resp, h->names[i], h->values[i]);
     }

@@ -59,8 +59,9 @@ typedef struct http_head {
 /* Feeds one raw header line (with CRLF) as libcurl delivers it. A status line starts a new
  * head (interim 1xx heads are discarded). */
 void http_head_line(http_head *h, const char *line, size_t len);
-/* Adds the end-to-end headers of `h` to `resp` (hop-by-hop and Content-Length skipped). */
-void http_head_apply(const http_head *h, struct MHD_Response *resp);
+/* Adds the end-to-end headers of `h` to `resp` (hop-by-hop and Content-Length skipped, and
+ * Content-Type too when `own_type`: the response's body is not the upstream's). */
+void http_head_apply(const http_head *h, struct MHD_Response *resp, bool own_type);
 void http_head_clear(http_head *h);
 
 #endif

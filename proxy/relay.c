@@ -33,6 +33,9 @@ typedef struct relay {
     lg_buf down;     /* upstream bytes not yet sent to the client */
     bool down_paused;
     http_head head;
+    uint64_t up_total;     /* request body bytes received */
+    uint64_t last_data_ns; /* last upstream header or body bytes */
+    bool too_big;
     bool queued;     /* response queued on the client connection */
     bool finished;   /* upstream transfer over */
     CURLcode result;
@@ -67,6 +70,7 @@ static size_t on_read(char *buf, size_t size, size_t n, void *ud)
 static size_t on_header(char *line, size_t size, size_t n, void *ud)
 {
     relay *r = ud;
+    r->last_data_ns = r->base.w->now_ns;
     http_head_line(&r->head, line, size * n);
     if (r->head.complete) worker_resume(&r->base); /* the access handler queues the response */
     return size * n;
@@ -81,6 +85,7 @@ static size_t on_write(char *data, size_t size, size_t n, void *ud)
         return CURL_WRITEFUNC_PAUSE;
     }
     lg_buf_append(&r->down, data, size * n);
+    r->last_data_ns = r->base.w->now_ns;
     worker_resume(&r->base);
     return size * n;
 }
@@ -142,7 +147,7 @@ static enum MHD_Result queue_response(relay *r)
     struct MHD_Response *resp = MHD_create_response_from_callback(size, RELAY_BLOCK, reader, r,
                                                                   NULL);
     if (!resp) return MHD_NO;
-    http_head_apply(&r->head, resp);
+    http_head_apply(&r->head, resp, false);
     r->status_for_metrics = r->head.status;
     metrics_request(r->base.w->metrics, LG_EP_PASSTHROUGH, r->head.status);
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)r->head.status, resp);
@@ -154,6 +159,17 @@ static enum MHD_Result relay_access(lg_req *base, const char *upload, size_t *up
 {
     relay *r = (relay *)base;
     if (*upload_size) {
+        r->up_total += *upload_size;
+        if (r->up_total > r->base.w->srv->cfg->max_body_bytes) {
+            /* Part may be upstream already: stop it, read the rest into nothing, and
+             * answer 413 when the body is complete (libmicrohttpd queues no response
+             * in the middle of an upload). */
+            *upload_size = 0;
+            if (!r->too_big) relay_stop_transfer(r);
+            r->too_big = true;
+            lg_buf_free(&r->up);
+            return MHD_YES;
+        }
         lg_buf_append(&r->up, upload, *upload_size);
         *upload_size = 0;
         if (r->up_paused && r->easy) {
@@ -171,9 +187,34 @@ static enum MHD_Result relay_access(lg_req *base, const char *upload, size_t *up
         }
     }
     if (r->queued) return MHD_YES;
+    if (r->too_big) {
+        r->queued = true;
+        metrics_request(r->base.w->metrics, LG_EP_PASSTHROUGH, 413);
+        return http_respond_error(r->base.conn, 413, "request body too large",
+                                  "invalid_request_error", "body_too_large");
+    }
     if (r->head.complete || r->finished) return queue_response(r);
     worker_suspend(base);
     return MHD_YES;
+}
+
+/* Upstream timeouts: first byte (connect + headers) and idle between body bytes; time the
+ * transfer spends paused for a slow client does not count. */
+static void relay_tick(lg_req *base, uint64_t now)
+{
+    relay *r = (relay *)base;
+    const lg_config *cfg = base->w->srv->cfg;
+    if (!r->easy) return;
+    uint64_t fb = (uint64_t)cfg->timeouts.first_byte_ms * 1000000ull;
+    uint64_t idle = (uint64_t)cfg->timeouts.idle_ms * 1000000ull;
+    uint64_t since = r->head.complete ? r->last_data_ns : base->start_ns;
+    uint64_t limit = r->head.complete ? idle : fb;
+    if (r->down_paused || !limit || now <= since || now - since <= limit) return;
+    relay_stop_transfer(r);
+    metrics_upstream_error(base->w->metrics, r->replica, "timeout");
+    r->finished = true;
+    r->result = CURLE_OPERATION_TIMEDOUT;
+    worker_resume(base);
 }
 
 static void relay_client_gone(lg_req *base)
@@ -205,7 +246,7 @@ static const lg_req_ops relay_ops = {
     .name = "relay",
     .access = relay_access,
     .client_gone = relay_client_gone,
-    .tick = NULL,
+    .tick = relay_tick,
     .shutdown = relay_shutdown,
     .destroy = relay_destroy,
 };
