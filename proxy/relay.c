@@ -33,6 +33,10 @@ typedef struct relay {
     lg_buf down;     /* upstream bytes not yet sent to the client */
     bool down_paused;
     http_head head;
+    char *method, *target; /* the request line's method and path?query, kept for a re-send */
+    long long content_length; /* -1: chunked */
+    uint64_t up_read;      /* request body bytes libcurl has taken (0: safe to re-send) */
+    unsigned connect_retries;
     uint64_t up_total;     /* request body bytes received */
     uint64_t last_data_ns; /* last upstream header or body bytes */
     bool too_big;
@@ -63,6 +67,7 @@ static size_t on_read(char *buf, size_t size, size_t n, void *ud)
     size_t k = r->up.len < want ? r->up.len : want;
     memcpy(buf, r->up.p, k);
     lg_buf_consume(&r->up, k);
+    r->up_read += k;
     if (r->up.len < RELAY_HIGH / 2) worker_resume(&r->base);
     return k;
 }
@@ -90,14 +95,28 @@ static size_t on_write(char *data, size_t size, size_t n, void *ud)
     return size * n;
 }
 
+static int relay_start(relay *r, size_t avoid);
+
 static void on_done(lg_xfer *x, CURLcode rc)
 {
     relay *r = x->owner;
-    r->finished = true;
-    r->result = rc;
+    lg_pool *pool = r->base.w->srv->pool;
     long status = 0;
     curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
-    pool_report_health(r->base.w->srv->pool, r->replica, rc == CURLE_OK && status < 500);
+    pool_report_health(pool, r->replica, rc == CURLE_OK && status < 500);
+    if (rc == CURLE_COULDNT_CONNECT && !r->head.complete && r->up_read == 0 &&
+        r->connect_retries + 1 < pool_size(pool) && !r->base.client_gone) {
+        /* Nothing reached that replica: the same request goes to another one. */
+        size_t dead = r->replica;
+        r->connect_retries++;
+        metrics_upstream_error(r->base.w->metrics, dead, "connect");
+        relay_stop_transfer(r);
+        if (relay_start(r, dead) == 0) return;
+        worker_resume(&r->base);
+        return;
+    }
+    r->finished = true;
+    r->result = rc;
     if (rc != CURLE_OK)
         metrics_upstream_error(r->base.w->metrics, r->replica,
                                rc == CURLE_OPERATION_TIMEDOUT ? "timeout" : "connect");
@@ -227,6 +246,8 @@ static void relay_destroy(lg_req *base)
     relay *r = (relay *)base;
     relay_stop_transfer(r);
     curl_slist_free_all(r->headers);
+    free(r->method);
+    free(r->target);
     lg_buf_free(&r->up);
     lg_buf_free(&r->down);
     http_head_clear(&r->head);
@@ -251,32 +272,22 @@ static const lg_req_ops relay_ops = {
     .destroy = relay_destroy,
 };
 
-lg_req *relay_new(lg_worker *w, struct MHD_Connection *conn, const char *method, const char *url)
+/* Starts the upstream transfer on a replica (avoiding `avoid` when another is eligible).
+ * Returns 0, or -1 when libcurl refused the handle (the relay is then finished). */
+static int relay_start(relay *r, size_t avoid)
 {
+    lg_worker *w = r->base.w;
     const lg_config *cfg = w->srv->cfg;
-    relay *r = calloc(1, sizeof *r);
-    if (!r) abort();
-    http_head_clear(&r->head);
-    worker_req_init(w, &r->base, &relay_ops, conn);
-    r->xfer = (lg_xfer){.done = on_done, .owner = r};
-    r->replica = pool_acquire(w->srv->pool, SIZE_MAX);
+    r->replica = pool_acquire(w->srv->pool, avoid);
     metrics_upstream_request(w->metrics, r->replica);
 
-    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
-    const char *te = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Transfer-Encoding");
-    long long clen = cl ? atoll(cl) : -1;
-    r->has_body = clen > 0 || te;
-    if (!r->has_body) r->up_done = true;
-
-    lg_buf url_full = LG_BUF_INIT;
-    lg_buf_append_str(&url_full, pool_base(w->srv->pool, r->replica));
-    lg_buf_append_str(&url_full, url);
-    http_append_query(&url_full, conn);
-
-    r->headers = http_upstream_headers(conn, false);
+    lg_buf url = LG_BUF_INIT;
+    lg_buf_append_str(&url, pool_base(w->srv->pool, r->replica));
+    lg_buf_append_str(&url, r->target);
     CURL *e = r->easy = curl_easy_init();
     if (!e) abort();
-    curl_easy_setopt(e, CURLOPT_URL, url_full.p);
+    curl_easy_setopt(e, CURLOPT_URL, url.p);
+    lg_buf_free(&url);
     curl_easy_setopt(e, CURLOPT_PRIVATE, &r->xfer);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->headers);
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
@@ -287,24 +298,45 @@ lg_req *relay_new(lg_worker *w, struct MHD_Connection *conn, const char *method,
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)cfg->timeouts.connect_ms);
     curl_easy_setopt(e, CURLOPT_HTTP_TRANSFER_DECODING, 1L);
     curl_easy_setopt(e, CURLOPT_HTTP_CONTENT_DECODING, 0L); /* bytes pass as they came */
-    if (strcmp(method, "HEAD") == 0) {
+    if (strcmp(r->method, "HEAD") == 0) {
         curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
     } else if (r->has_body) {
         curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
         curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
         curl_easy_setopt(e, CURLOPT_READDATA, r);
-        curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)(clen >= 0 ? clen : -1));
-        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
-    } else if (strcmp(method, "GET") != 0) {
-        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+        curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)r->content_length);
+        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, r->method);
+    } else if (strcmp(r->method, "GET") != 0) {
+        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, r->method);
     }
-    lg_buf_free(&url_full);
-    if (worker_add_xfer(w, e) != 0) {
-        curl_easy_cleanup(e);
-        r->easy = NULL;
-        pool_release(w->srv->pool, r->replica);
-        r->finished = true;
-        r->result = CURLE_FAILED_INIT;
-    }
+    if (worker_add_xfer(w, e) == 0) return 0;
+    relay_stop_transfer(r);
+    r->finished = true;
+    r->result = CURLE_FAILED_INIT;
+    return -1;
+}
+
+lg_req *relay_new(lg_worker *w, struct MHD_Connection *conn, const char *method, const char *url)
+{
+    relay *r = calloc(1, sizeof *r);
+    if (!r) abort();
+    http_head_clear(&r->head);
+    worker_req_init(w, &r->base, &relay_ops, conn);
+    r->xfer = (lg_xfer){.done = on_done, .owner = r};
+
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+    const char *te = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Transfer-Encoding");
+    r->content_length = cl ? atoll(cl) : -1;
+    r->has_body = r->content_length > 0 || te;
+    if (!r->has_body) r->up_done = true;
+
+    lg_buf target = LG_BUF_INIT;
+    lg_buf_append_str(&target, url);
+    http_append_query(&target, conn);
+    r->target = lg_buf_steal(&target);
+    r->method = strdup(method);
+    if (!r->method) abort();
+    r->headers = http_upstream_headers(conn, false);
+    relay_start(r, SIZE_MAX);
     return &r->base;
 }
