@@ -766,9 +766,18 @@ static int rule_match(const guard *g, size_t i, uint64_t to, bool final, uint64_
     uint64_t lo = to > span ? to - span : 0;
     if (lo < g->base) lo = g->base;
     uint64_t from = g->rule_from[i] > lo ? g->rule_from[i] : lo;
+    const guard_rule *r = &p->rules[i];
+    if (r->has_first) { /* skip to a byte that can start a match: most calls end here */
+        while (from < to && !(r->first[at(g, from) >> 3] & (1u << (at(g, from) & 7))))
+            from++;
+        if (from >= to) {
+            g->rule_from[i] = to;
+            return PCRE2_ERROR_NOMATCH;
+        }
+    }
     if (from >= to && !final) return PCRE2_ERROR_NOMATCH;
     uint32_t opt = (final ? 0 : PCRE2_PARTIAL_HARD) | (lo ? PCRE2_NOTBOL : 0);
-    int rc = pcre2_match(p->rules[i].re, g->buf + (lo - g->base), (PCRE2_SIZE)(to - lo),
+    int rc = pcre2_match(r->re, g->buf + (lo - g->base), (PCRE2_SIZE)(to - lo),
                          (PCRE2_SIZE)(from - lo), opt, g->md, NULL);
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(g->md);
     if (rc > 0 || rc == PCRE2_ERROR_PARTIAL) {

@@ -35,6 +35,8 @@ typedef struct guard_rule {
     char *detector; /* "rule:<name>" */
     char *pattern;
     pcre2_code *re;
+    bool has_first;          /* first[] is known: a match can only start on those bytes */
+    unsigned char first[32]; /* bitset of possible first bytes (a superset) */
 } guard_rule;
 
 struct guard_params {

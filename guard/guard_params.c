@@ -206,6 +206,28 @@ static pcre2_code *rule_compile(const char *pattern, char *err, size_t errlen)
     return re;
 }
 
+/* Which bytes can start a match, from PCRE2's own analysis: its start bitmap, or its
+ * fixed first code unit (both cases of a letter, a safe superset for caseless patterns).
+ * Without either (anchors, empty-able starts) every byte may start one. */
+static void rule_first_bytes(guard_rule *r)
+{
+    const uint8_t *map = NULL;
+    uint32_t type = 0, unit = 0;
+    memset(r->first, 0, sizeof(r->first));
+    r->has_first = false;
+    if (pcre2_pattern_info(r->re, PCRE2_INFO_FIRSTBITMAP, &map) == 0 && map) {
+        memcpy(r->first, map, sizeof(r->first));
+        r->has_first = true;
+    } else if (pcre2_pattern_info(r->re, PCRE2_INFO_FIRSTCODETYPE, &type) == 0 && type == 1 &&
+               pcre2_pattern_info(r->re, PCRE2_INFO_FIRSTCODEUNIT, &unit) == 0 && unit < 256) {
+        unsigned char c = (unsigned char)unit, o = c;
+        if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') o = c ^ 0x20;
+        r->first[c >> 3] |= (unsigned char)(1u << (c & 7));
+        r->first[o >> 3] |= (unsigned char)(1u << (o & 7));
+        r->has_first = true;
+    }
+}
+
 /* Adds a rule (name, pattern) to `p`. Returns 0 or -1 with err. */
 static int rule_add(guard_params *p, const char *name, const char *pattern, char *err,
                     size_t errlen)
@@ -219,6 +241,7 @@ static int rule_add(guard_params *p, const char *name, const char *pattern, char
     r->name = xstrdup(name);
     r->pattern = xstrdup(pattern);
     r->re = re;
+    rule_first_bytes(r);
     size_t n = strlen(name) + 6;
     r->detector = xcalloc(n, 1);
     snprintf(r->detector, n, "rule:%s", name);

@@ -386,9 +386,17 @@ static void random_text(text *t, unsigned kind)
                                         "==",
                                         "(1)"};
     size_t nw = sizeof(words) / sizeof(words[0]);
-    unsigned n = 50 + rnd(400);
+    /* One text in sixteen is long enough (~20-40 KB) to slide the guard's history. */
+    unsigned n = kind % 16 == 5 ? 5000 + rnd(5000) : 50 + rnd(400);
     for (unsigned i = 0; i < n; i++) {
-        tcat(t, words[rnd((unsigned)nw)]);
+        unsigned w = rnd((unsigned)nw);
+        if (n > 1000 && w >= 16 && w <= 17) w = rnd(16); /* no leak in the long ones */
+        tcat(t, words[w]);
+        if (n > 1000) { /* and more varied words, so that they run long */
+            char num[16];
+            snprintf(num, sizeof(num), "%u", rnd(100000));
+            tcat(t, num);
+        }
         if (rnd(3)) tcat(t, " ");
     }
     if (kind % 4 == 1) {
