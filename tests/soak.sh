@@ -112,7 +112,7 @@ echo "soak: $(date -u +%FT%TZ) $STREAMS streams for ${DURATION}s against loopgua
     "baseline $BASE_FDS fds, $BASE_RSS KiB"
 
 "$LOAD_BIN" --url "http://127.0.0.1:$LG_PORT" --streams "$STREAMS" --duration "$DURATION" \
-    --ramp 5 --progress "$SAMPLE" --seed "${SOAK_SEED:-1}" --loop "${SOAK_LOOP_PCT:-15}" \
+    --ramp 5 --progress 5 --seed "${SOAK_SEED:-1}" --loop "${SOAK_LOOP_PCT:-15}" \
     --fault "${SOAK_FAULT_PCT:-15}" --whole "${SOAK_WHOLE_PCT:-20}" \
     --hangup "${SOAK_HANGUP_PCT:-5}" >"$OUT/load.json" 2>"$OUT/load.err" &
 LOAD_PID=$!

@@ -223,6 +223,18 @@ def main():
     check(by_outcome_file == by_outcome_metrics, f"incident outcomes {by_outcome_file} != loopguard_outcomes_total {by_outcome_metrics}")
     check(sum(1 for r in ups if r.get("event") == "ejected") == ejections, f"{len(ups)} upstream records vs {ejections} ejections counted")
     check(len(exch) > 0, "no exchange tripped: the looping share did not reach the guard")
+    # What clients saw must be in the log: every recovered loop1 answer is a "recovered"
+    # record, every content_filter end of a loopall request a "failed" one, every error end
+    # of a loopreset request (loop, then the retry was reset) an "upstream_error" one. At
+    # least: a client that hangs up after loopguard decided (and logged) the fate is counted
+    # as hung up here, not by its fate.
+    kinds = load.get("kinds", {})
+    seen = {"recovered": kinds.get("loop1", {}).get("stop", 0),
+            "failed": kinds.get("loopall", {}).get("content_filter", 0),
+            "upstream_error": sum(kinds.get("loopreset", {}).get(f, 0) for f in ("error_event", "http_4xx", "http_5xx"))}
+    res["incidents"]["client_observed"] = seen
+    for outcome, n in seen.items():
+        check(by_outcome_file.get(outcome, 0) >= n, f"clients saw {n} {outcome} exchanges, the log holds {by_outcome_file.get(outcome, 0)}")
 
     # --- upstreams released ----------------------------------------------------------------
     active = {}
@@ -269,7 +281,7 @@ def main():
     print(f"  incidents: {i['file_lines']} lines in the file, metrics {i['metrics']}; exchange "
           f"records {i['exchange_records']} by outcome {i['outcomes_file']} vs "
           f"loopguard_outcomes_total {i['outcomes_metrics']}; upstream records {i['upstream_records']}, "
-          f"ejections {i['ejections_metric']}")
+          f"ejections {i['ejections_metric']}; clients saw at least {i['client_observed']}")
     print(f"  loopguard alive: {alive}, health {res['health']}; upstream generations active: {active}")
     for f_ in fails:
         print(f"  VIOLATION: {f_}")
