@@ -45,11 +45,27 @@
 #define EX_ERRBODY_MAX (1 << 20)
 #define EX_EXCERPT 512
 
+/* The same delta text again and again: a model whose logits went bad emits one token
+ * (often id 0, "!") forever. The byte-level guard needs many copies of a one-character unit
+ * before it may call it a loop (real text has rules of "!" and "=" dozens long), but 32
+ * identical consecutive tokens do not occur in real generations. Token boundaries are the
+ * exchange's knowledge, not the guard's, so this signal lives here. */
+#define RUN_MAX_TOKEN 64
+#define RUN_TRIP 32
+
+typedef struct token_run {
+    char last[RUN_MAX_TOKEN];
+    size_t len;     /* 0: no run */
+    unsigned count; /* consecutive deltas equal to `last` */
+    uint64_t start; /* channel offset (this attempt) of the run's first delta */
+} token_run;
+
 typedef struct chan {
     guard *g;
     lg_buf held; /* fed to the guard, not yet released */
     lg_buf sent; /* released to the client, all attempts */
     uint64_t attempt_bytes;
+    token_run run;
 } chan;
 
 typedef enum { PHASE_BODY, PHASE_RUNNING, PHASE_DONE } ex_phase;
@@ -223,6 +239,9 @@ static size_t releasable(const exchange *ex, lg_channel ch)
 {
     const chan *c = &ex->ch[ch];
     size_t suspect = c->g ? guard_suspect(c->g) : 0;
+    /* a run of identical tokens past its first copy waits too */
+    size_t run = c->g && c->run.count > 1 ? (c->run.count - 1) * c->run.len : 0;
+    if (run > suspect) suspect = run;
     return c->held.len > suspect ? c->held.len - suspect : 0;
 }
 
@@ -362,6 +381,7 @@ static void free_attempt_state(exchange *ex)
         ex->ch[c].g = NULL;
         lg_buf_reset(&ex->ch[c].held);
         ex->ch[c].attempt_bytes = 0;
+        memset(&ex->ch[c].run, 0, sizeof ex->ch[c].run);
     }
     http_head_clear(&ex->head);
     lg_buf_reset(&ex->errbody);
@@ -527,6 +547,43 @@ static void after_trip(exchange *ex)
 
 /* ---- upstream events --------------------------------------------------------------- */
 
+/* Counts identical consecutive deltas; true when the run reaches RUN_TRIP (the verdict is
+ * then set). */
+static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
+{
+    token_run *r = &ex->ch[ch].run;
+    uint64_t at = ex->ch[ch].attempt_bytes - n;
+    if (n > RUN_MAX_TOKEN) {
+        r->len = r->count = 0;
+        return false;
+    }
+    if (r->len == n && memcmp(r->last, s, n) == 0) {
+        r->count++;
+    } else {
+        memcpy(r->last, s, n);
+        r->len = n;
+        r->count = 1;
+        r->start = at;
+    }
+    if (r->count < RUN_TRIP) return false;
+    ex->verdict = (guard_verdict){.detector = ex->verdict_detector,
+                                  .channel = ch,
+                                  .loop_start = r->start,
+                                  .at_byte = ex->ch[ch].attempt_bytes,
+                                  .unit = ex->verdict_unit,
+                                  .unit_len = n,
+                                  .repeats = r->count};
+    snprintf(ex->verdict_detector, sizeof ex->verdict_detector, "token_repeat");
+    snprintf(ex->verdict_unit, sizeof ex->verdict_unit, "%.*s", (int)n, s);
+    ex->trip_pending = true;
+    ex->trip_ns = ex->base.w->now_ns;
+    return true;
+}
+
+static void take_verdict(exchange *ex, const guard *g);
+
+/* Feeds one delta of channel ch to its guard (made on the channel's first text) and to the
+ * token-run check. Returns true when either tripped; the verdict is then taken. */
 static bool guard_text(exchange *ex, lg_channel ch, const char *s, size_t n)
 {
     chan *c = &ex->ch[ch];
@@ -539,8 +596,11 @@ static bool guard_text(exchange *ex, lg_channel ch, const char *s, size_t n)
         if (gp && guard_params_enabled(gp)) c->g = guard_new(gp, ch);
     }
     if (!c->g) return false;
-    if (!guard_feed(c->g, s, n)) return false;
-    return true;
+    if (guard_feed(c->g, s, n)) {
+        take_verdict(ex, c->g);
+        return true;
+    }
+    return token_run_feed(ex, ch, s, n);
 }
 
 /* Copies the tripped guard's verdict (its strings die with the guard). */
@@ -714,11 +774,7 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     lg_buf_free(&r);
     lg_buf_free(&c);
     if (text) ex->tokens++;
-    if (tripped) {
-        for (int k = 0; k < LG_CH_COUNT; k++)
-            if (ex->ch[k].g && guard_tripped(ex->ch[k].g)) take_verdict(ex, ex->ch[k].g);
-        return 1;
-    }
+    if (tripped) return 1; /* the verdict was taken */
     if (d->finish_reason) {
         ex->finished_gen = true;
         if (ex->think_hindsight) settle_hindsight(ex);
