@@ -107,8 +107,8 @@ test: test-deps
 	$(MAKE) --no-print-directory check SAN=0 || st=1; \
 	$(MAKE) --no-print-directory check SAN=1 || st=1; \
 	$(MAKE) --no-print-directory valgrind || st=1; \
-	if $(MAKE) --no-print-directory fuzz-smoke; then echo "$(words $(FUZZ_BIN)) 0"; \
-	else st=1; echo "0 1"; fi >> build/test-summary; \
+	if $(MAKE) --no-print-directory fuzz-smoke; then f="$(words $(FUZZ_BIN)) 0"; \
+	else st=1; f="0 1"; fi; echo "$$f" >> build/test-summary; \
 	awk '{p += $$1; f += $$2} END {printf "%d passed, %d failed\n", p, f}' build/test-summary; \
 	exit $$st
 

@@ -53,5 +53,5 @@ done
 
 [ ${#failed[@]} -eq 0 ] || printf 'FAILED: %s\n' "${failed[@]}"
 echo "$pass passed, $fail failed"
-[ -d build ] && echo "$pass $fail" >> build/test-summary
+if [ -d build ]; then echo "$pass $fail" >> build/test-summary; fi
 [ "$fail" = 0 ]
