@@ -242,6 +242,9 @@ static size_t releasable(const exchange *ex, lg_channel ch)
     /* a run of identical tokens past its first copy waits too */
     size_t run = c->g && c->run.count > 1 ? (c->run.count - 1) * c->run.len : 0;
     if (run > suspect) suspect = run;
+    /* The global cap (guard.holdback_max_bytes) bounds every channel's own cap. */
+    size_t cap = cfg_of(ex)->guard.holdback_max_bytes;
+    if (suspect > cap) suspect = cap;
     return c->held.len > suspect ? c->held.len - suspect : 0;
 }
 
