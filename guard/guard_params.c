@@ -4,7 +4,7 @@
  * Parsing a cJSON object is all this file does with the outside world: the config module
  * owns files and key paths, and passes us the object and the prefix to name keys with.
  * The defaults were chosen by running `loopguard scan` over the false-positive and recall
- * corpora (tests/corpus/); guard/README-guard.md tells the story and how to re-tune. */
+ * corpora (tests/corpus/); README.md ("The guard", "Tuning thresholds") tells the story and how to re-tune. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stddef.h>
@@ -83,7 +83,7 @@ guard_params *guard_params_new(lg_channel ch)
 {
     /* Repeats needed by period: a short unit must repeat many times before it is a loop
      * (real text has "ll", "!!!", "hahaha"), a long one only a few times. The steps are
-     * measured: see README-guard.md, "How the defaults were chosen". */
+     * measured: see README.md, "How the defaults were chosen". */
     static const struct {
         uint32_t max_period;
         double repeats;
