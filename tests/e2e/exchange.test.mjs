@@ -33,6 +33,7 @@ import {
     waitFor,
     normIds,
     SCENARIOS,
+    isSanitizerBuild,
 } from './lib.mjs';
 
 const SEED_PROMPT = 'Write a Python function that checks if a number is prime. Be concise.';
@@ -51,7 +52,26 @@ const scenario = (name) => JSON.parse(fs.readFileSync(path.join(SCENARIOS, name)
 const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'lg-exchange-'));
 process.on('exit', () => fs.rmSync(tmpDir, { recursive: true, force: true }));
 
+// Every test has a deadline, so a loopguard that never answers fails the test instead of
+// hanging the suite.
+const T = { timeout: (isSanitizerBuild ? 120000 : 40000) };
+
 /* ---- local helpers --------------------------------------------------------------- */
+
+// Runs every cleanup step even when one throws (a sanitizer report found by lg.stop() must
+// not leave the fake running, which would keep this test process alive); rethrows the first
+// error.
+async function cleanup(...steps) {
+    let first;
+    for (const step of steps) {
+        try {
+            await step();
+        } catch (e) {
+            first ??= e;
+        }
+    }
+    if (first) throw first;
+}
 
 // Tokens the fake sends for the segments before a scenario response's first repeat
 // segment (its "words" tokenisation: split after each whitespace run, one token per
@@ -201,14 +221,11 @@ describe('guarded exchange: a loop under the original sampling is cut and retrie
         fake = await startFake({ kind: 'sglang', scenario: path.join(SCENARIOS, 'seed_lambda.json') });
         lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { incidents: { path: incFile } } });
     });
-    after(async () => {
-        await lg?.stop();
-        await fake?.stop();
-    });
+    after(() => cleanup(() => lg?.stop(), () => fake?.stop()));
 
     for (const sc of RECOVERED) {
         for (const stream of [true, false]) {
-            test(`${sc.file} (${stream ? 'streaming' : 'whole'})`, async (t) => {
+            test(`${sc.file} (${stream ? 'streaming' : 'whole'})`, T, async (t) => {
                 const plan = scenario(sc.file);
                 const looping = plan.responses[0], clean = plan.responses[1];
                 await fake.setScenario(plan);
@@ -318,7 +335,7 @@ describe('guarded exchange: a loop under the original sampling is cut and retrie
         }
     }
 
-    test('always_loop.json: attempts bounded by max_attempts, content_filter end, incident failed', async (t) => {
+    test('always_loop.json: attempts bounded by max_attempts, content_filter end, incident failed', T, async (t) => {
         await fake.setScenario(scenario('always_loop.json'));
         for (const stream of [true, false]) {
             await t.test(stream ? 'streaming' : 'whole', async () => {
@@ -358,7 +375,7 @@ describe('guarded exchange: a loop under the original sampling is cut and retrie
         }
     });
 
-    test('clean text: no trip, no incident, no X-Loopguard comments', async () => {
+    test('clean text: no trip, no incident, no X-Loopguard comments', T, async () => {
         await fake.setScenario(scenario('clean.json'));
         await fake.reset();
         const n0 = (await incidents(lg.url)).length;
@@ -372,7 +389,7 @@ describe('guarded exchange: a loop under the original sampling is cut and retrie
         assert.equal((await incidents(lg.url)).length, n0, 'no incident for a clean exchange');
     });
 
-    test('X-Loopguard: off is ignored unless guard.allow_client_off', async () => {
+    test('X-Loopguard: off is ignored unless guard.allow_client_off', T, async () => {
         await fake.setScenario(scenario('seed_lambda.json'));
         await fake.reset();
         const res = await ask(lg, seedBody(), { stream: true, headers: { 'X-Loopguard': 'off' } });
@@ -388,9 +405,9 @@ describe('attempts exhausted: on_exhausted error and pass_through', () => {
     before(async () => {
         fake = await startFake({ kind: 'sglang', scenario: path.join(SCENARIOS, 'always_loop.json') });
     });
-    after(() => fake?.stop());
+    after(() => cleanup(() => fake?.stop()));
 
-    test('on_exhausted error, max_attempts 2: error after exactly 2 attempts', async (t) => {
+    test('on_exhausted error, max_attempts 2: error after exactly 2 attempts', T, async (t) => {
         const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { retry: { max_attempts: 2, on_exhausted: 'error' } } });
         try {
             for (const stream of [true, false]) {
@@ -423,7 +440,7 @@ describe('attempts exhausted: on_exhausted error and pass_through', () => {
         }
     });
 
-    test('on_exhausted pass_through: the last attempt runs unguarded to its end', async (t) => {
+    test('on_exhausted pass_through: the last attempt runs unguarded to its end', T, async (t) => {
         const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { retry: { on_exhausted: 'pass_through' } } });
         try {
             for (const stream of [true, false]) {
@@ -461,7 +478,7 @@ describe('retry modes: continue sends the clean prefix, restart does not', () =>
     const cleanReasoning = planText(lambda.responses[1].reasoning);
 
     for (const kind of ['sglang', 'vllm']) {
-        test(`continue mode, ${kind} upstream (streaming and whole)`, async (t) => {
+        test(`continue mode, ${kind} upstream (streaming and whole)`, T, async (t) => {
             const plan = { ...lambda };
             delete plan.dialect; // the kind's own dialect
             const fake = await startFake({ kind, scenario: plan });
@@ -494,13 +511,12 @@ describe('retry modes: continue sends the clean prefix, restart does not', () =>
                     });
                 }
             } finally {
-                await lg.stop();
-                await fake.stop();
+                await cleanup(() => lg.stop(), () => fake.stop());
             }
         });
     }
 
-    test('restart mode: the retry is the original request with new sampling', async () => {
+    test('restart mode: the retry is the original request with new sampling', T, async () => {
         const fake = await startFake({ kind: 'sglang', scenario: lambda });
         const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { retry: { mode: 'restart' } } });
         try {
@@ -511,12 +527,11 @@ describe('retry modes: continue sends the clean prefix, restart does not', () =>
             assert.deepEqual(up.chats[1].body.messages, up.chats[0].body.messages);
             assertLadder(up.chats[1].body, 2);
         } finally {
-            await lg.stop();
-            await fake.stop();
+            await cleanup(() => lg.stop(), () => fake.stop());
         }
     });
 
-    test('generic OpenAI upstream: never repetition_penalty, no rid, no abort call', async () => {
+    test('generic OpenAI upstream: never repetition_penalty, no rid, no abort call', T, async () => {
         // The openai dialect has no reasoning field: loop in the content.
         const plan = {
             pace_ms: 2,
@@ -533,8 +548,7 @@ describe('retry modes: continue sends the clean prefix, restart does not', () =>
             assert.ok(up.chats.every((c) => c.body.rid === undefined && c.body.continue_final_message === undefined), 'no SGLang/vLLM-only fields');
             assert.equal(up.abortCalls.length, 0);
         } finally {
-            await lg.stop();
-            await fake.stop();
+            await cleanup(() => lg.stop(), () => fake.stop());
         }
     });
 });
@@ -551,10 +565,7 @@ describe('operator controls: X-Loopguard: off and per-model guard override', () 
             config: { guard: { allow_client_off: true }, models: [{ pattern: '^unguarded/', guard_enabled: false }] },
         });
     });
-    after(async () => {
-        await lg?.stop();
-        await fake?.stop();
-    });
+    after(() => cleanup(() => lg?.stop(), () => fake?.stop()));
 
     // A looping request the guard does not see: one attempt that runs to max_tokens.
     async function assertUnguarded(body, headers) {
@@ -572,11 +583,11 @@ describe('operator controls: X-Loopguard: off and per-model guard override', () 
         }
     }
 
-    test('X-Loopguard: off honoured when allowed', async () => {
+    test('X-Loopguard: off honoured when allowed', T, async () => {
         await assertUnguarded(seedBody({ max_tokens: 80 }), { 'X-Loopguard': 'off' });
     });
 
-    test('models[].guard_enabled false turns the guard off for matching models only', async () => {
+    test('models[].guard_enabled false turns the guard off for matching models only', T, async () => {
         await assertUnguarded({ ...seedBody({ max_tokens: 80 }), model: 'unguarded/Qwen3.6-27B' }, {});
         await fake.reset();
         const res = await ask(lg, seedBody(), { stream: true });
@@ -615,7 +626,7 @@ function timedStream(url, body) {
     });
 }
 
-test('holdback: with clean text every event reaches the client promptly and unchanged', async () => {
+test('holdback: with clean text every event reaches the client promptly and unchanged', T, async () => {
     const PACE = 25;
     const plan = {
         dialect: 'sglang',
@@ -642,7 +653,6 @@ test('holdback: with clean text every event reaches the client promptly and unch
         const span = tokens.at(-1).t - tokens[0].t;
         assert.ok(span >= (tokens.length - 1) * PACE * 0.6, `events spread over the generation (${span.toFixed(0)} ms for ${tokens.length})`);
     } finally {
-        await lg.stop();
-        await fake.stop();
+        await cleanup(() => lg.stop(), () => fake.stop());
     }
 });

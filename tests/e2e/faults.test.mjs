@@ -38,7 +38,26 @@ const LOOP = { match: { fields: { presence_penalty: null } }, pace_ms: 2, reason
 const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'lg-faults-'));
 process.on('exit', () => fs.rmSync(tmpDir, { recursive: true, force: true }));
 
+// Every test has a deadline, so a loopguard that never answers fails the test instead of
+// hanging the suite.
+const T = { timeout: (isSanitizerBuild ? 120000 : 40000) };
+
 /* ---- local helpers --------------------------------------------------------------- */
+
+// Runs every cleanup step even when one throws (a sanitizer report found by lg.stop() must
+// not leave the fake running, which would keep this test process alive); rethrows the first
+// error.
+async function cleanup(...steps) {
+    let first;
+    for (const step of steps) {
+        try {
+            await step();
+        } catch (e) {
+            first ??= e;
+        }
+    }
+    if (first) throw first;
+}
 
 // An OpenAI-style error body: {"error":{"message",...}}, or SGLang's own error object
 // ({"object":"error","message",...}) passed on as the upstream sent it.
@@ -145,15 +164,12 @@ describe('upstream faults: every client gets a well-formed answer, loopguard sta
             config: { timeouts: { first_byte_ms: TIMEOUT_MS * SLACK, idle_ms: TIMEOUT_MS * SLACK }, incidents: { path: path.join(tmpDir, 'faults.jsonl') } },
         });
     });
-    after(async () => {
-        await lg?.stop();
-        await fake?.stop();
-    });
+    after(() => cleanup(() => lg?.stop(), () => fake?.stop()));
 
     for (const [name, fault, expect, extra = {}] of FAULTS) {
         for (const phase of ['first attempt', 'retry']) {
             for (const stream of [true, false]) {
-                test(`${name}, ${phase}, ${stream ? 'streaming' : 'whole'}`, async () => {
+                test(`${name}, ${phase}, ${stream ? 'streaming' : 'whole'}`, T, async () => {
                     const resp = { pace_ms: 5, reasoning: ['Counting.'], content: CONTENT, ...extra };
                     if (fault) resp.fault = fault;
                     await fake.setScenario({ dialect: 'sglang', responses: phase === 'retry' ? [LOOP, resp] : [resp] });
@@ -176,7 +192,7 @@ describe('upstream faults: every client gets a well-formed answer, loopguard sta
                         assert.ok((await fake.requests('/abort_request')).some((a) => a.body?.rid === rid1), 'the looping attempt was aborted by rid');
                         const inc = await waitFor(async () => (await incidents(lg.url)).find((i) => i.attempts?.[0]?.rid === rid1));
                         assert.equal(inc.outcome, expect === 'complete' ? 'recovered' : 'upstream_error', 'the incident says what happened');
-                        assert.equal(inc.attempts.length, 2);
+                        assert.equal(inc.attempts.length, 2, 'the incident records the attempt that met the fault');
                         assert.equal(inc.attempts[1].rid, chats[1].rid);
                     }
                 });
@@ -184,7 +200,7 @@ describe('upstream faults: every client gets a well-formed answer, loopguard sta
         }
     }
 
-    test('connection refused: 502 stream and whole, loopguard stays up', async () => {
+    test('connection refused: 502 stream and whole, loopguard stays up', T, async () => {
         const l = await startLoopguard({ upstream: `http://127.0.0.1:${await deadPort()}`, kind: 'sglang' });
         try {
             for (const stream of [true, false]) {
@@ -198,7 +214,7 @@ describe('upstream faults: every client gets a well-formed answer, loopguard sta
         }
     });
 
-    test('connection refused during a retry: error event then [DONE] / 502, incident upstream_error', async () => {
+    test('connection refused during a retry: error event then [DONE] / 502, incident upstream_error', T, async () => {
         // A front that forwards to the fake until it sees the first chat request go by; then
         // it stops listening and drops every other connection (an idle pooled one would be
         // reused), so the retry after the trip finds the port closed: connection refused.
@@ -232,8 +248,7 @@ describe('upstream faults: every client gets a well-formed answer, loopguard sta
                 assert.equal(inc.attempts.length, 2);
                 assert.equal((await fake.requests('/v1/chat/completions')).length, 1, 'the retry never got through');
             } finally {
-                await l.stop();
-                front.close();
+                await cleanup(() => l.stop(), () => front.close());
             }
         }
     });
@@ -247,12 +262,9 @@ describe('client faults: the upstream is always released', () => {
         fake = await startFake({ kind: 'sglang' });
         lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { client_timeout_s: 2 } });
     });
-    after(async () => {
-        await lg?.stop();
-        await fake?.stop();
-    });
+    after(() => cleanup(() => lg?.stop(), () => fake?.stop()));
 
-    test('disconnect before the body is complete: nothing reaches the upstream', async () => {
+    test('disconnect before the body is complete: nothing reaches the upstream', T, async () => {
         await fake.setScenario({ dialect: 'sglang', responses: [{ content: CONTENT }] });
         await fake.reset();
         const body = JSON.stringify({ messages: MSG, stream: true });
@@ -292,7 +304,7 @@ describe('client faults: the upstream is always released', () => {
         });
     }
 
-    test('disconnect while a suspect tail is held back: generation released and aborted by rid', async () => {
+    test('disconnect while a suspect tail is held back: generation released and aborted by rid', T, async () => {
         // 30 ms a token: the guard needs ~14 "lambda" to trip; hang up after a few are held.
         await fake.setScenario({ dialect: 'sglang', pace_ms: 30, responses: [{ reasoning: ['You can use the ', { repeat: 'lambda ', times: -1 }] }] });
         await fake.reset();
@@ -308,7 +320,7 @@ describe('client faults: the upstream is always released', () => {
         await assertHealthy(lg);
     });
 
-    test('disconnect during a retry (streaming and whole): retry released and aborted, incident client_gone', async () => {
+    test('disconnect during a retry (streaming and whole): retry released and aborted, incident client_gone', T, async () => {
         const retry = { pace_ms: 40, content: ['RETRY ', { varied: 200, seed: 4 }] };
         await fake.setScenario({ dialect: 'sglang', responses: [LOOP, retry] });
         for (const stream of [true, false]) {
@@ -340,7 +352,7 @@ describe('client faults: the upstream is always released', () => {
         await assertHealthy(lg);
     });
 
-    test('slow reader, fast upstream: RSS stays bounded, the stream completes when read', async () => {
+    test('slow reader, fast upstream: RSS stays bounded, the stream completes when read', T, async () => {
         const N = 150000; // ~35 MB of SSE if it were all buffered
         await fake.setScenario({ dialect: 'sglang', pace_ms: 0, responses: [{ content: [{ varied: N, seed: 9 }] }] });
         await fake.reset();
@@ -376,7 +388,7 @@ describe('client faults: the upstream is always released', () => {
         await assertHealthy(lg);
     });
 
-    test('malformed HTTP: 4xx or closed, never a crash', async () => {
+    test('malformed HTTP: 4xx or closed, never a crash', T, async () => {
         const cases = [
             'GARBAGE\r\n\r\n',
             'GET / HTTP/9.9\r\nHost: x\r\n\r\n',
@@ -393,7 +405,7 @@ describe('client faults: the upstream is always released', () => {
         await assertHealthy(lg);
     });
 
-    test('oversized headers (200 KiB): 431 or closed', async () => {
+    test('oversized headers (200 KiB): 431 or closed', T, async () => {
         for (const hdr of [`X-Big: ${'a'.repeat(200 * 1024)}\r\n`, 'X-A: b\r\n'.repeat(25000)]) {
             const r = await rawExchange(lg.port, `GET /loopguard/health HTTP/1.1\r\nHost: x\r\n${hdr}\r\n`);
             assert.ok(!r.timedOut, 'closed in time');
@@ -402,7 +414,7 @@ describe('client faults: the upstream is always released', () => {
         await assertHealthy(lg);
     });
 
-    test('invalid JSON and invalid UTF-8 bodies: 400, nothing sent upstream', async () => {
+    test('invalid JSON and invalid UTF-8 bodies: 400, nothing sent upstream', T, async () => {
         await fake.reset();
         const head = (len) => `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: ${len}\r\n\r\n`;
         const badUtf8 = Buffer.concat([Buffer.from('{"messages":[{"role":"user","content":"'), Buffer.from([0xff, 0xfe, 0xc3, 0x28]), Buffer.from('"}]}')]);
@@ -421,7 +433,7 @@ describe('client faults: the upstream is always released', () => {
         await assertHealthy(lg);
     });
 
-    test('an idle half-sent request is timed out (client_timeout_s) without starving others', async () => {
+    test('an idle half-sent request is timed out (client_timeout_s) without starving others', T, async () => {
         const s = net.connect(lg.port, '127.0.0.1');
         s.on('error', () => {});
         const closed = new Promise((r) => s.on('close', () => r(performance.now())));

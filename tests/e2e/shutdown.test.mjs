@@ -1,0 +1,240 @@
+// End-to-end tests of shutdown and log handling (issue 7, point 6), through the real
+// loopguard binary and the real fake upstream.
+//
+// SIGTERM: loopguard stops accepting at once (a new connection is refused), lets the
+// streams and whole requests in flight finish within shutdown_grace_ms, and past the grace
+// ends them well-formed (an error event then [DONE] for a stream, a JSON error for a whole
+// request) and releases their upstream generations; it exits 0 either way, with no
+// sanitizer report. SIGHUP reopens the incident log: after a rename (what logrotate does)
+// the next incident lands in a new file at the configured path. An unwritable log is counted
+// and never stops the proxy.
+//
+// Runtime: ~6 s on the plain build.
+import { test, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { startFake, startLoopguard, request, sseData, sseJSON, assembleDeltas, incidents, metrics, metricValue, waitFor, sleep, SCENARIOS, isSanitizerBuild } from './lib.mjs';
+
+const SLACK = isSanitizerBuild ? 3 : 1;
+const MSG = [{ role: 'user', content: 'Write something.' }];
+const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'lg-shutdown-'));
+process.on('exit', () => fs.rmSync(tmpDir, { recursive: true, force: true }));
+
+// Every test has a deadline, so a loopguard that never answers fails the test instead of
+// hanging the suite.
+const T = { timeout: (isSanitizerBuild ? 120000 : 40000) };
+
+/* ---- local helpers --------------------------------------------------------------- */
+
+// Runs every cleanup step even when one throws (a sanitizer report found by lg.stop() must
+// not leave the fake running, which would keep this test process alive); rethrows the first
+// error.
+async function cleanup(...steps) {
+    let first;
+    for (const step of steps) {
+        try {
+            await step();
+        } catch (e) {
+            first ??= e;
+        }
+    }
+    if (first) throw first;
+}
+
+// Resolves with {code, signal} when the process exits (at once if it already has).
+function exited(proc) {
+    if (proc.exitCode !== null || proc.signalCode !== null) return Promise.resolve({ code: proc.exitCode, signal: proc.signalCode });
+    return new Promise((r) => proc.once('exit', (code, signal) => r({ code, signal })));
+}
+
+// Tries a TCP connection: 'refused', 'closed' (accepted then closed without an answer) or
+// 'answered' (an HTTP status line came back).
+function probe(port) {
+    return new Promise((resolve) => {
+        const s = net.connect(port, '127.0.0.1');
+        let got = '';
+        s.on('connect', () => s.write('GET /loopguard/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n'));
+        s.on('data', (d) => (got += d));
+        s.on('error', (e) => resolve(e.code === 'ECONNREFUSED' ? 'refused' : `error ${e.code}`));
+        s.on('close', () => resolve(got.startsWith('HTTP/') ? 'answered' : 'closed'));
+        s.setTimeout(2000, () => s.destroy());
+    });
+}
+
+// lib's stop() after our own SIGTERM: wait for the exit first (a second SIGTERM would mean
+// "stop now"); if the test failed before signalling, stop() sends the SIGTERM itself.
+async function stopAfterTerm(lg, termed) {
+    if (termed) await exited(lg.proc);
+    await lg.stop();
+}
+
+// The tokens of a clean paced answer: 40 varied words, ~40 × pace ms long.
+const WORDS = 40;
+const pacedPlan = (pace) => ({ dialect: 'sglang', pace_ms: pace, responses: [{ reasoning: ['Fine.'], content: [{ varied: WORDS, seed: 3 }] }] });
+
+/* ---- SIGTERM ----------------------------------------------------------------------- */
+
+describe('SIGTERM', () => {
+    test('within the grace: new connections refused, in-flight stream and whole request finish, exit 0', T, async () => {
+        const fake = await startFake({ kind: 'sglang', scenario: pacedPlan(20) });
+        const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { shutdown_grace_ms: 10000 } });
+        let termed = false;
+        try {
+            const t0 = performance.now();
+            const s = request(lg.url + '/v1/chat/completions', { method: 'POST', body: { messages: MSG, stream: true } });
+            const w = request(lg.url + '/v1/chat/completions', { method: 'POST', body: { messages: MSG } });
+            await waitFor(async () => (await fake.requests('/v1/chat/completions')).length === 2);
+            await sleep(100);
+            lg.proc.kill('SIGTERM');
+            termed = true;
+            await sleep(150 * SLACK);
+            assert.equal(await probe(lg.port), 'refused', 'a new connection is refused while draining');
+            const [rs, rw] = await Promise.all([s, w]);
+            assert.equal(rs.status, 200);
+            const data = sseData(rs.text);
+            assert.equal(data.at(-1), '[DONE]');
+            const v = assembleDeltas(sseJSON(rs.text));
+            assert.equal(v.finish_reason, 'stop', 'the stream finished normally');
+            assert.equal(v.content.split(' ').filter(Boolean).length, WORDS, 'every token arrived');
+            assert.equal(rw.status, 200, rw.text);
+            assert.equal(rw.json().choices[0].message.content.split(' ').filter(Boolean).length, WORDS);
+            const { code } = await exited(lg.proc);
+            assert.equal(code, 0, 'exit code 0');
+            assert.ok(performance.now() - t0 < 5000 * SLACK, 'exited once the streams were done, not at the deadline');
+        } finally {
+            await cleanup(() => stopAfterTerm(lg, termed), () => fake.stop()); // checks exit code and sanitizer report
+        }
+    });
+
+    test('past shutdown_grace_ms: streams end with an error event and [DONE], whole requests with an error, upstream released, exit 0', T, async () => {
+        const GRACE = 300;
+        const fake = await startFake({ kind: 'sglang', scenario: pacedPlan(100) }); // ~4 s
+        const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { shutdown_grace_ms: GRACE } });
+        let termed = false;
+        try {
+            const s = request(lg.url + '/v1/chat/completions', { method: 'POST', body: { messages: MSG, stream: true } });
+            const w = request(lg.url + '/v1/chat/completions', { method: 'POST', body: { messages: MSG } });
+            const chats = await waitFor(async () => {
+                const c = await fake.requests('/v1/chat/completions');
+                return c.length === 2 && c;
+            });
+            await sleep(200);
+            const t0 = performance.now();
+            lg.proc.kill('SIGTERM');
+            termed = true;
+            const [rs, rw] = await Promise.all([s, w]);
+            const took = performance.now() - t0;
+            assert.ok(took >= GRACE * 0.8, `the streams were given the grace (${took.toFixed(0)} ms)`);
+            assert.ok(took < GRACE + 2000 * SLACK, `and ended soon after it (${took.toFixed(0)} ms)`);
+
+            assert.equal(rs.status, 200);
+            const data = sseData(rs.text);
+            assert.equal(data.at(-1), '[DONE]', 'the stream ends with [DONE]');
+            assert.equal(data.filter((d) => d === '[DONE]').length, 1);
+            assert.match(rs.text, /\n\n$/, 'no half-written event');
+            const ev = data.slice(0, -1).map((d) => JSON.parse(d));
+            assert.ok(ev.at(-1).error && typeof ev.at(-1).error.message === 'string', `an error event before [DONE]: ${data.at(-2)}`);
+            assert.ok(assembleDeltas(ev.slice(0, -1)).content.length > 0, 'what was generated before still reached the client');
+
+            assert.ok(rw.status >= 500, `whole request: an error status (${rw.status})`);
+            assert.equal(typeof rw.json().error?.message, 'string', 'OpenAI-style error body');
+
+            const { code } = await exited(lg.proc);
+            assert.equal(code, 0, 'exit code 0');
+            for (const c of chats) {
+                const g = await fake.waitRecord((r) => r.kind === 'generation' && r.rid === c.rid, 2000);
+                assert.notEqual(g.ended, 'complete', 'the generation was cut');
+                assert.ok(g.client_gone || g.aborted, 'the upstream generation was released');
+                assert.ok(g.tokens_sent < WORDS + 2, 'released at the deadline, not run to the end');
+                await fake.waitRecord((r) => r.kind === 'abort' && r.rid === c.rid, 2000); // SGLang told to stop it
+            }
+        } finally {
+            await cleanup(() => stopAfterTerm(lg, termed), () => fake.stop());
+        }
+    });
+
+    test('idle: SIGTERM exits 0 at once', T, async () => {
+        const fake = await startFake({ kind: 'sglang' });
+        const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { shutdown_grace_ms: 10000 } });
+        try {
+            const t0 = performance.now();
+            const r = await lg.stop();
+            assert.equal(r.code, 0);
+            assert.ok(performance.now() - t0 < 2000 * SLACK, 'no wait for a deadline with nothing in flight');
+        } finally {
+            await fake.stop();
+        }
+    });
+});
+
+/* ---- the incident log --------------------------------------------------------------- */
+
+describe('incident log', () => {
+    const seed = () => ({
+        model: '/root/models/Qwen3.6-27B',
+        messages: [{ role: 'user', content: 'Write a Python function that checks if a number is prime. Be concise.' }],
+        max_tokens: 2000,
+        temperature: 0.6,
+        top_p: 0.95,
+        top_k: 20,
+        stream: true,
+    });
+    const lines = (f) => (fs.existsSync(f) ? fs.readFileSync(f, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l)) : []);
+
+    test('SIGHUP reopens the log: after a rename the next incident lands in a new file at the same path', T, async () => {
+        const file = path.join(tmpDir, 'incidents.jsonl');
+        const fake = await startFake({ kind: 'sglang', scenario: path.join(SCENARIOS, 'seed_lambda.json') });
+        const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { incidents: { path: file } } });
+        try {
+            const r1 = await request(lg.url + '/v1/chat/completions', { method: 'POST', body: seed() });
+            assert.equal(r1.status, 200);
+            const [first] = await waitFor(() => lines(file).length === 1 && lines(file));
+            assert.equal(first.outcome, 'recovered');
+
+            fs.renameSync(file, file + '.1'); // logrotate's default (no copytruncate)
+            lg.proc.kill('SIGHUP');
+            // The main thread takes signals every 100 ms; the writer reopens before its next record.
+            await sleep(300 * SLACK);
+
+            await fake.reset();
+            const r2 = await request(lg.url + '/v1/chat/completions', { method: 'POST', body: seed() });
+            assert.equal(r2.status, 200);
+            const [second] = await waitFor(() => lines(file).length === 1 && lines(file));
+            assert.notEqual(second.id, first.id);
+            const rid2 = (await fake.requests('/v1/chat/completions'))[0].rid;
+            assert.equal(second.attempts[0].rid, rid2, 'the new file holds the new incident');
+            assert.deepEqual(lines(file + '.1').map((i) => i.id), [first.id], 'the rotated file kept the old one, and only it');
+            assert.deepEqual((await incidents(lg.url)).map((i) => i.id).sort(), [first.id, second.id].sort(), 'nothing lost');
+            assert.equal(lg.proc.exitCode, null, 'SIGHUP does not stop loopguard');
+        } finally {
+            await cleanup(() => lg.stop(), () => fake.stop());
+        }
+    });
+
+    test('an unwritable incident log is counted, never a crash or a stall', T, async () => {
+        const fake = await startFake({ kind: 'sglang', scenario: path.join(SCENARIOS, 'seed_lambda.json') });
+        const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { incidents: { path: '/dev/full' } } });
+        try {
+            for (let i = 0; i < 3; i++) {
+                const r = await request(lg.url + '/v1/chat/completions', { method: 'POST', body: seed(), timeout: 5000 * SLACK });
+                assert.equal(r.status, 200);
+                assert.match(assembleDeltas(sseJSON(r.text)).content, /def is_prime/);
+            }
+            const m = await waitFor(async () => {
+                const mm = await metrics(lg.url);
+                return metricValue(mm, 'loopguard_incidents_total', { fate: 'submitted' }) === 3 && mm;
+            });
+            const failed = metricValue(m, 'loopguard_incidents_total', { fate: 'write_error' }) + metricValue(m, 'loopguard_incidents_total', { fate: 'dropped' });
+            assert.ok(failed >= 1, 'write failures are counted');
+            assert.equal(metricValue(m, 'loopguard_incidents_total', { fate: 'written' }), 0);
+            assert.equal((await incidents(lg.url)).length, 3, 'still kept in memory for /loopguard/incidents');
+            assert.equal((await request(lg.url + '/loopguard/health')).status, 200);
+        } finally {
+            await cleanup(() => lg.stop(), () => fake.stop());
+        }
+    });
+});
