@@ -131,14 +131,21 @@ demo: all
 run: all
 	$(BUILD)/loopguard --config config/loopguard.json
 
-# libFuzzer targets: clang with ASan+UBSan; FUZZ_SECONDS per target (default 600).
+# libFuzzer targets: clang with ASan+UBSan; FUZZ_SECONDS per target (default 600). The
+# library is compiled once with coverage instrumentation and linked into every target.
 FUZZ_SECONDS ?= 600
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
-build/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(HDRS) | test-deps
-	@mkdir -p build/fuzz
-	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. $(PKG_CFLAGS) \
-	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-	  $< $(LIB_SRC) -o $@ $(PKG_LIBS) -lpthread -lm
+FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -I. $(PKG_CFLAGS) -fno-sanitize-recover=all
+FUZZ_OBJ := $(LIB_SRC:%.c=build/fuzz/obj/%.o)
+build/fuzz/obj/%.o: %.c $(HDRS) | test-deps
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
+build/fuzz/libfuzzlg.a: $(FUZZ_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+build/fuzz/%: tests/fuzz/%.c build/fuzz/libfuzzlg.a $(HDRS) | test-deps
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined $< build/fuzz/libfuzzlg.a \
+	  -o $@ $(PKG_LIBS) -lpthread -lm
 
 fuzz: test-deps $(FUZZ_BIN)
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh
