@@ -21,32 +21,32 @@ for s in $SUITES; do
         for t in "$BUILD"/tests/test_*; do
             [ -x "$t" ] || continue
             echo "== unit: $(basename "$t") ($BUILD)"
-            "$t"; record "unit:$(basename "$t")" $?
+            "$t"; st=$?; record "unit:$(basename "$t")" "$st"
         done ;;
     e2e)
         for t in tests/e2e/*.test.mjs; do
             [ -e "$t" ] || continue
             echo "== e2e: $(basename "$t") ($BUILD)"
-            node --test --test-concurrency=1 "$t"; record "e2e:$(basename "$t")" $?
+            node --test --test-concurrency=1 "$t"; st=$?; record "e2e:$(basename "$t")" "$st"
         done ;;
     client)
         for t in tests/client/*.test.mjs; do
             [ -e "$t" ] || continue
             echo "== client: $(basename "$t") ($BUILD)"
-            node --test "$t"; record "client:$(basename "$t")" $?
+            node --test "$t"; st=$?; record "client:$(basename "$t")" "$st"
         done ;;
     valgrind)
         for t in tests/e2e/exchange.test.mjs tests/e2e/normalise.test.mjs; do
             echo "== valgrind: $(basename "$t")"
             LOOPGUARD_REAL_BIN="$LOOPGUARD_BIN" LOOPGUARD_BIN="$PWD/tests/valgrind-loopguard.sh" \
                 node --test --test-concurrency=1 "$t"
-            record "valgrind:$(basename "$t")" $?
+            st=$?; record "valgrind:$(basename "$t")" "$st"
         done ;;
     corpus)
         for t in tests/corpus/*.sh; do
             [ -e "$t" ] || continue
             echo "== corpus: $(basename "$t") ($BUILD)"
-            bash "$t"; record "corpus:$(basename "$t")" $?
+            bash "$t"; st=$?; record "corpus:$(basename "$t")" "$st"
         done ;;
     esac
 done

@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -408,8 +409,11 @@ static void test_render_while_counting(void **state)
     size_t n_prev = 0;
     int progress = 0;
     double last_tokens = 0;
-    /* The threads count until every render is done, so all renders race with them. */
-    for (int r = 0; r < RENDERS; r++) {
+    /* The threads count until every render is done, so all renders race with them. On a
+     * loaded machine the counters may not get the CPU for a while: keep rendering (and
+     * yielding) until they have visibly moved twice, within a generous bound. */
+    for (int r = 0; r < RENDERS || (progress < 2 && r < RENDERS * 1000); r++) {
+        if (r >= RENDERS) sched_yield();
         char *text = metrics_render(w, THREADS, ups, 2, NULL);
         parsed p;
         parse(text, &p);
