@@ -55,6 +55,8 @@ process.on('exit', () => fs.rmSync(tmpDir, { recursive: true, force: true }));
 // Every test has a deadline, so a loopguard that never answers fails the test instead of
 // hanging the suite.
 const T = { timeout: (isSanitizerBuild ? 120000 : 40000) };
+// tests/run.sh's valgrind suite runs loopguard through tests/valgrind-loopguard.sh.
+const UNDER_VALGRIND = /valgrind/.test(process.env.LOOPGUARD_BIN || '');
 
 /* ---- local helpers --------------------------------------------------------------- */
 
@@ -276,12 +278,15 @@ describe('guarded exchange: a loop under the original sampling is cut and retrie
                     // own count is the witness. The 5,000-token scenario runs at 0.2 ms a token so
                     // that it stays quick; there, socket buffering alone is worth ~100 tokens, so
                     // the witness is what loopguard had read when it tripped (the incident), and
-                    // the fake's count only has to show the generation stopped soon after.
+                    // the fake's count only has to show the generation stopped soon after. Under
+                    // valgrind loopguard runs ~30x slower than the fake's clock, so only its own
+                    // count is meaningful.
                     const pre = tokensBeforeLoop(looping);
                     const fastPace = (looping.pace_us ?? plan.pace_us ?? 1000) < 1000;
-                    const seen = fastPace ? inc.attempts[0].tokens : g1.tokens_sent;
-                    assert.ok(seen - pre <= 40, `attempt 1 cut within 40 tokens of the loop (${seen - pre} loop tokens ${fastPace ? 'read by loopguard' : 'sent by the fake'}; ${g1.tokens_sent} sent in all)`);
-                    if (fastPace) assert.ok(g1.tokens_sent - pre <= 1000, `the generation stopped soon after the trip (${g1.tokens_sent - pre} loop tokens sent)`);
+                    const byProxy = fastPace || UNDER_VALGRIND;
+                    const seen = byProxy ? inc.attempts[0].tokens : g1.tokens_sent;
+                    assert.ok(seen - pre <= 40, `attempt 1 cut within 40 tokens of the loop (${seen - pre} loop tokens ${byProxy ? 'read by loopguard' : 'sent by the fake'}; ${g1.tokens_sent} sent in all)`);
+                    if (fastPace && !UNDER_VALGRIND) assert.ok(g1.tokens_sent - pre <= 1000, `the generation stopped soon after the trip (${g1.tokens_sent - pre} loop tokens sent)`);
                     assert.equal(g2.ended, 'complete', 'attempt 2 ran to the end');
                     assert.ok(up.abortCalls.some((r) => r.body?.rid === a1.rid), 'POST /abort_request with attempt 1 rid');
                     assert.ok(up.aborts.some((r) => r.rid === a1.rid), 'abort record for attempt 1 rid');
@@ -358,11 +363,13 @@ describe('guarded exchange: a loop under the original sampling is cut and retrie
                 assert.equal(up.chats.length, 3, 'max_attempts (3) attempts, no more');
                 up.chats.forEach((c, i) => assertLadder(c.body, i + 1));
                 assert.equal(new Set(up.chats.map((c) => c.rid)).size, 3, 'a new rid per attempt');
+                const inc = await findIncident(lg, incFile, up.chats[0].rid);
                 for (const c of up.chats) {
                     assert.ok(up.abortCalls.some((a) => a.body?.rid === c.rid), `attempt ${c.rid} aborted by rid`);
-                    assert.ok(up.gens.get(c.rid).tokens_sent <= 40, `cut within 40 tokens (sent ${up.gens.get(c.rid).tokens_sent})`);
+                    const i = inc.attempts.find((a) => a.rid === c.rid);
+                    const n = UNDER_VALGRIND ? i.tokens : up.gens.get(c.rid).tokens_sent;
+                    assert.ok(n <= 40, `cut within 40 tokens (${n} ${UNDER_VALGRIND ? 'read by loopguard' : 'sent by the fake'})`);
                 }
-                const inc = await findIncident(lg, incFile, up.chats[0].rid);
                 assert.equal(inc.outcome, 'failed');
                 assert.equal(inc.trips, 3);
                 assert.deepEqual(inc.attempts.map((a) => a.rid), up.chats.map((c) => c.rid));
