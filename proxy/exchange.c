@@ -841,11 +841,11 @@ static int on_event(void *ud, const sse_event *ev)
             out_append(ex, ev->raw, ev->raw_len);
             ex->finished_gen = true; /* the stream ends with [DONE] after the error */
         } else {
+            if (ex->trips) record_attempt(ex, NULL);
             conclude(ex);
             ex->final_status = d.error_code >= 400 && d.error_code < 600 ? d.error_code : 502;
             ex->final_body = cJSON_PrintUnformatted(d.root);
             ex->stream_ready = false;
-            if (ex->trips) record_attempt(ex, NULL);
             worker_resume(&ex->base);
         }
         break;
