@@ -29,7 +29,6 @@ import {
     waitFor,
     sleep,
     tmpFile,
-    isSanitizerBuild,
     isSlowBuild,
     usePair,
     deadPort,
@@ -310,8 +309,7 @@ describe('an independent SSE server', () => {
     });
 
     for (const [name, events] of Object.entries(VARIANTS)) {
-        const todo = name === 'crlf' ? 'a CRLF split between two reads loses its LF: events end "\\r\\n\\r" instead of "\\r\\n\\r\\n"' : undefined;
-        it(`${name}: the stream passes byte-for-byte at every write size; whole equal in meaning`, { ...T, todo }, async () => {
+        it(`${name}: the stream passes byte-for-byte at every write size; whole equal in meaning`, T, async () => {
             body = events.join('');
             for (const p of [body.length, 7, 3, 1]) {
                 piece = p;
@@ -960,9 +958,7 @@ describe('shutdown (SIGTERM)', () => {
         }
     });
 
-    // Under ASan: LeakSanitizer reports the /abort_request transfer that ex_shutdown starts
-    // (exchange.c send_sglang_abort via worker.c shutdown_all) and nobody completes or frees.
-    it('past shutdown_grace_ms the stream is ended, the upstream freed, exit 0', { ...T, todo: isSanitizerBuild ? 'LeakSanitizer: /abort_request curl handle started at shutdown is leaked' : undefined }, async () => {
+    it('past shutdown_grace_ms the stream is ended, the upstream freed, exit 0', T, async () => {
         await fake.reset();
         const lg = await startLoopguard({ upstream: fake.url, config: { shutdown_grace_ms: 200 } });
         try {
