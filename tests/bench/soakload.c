@@ -247,9 +247,18 @@ static void start_request(conn *c, uint64_t now);
 
 static void count_fate(conn *c, int fate)
 {
+    static int reported;
     st.fates[c->kind][fate]++;
     if (fate == F_MALFORMED) st.malformed++;
-    if (c->kind == K_CLEAN && fate != F_STOP && fate != F_HUNG_UP) st.clean_not_ok++;
+    if (c->kind == K_CLEAN && fate != F_STOP && fate != F_HUNG_UP) {
+        st.clean_not_ok++;
+        if (reported++ < MAX_REPORT) {
+            /* The error event or body says why (timeout, unreachable...). */
+            const char *e = c->body.p ? strstr(c->body.p, "\"error\"") : NULL;
+            fprintf(stderr, "soakload: clean request ended %s (%s, status %d): %.200s\n",
+                    fate_names[fate], c->stream ? "stream" : "whole", c->status, e ? e : "");
+        }
+    }
 }
 
 static void report_malformed(conn *c, const char *why)

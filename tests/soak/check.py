@@ -212,6 +212,10 @@ def main():
         if n == "loopguard_outcomes_total" and v:
             by_outcome_metrics[dict(l)["outcome"]] = int(v)
     ejections = int(metric(ms, "loopguard_upstream_ejections_total"))
+    res["upstream_errors"] = {dict(l)["kind"]: int(metric(ms, "loopguard_upstream_errors_total", kind=dict(l)["kind"]))
+                              for (n, l), v in ms.items() if n == "loopguard_upstream_errors_total"}
+    res["requests_by_code"] = {dict(l)["code"]: int(metric(ms, "loopguard_requests_total", endpoint="chat", code=dict(l)["code"]))
+                               for (n, l), v in ms.items() if n == "loopguard_requests_total" and dict(l).get("endpoint") == "chat"}
     res["incidents"] = {"file_lines": len(records) + bad_lines, "unparsable_lines": bad_lines,
                         "metrics": inc, "exchange_records": len(exch),
                         "outcomes_file": by_outcome_file, "outcomes_metrics": by_outcome_metrics,
@@ -282,6 +286,7 @@ def main():
           f"records {i['exchange_records']} by outcome {i['outcomes_file']} vs "
           f"loopguard_outcomes_total {i['outcomes_metrics']}; upstream records {i['upstream_records']}, "
           f"ejections {i['ejections_metric']}; clients saw at least {i['client_observed']}")
+    print(f"  loopguard: chat answers by status {res['requests_by_code']}, upstream errors by kind {res['upstream_errors']}")
     print(f"  loopguard alive: {alive}, health {res['health']}; upstream generations active: {active}")
     for f_ in fails:
         print(f"  VIOLATION: {f_}")
