@@ -754,6 +754,14 @@ static inline void text_alnum(guard *g, unsigned char b, bool words)
 
 /* ---- rules and leaks --------------------------------------------------------------- */
 
+void guard_disable_leaks(guard *g)
+{
+    /* With no last-byte candidates leak_step never compares and leak_suspect is 0. */
+    memset(g->leak_last, 0, sizeof g->leak_last);
+    memset(g->leak_first, 0, sizeof g->leak_first);
+    g->leak_maxlen = 0;
+}
+
 /* Matches rule i against history up to `to`, trying only starts from rule_from[i] on
  * (the subject itself begins up to rule_max_match_bytes + GUARD_RULE_STEP earlier, so
  * lookbehinds and \b see real context). Hard-partial unless `final`. Returns PCRE2's code;

@@ -69,6 +69,10 @@ bool guard_finish(guard *g);
  * reasoning_bytes is at least their minimum. Returns true when tripped. */
 bool guard_report_empty_answer(guard *content_guard, uint64_t reasoning_bytes);
 
+/* Turns the leak detector off for this guard: in a text completion the client owns the
+ * template, so template tokens in the text are not a leak. Call before the first feed. */
+void guard_disable_leaks(guard *g);
+
 bool guard_tripped(const guard *g);
 /* Valid when guard_tripped(); NULL otherwise. */
 const guard_verdict *guard_get_verdict(const guard *g);

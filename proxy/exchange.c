@@ -597,6 +597,7 @@ static bool guard_text(exchange *ex, lg_channel ch, const char *s, size_t n)
         /* Guards are made on a channel's first text: most streams use one or two. */
         const guard_params *gp = config_guard_params(cfg_of(ex), ex->rule, ch);
         if (gp && guard_params_enabled(gp)) c->g = guard_new(gp, ch);
+        if (c->g && !ex->chat) guard_disable_leaks(c->g);
     }
     if (!c->g) return false;
     if (guard_feed(c->g, s, n)) {
