@@ -585,21 +585,28 @@ static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
 
 static void take_verdict(exchange *ex, const guard *g);
 
-/* Feeds one delta of channel ch to its guard (made on the channel's first text) and to the
- * token-run check. Returns true when either tripped; the verdict is then taken. */
+/* The guard of channel ch, made when first needed (most streams use one or two channels, a
+ * guard is ~40 KiB); NULL when this attempt or channel is unguarded. */
+static guard *channel_guard(exchange *ex, lg_channel ch)
+{
+    chan *c = &ex->ch[ch];
+    if (c->g || !ex->attempt_guarded) return c->g;
+    const guard_params *gp = config_guard_params(cfg_of(ex), ex->rule, ch);
+    if (!gp || !guard_params_enabled(gp)) return NULL;
+    c->g = guard_new(gp, ch);
+    if (!ex->chat) guard_disable_leaks(c->g);
+    return c->g;
+}
+
+/* Feeds one delta of channel ch to its guard and to the token-run check. Returns true when
+ * either tripped; the verdict is then taken. */
 static bool guard_text(exchange *ex, lg_channel ch, const char *s, size_t n)
 {
     chan *c = &ex->ch[ch];
     if (!n) return false;
     c->attempt_bytes += n;
     lg_buf_append(&c->held, s, n);
-    if (!c->g && ex->attempt_guarded && c->attempt_bytes == n) {
-        /* Guards are made on a channel's first text: most streams use one or two. */
-        const guard_params *gp = config_guard_params(cfg_of(ex), ex->rule, ch);
-        if (gp && guard_params_enabled(gp)) c->g = guard_new(gp, ch);
-        if (c->g && !ex->chat) guard_disable_leaks(c->g);
-    }
-    if (!c->g) return false;
+    if (!channel_guard(ex, ch)) return false;
     if (guard_feed(c->g, s, n)) {
         take_verdict(ex, c->g);
         return true;
@@ -632,11 +639,7 @@ static bool end_checks(exchange *ex, bool answer_expected)
             return true;
         }
     }
-    if (!ex->ch[LG_CH_CONTENT].g && ex->attempt_guarded) {
-        const guard_params *gp = config_guard_params(cfg_of(ex), ex->rule, LG_CH_CONTENT);
-        if (gp && guard_params_enabled(gp)) ex->ch[LG_CH_CONTENT].g = guard_new(gp, LG_CH_CONTENT);
-    }
-    guard *cg = ex->ch[LG_CH_CONTENT].g;
+    guard *cg = channel_guard(ex, LG_CH_CONTENT);
     uint64_t rbytes = ex->ch[LG_CH_REASONING].attempt_bytes + ex->ch[LG_CH_REASONING].sent.len;
     /* A generation cut by max_tokens inside its reasoning has no answer by design. */
     if (cg && answer_expected && ex->chat && ex->ch[LG_CH_CONTENT].attempt_bytes == 0 &&
@@ -666,22 +669,29 @@ static bool raw_ok(const exchange *ex, const dl_delta *d, bool held_before)
     }
 }
 
+/* How many bytes of s[i..n) after leading whitespace match "<think>" (0–7). */
+static size_t open_tag_match(const char *s, size_t n, size_t *rest)
+{
+    size_t i = 0;
+    while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
+    size_t k = 0;
+    while (k < 7 && i + k < n && s[i + k] == "<think>"[k]) k++;
+    *rest = n - i;
+    return k;
+}
+
 /* True when content starting with `s` could open a <think> block (whitespace, then a
  * prefix of the tag): a tag split across deltas is only recognised if we look now. */
 static bool may_open_think(const char *s, size_t n)
 {
-    size_t i = 0;
-    while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
-    if (i == n) return true;
-    size_t k = n - i < 7 ? n - i : 7;
-    return memcmp(s + i, "<think>", k) == 0;
+    size_t rest, k = open_tag_match(s, n, &rest);
+    return k == (rest < 7 ? rest : 7);
 }
 
 static bool starts_with_open_tag(const char *s, size_t n)
 {
-    size_t i = 0;
-    while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
-    return n - i >= 7 && memcmp(s + i, "<think>", 7) == 0;
+    size_t rest;
+    return open_tag_match(s, n, &rest) == 7;
 }
 
 /* End of a whole response read in hindsight mode: with no </think> (and no explicit
