@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "guard/guard_int.h" /* to compare guard settings with the guard's defaults */
 
 #define EXAMPLE "config/loopguard.example.json"
 
@@ -104,7 +105,8 @@ static void test_defaults(void **state)
     config_free(NULL);
 }
 
-/* The example file sets every key to its default: loading it changes nothing. */
+/* The example file sets every key to its default: loading it changes nothing, the guard's
+ * channel settings included (compared byte for byte with guard_params_new). */
 static void test_example_file_is_complete_and_default(void **state)
 {
     (void)state;
@@ -113,6 +115,15 @@ static void test_example_file_is_complete_and_default(void **state)
     int rc = config_load_file(c, EXAMPLE, err, sizeof err);
     if (rc) fail_msg("%s", err);
     assert_defaults(c);
+    for (int ch = 0; ch < LG_CH_COUNT; ch++) {
+        guard_params *d = guard_params_new((lg_channel)ch);
+        assert_int_equal(c->guard.channel[ch]->n_rules, 0);
+        if (memcmp(d, c->guard.channel[ch], sizeof *d) != 0)
+            fail_msg("%s: guard.%s differs from the guard's defaults (guard_params_new); "
+                     "update the example",
+                     EXAMPLE, guard_channel_name((lg_channel)ch));
+        guard_params_free(d);
+    }
     assert_int_equal(config_validate(c, err, sizeof err), 0);
     config_free(c);
 }
