@@ -14,6 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "config/config.h"
 #include "guard/guard_int.h" /* to compare guard settings with the guard's defaults */
 
@@ -30,6 +32,56 @@ static char *write_temp(const char *text)
     assert_int_equal(write(fd, text, len), (ssize_t)len);
     assert_int_equal(close(fd), 0);
     return path;
+}
+
+/* The guard settings object that reproduces `p` (every key), for the message that tells
+ * how to update the example. */
+static cJSON *guard_settings_json(const guard_params *p)
+{
+    cJSON *o = cJSON_CreateObject(), *r = cJSON_CreateObject(), *steps = cJSON_CreateArray(),
+          *cls = cJSON_CreateObject();
+    cJSON_AddBoolToObject(o, "enabled", p->enabled);
+    cJSON_AddBoolToObject(r, "enabled", p->repeat.enabled);
+    cJSON_AddNumberToObject(r, "min_bytes", p->repeat.min_bytes);
+    cJSON_AddNumberToObject(r, "max_period", p->repeat.max_period);
+    for (size_t i = 0; i < p->repeat.n_steps; i++) {
+        cJSON *pair = cJSON_CreateArray();
+        cJSON_AddItemToArray(pair, cJSON_CreateNumber(p->repeat.steps[i].max_period));
+        cJSON_AddItemToArray(pair, cJSON_CreateNumber(p->repeat.steps[i].repeats));
+        cJSON_AddItemToArray(steps, pair);
+    }
+    cJSON_AddItemToObject(r, "repeats_by_period", steps);
+    cJSON_AddNumberToObject(r, "fence_factor", p->repeat.fence_factor);
+    for (int c = 1; c < GR_COUNT; c++) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddNumberToObject(x, "min_bytes", p->repeat.cls[c].min_bytes);
+        cJSON_AddNumberToObject(x, "min_repeats", p->repeat.cls[c].min_repeats);
+        cJSON_AddNumberToObject(x, "max_period", p->repeat.cls[c].max_period);
+        cJSON_AddItemToObject(cls, guard_rclass_name((guard_rclass)c), x);
+    }
+    cJSON_AddItemToObject(r, "classes", cls);
+    cJSON_AddItemToObject(o, "repeat", r);
+    cJSON *l = cJSON_AddObjectToObject(o, "lines");
+    cJSON_AddBoolToObject(l, "enabled", p->lines.enabled);
+    cJSON_AddNumberToObject(l, "min_repeats", p->lines.min_repeats);
+    cJSON_AddNumberToObject(l, "window", p->lines.window);
+    cJSON_AddNumberToObject(l, "min_segment_bytes", p->lines.min_segment_bytes);
+    cJSON_AddNumberToObject(l, "min_repeat_ratio", p->lines.min_repeat_ratio);
+    cJSON *n = cJSON_AddObjectToObject(o, "novelty");
+    cJSON_AddBoolToObject(n, "enabled", p->novelty.enabled);
+    cJSON_AddNumberToObject(n, "window", p->novelty.window);
+    cJSON_AddNumberToObject(n, "min_ratio", p->novelty.min_ratio);
+    cJSON_AddNumberToObject(n, "memory_words", p->novelty.memory_words);
+    cJSON_AddArrayToObject(o, "rules");
+    cJSON_AddNumberToObject(o, "rule_max_match_bytes", p->rule_max_match_bytes);
+    cJSON *lk = cJSON_AddArrayToObject(o, "leak_tokens");
+    for (size_t i = 0; i < p->n_leaks; i++)
+        cJSON_AddItemToArray(lk, cJSON_CreateString(p->leaks[i]));
+    cJSON_AddNumberToObject(o, "budget_bytes", (double)p->budget_bytes);
+    cJSON_AddNumberToObject(o, "empty_answer_min_reasoning_bytes",
+                            (double)p->empty_answer_min_reasoning);
+    cJSON_AddNumberToObject(o, "holdback_max_bytes", (double)p->holdback_max);
+    return o;
 }
 
 /* Every value config.h documents as the built-in default. */
@@ -118,10 +170,16 @@ static void test_example_file_is_complete_and_default(void **state)
     for (int ch = 0; ch < LG_CH_COUNT; ch++) {
         guard_params *d = guard_params_new((lg_channel)ch);
         assert_int_equal(c->guard.channel[ch]->n_rules, 0);
-        if (memcmp(d, c->guard.channel[ch], sizeof *d) != 0)
-            fail_msg("%s: guard.%s differs from the guard's defaults (guard_params_new); "
-                     "update the example",
-                     EXAMPLE, guard_channel_name((lg_channel)ch));
+        if (memcmp(d, c->guard.channel[ch], sizeof *d) != 0) {
+            cJSON *want = guard_settings_json(d);
+            char *text = cJSON_PrintUnformatted(want);
+            print_error("%s: guard.%s differs from the guard's defaults (guard_params_new); "
+                        "the defaults are: %s\n",
+                        EXAMPLE, guard_channel_name((lg_channel)ch), text);
+            free(text);
+            cJSON_Delete(want);
+            fail();
+        }
         guard_params_free(d);
     }
     assert_int_equal(config_validate(c, err, sizeof err), 0);
