@@ -32,9 +32,14 @@ static char *extra_metrics(lg_server *srv)
                "loopguard_incidents_total{fate=\"submitted\"} %llu\n"
                "loopguard_incidents_total{fate=\"written\"} %llu\n"
                "loopguard_incidents_total{fate=\"dropped\"} %llu\n"
-               "loopguard_incidents_total{fate=\"write_error\"} %llu\n",
+               "loopguard_incidents_total{fate=\"write_error\"} %llu\n"
+               "loopguard_incidents_total{fate=\"truncated\"} %llu\n"
+               "# HELP loopguard_incident_reopens_total Incident log reopens (SIGHUP).\n"
+               "# TYPE loopguard_incident_reopens_total counter\n"
+               "loopguard_incident_reopens_total %llu\n",
             (unsigned long long)st.submitted, (unsigned long long)st.written,
-            (unsigned long long)st.dropped, (unsigned long long)st.write_errors);
+            (unsigned long long)st.dropped, (unsigned long long)st.write_errors,
+            (unsigned long long)st.truncated, (unsigned long long)st.reopens);
     fprintf(f, "# HELP loopguard_workers Worker threads.\n# TYPE loopguard_workers gauge\n"
                "loopguard_workers %zu\n",
             srv->n_workers);

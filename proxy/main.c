@@ -136,10 +136,13 @@ static bool all_joined(lg_server *srv, bool *joined)
 /* Starts the worker of the separate admin listener (admin.listen). Returns 0 or -1. */
 static int start_admin(lg_server *srv, char *err, size_t errlen)
 {
-    const char *colon = strrchr(srv->cfg->admin.listen, ':');
+    const char *spec = srv->cfg->admin.listen, *colon = strrchr(spec, ':');
     char host[256];
-    snprintf(host, sizeof host, "%.*s", (int)(colon - srv->cfg->admin.listen),
-             srv->cfg->admin.listen);
+    int hlen = (int)(colon - spec);
+    if (spec[0] == '[' && hlen >= 2 && spec[hlen - 1] == ']') /* "[::1]:9001" */
+        snprintf(host, sizeof host, "%.*s", hlen - 2, spec + 1);
+    else
+        snprintf(host, sizeof host, "%.*s", hlen, spec);
     int fd = worker_listen_socket(host, atoi(colon + 1), err, errlen);
     if (fd < 0) return -1;
     srv->admin = worker_new(srv, (int)srv->n_workers, fd, err, errlen);
