@@ -382,6 +382,46 @@ describe('guarded exchange: a loop under the original sampling is cut and retrie
         }
     });
 
+    test('text completions (/v1/completions) are guarded too', T, async (t) => {
+        await fake.setScenario(scenario('seed_lambda.json'));
+        const prompt = 'Write a Python function that checks if a number is prime.';
+        for (const stream of [true, false]) {
+            await t.test(stream ? 'streaming' : 'whole', async () => {
+                await fake.reset();
+                const r = await chat(lg.url + '/v1/completions', { model: MODEL, prompt, max_tokens: 2000, temperature: 0.6, top_p: 0.95, top_k: 20, stream });
+                assert.equal(r.status, 200, r.text.slice(0, 300));
+                let text;
+                if (stream) {
+                    assertWellFormedStream(r.text);
+                    text = sseJSON(r.text).map((c) => c.choices?.[0]?.text || '').join('');
+                } else {
+                    text = r.json().choices[0].text;
+                    assert.equal(r.json().choices[0].finish_reason, 'stop');
+                }
+                assert.match(text, /def is_prime/);
+                assert.ok(maxRun(text, 'lambda') <= MAX_COPIES, `never more than ${MAX_COPIES} consecutive lambda: ${JSON.stringify(text.slice(0, 120))}`);
+                assertClientCounters({ text: r.text, headers: r.headers }, stream, 2, 1);
+                const up = await settledUpstream(fake, 0);
+                const reqs = up.recs.filter((q) => q.kind === 'request' && q.path === '/v1/completions');
+                assert.equal(reqs.length, 2);
+                assertLadder(reqs[1].body, 2, { temperature: 0.6 });
+                assert.ok(up.abortCalls.some((a) => a.body?.rid === reqs[0].rid), 'attempt 1 aborted by rid');
+                if (stream) {
+                    // Continued: the prompt grows by exactly what the client had already seen.
+                    const seen = reqs[1].body.prompt.slice(prompt.length);
+                    assert.equal(reqs[1].body.prompt.slice(0, prompt.length), prompt);
+                    assert.ok(seen.length > 0 && text.startsWith(seen), `continued from the client's text: ${JSON.stringify(seen)}`);
+                } else {
+                    assert.equal(reqs[1].body.prompt, prompt, 'a whole response restarts');
+                }
+                const inc = await findIncident(lg, incFile, reqs[0].rid);
+                assert.equal(inc.endpoint, '/v1/completions');
+                assert.equal(inc.outcome, 'recovered');
+                assert.equal(inc.attempts.length, 2);
+            });
+        }
+    });
+
     test('clean text: no trip, no incident, no X-Loopguard comments', T, async () => {
         await fake.setScenario(scenario('clean.json'));
         await fake.reset();
