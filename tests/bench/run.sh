@@ -94,7 +94,11 @@ trap 'exit 130' INT TERM
 spawn() {
     local name=$1
     shift
-    "$@" >"$OUT/$name.out" 2>"$OUT/$name.err" &
+    # Truncated here, not by the child's redirection: wait_listen must never read the line a
+    # previous process of the same name left behind.
+    : >"$OUT/$name.out"
+    : >"$OUT/$name.err"
+    "$@" >>"$OUT/$name.out" 2>>"$OUT/$name.err" &
     SPAWNED=$!
     STARTED+=("$SPAWNED")
 }
@@ -239,6 +243,11 @@ run_load() {
     python3 tests/bench/report.py line "$line" >&2
     check_alive fake "$FAKE_PID"
     if [ -n "$T_MAIN" ]; then check_alive "$target" "$T_MAIN"; fi
+    case $line in *'"events":0,'*)
+        [ "$target" = direct ] && die "direct relayed no events in $scen: the harness is broken"
+        log "warning: $target relayed no events in $scen"
+        ;;
+    esac
 }
 
 # A perf profile of loopguard while it relays at saturation (BENCH_PERF=1).
