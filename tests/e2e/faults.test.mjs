@@ -192,7 +192,7 @@ describe('upstream faults: every client gets a well-formed answer, loopguard sta
                     assert.equal(chats.length, phase === 'retry' ? 2 : 1, 'an upstream fault is not retried');
                     if (phase === 'retry') {
                         const rid1 = chats[0].rid;
-                        assert.ok((await fake.requests('/abort_request')).some((a) => a.body?.rid === rid1), 'the looping attempt was aborted by rid');
+                        await fake.waitRecord((a) => a.kind === 'abort' && a.rid === rid1); // the looping attempt, aborted by rid
                         const inc = await waitFor(async () => (await incidents(lg.url)).find((i) => i.attempts?.[0]?.rid === rid1));
                         assert.equal(inc.outcome, expect === 'complete' ? 'recovered' : 'upstream_error', 'the incident says what happened');
                         assert.equal(inc.attempts.length, 2, 'the incident records the attempt that met the fault');
