@@ -1,12 +1,11 @@
 /* fuzz_config.c — libFuzzer target for the configuration loader.
  *
  * Input: the text of a config file plus an environment. The JSON is the input up to its
- * first NUL byte (a NUL-terminated copy, as config_load_file hands over a file's text); every
- * line of the whole input (lines end at a newline or a NUL) that starts with LOOPGUARD_ is
- * also an environment variable, so `{"upstream": "http://h:1"}\0LOOPGUARD_WORKERS=2` drives
- * both. Each input
- * runs main()'s order: defaults, then the file, then the environment, then validation,
- * stopping at the first failure.
+ * first NUL byte (a NUL-terminated copy, as config_load_file hands over a file's text);
+ * every line of the whole input (a line ends at a newline or a NUL) that starts with
+ * LOOPGUARD_ is also an environment variable, so `{"upstream": "http://h:1"}\0LOOPGUARD_WORKERS=2`
+ * drives both. Each input runs main()'s order: defaults, then the file, then the
+ * environment, then validation, stopping at the first failure.
  *
  * Properties (abort on violation):
  *  - a failing step leaves a NUL-terminated, non-empty message that names the JSON problem
