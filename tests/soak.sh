@@ -124,7 +124,7 @@ next=$SAMPLE
 while kill -0 "$LOAD_PID" 2>/dev/null; do
     sleep 1
     t=$(($(date +%s) - t0))
-    if [ "$t" -ge "$next" ] && [ "$t" -le "$DURATION" ]; then
+    if [ "$t" -ge "$next" ] && [ "$t" -lt "$DURATION" ]; then
         read -r fds rss < <(sample)
         printf '%s\t%s\t%s\n' "$t" "$fds" "$rss" >>"$OUT/samples.tsv"
         echo "soak: t=${t}s fds=$fds rss=${rss}KiB $(tail -n1 "$OUT/load.err")"

@@ -142,6 +142,12 @@ static int bytes_add(bytes *b, const char *p, size_t n, size_t max)
     return 0;
 }
 
+static void bytes_clear(bytes *b)
+{
+    b->len = 0;
+    if (b->p) b->p[0] = '\0';
+}
+
 /* ---- one connection ---------------------------------------------------------------- */
 
 typedef enum { S_IDLE, S_CONNECTING, S_SENDING, S_HEAD, S_BODY } conn_state;
@@ -202,7 +208,8 @@ static void request_over(conn *c, uint64_t now, bool keep)
     if (!keep) conn_close(c, false);
     c->state = S_IDLE;
     c->open_at = now;
-    c->head.len = c->body.len = 0;
+    bytes_clear(&c->head);
+    bytes_clear(&c->body);
     inflight--;
 }
 
@@ -575,11 +582,17 @@ static void on_input(conn *c, const char *p, size_t n, uint64_t now)
 {
     if (c->state == S_HEAD) {
         size_t before = c->head.len;
-        if (bytes_add(&c->head, p, n, HEAD_MAX) < 0) {
+        /* One read may hold the head and much of the body: only a head that is still
+         * incomplete past HEAD_MAX is oversized. */
+        if (bytes_add(&c->head, p, n, HEAD_MAX + READ_BUF) < 0) {
             broken(c, now, "oversized head");
             return;
         }
         char *e = strstr(c->head.p, "\r\n\r\n");
+        if (!e && c->head.len > HEAD_MAX) {
+            broken(c, now, "oversized head");
+            return;
+        }
         if (!e) return;
         size_t head_len = (size_t)(e - c->head.p) + 4;
         e[2] = '\0';
@@ -589,7 +602,7 @@ static void on_input(conn *c, const char *p, size_t n, uint64_t now)
             return;
         }
         c->state = S_BODY;
-        c->body.len = 0;
+        bytes_clear(&c->body);
         c->raw_body = 0;
         p += head_len - before;
         n -= head_len - before;
@@ -653,7 +666,7 @@ static void send_more(conn *c, uint64_t now)
         return;
     }
     c->state = S_HEAD;
-    c->head.len = 0;
+    bytes_clear(&c->head);
     arm(c, EPOLLIN | EPOLLRDHUP);
 }
 
