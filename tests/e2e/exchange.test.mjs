@@ -682,7 +682,7 @@ function timedStream(url, body) {
 }
 
 test('holdback: with clean text every event reaches the client promptly and unchanged', T, async () => {
-    const PACE = 25;
+    const PACE = 30;
     const plan = {
         dialect: 'sglang',
         pace_ms: PACE,
@@ -698,15 +698,15 @@ test('holdback: with clean text every event reaches the client promptly and unch
         // loopguard adds as id).
         assert.deepEqual(via.map((e) => normIds(e.data)), direct.map((e) => normIds(e.data)), 'same events, same order');
         // Promptly: each token event arrives about one pace tick after the previous one, not
-        // held and released in a burst. Allow generous jitter, but a held channel would show
-        // up as many events arriving together.
-        const tokens = via.filter((e) => /"(reasoning_)?content":"[^"]/.test(e.data));
-        assert.ok(tokens.length > 20);
-        let bunched = 0;
-        for (let i = 1; i < tokens.length; i++) if (tokens[i].t - tokens[i - 1].t < PACE / 3) bunched++;
-        assert.ok(bunched <= tokens.length / 5, `${bunched} of ${tokens.length} token events arrived bunched together`);
-        const span = tokens.at(-1).t - tokens[0].t;
-        assert.ok(span >= (tokens.length - 1) * PACE * 0.6, `events spread over the generation (${span.toFixed(0)} ms for ${tokens.length})`);
+        // held and released in a burst. A held channel shows up as events arriving together;
+        // a loaded machine bunches a few on its own, so the direct stream is the yardstick.
+        const tokenEvents = (evs) => evs.filter((e) => /"(reasoning_)?content":"[^"]/.test(e.data));
+        const bunched = (evs) => evs.slice(1).filter((e, i) => e.t - evs[i].t < PACE / 3).length;
+        const tv = tokenEvents(via), td = tokenEvents(direct);
+        assert.ok(tv.length > 20);
+        assert.ok(bunched(tv) <= bunched(td) + tv.length / 5, `${bunched(tv)} of ${tv.length} token events arrived bunched together (direct: ${bunched(td)})`);
+        const span = tv.at(-1).t - tv[0].t;
+        assert.ok(span >= (tv.length - 1) * PACE * 0.6, `events spread over the generation (${span.toFixed(0)} ms for ${tv.length})`);
     } finally {
         await cleanup(() => lg.stop(), () => fake.stop());
     }
