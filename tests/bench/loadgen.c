@@ -24,6 +24,7 @@
  * well below the cost of the servers it measures (see --self in the output: our own CPU).
  *
  * Output: one JSON line on stdout (see print_summary). Exit status 0 unless setup failed. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -645,16 +646,49 @@ static uint64_t machine_busy_ticks(void)
     return n == 8 ? v[0] + v[1] + v[2] + v[7] : 0;
 }
 
+/* Returns the nanoseconds the threads of pid spent runnable but waiting for a CPU
+ * (the second field of /proc/PID/task/TID/schedstat, summed), or 0. A target whose threads
+ * wait a lot was starved of CPU: its latency is queueing for the machine, not its own. */
+static uint64_t proc_runq_wait_ns(int pid)
+{
+    char path[64], file[320];
+    snprintf(path, sizeof path, "/proc/%d/task", pid);
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    uint64_t sum = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(file, sizeof file, "%s/%s/schedstat", path, e->d_name);
+        FILE *f = fopen(file, "r");
+        if (!f) continue;
+        unsigned long long run, wait;
+        if (fscanf(f, "%llu %llu", &run, &wait) == 2) sum += wait;
+        fclose(f);
+    }
+    closedir(d);
+    return sum;
+}
+
+static uint64_t watch_runq_wait_ns(void)
+{
+    uint64_t w = 0;
+    for (int i = 0; i < opt.nwatch; i++)
+        w += proc_runq_wait_ns(opt.watch[i]);
+    return w;
+}
+
 /* CPU accounting at one instant; the summary reports the differences over the window. */
 typedef struct cpu_sample {
     uint64_t target, upstream, machine; /* clock ticks */
+    uint64_t target_wait;               /* ns the target's threads waited for a CPU */
     double self;                        /* seconds */
 } cpu_sample;
 
 static cpu_sample cpu_now(void)
 {
     cpu_sample c = {watch_ticks(), opt.upstream_pid ? proc_ticks(opt.upstream_pid) : 0,
-                    machine_busy_ticks(), self_cpu_s()};
+                    machine_busy_ticks(), watch_runq_wait_ns(), self_cpu_s()};
     return c;
 }
 
@@ -781,7 +815,8 @@ static void print_summary(double wall_s, cpu_sample a, cpu_sample b, uint64_t rs
            ",\"io\":%" PRIu64 ",\"connect\":%" PRIu64 ",\"truncated\":%" PRIu64
            ",\"error_event\":%" PRIu64 "},\"negative_latency\":%" PRIu64
            ",\"target_cpu_s\":%.3f,\"target_rss_kib\":%" PRIu64
-           ",\"target_lost\":%s,\"loadgen_cpu_s\":%.3f,\"upstream_cpu_s\":%.3f"
+           ",\"target_lost\":%s,\"loadgen_cpu_s\":%.3f,\"upstream_cpu_s\":%.3f,\"target_runq_wait_"
+           "s\":%.3f"
            ",\"machine_busy_cpu_s\":%.3f,\"cores\":%ld}\n",
            opt.label, opt.streams, opt.max_tokens, wall_s, cnt.requests, cnt.events, cnt.stamps,
            (double)cnt.events / wall_s, hist_quantile(&cnt.lat, 0.5), hist_quantile(&cnt.lat, 0.99),
@@ -790,6 +825,7 @@ static void print_summary(double wall_s, cpu_sample a, cpu_sample b, uint64_t rs
            cnt.err_connect, cnt.err_truncated, cnt.err_event, cnt.negative, cpu_s, rss,
            watch_lost ? "true" : "false", b.self - a.self,
            hz > 0 ? (double)(b.upstream - a.upstream) / hz : 0,
+           b.target_wait >= a.target_wait ? (double)(b.target_wait - a.target_wait) / 1e9 : 0,
            hz > 0 ? (double)(b.machine - a.machine) / hz : 0, sysconf(_SC_NPROCESSORS_ONLN));
     fflush(stdout);
 }
@@ -818,7 +854,7 @@ int main(int argc, char **argv)
     }
 
     bool started = false;
-    cpu_sample c0 = {0, 0, 0, 0};
+    cpu_sample c0 = {0, 0, 0, 0, 0};
     for (;;) {
         uint64_t now = now_ns();
         if (!started && now >= win_start) {

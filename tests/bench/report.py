@@ -143,6 +143,16 @@ def others_share(recs):
     return round(sum(shares) / len(shares), 3) if shares else None
 
 
+def runq_share(rec):
+    """Of the time the target's threads wanted a CPU in the window, the share they spent
+    waiting for one (run-queue delay from schedstat): high means its latency is mostly the
+    machine's queue, not its own work."""
+    wait, run = rec.get("target_runq_wait_s"), rec["target_cpu_s"]
+    if wait is None or run < 0 or wait + run <= 0:
+        return None
+    return round(wait / (wait + run), 3)
+
+
 def diff(rec, base, key):
     """rec[key] - base[key]; None unless both runs relayed events."""
     if not base or not rec["events"] or not base["events"]:
@@ -185,6 +195,7 @@ def figures(runs, errors):
                 # stalls on back-pressure, so its latency figures understate the delay.
                 "delivered_vs_direct": (round(r["events_per_s"] / base["events_per_s"], 3)
                                         if base and base["events_per_s"] else None),
+                "runq_wait_share": runq_share(r),
             }
         fig["paced"] = pac
         lo = pac[str(min(paced))] if paced else {}
@@ -253,8 +264,8 @@ def table(figs, ratios, loop, mach):
     if hi and hi != lo:
         head += [f"added p50 / p99 µs @{hi}"]
     if lo:
-        head += [f"added TTFT p50 / p99 µs @{lo}", f"paced delivered @{hi}",
-                 f"RSS KiB / stream @{hi}"]
+        head += [f"added TTFT p50 / p99 µs @{lo}", f"waiting for CPU @{lo}",
+                 f"paced delivered @{hi}", f"RSS KiB / stream @{hi}"]
     head += ["errors", "others' CPU"]
     rows = []
     for t, f in figs.items():
@@ -266,6 +277,8 @@ def table(figs, ratios, loop, mach):
         if lo:
             p = f["paced"].get(str(lo), {})
             row.append(f"{fmt(p.get('ttft_added_p50_us'))} / {fmt(p.get('ttft_added_us'))}")
+            w = p.get("runq_wait_share")
+            row.append("–" if w is None else f"{w * 100:.0f} %")
             d = f["paced"].get(str(hi), {}).get("delivered_vs_direct")
             row.append("–" if d is None else f"{d * 100:.0f} %")
             row.append(fmt(f.get("rss_kib_per_stream")))
@@ -287,7 +300,9 @@ def table(figs, ratios, loop, mach):
                  "target fell behind the offered pace, the fake upstream stalled on "
                  "back-pressure, and that target's added latency is understated. \"Others' CPU\" is the "
                  "share of the machine's CPU that processes other than the target, the fake "
-                 "upstream and the load generator took during that target's runs.")
+                 "upstream and the load generator took during that target's runs. \"Waiting for CPU\" is "
+                 "the share of the time the target's threads were runnable but queued for a "
+                 "core (schedstat): when it is high, the added latency is the machine's queue.")
     idle = mach.get("cpu_idle_pct_start")
     if idle is not None and idle < 90:
         lines.append("")
