@@ -83,13 +83,20 @@ static bool string(scan *c, str *out)
 {
     if (!eat(c, '"')) return false;
     const char *start = c->p;
-    while (c->p < c->end && *c->p != '"' && *c->p != '\\' && (unsigned char)*c->p >= 0x20)
-        c->p++;
-    if (c->p < c->end && *c->p == '"') {
-        *out = (str){start, (size_t)(c->p - start), false};
-        c->p++;
+    /* The common case, no escapes: find the closing quote with memchr (vectorised), then
+     * check the span once. */
+    const char *q = memchr(start, '"', (size_t)(c->end - start));
+    if (!q) return false;
+    if (!memchr(start, '\\', (size_t)(q - start))) {
+        unsigned char low = 0xff;
+        for (const char *t = start; t < q; t++)
+            if ((unsigned char)*t < low) low = (unsigned char)*t;
+        if (low < 0x20) return false;
+        *out = (str){start, (size_t)(q - start), false};
+        c->p = q + 1;
         return true;
     }
+    while (c->p < c->end && *c->p != '\\' && (unsigned char)*c->p >= 0x20) c->p++;
     size_t at = c->scratch->len;
     lg_buf_append(c->scratch, start, (size_t)(c->p - start));
     while (c->p < c->end && *c->p != '"') {
