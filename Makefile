@@ -112,7 +112,8 @@ test: test-deps
 	awk '{p += $$1; f += $$2} END {printf "%d passed, %d failed\n", p, f}' build/test-summary; \
 	exit $$st
 
-# The guarded-exchange and normalisation e2e suites with loopguard under valgrind memcheck.
+# The guarded-exchange, normalisation, fault and shutdown e2e suites with loopguard under
+# valgrind memcheck.
 valgrind: all
 	@BUILD=build SUITES=valgrind tests/run.sh
 

@@ -36,7 +36,8 @@ for s in $SUITES; do
             node --test "$t"; st=$?; record "client:$(basename "$t")" "$st"
         done ;;
     valgrind)
-        for t in tests/e2e/exchange.test.mjs tests/e2e/normalise.test.mjs; do
+        for t in tests/e2e/exchange.test.mjs tests/e2e/normalise.test.mjs \
+                 tests/e2e/faults.test.mjs tests/e2e/shutdown.test.mjs; do
             echo "== valgrind: $(basename "$t")"
             LOOPGUARD_REAL_BIN="$LOOPGUARD_BIN" LOOPGUARD_BIN="$PWD/tests/valgrind-loopguard.sh" \
                 node --test --test-concurrency=1 "$t"
