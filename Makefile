@@ -71,7 +71,8 @@ test-deps: deps
 	  if [ "$$(id -u)" = 0 ]; then echo "installing test dependencies: $(APT_TEST)"; \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_TEST)) >/dev/null; \
 	  else echo "missing test dependencies; run: sudo apt-get install -y $(APT_TEST)"; exit 1; fi; fi
-	@[ -d tests/client/node_modules/openai ] || (cd tests/client && npm ci --no-audit --no-fund --loglevel=error)
+	@[ -d tests/client/node_modules/openai ] && [ -d tests/client/node_modules/@dwmkerr/mock-llm ] || \
+	  (cd tests/client && npm ci --no-audit --no-fund --loglevel=error)
 
 $(BUILD)/obj/%.o: %.c $(HDRS) | deps
 	@mkdir -p $(dir $@)
