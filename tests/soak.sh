@@ -37,7 +37,7 @@ if [ "$DURATION" -lt 300 ]; then SAMPLE=${SOAK_SAMPLE_S:-10}; WARMUP=${SOAK_WARM
 else SAMPLE=${SOAK_SAMPLE_S:-30}; WARMUP=${SOAK_WARMUP_S:-60}; fi
 UPSTREAMS=${SOAK_UPSTREAMS:-2}
 OUT=${SOAK_OUT:-$BUILD/soak}
-LG_BIN=$BUILD/loopguard FAKE_BIN=$BUILD/fake_upstream LOAD_BIN=$BUILD/soakload
+LG_BIN=$PWD/$BUILD/loopguard FAKE_BIN=$PWD/$BUILD/fake_upstream LOAD_BIN=$PWD/$BUILD/soakload
 for b in "$LG_BIN" "$FAKE_BIN" "$LOAD_BIN"; do
     [ -x "$b" ] || { echo "soak: $b missing (run make first)" >&2; exit 2; }
 done
@@ -54,9 +54,10 @@ trap 'exit 130' INT TERM
 
 # Starts a server in the background (in this shell, so that `wait` can read its status);
 # $1 name (log prefix), rest: the command. Sets STARTED_PID.
+# Servers run inside $OUT with core dumps on, so that a crash leaves its core there.
 start_bg() {
     local name=$1; shift
-    "$@" >"$OUT/$name.out" 2>"$OUT/$name.err" &
+    (cd "$OUT" && ulimit -c unlimited 2>/dev/null; exec "$@") >"$OUT/$name.out" 2>"$OUT/$name.err" &
     STARTED_PID=$!
     pids+=("$STARTED_PID")
 }
@@ -75,10 +76,11 @@ port_of() {
     return 1
 }
 
-upstreams=()
+upstreams=() fake_pids=()
 for i in $(seq "$UPSTREAMS"); do
     start_bg "fake$i" "$FAKE_BIN" --listen 127.0.0.1:0 --kind sglang \
-        --scenario tests/soak/soak.json --max-records 0
+        --scenario "$PWD/tests/soak/soak.json" --max-records 0
+    fake_pids+=("$STARTED_PID")
     port=$(port_of "fake$i" "$STARTED_PID") || exit 2
     upstreams+=("\"http://127.0.0.1:$port\"")
 done
@@ -134,6 +136,18 @@ done
 wait "$LOAD_PID"
 LOAD_RC=$?
 
+# A fake upstream that died makes the run meaningless (and says something about the
+# requests loopguard sent it): report how it ended.
+FAKES_RC=0
+for i in "${!fake_pids[@]}"; do
+    if ! kill -0 "${fake_pids[$i]}" 2>/dev/null; then
+        wait "${fake_pids[$i]}"
+        echo "soak: FAIL fake upstream $((i + 1)) (pid ${fake_pids[$i]}) died during the run, status $?" \
+            "(>128: signal); cores: $(ls "$OUT"/core* 2>/dev/null | tr '\n' ' ')"
+        FAKES_RC=1
+    fi
+done
+
 # Let loopguard settle (idle upstream connections stay cached), then read the end state.
 sleep 3
 read -r AFTER_FDS AFTER_RSS < <(sample)
@@ -144,6 +158,7 @@ python3 tests/soak/check.py --url "http://127.0.0.1:$LG_PORT" --pid "$LG_PID" \
     --baseline "$BASE_FDS" "$BASE_RSS" --after "$AFTER_FDS" "$AFTER_RSS" \
     --fakes "$fake_urls" --stderr "$OUT/loopguard.err" --out "$OUT/summary.json"
 CHECK_RC=$?
+[ "$FAKES_RC" = 0 ] || CHECK_RC=1
 
 # Shutdown: SIGTERM must end loopguard cleanly (exit 0) within its grace period.
 kill -TERM "$LG_PID" 2>/dev/null
