@@ -802,7 +802,7 @@ lg_config *config_new_defaults(void)
     cfg->max_connections = 16384;
     cfg->rlimit_nofile = 65536;
     cfg->max_body_bytes = 32u << 20;
-    cfg->max_header_bytes = 64u << 10;
+    cfg->max_header_bytes = 16u << 10; /* libmicrohttpd keeps (and clears) it per connection */
     cfg->client_timeout_s = 60;
     cfg->shutdown_grace_ms = 10000;
     cfg->timeouts.connect_ms = 5000;

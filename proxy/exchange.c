@@ -1154,6 +1154,7 @@ static void start_attempt(exchange *ex)
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)cfg->timeouts.connect_ms);
     curl_easy_setopt(e, CURLOPT_HTTP_CONTENT_DECODING, 0L);
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 8192L); /* SSE events are small: memory per stream */
     if (worker_add_xfer(w, e) != 0) {
         stop_transfer(ex);
         attempt_failed(ex, CURLE_FAILED_INIT);

@@ -96,7 +96,7 @@ static void assert_defaults(const lg_config *c)
     assert_int_equal(c->max_connections, 16384);
     assert_int_equal(c->rlimit_nofile, 65536);
     assert_int_equal(c->max_body_bytes, 32u << 20);
-    assert_int_equal(c->max_header_bytes, 64u << 10);
+    assert_int_equal(c->max_header_bytes, 16u << 10);
     assert_int_equal(c->client_timeout_s, 60);
     assert_int_equal(c->shutdown_grace_ms, 10000);
     assert_int_equal(c->timeouts.connect_ms, 5000);
