@@ -41,8 +41,12 @@ LG_BIN=$PWD/$BUILD/loopguard FAKE_BIN=$PWD/$BUILD/fake_upstream LOAD_BIN=$PWD/$B
 for b in "$LG_BIN" "$FAKE_BIN" "$LOAD_BIN"; do
     [ -x "$b" ] || { echo "soak: $b missing (run make first)" >&2; exit 2; }
 done
-rm -rf "$OUT" && mkdir -p "$OUT" || exit 2
+rm -rf "$OUT" && mkdir -p "$OUT/bin" || exit 2
 OUT=$(cd "$OUT" && pwd)
+# The servers run as copies under their own names: a `pkill fake_upstream` (or loopguard)
+# run by something else on the machine must not end a ten-minute run half-way (it did).
+cp "$LG_BIN" "$OUT/bin/soak-loopguard" && cp "$FAKE_BIN" "$OUT/bin/soak-upstream" || exit 2
+LG_BIN=$OUT/bin/soak-loopguard FAKE_BIN=$OUT/bin/soak-upstream
 
 pids=()
 cleanup() {
