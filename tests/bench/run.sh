@@ -371,3 +371,7 @@ esac
 
 python3 tests/bench/report.py summary "$OUT" "$BUILD/bench.json" "${QUICK:+quick}" ||
     die "report failed"
+
+# ---- the guard alone: MB/s of real text on one core (goal: >= 50 MB/s in token pieces) ----
+echo
+"$BUILD/guard_bench" ${QUICK:+--quick} | tee "$OUT/guard_bench.txt" || die "guard_bench failed"
