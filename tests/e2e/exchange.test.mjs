@@ -33,7 +33,9 @@ import {
     waitFor,
     normIds,
     SCENARIOS,
-    isSanitizerBuild,
+    cleanup,
+    underValgrind,
+    DEADLINE,
 } from './lib.mjs';
 
 const SEED_PROMPT = 'Write a Python function that checks if a number is prime. Be concise.';
@@ -58,28 +60,11 @@ const paced = (plan) => (plan.pace_ms ? { ...plan, pace_ms: PACE_MS } : plan);
 const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'lg-exchange-'));
 process.on('exit', () => fs.rmSync(tmpDir, { recursive: true, force: true }));
 
-// Every test has a deadline, so a loopguard that never answers fails the test instead of
-// hanging the suite.
-const T = { timeout: (isSanitizerBuild ? 120000 : 40000) };
-// tests/run.sh's valgrind suite runs loopguard through tests/valgrind-loopguard.sh.
-const UNDER_VALGRIND = /valgrind/.test(process.env.LOOPGUARD_BIN || '');
+const T = DEADLINE;
+const UNDER_VALGRIND = underValgrind;
 
 /* ---- local helpers --------------------------------------------------------------- */
 
-// Runs every cleanup step even when one throws (a sanitizer report found by lg.stop() must
-// not leave the fake running, which would keep this test process alive); rethrows the first
-// error.
-async function cleanup(...steps) {
-    let first;
-    for (const step of steps) {
-        try {
-            await step();
-        } catch (e) {
-            first ??= e;
-        }
-    }
-    if (first) throw first;
-}
 
 // Tokens the fake sends for the segments before a scenario response's first repeat
 // segment (its "words" tokenisation: split after each whitespace run, one token per

@@ -26,7 +26,21 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { startFake, startLoopguard, request, sseData, sseJSON, assembleDeltas, incidents, waitFor, sleep, isSanitizerBuild } from './lib.mjs';
+import {
+    startFake,
+    startLoopguard,
+    request,
+    sseData,
+    sseJSON,
+    assembleDeltas,
+    incidents,
+    waitFor,
+    sleep,
+    isSanitizerBuild,
+    cleanup,
+    underValgrind,
+    DEADLINE,
+} from './lib.mjs';
 
 const SLACK = isSanitizerBuild ? 3 : 1;
 const TIMEOUT_MS = 400; // timeouts.first_byte_ms and timeouts.idle_ms of the loopguard under test
@@ -38,29 +52,11 @@ const LOOP = { match: { fields: { presence_penalty: null } }, pace_ms: 2, reason
 const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'lg-faults-'));
 process.on('exit', () => fs.rmSync(tmpDir, { recursive: true, force: true }));
 
-// Every test has a deadline, so a loopguard that never answers fails the test instead of
-// hanging the suite.
-const T = { timeout: (isSanitizerBuild ? 120000 : 40000) };
-// tests/run.sh's valgrind suite runs loopguard through tests/valgrind-loopguard.sh: its RSS is
-// valgrind's (shadow memory included), so the slow-reader bound is not checked there.
-const UNDER_VALGRIND = /valgrind/.test(process.env.LOOPGUARD_BIN || '');
+const T = DEADLINE;
+const UNDER_VALGRIND = underValgrind;
 
 /* ---- local helpers --------------------------------------------------------------- */
 
-// Runs every cleanup step even when one throws (a sanitizer report found by lg.stop() must
-// not leave the fake running, which would keep this test process alive); rethrows the first
-// error.
-async function cleanup(...steps) {
-    let first;
-    for (const step of steps) {
-        try {
-            await step();
-        } catch (e) {
-            first ??= e;
-        }
-    }
-    if (first) throw first;
-}
 
 // An OpenAI-style error body: {"error":{"message",...}}, or SGLang's own error object
 // ({"object":"error","message",...}) passed on as the upstream sent it.

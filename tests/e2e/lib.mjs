@@ -59,6 +59,8 @@
 //   metricValue(map, name, labels={}) -> number  sum over samples of `name` whose labels
 //       include `labels` (0 when none).
 //   waitFor(fn, ms=3000, step=20) -> Promise<value>  polls async fn until truthy.
+//   cleanup(...steps) runs every async step even if one throws, then rethrows the first error.
+//   underValgrind, DEADLINE ({timeout} for a test: longer on the sanitizer build).
 //   sleep(ms), tmpFile(name, content) -> path, DEFAULT_LG_CONFIG, LOOPGUARD_BIN, FAKE_BIN,
 //   SCENARIOS (absolute path of tests/fake/scenarios), isSanitizerBuild (ASan build),
 //   isSlowBuild (ASan, or loopguard under valgrind: give timing assertions slack).
@@ -92,6 +94,27 @@ export const isSlowBuild = isSanitizerBuild || /valgrind/.test(LOOPGUARD_BIN);
 // Defaults every test loopguard gets unless its config says otherwise: one free port, a
 // short drain on SIGTERM (so stop() is quick even with a stream open) and no periodic
 // health checks polluting the fake's records.
+// Runs every cleanup step even when one throws (a sanitizer report found by lg.stop() must
+// not leave the fake running, which would keep the test process alive); rethrows the first
+// error.
+export async function cleanup(...steps) {
+    let first;
+    for (const step of steps) {
+        try {
+            await step();
+        } catch (e) {
+            first ??= e;
+        }
+    }
+    if (first) throw first;
+}
+
+// tests/run.sh's valgrind suite runs loopguard through tests/valgrind-loopguard.sh.
+export const underValgrind = /valgrind/.test(LOOPGUARD_BIN);
+// A per-test deadline, so a loopguard that never answers fails the test instead of hanging
+// the suite.
+export const DEADLINE = { timeout: isSanitizerBuild ? 120000 : 40000 };
+
 export const DEFAULT_LG_CONFIG = {
     listen: '127.0.0.1:0',
     shutdown_grace_ms: 500,

@@ -17,33 +17,33 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { startFake, startLoopguard, request, sseData, sseJSON, assembleDeltas, incidents, metrics, metricValue, waitFor, sleep, SCENARIOS, isSanitizerBuild } from './lib.mjs';
+import {
+    startFake,
+    startLoopguard,
+    request,
+    sseData,
+    sseJSON,
+    assembleDeltas,
+    incidents,
+    metrics,
+    metricValue,
+    waitFor,
+    sleep,
+    SCENARIOS,
+    isSanitizerBuild,
+    cleanup,
+    DEADLINE,
+} from './lib.mjs';
 
 const SLACK = isSanitizerBuild ? 3 : 1;
 const MSG = [{ role: 'user', content: 'Write something.' }];
 const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'lg-shutdown-'));
 process.on('exit', () => fs.rmSync(tmpDir, { recursive: true, force: true }));
 
-// Every test has a deadline, so a loopguard that never answers fails the test instead of
-// hanging the suite.
-const T = { timeout: (isSanitizerBuild ? 120000 : 40000) };
+const T = DEADLINE;
 
 /* ---- local helpers --------------------------------------------------------------- */
 
-// Runs every cleanup step even when one throws (a sanitizer report found by lg.stop() must
-// not leave the fake running, which would keep this test process alive); rethrows the first
-// error.
-async function cleanup(...steps) {
-    let first;
-    for (const step of steps) {
-        try {
-            await step();
-        } catch (e) {
-            first ??= e;
-        }
-    }
-    if (first) throw first;
-}
 
 // Resolves with {code, signal} when the process exits (at once if it already has).
 function exited(proc) {
