@@ -25,7 +25,7 @@
 #
 # Env: SOAK_SECONDS (600), SOAK_STREAMS (2000), SOAK_SAMPLE_S (30; 10 when the run is shorter
 # than 5 minutes), SOAK_WARMUP_S (60; a fifth of shorter runs), SOAK_UPSTREAMS (2),
-# SOAK_SEED (1), SOAK_IDLE_MS (loopguard's timeouts.idle_ms, 3000: how long a stall fault
+# SOAK_SEED (1), SOAK_IDLE_MS (loopguard's timeouts.idle_ms, 10000: how long a stall fault
 # lasts), SOAK_OUT (directory for logs and results, default $BUILD/soak), and the
 # soakload mix: SOAK_LOOP_PCT (15), SOAK_FAULT_PCT (15), SOAK_WHOLE_PCT (20),
 # SOAK_HANGUP_PCT (5). Exit status 0 when every criterion held.
@@ -94,7 +94,7 @@ cat >"$OUT/loopguard.json" <<EOF
  "listen": "127.0.0.1:0",
  "upstream": [$(IFS=,; echo "${upstreams[*]}")],
  "upstream_kind": "sglang",
- "timeouts": {"connect_ms": 2000, "first_byte_ms": 10000, "idle_ms": ${SOAK_IDLE_MS:-3000}},
+ "timeouts": {"connect_ms": 2000, "first_byte_ms": 10000, "idle_ms": ${SOAK_IDLE_MS:-10000}},
  "health": {"interval_ms": 1000},
  "shutdown_grace_ms": 2000,
  "incidents": {"path": "$OUT/incidents.jsonl"}
