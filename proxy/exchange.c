@@ -529,7 +529,8 @@ static void after_trip(exchange *ex)
     ex->trips++;
     metrics_trip(w->metrics, ex->replica, ex->verdict_detector, (int)v->channel);
     metrics_aborted_tokens(w->metrics, ex->tokens);
-    pool_report_generation(w->srv->pool, ex->replica, true);
+    if (pool_report_generation(w->srv->pool, ex->replica, true))
+        metrics_ejection(w->metrics, ex->replica);
     if (!ex->excerpt) {
         /* What the model was producing: the released tail plus the held loop. */
         const chan *c = &ex->ch[v->channel];
@@ -971,7 +972,10 @@ static void attempt_failed(exchange *ex, CURLcode rc)
     }
     bool timeout = ex->timed_out || rc == CURLE_OPERATION_TIMEDOUT;
     metrics_upstream_error(w->metrics, replica,
-                           timeout ? "timeout" : rc == CURLE_OK ? "protocol" : "connect");
+                           timeout              ? "timeout"
+                           : rc == CURLE_OK     ? "protocol"
+                           : !ex->head.complete ? "connect"
+                                                : "reset");
     pool_report_health(w->srv->pool, replica, false);
     if (timeout)
         fail_exchange(ex, 504, "upstream timed out", "upstream_error", "upstream_timeout");

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,15 +40,18 @@ static void on_pool_event(void *ud, size_t replica, const char *event, const cha
     char ts[40];
     struct timespec now;
     struct tm tm;
+    static atomic_uint seq;
     clock_gettime(CLOCK_REALTIME, &now);
     gmtime_r(&now.tv_sec, &tm);
-    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    size_t n = strlen(base) + (json ? strlen(json) : 4) + 160;
+    size_t k = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(ts + k, sizeof ts - k, ".%03ldZ", now.tv_nsec / 1000000);
+    size_t n = strlen(base) + (json ? strlen(json) : 4) + 200;
     char *line = malloc(n);
     if (!line) abort();
-    snprintf(line, n, "{\"ts\":\"%s\",\"kind\":\"upstream\",\"event\":\"%s\","
-                      "\"upstream\":\"%s\",\"detail\":%s}",
-             ts, event, base, json ? json : "null");
+    snprintf(line, n, "{\"ts\":\"%s\",\"id\":\"up-%lx-%u\",\"kind\":\"upstream\","
+                      "\"event\":\"%s\",\"upstream\":\"%s\",\"detail\":%s}",
+             ts, (unsigned long)now.tv_sec, atomic_fetch_add(&seq, 1), event, base,
+             json ? json : "null");
     incident_log_submit(srv->incidents, line);
 }
 

@@ -261,7 +261,7 @@ static void maybe_eject(lg_pool *p, size_t i, uint64_t now)
     }
 }
 
-void pool_report_generation(lg_pool *p, size_t i, bool tripped)
+bool pool_report_generation(lg_pool *p, size_t i, bool tripped)
 {
     lg_replica *r = &p->r[i];
     uint64_t now = now_ms(), epoch = now / bucket_ms(p->cfg);
@@ -278,8 +278,11 @@ void pool_report_generation(lg_pool *p, size_t i, bool tripped)
         r->ejected_until_ms = 0;
         if (p->hook) p->hook(p->hook_ud, i, "returned", NULL);
     }
+    unsigned before = r->ejections;
     if (tripped) maybe_eject(p, i, now);
+    bool ejected = r->ejections != before;
     pthread_mutex_unlock(&p->mu);
+    return ejected;
 }
 
 /* ---- balancing --------------------------------------------------------------------- */

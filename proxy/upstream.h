@@ -39,8 +39,9 @@ void pool_release(lg_pool *p, size_t i);
 
 /* Passive health: a transport error or 5xx (ok=false) or a good response (ok=true). */
 void pool_report_health(lg_pool *p, size_t i, bool ok);
-/* Degeneration record: one finished guarded generation on replica i, tripped or not. */
-void pool_report_generation(lg_pool *p, size_t i, bool tripped);
+/* Degeneration record: one finished guarded generation on replica i, tripped or not.
+ * Returns true when this report ejected the replica. */
+bool pool_report_generation(lg_pool *p, size_t i, bool tripped);
 
 /* JSON array describing each replica's state (for /loopguard/upstreams); malloc'd. */
 char *pool_json(lg_pool *p);
