@@ -91,3 +91,11 @@ void lg_buf_free(lg_buf *b)
     b->p = NULL;
     b->len = b->cap = 0;
 }
+
+size_t lg_buf_take(lg_buf *b, void *dst, size_t max)
+{
+    size_t k = b->len < max ? b->len : max;
+    if (k) memcpy(dst, b->p, k);
+    lg_buf_consume(b, k);
+    return k;
+}

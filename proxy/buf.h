@@ -34,6 +34,8 @@ void lg_buf_printf(lg_buf *b, const char *fmt, ...) __attribute__((format(printf
 /* Drops the first n bytes (all of them when n >= len). O(len - n): the rest is moved to the
  * front, so callers that consume many small pieces of a large buffer should batch. */
 void lg_buf_consume(lg_buf *b, size_t n);
+/* Moves up to `max` bytes from the front of the buffer into dst; returns how many. */
+size_t lg_buf_take(lg_buf *b, void *dst, size_t max);
 /* Empties the buffer and keeps its memory for reuse. */
 void lg_buf_reset(lg_buf *b);
 /* Returns the contents as a malloc'd NUL-terminated string (never NULL; "" when empty) that

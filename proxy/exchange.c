@@ -1174,9 +1174,7 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
     (void)pos;
     if (ex->base.client_gone) return MHD_CONTENT_READER_END_WITH_ERROR;
     if (ex->out.len) {
-        size_t k = ex->out.len < max ? ex->out.len : max;
-        memcpy(buf, ex->out.p, k);
-        lg_buf_consume(&ex->out, k);
+        size_t k = lg_buf_take(&ex->out, buf, max);
         uint64_t now = lg_now_ns();
         metrics_added_latency(w->metrics, seconds_since(ex->out_since_ns, now));
         ex->out_since_ns = now;

@@ -64,9 +64,7 @@ static size_t on_read(char *buf, size_t size, size_t n, void *ud)
         r->up_paused = true;
         return CURL_READFUNC_PAUSE;
     }
-    size_t k = r->up.len < want ? r->up.len : want;
-    memcpy(buf, r->up.p, k);
-    lg_buf_consume(&r->up, k);
+    size_t k = lg_buf_take(&r->up, buf, want);
     r->up_read += k;
     if (r->up.len < RELAY_HIGH / 2) worker_resume(&r->base);
     return k;
@@ -130,9 +128,7 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
     (void)pos;
     if (r->base.client_gone) return MHD_CONTENT_READER_END_WITH_ERROR;
     if (r->down.len) {
-        size_t k = r->down.len < max ? r->down.len : max;
-        memcpy(buf, r->down.p, k);
-        lg_buf_consume(&r->down, k);
+        size_t k = lg_buf_take(&r->down, buf, max);
         if (r->down_paused && r->down.len < RELAY_HIGH / 2 && r->easy) {
             r->down_paused = false;
             curl_easy_pause(r->easy, CURLPAUSE_CONT);
