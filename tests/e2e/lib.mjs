@@ -60,6 +60,7 @@
 //       include `labels` (0 when none).
 //   waitFor(fn, ms=3000, step=20) -> Promise<value>  polls async fn until truthy.
 //   cleanup(...steps) runs every async step even if one throws, then rethrows the first error.
+//   SEED_BODY: the field report's request, verbatim.
 //   underValgrind, DEADLINE ({timeout} for a test: longer on the sanitizer build).
 //   sleep(ms), tmpFile(name, content) -> path, DEFAULT_LG_CONFIG, LOOPGUARD_BIN, FAKE_BIN,
 //   SCENARIOS (absolute path of tests/fake/scenarios), isSanitizerBuild (ASan build),
@@ -114,6 +115,16 @@ export const underValgrind = /valgrind/.test(LOOPGUARD_BIN);
 // A per-test deadline, so a loopguard that never answers fails the test instead of hanging
 // the suite.
 export const DEADLINE = { timeout: isSanitizerBuild ? 120000 : 40000 };
+
+// The field report's request, verbatim (tests add stream and friends).
+export const SEED_BODY = Object.freeze({
+    model: '/root/models/Qwen3.6-27B',
+    messages: [{ role: 'user', content: 'Write a Python function that checks if a number is prime. Be concise.' }],
+    max_tokens: 2000,
+    temperature: 0.6,
+    top_p: 0.95,
+    top_k: 20,
+});
 
 export const DEFAULT_LG_CONFIG = {
     listen: '127.0.0.1:0',

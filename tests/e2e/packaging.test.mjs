@@ -26,19 +26,12 @@ import {
     isSanitizerBuild,
     LOOPGUARD_BIN,
     SCENARIOS,
+    SEED_BODY,
 } from './lib.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const BUILD = process.env.BUILD || 'build';
 const T = { timeout: isSanitizerBuild ? 60000 : 30000 };
-const SEED_BODY = {
-    model: '/root/models/Qwen3.6-27B',
-    messages: [{ role: 'user', content: 'Write a Python function that checks if a number is prime. Be concise.' }],
-    max_tokens: 2000,
-    temperature: 0.6,
-    top_p: 0.95,
-    top_k: 20,
-};
 const LAMBDA_TEXT = 'You can use the ' + 'lambda '.repeat(200);
 
 const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'lg-pkg-'));

@@ -33,6 +33,7 @@ import {
     isSanitizerBuild,
     cleanup,
     DEADLINE,
+    SEED_BODY,
 } from './lib.mjs';
 
 const SLACK = isSanitizerBuild ? 3 : 1;
@@ -174,15 +175,7 @@ describe('SIGTERM', () => {
 /* ---- the incident log --------------------------------------------------------------- */
 
 describe('incident log', () => {
-    const seed = () => ({
-        model: '/root/models/Qwen3.6-27B',
-        messages: [{ role: 'user', content: 'Write a Python function that checks if a number is prime. Be concise.' }],
-        max_tokens: 2000,
-        temperature: 0.6,
-        top_p: 0.95,
-        top_k: 20,
-        stream: true,
-    });
+    const seed = () => ({ ...SEED_BODY, stream: true });
     const lines = (f) => (fs.existsSync(f) ? fs.readFileSync(f, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l)) : []);
 
     test('SIGHUP reopens the log: after a rename the next incident lands in a new file at the same path', T, async () => {
