@@ -149,7 +149,7 @@ static int start_admin(lg_server *srv, char *err, size_t errlen)
         snprintf(host, sizeof host, "%.*s", hlen, spec);
     int fd = worker_listen_socket(host, atoi(colon + 1), err, errlen);
     if (fd < 0) return -1;
-    srv->admin = worker_new(srv, (int)srv->n_workers, fd, err, errlen);
+    srv->admin = worker_new(srv, (int)srv->n_workers, &fd, 1, err, errlen);
     if (!srv->admin) return -1;
     srv->admin->admin_only = true;
     if (worker_start(srv->admin) != 0) {
@@ -238,10 +238,18 @@ int main(int argc, char **argv)
     size_t started = 0;
     int port = cfg->listen_port;
     for (size_t i = 0; i < srv.n_workers; i++) {
-        int fd = worker_listen_socket(cfg->listen_host, port, err, sizeof err);
-        if (fd < 0) goto out;
-        if (i == 0) port = srv.port = bound_port(fd);
-        srv.workers[i] = worker_new(&srv, (int)i, fd, err, sizeof err);
+        int fds[WORKER_SHARDS];
+        size_t n = 0;
+        for (; n < WORKER_SHARDS; n++) {
+            fds[n] = worker_listen_socket(cfg->listen_host, port, err, sizeof err);
+            if (fds[n] < 0) break;
+            if (port == 0) port = srv.port = bound_port(fds[n]);
+        }
+        if (n < WORKER_SHARDS) {
+            while (n > 0) close(fds[--n]);
+            goto out;
+        }
+        srv.workers[i] = worker_new(&srv, (int)i, fds, n, err, sizeof err);
         if (!srv.workers[i]) goto out;
     }
     if (cfg->admin.listen && start_admin(&srv, err, sizeof err) != 0) goto out;

@@ -104,8 +104,13 @@ void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops,
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
 
+    const union MHD_ConnectionInfo *di =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
     r->ops = ops;
     r->w = w;
+    r->shard = &w->shards[0];
+    for (size_t i = 0; di && i < w->n_shards; i++)
+        if (w->shards[i].mhd == di->daemon) r->shard = &w->shards[i];
     r->conn = conn;
     r->client_fd = ci ? ci->connect_fd : -1;
     r->gen = ++gen_counter; /* per-thread use only: workers never share requests */
@@ -135,6 +140,7 @@ void worker_resume(lg_req *r)
     if (!r->suspended || r->retired) return;
     r->suspended = false;
     MHD_resume_connection(r->conn);
+    r->shard->ready = true;
     r->w->mhd_dirty = true;
 }
 
@@ -365,14 +371,36 @@ void worker_post_detached(lg_worker *w, const char *url, const char *json)
 
 /* ---- the loop ---------------------------------------------------------------------- */
 
+/* Runs the ready shards. A resume inside MHD's own callbacks needs one more pass to take
+ * effect, so up to four passes while some shard became ready again. */
 static void run_mhd(lg_worker *w)
 {
-    /* A resume inside MHD's own callbacks needs one more pass to take effect. */
-    for (int i = 0; i < 4; i++) {
+    for (int pass = 0; pass < 4 && w->mhd_dirty; pass++) {
         w->mhd_dirty = false;
-        MHD_run(w->mhd);
-        if (!w->mhd_dirty) break;
+        for (size_t i = 0; i < w->n_shards; i++) {
+            lg_shard *s = &w->shards[i];
+            if (!s->ready) continue;
+            s->ready = false;
+            MHD_run(s->mhd);
+        }
     }
+}
+
+static void ready_all(lg_worker *w)
+{
+    for (size_t i = 0; i < w->n_shards; i++) w->shards[i].ready = true;
+    w->mhd_dirty = true;
+}
+
+/* The earliest of the shards' timeouts, capped at `cap` ms. */
+static int mhd_timeout(lg_worker *w, int cap)
+{
+    for (size_t i = 0; i < w->n_shards; i++) {
+        MHD_UNSIGNED_LONG_LONG to = 0;
+        if (MHD_get_timeout(w->shards[i].mhd, &to) == MHD_YES && to < (unsigned)cap)
+            cap = (int)to;
+    }
+    return cap;
 }
 
 static void tick_all(lg_worker *w)
@@ -409,17 +437,13 @@ static void *worker_main(void *arg)
     uint64_t stop_at = 0;
 
     for (;;) {
-        MHD_UNSIGNED_LONG_LONG mhd_to = 0;
-        int timeout = 250;
-        if (MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && mhd_to < (unsigned)timeout)
-            timeout = (int)mhd_to;
-        int n = epoll_wait(w->epfd, evs, MAX_EVENTS, timeout);
+        int n = epoll_wait(w->epfd, evs, MAX_EVENTS, mhd_timeout(w, 250));
         if (n < 0 && errno != EINTR) {
             perror("loopguard: epoll_wait");
             break;
         }
         w->now_ns = lg_now_ns();
-        bool mhd_ready = n == 0; /* on timeout, let MHD handle its own timeouts */
+        if (n == 0) ready_all(w); /* on timeout, let MHD handle its own timeouts */
         for (int i = 0; i < n; i++) {
             uint64_t d = evs[i].data.u64;
             unsigned tag = (unsigned)(d >> 56);
@@ -428,7 +452,8 @@ static void *worker_main(void *arg)
             int running;
             switch (tag) {
             case TAG_MHD:
-                mhd_ready = true;
+                w->shards[(d >> 32) & 0xffffff].ready = true;
+                w->mhd_dirty = true;
                 break;
             case TAG_CURL_TIMER:
                 if (read(w->curl_timerfd, &buf, sizeof buf) < 0 && errno != EAGAIN)
@@ -454,23 +479,26 @@ static void *worker_main(void *arg)
             drain_curl_messages(w);
         }
         drain_curl_messages(w);
-        if (mhd_ready || w->mhd_dirty) run_mhd(w);
+        run_mhd(w);
         if (w->now_ns >= next_tick) {
             next_tick = w->now_ns + TICK_NS;
             tick_all(w);
-            if (w->mhd_dirty) run_mhd(w);
+            run_mhd(w);
         }
         bury_the_dead(w);
 
         if (atomic_load(&w->srv->draining) && !quiesced) {
-            MHD_socket ls = MHD_quiesce_daemon(w->mhd);
-            if (ls != MHD_INVALID_SOCKET) close(ls);
+            for (size_t i = 0; i < w->n_shards; i++) {
+                MHD_socket ls = MHD_quiesce_daemon(w->shards[i].mhd);
+                if (ls != MHD_INVALID_SOCKET) close(ls);
+            }
             quiesced = true;
         }
         if (atomic_load(&w->srv->stopping) && !shut) {
             shut = true;
             stop_at = w->now_ns + 2000000000ull;
             shutdown_all(w);
+            ready_all(w);
             run_mhd(w);
         }
         /* Pending aborts still matter at shutdown: they free GPUs. */
@@ -481,14 +509,43 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-lg_worker *worker_new(lg_server *srv, int id, int listen_fd, char *err, size_t errlen)
+/* Starts the daemon of shard i on `fd` (taken over by the daemon, closed here on failure). */
+static int shard_start(lg_worker *w, size_t i, int fd, unsigned limit, char *err, size_t errlen)
+{
+    const lg_config *cfg = w->srv->cfg;
+    lg_shard *s = &w->shards[i];
+    s->w = w;
+    s->mhd = MHD_start_daemon(
+        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_SUPPRESS_DATE_NO_CLOCK |
+            MHD_USE_TURBO,
+        0, NULL, NULL, on_access, w, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, w, MHD_OPTION_CONNECTION_LIMIT, limit,
+        MHD_OPTION_CONNECTION_TIMEOUT, cfg->client_timeout_s,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, cfg->max_header_bytes,
+        MHD_OPTION_UNESCAPE_CALLBACK, http_keep_escaped, NULL, MHD_OPTION_END);
+    if (!s->mhd) {
+        close(fd);
+        snprintf(err, errlen, "worker %d: libmicrohttpd failed to start", w->id);
+        return -1;
+    }
+    w->n_shards = i + 1;
+    s->epfd = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD)->epoll_fd;
+    if (ep_ctl(w, EPOLL_CTL_ADD, s->epfd, EPOLLIN, ev_pack(TAG_MHD, (uint32_t)i, s->epfd))) {
+        snprintf(err, errlen, "worker %d: epoll_ctl: %s", w->id, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char *err,
+                      size_t errlen)
 {
     const lg_config *cfg = srv->cfg;
+    size_t taken = 0; /* fds[0..taken) are the shards' or closed */
     lg_worker *w = calloc(1, sizeof *w);
     if (!w) abort();
     w->srv = srv;
     w->id = id;
-    w->listen_fd = listen_fd;
     w->live.prev = w->live.next = &w->live;
     w->graveyard.prev = w->graveyard.next = &w->graveyard;
     w->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -502,21 +559,15 @@ lg_worker *worker_new(lg_server *srv, int id, int listen_fd, char *err, size_t e
         goto fail;
     }
 
+    /* The connection limit is spread evenly over every daemon of every worker. */
     unsigned limit = cfg->max_connections / (unsigned)srv->n_workers;
-    w->mhd = MHD_start_daemon(
-        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_SUPPRESS_DATE_NO_CLOCK |
-            MHD_USE_TURBO,
-        0, NULL, NULL, on_access, w, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)listen_fd,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, w, MHD_OPTION_CONNECTION_LIMIT,
-        limit ? limit : 1u, MHD_OPTION_CONNECTION_TIMEOUT, cfg->client_timeout_s,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, cfg->max_header_bytes,
-        MHD_OPTION_UNESCAPE_CALLBACK, http_keep_escaped, NULL, MHD_OPTION_END);
-    if (!w->mhd) {
-        snprintf(err, errlen, "worker %d: libmicrohttpd failed to start", id);
-        goto fail;
+    unsigned per_shard = limit / (unsigned)n_fds;
+    while (taken < n_fds) {
+        taken++;
+        if (shard_start(w, taken - 1, fds[taken - 1], per_shard ? per_shard : 1u, err,
+                        errlen) != 0)
+            goto fail;
     }
-    w->listen_fd = -1; /* the daemon owns it now */
-    w->mhd_epfd = MHD_get_daemon_info(w->mhd, MHD_DAEMON_INFO_EPOLL_FD)->epoll_fd;
 
     w->multi = curl_multi_init();
     if (!w->multi) {
@@ -530,8 +581,7 @@ lg_worker *worker_new(lg_server *srv, int id, int listen_fd, char *err, size_t e
     /* Keep-alive pool to the upstreams: one connection per concurrent stream. */
     curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, (long)(limit ? limit : 1024));
 
-    if (ep_ctl(w, EPOLL_CTL_ADD, w->mhd_epfd, EPOLLIN, ev_pack(TAG_MHD, 0, w->mhd_epfd)) ||
-        ep_ctl(w, EPOLL_CTL_ADD, w->curl_timerfd, EPOLLIN,
+    if (ep_ctl(w, EPOLL_CTL_ADD, w->curl_timerfd, EPOLLIN,
                ev_pack(TAG_CURL_TIMER, 0, w->curl_timerfd)) ||
         ep_ctl(w, EPOLL_CTL_ADD, w->wake_fd, EPOLLIN, ev_pack(TAG_WAKE, 0, w->wake_fd))) {
         snprintf(err, errlen, "worker %d: epoll_ctl: %s", id, strerror(errno));
@@ -539,6 +589,7 @@ lg_worker *worker_new(lg_server *srv, int id, int listen_fd, char *err, size_t e
     }
     return w;
 fail:
+    while (taken < n_fds) close(fds[taken++]);
     worker_free(w);
     return NULL;
 }
@@ -563,11 +614,10 @@ void worker_join(lg_worker *w)
 void worker_free(lg_worker *w)
 {
     if (!w) return;
-    if (w->mhd) MHD_stop_daemon(w->mhd);
+    for (size_t i = 0; i < w->n_shards; i++) MHD_stop_daemon(w->shards[i].mhd);
     bury_the_dead(w);
     while (w->detached) detached_free(w->detached);
     if (w->multi) curl_multi_cleanup(w->multi);
-    if (w->listen_fd >= 0) close(w->listen_fd);
     if (w->epfd >= 0) close(w->epfd);
     if (w->curl_timerfd >= 0) close(w->curl_timerfd);
     if (w->wake_fd >= 0) close(w->wake_fd);

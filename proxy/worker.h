@@ -1,11 +1,18 @@
 /* worker.h — the per-thread event loop that every client request lives on.
  *
- * A worker owns one epoll instance, one libmicrohttpd daemon in external-epoll mode on its
- * own SO_REUSEPORT listening socket (the kernel spreads connections over the workers), and
- * one libcurl multi handle driven by curl_multi_socket_action from the same loop (a timerfd
+ * A worker owns one epoll instance, a few libmicrohttpd daemons ("shards") in external-epoll
+ * mode, each on its own SO_REUSEPORT listening socket (the kernel spreads connections over
+ * all of them), and one libcurl multi handle driven by curl_multi_socket_action from the same loop (a timerfd
  * carries curl's timer). A request stays on the worker that accepted it from accept to
  * completion, so nothing on the hot path takes a lock: curl pause/unpause and
  * MHD_resume_connection always run on the owning thread.
+ *
+ * Why shards: libmicrohttpd (0.9.75, Debian 12) walks every suspended connection of a daemon
+ * each time it processes a resume. A streaming proxy keeps nearly all its clients suspended
+ * between tokens and resumes one per token, so with one daemon per worker that walk grew with
+ * the number of streams and took 12 % of the CPU at 1,000 paced streams. Spreading a
+ * worker's clients over WORKER_SHARDS daemons divides each walk by as much; only the shards
+ * that have a resume or a ready socket run in an iteration.
  *
  * Requests (relay.c, exchange.c, admin.c) embed an lg_req and register it with the worker;
  * the worker tells them when the client went away, when a transfer finished, and ticks them
@@ -29,6 +36,10 @@
 
 typedef struct lg_worker lg_worker;
 typedef struct lg_req lg_req;
+typedef struct lg_shard lg_shard;
+
+/* libmicrohttpd daemons per worker (see above). */
+#define WORKER_SHARDS 8
 typedef struct lg_pool lg_pool;
 
 /* State shared by all workers; read-only after start except the atomics. */
@@ -68,6 +79,7 @@ typedef struct lg_req_ops {
 struct lg_req {
     const lg_req_ops *ops;
     lg_worker *w;
+    lg_shard *shard; /* the daemon that owns conn */
     struct MHD_Connection *conn;
     int client_fd;
     uint32_t gen;       /* distinguishes reuses of client_fd in the fd map */
@@ -84,18 +96,25 @@ typedef struct lg_xfer {
     void *owner;
 } lg_xfer;
 
+/* One libmicrohttpd daemon of a worker. */
+struct lg_shard {
+    lg_worker *w;
+    struct MHD_Daemon *mhd;
+    int epfd;   /* the daemon's own epoll fd, watched by the worker's */
+    bool ready; /* a resume or a ready socket: run the daemon this iteration */
+};
+
 struct lg_worker {
     lg_server *srv;
     int id;
     bool admin_only; /* serves only /loopguard/ on the admin listener */
     pthread_t thread;
     int epfd;
-    int listen_fd;
     int curl_timerfd;
     uint64_t curl_deadline_ms; /* what the timerfd is armed for (0: not armed) */
     int wake_fd; /* eventfd: main thread pokes it on drain/stop */
-    struct MHD_Daemon *mhd;
-    int mhd_epfd;
+    lg_shard shards[WORKER_SHARDS];
+    size_t n_shards;
     CURLM *multi;
     lg_metrics *metrics;
     struct lg_fdslot *fdmap; /* indexed by client fd */
@@ -104,7 +123,7 @@ struct lg_worker {
     lg_req graveyard; /* sentinel: retired, destroyed at the end of the iteration */
     size_t n_live;
     struct lg_detached *detached; /* pending fire-and-forget transfers */
-    bool mhd_dirty;   /* a connection was resumed: run MHD again this iteration */
+    bool mhd_dirty;   /* some shard is ready: run MHD again this iteration */
     uint64_t now_ns;  /* cached loop time */
 };
 
@@ -112,8 +131,10 @@ struct lg_worker {
  * socket, or -1 with err. Each worker calls it with the same port (SO_REUSEPORT). */
 int worker_listen_socket(const char *host, int port, char *err, size_t errlen);
 
-/* Creates a worker on `listen_fd` (taken over). Returns NULL with err on failure. */
-lg_worker *worker_new(lg_server *srv, int id, int listen_fd, char *err, size_t errlen);
+/* Creates a worker with one shard per listening socket in fds[0..n_fds) (1 to
+ * WORKER_SHARDS, all taken over: closed on failure too). Returns NULL with err on failure. */
+lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char *err,
+                      size_t errlen);
 int worker_start(lg_worker *w);
 /* Wakes the worker so that it notices srv->draining / srv->stopping. Thread-safe. */
 void worker_wake(lg_worker *w);
