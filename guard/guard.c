@@ -17,10 +17,6 @@
  *              itself made of returns (so "A x A y A z" with fresh x, y, z passes).
  *   novelty  — almost no new word trigrams over a window: a paraphrase loop.
  *   budget   — the channel ran past budget_bytes.
- * Lines and novelty (the text detectors) run a little behind the others, over each chunk
- * once its other checks are done, so that they can take runs of letters and digits in bulk;
- * before any other detector trips, they catch up with the bytes before its byte (text_first),
- * which keeps the verdict exactly what the order above gives.
  * Cost: O(1) amortised per byte (a hash probe, ≤ GUARD_NCAND compares, a few counters);
  * tests/bench/guard_bench.c measures it. Memory: about 40 KiB per guard. */
 #include <stdlib.h>
@@ -37,14 +33,11 @@
 #define GUARD_SEG_BUCKETS 1024
 #define GUARD_SEG_WORDS   128 /* words of one segment the novelty detector reads */
 
-/* A live candidate period. Its run (consecutive bytes ending now with s[i] == s[i - period])
- * is fed - since, so a byte that extends it costs one compare and no store. */
 typedef struct gcand {
     uint32_t period;
-    uint32_t need;  /* periodic tail length (run + period) that trips */
-    uint64_t since; /* first offset of the run */
-    uint64_t due;   /* fed at which run + period reaches need */
-    bool judged;    /* need already includes the unit's class and fence context */
+    uint32_t run;  /* consecutive bytes ending now with s[i] == s[i - period] */
+    uint32_t need; /* periodic tail length (run + period) that trips */
+    bool judged;   /* need already includes the unit's class and fence context */
 } gcand;
 
 typedef struct gseg {
@@ -67,12 +60,10 @@ struct guard {
     bool tripped;
     bool content_seen; /* a non-whitespace byte was fed (empty_answer) */
 
-    /* History: buf[i] is the byte at absolute offset base + i, for base <= offset < fed. */
+    /* History: buf[i] is the byte at absolute offset base + i. */
     unsigned char *buf;
     uint64_t base;
-
-    /* Per byte value: GB_* flags, so that the per-byte loop asks one question per byte. */
-    unsigned char bflags[256];
+    size_t blen;
 
     /* repeat */
     uint64_t gram;
@@ -80,7 +71,6 @@ struct guard {
                        stale or colliding entry is caught by the run measurement */
     gcand cand[GUARD_NCAND];
     unsigned ncand;
-    uint64_t due_min; /* smallest due of the candidates; UINT64_MAX when none */
 
     /* Markdown code fences (``` or ~~~ at the head of a line, ≤ 3 spaces in). */
     unsigned fstate; /* 0 leading spaces, 1 in a fence run, 2 rest of line */
@@ -92,9 +82,10 @@ struct guard {
     /* The current segment (line or sentence) and its words. */
     uint64_t seg_hash, seg_start;
     uint32_t seg_len, seg_alpha, seg_code, seg_words,
-        seg_wide;            /* non-space bytes, letters, code chars */
-    unsigned char seg_lastc; /* while seg_gap: the segment's last non-space byte */
+        seg_wide; /* non-space bytes, letters, code chars */
+    unsigned char seg_lastc;
     bool seg_gap;
+    unsigned char prev, prev2;
     struct {
         uint64_t hash, start;
         bool alpha;
@@ -130,42 +121,14 @@ struct guard {
      * is why it lives behind a pointer: the suspect query takes a const guard. */
     uint64_t *rule_from;
 
+    unsigned char leak_last[32];  /* bitset: last bytes of leak tokens */
+    unsigned char leak_first[32]; /* and first bytes */
     size_t leak_maxlen;
     uint64_t leak_start; /* offset + 1 of the last byte that can start a token */
-
-    uint64_t text_at; /* the text detectors have seen history up to here (≤ fed) */
 
     guard_verdict v;
     char unit[GUARD_UNIT_MAX + 1];
 };
-
-/* Byte flags (guard.bflags): GB_EDGE, the bytes that the per-byte loop must hand to
- * edge_step; GB_ALNUM, the ASCII letters and digits, which text_scan takes in runs. */
-enum { GB_LEAK_FIRST = 1, GB_LEAK_LAST = 2, GB_NEWLINE = 4, GB_ALNUM = 8 };
-#define GB_EDGE (GB_LEAK_FIRST | GB_LEAK_LAST | GB_NEWLINE)
-
-/* Fills bflags from the params' leak tokens, or as if there were none. */
-static void bflags_init(guard *g, bool leaks)
-{
-    const guard_params *p = g->p;
-    memset(g->bflags, 0, sizeof g->bflags);
-    g->leak_maxlen = 0;
-    for (size_t i = 0; leaks && i < p->n_leaks; i++) {
-        g->bflags[(unsigned char)p->leaks[i][p->leak_len[i] - 1]] |= GB_LEAK_LAST;
-        g->bflags[(unsigned char)p->leaks[i][0]] |= GB_LEAK_FIRST;
-        if (p->leak_len[i] > g->leak_maxlen) g->leak_maxlen = p->leak_len[i];
-    }
-    g->bflags['\n'] |= GB_NEWLINE;
-    for (unsigned b = 0; b < 256; b++)
-        if ((unsigned)((b | 0x20) - 'a') < 26 || (unsigned)(b - '0') < 10) g->bflags[b] |= GB_ALNUM;
-}
-
-/* Rare work (a candidate found or broken, a threshold, a fence or leak byte, the budget)
- * is kept out of the per-byte loop so that the loop itself stays small. */
-#define GUARD_COLD __attribute__((cold, noinline))
-
-static bool text_scan(guard *g, uint64_t to);
-static bool text_first(guard *g);
 
 static void *xcalloc(size_t n, size_t sz)
 {
@@ -201,8 +164,13 @@ guard *guard_new(const guard_params *p, lg_channel ch)
         if (!g->md) abort();
         g->rule_from = xcalloc(p->n_rules, sizeof(*g->rule_from));
     }
-    g->due_min = UINT64_MAX;
-    bflags_init(g, true);
+    for (size_t i = 0; i < p->n_leaks; i++) {
+        unsigned char last = (unsigned char)p->leaks[i][p->leak_len[i] - 1];
+        unsigned char first = (unsigned char)p->leaks[i][0];
+        g->leak_last[last >> 3] |= (unsigned char)(1u << (last & 7));
+        g->leak_first[first >> 3] |= (unsigned char)(1u << (first & 7));
+        if (p->leak_len[i] > g->leak_maxlen) g->leak_maxlen = p->leak_len[i];
+    }
     return g;
 }
 
@@ -385,105 +353,75 @@ static void repeat_trip(guard *g, uint32_t period)
     trip(g, "repeat", loop_start, end, (unsigned)((end - loop_start) / q));
 }
 
-/* The fed value at which a run starting at `since` reaches `need` for `period`
- * (run + period >= need, with run = fed - since). */
-static uint64_t cand_due(uint64_t since, uint32_t period, uint32_t need)
+/* Per byte (already appended at offset fed-1): advances live candidates, looks up the
+ * 8-gram table for a new one, and checks thresholds. Returns true when tripped. */
+static bool repeat_step(guard *g, unsigned char b)
 {
-    return since + need > period ? since + need - period : 0;
-}
-
-static void cand_due_min(guard *g)
-{
-    g->due_min = UINT64_MAX;
-    for (unsigned i = 0; i < g->ncand; i++)
-        if (g->cand[i].due < g->due_min) g->due_min = g->cand[i].due;
-}
-
-/* Candidate i's run just broke: it leaves the list, which keeps its order (the first
- * candidate to reach its threshold is the one reported). */
-static GUARD_COLD void cand_drop(guard *g, unsigned i)
-{
-    memmove(&g->cand[i], &g->cand[i + 1], (g->ncand - i - 1) * sizeof(g->cand[0]));
-    g->ncand--;
-    cand_due_min(g);
-}
-
-/* The 8-gram ending at pos was last seen `d` bytes earlier and no live candidate has that
- * period: verifies and measures the run by walking back, O(run), and a run only starts
- * being tracked once, so this is amortised O(1). A run of 8 or more becomes a candidate,
- * evicting the shortest one when the list is full (unless that is at least as long). */
-static GUARD_COLD void cand_found(guard *g, uint64_t pos, uint32_t d)
-{
-    uint64_t j = pos;
-    while (j >= g->base + d && at(g, j) == at(g, j - d))
-        j--;
-    if (pos - j < 8) return;
-    uint64_t since = j + 1;
-    unsigned slot = g->ncand;
-    if (slot == GUARD_NCAND) {
-        slot = 0;
-        for (unsigned i = 1; i < GUARD_NCAND; i++)
-            if (g->cand[i].since > g->cand[slot].since) slot = i;
-        if (g->cand[slot].since <= since) return;
-    } else {
-        g->ncand++;
-    }
-    uint32_t need = g->p->repeat.base_need[d];
-    g->cand[slot] = (gcand){d, need, since, cand_due(since, d, need), false};
-    cand_due_min(g);
-}
-
-/* Some candidate reached its threshold (fed >= due_min): the first one that still does once
- * its unit is judged trips. Returns true when tripped. */
-static GUARD_COLD bool cand_ready(guard *g)
-{
-    for (unsigned i = 0; i < g->ncand; i++) {
-        gcand *c = &g->cand[i];
-        if (g->fed < c->due) continue;
-        if (!c->judged) {
-            c->judged = true;
-            c->need = judge(g, c);
-            c->due = cand_due(c->since, c->period, c->need);
-            if (g->fed < c->due) continue;
-        }
-        if (!text_first(g)) repeat_trip(g, c->period);
-        return true;
-    }
-    cand_due_min(g);
-    return false;
-}
-
-/* Per byte (already appended at offset fed-1): drops the candidates whose run it breaks,
- * records its 8-gram and looks up a new candidate, and checks thresholds. Returns true
- * when tripped. The common byte costs a compare per candidate and a table update. */
-static inline bool repeat_step(guard *g, unsigned char b)
-{
+    const guard_params *p = g->p;
     uint64_t pos = g->fed - 1;
-    const unsigned char *cur = g->buf + (pos - g->base);
-    for (unsigned i = 0; i < g->ncand;) {
-        if (cur[-(ptrdiff_t)g->cand[i].period] == b)
-            i++;
-        else
-            cand_drop(g, i);
+    unsigned n = 0;
+    bool ready = false; /* some candidate reached its threshold */
+    for (unsigned i = 0; i < g->ncand; i++) {
+        gcand c = g->cand[i];
+        if (at(g, pos - c.period) != b) continue;
+        c.run++;
+        ready |= (uint64_t)c.run + c.period >= c.need;
+        g->cand[n++] = c;
     }
+    g->ncand = n;
 
     /* Every 8-gram is recorded, but looked up only at every fourth offset: a new period
      * is noticed at most 3 bytes later (its run is measured exactly anyway), and the
      * unpredictable "seen before?" branch runs a quarter as often. */
-    g->gram = (g->gram << 8) | b;
     uint32_t h = (uint32_t)((g->gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
     uint16_t last = g->gtab[h];
     g->gtab[h] = (uint16_t)(pos + 1);
-    if ((pos & 3) == 0 && pos >= 7 && last) {
+    if ((pos & 3) == 0 && pos >= 7) {
         uint32_t d = (uint16_t)((uint16_t)(pos + 1) - last);
-        if (d >= 1 && d <= g->p->repeat.max_period && pos >= d + g->base) {
+        if (last && d >= 1 && d <= p->repeat.max_period && pos >= d + g->base) {
             bool live = false;
             for (unsigned i = 0; i < g->ncand; i++)
                 live |= g->cand[i].period == d;
-            if (!live) cand_found(g, pos, d);
+            if (!live) {
+                /* Verify and measure the run by walking back: O(run), and a run only
+                 * starts being tracked once, so this is amortised O(1). */
+                uint64_t j = pos;
+                while (j >= g->base + d && at(g, j) == at(g, j - d))
+                    j--;
+                uint32_t run = (uint32_t)(pos - j);
+                if (run >= 8) {
+                    unsigned slot = g->ncand;
+                    if (slot == GUARD_NCAND) {
+                        slot = 0;
+                        for (unsigned i = 1; i < GUARD_NCAND; i++)
+                            if (g->cand[i].run < g->cand[slot].run) slot = i;
+                        if (g->cand[slot].run >= run) slot = GUARD_NCAND;
+                    } else {
+                        g->ncand++;
+                    }
+                    if (slot < GUARD_NCAND) {
+                        gcand c = {d, run, 0, false};
+                        c.need = p->repeat.base_need[d];
+                        ready |= (uint64_t)c.run + c.period >= c.need;
+                        g->cand[slot] = c;
+                    }
+                }
+            }
         }
     }
-    return g->fed >= g->due_min && cand_ready(g);
+
+    for (unsigned i = 0; ready && i < g->ncand; i++) {
+        gcand *c = &g->cand[i];
+        if ((uint64_t)c->run + c->period < c->need) continue;
+        if (!c->judged) {
+            c->judged = true;
+            c->need = judge(g, c);
+            if ((uint64_t)c->run + c->period < c->need) continue;
+        }
+        repeat_trip(g, c->period);
+        return true;
+    }
+    return false;
 }
 
 /* ---- code fences ------------------------------------------------------------------- */
@@ -568,10 +506,10 @@ static inline uint64_t mix(uint64_t x)
 
 /* The lines detector, for a completed segment with a letter. The window keeps every such
  * segment, short ones too (they are what lies between the repeats); only a prose sentence
- * of min_segment_bytes can trigger, because code repeats lines on purpose. `at`: bytes fed
- * when the segment ended. Returns true on a trip. */
+ * of min_segment_bytes can trigger, because code repeats lines on purpose. Returns true on
+ * a trip. */
 static bool lines_check(guard *g, uint64_t h, uint64_t start, uint64_t end, bool trigger,
-                        bool prose, uint64_t at)
+                        bool prose)
 {
     const guard_params *p = g->p;
     unsigned w = p->lines.window, m = g->seg_mask;
@@ -609,7 +547,7 @@ static bool lines_check(guard *g, uint64_t h, uint64_t start, uint64_t end, bool
     }
     if ((double)seen < p->lines.min_repeat_ratio * total || prosy * 2 < total) return false;
     set_unit(g, start, end);
-    trip(g, "lines", g->segs[from & m].start, at, nocc + 1);
+    trip(g, "lines", g->segs[from & m].start, g->fed, nocc + 1);
     return true;
 }
 
@@ -618,7 +556,7 @@ static bool lines_check(guard *g, uint64_t h, uint64_t start, uint64_t end, bool
  * outside prose only ever count as evidence of novelty (code and templated comments repeat
  * on purpose, but their fresh names still show the text is going somewhere), and a
  * trigram made only of numbers does not count at all (zero tables, version lists). */
-static bool novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool prose, uint64_t at)
+static bool novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool prose)
 {
     const guard_params *p = g->p;
     g->wh[0] = g->wh[1];
@@ -645,15 +583,14 @@ static bool novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool 
     g->ntri++;
     if (g->ntri < w || g->novel >= p->novelty.min_ratio * w) return false;
     uint64_t from = g->tri_start[g->ntri % w];
-    set_unit(g, from, at);
-    trip(g, "novelty", from, at, w - g->novel);
+    set_unit(g, from, g->fed);
+    trip(g, "novelty", from, g->fed, w - g->novel);
     return true;
 }
 
-/* A segment (line or sentence) [seg_start, end) is complete, `lastc` its last non-space
- * byte, `at` bytes fed: hands it to the lines and novelty detectors. Returns true on a
- * trip. */
-static bool seg_end(guard *g, uint64_t end, unsigned char lastc, uint64_t at)
+/* A segment (line or sentence) [seg_start, end) is complete: hands it to the lines and
+ * novelty detectors. Returns true on a trip. */
+static bool seg_end(guard *g, uint64_t end)
 {
     const guard_params *p = g->p;
     uint32_t len = g->seg_len;
@@ -661,7 +598,7 @@ static bool seg_end(guard *g, uint64_t end, unsigned char lastc, uint64_t at)
      * sentence (ending in . ! ? or a CJK stop) can trigger the lines detector. */
     bool prose = len && !g->seg_code && g->seg_alpha * 100 >= len * 85 &&
                  (g->seg_words >= 3 || g->seg_wide >= 9);
-    unsigned char e = lastc;
+    unsigned char e = g->seg_lastc;
     bool sentence = prose && (e == '.' || e == '!' || e == '?' || e == 0x82 || e == 0x81 ||
                               e == 0x9F || e == 0xA6);
     bool ok = g->seg_alpha > 0;
@@ -672,12 +609,11 @@ static bool seg_end(guard *g, uint64_t end, unsigned char lastc, uint64_t at)
     g->seg_gap = false;
     g->nsw = 0;
     if (p->lines.enabled && ok &&
-        lines_check(g, h, start, end, sentence && len >= p->lines.min_segment_bytes, prose, at))
+        lines_check(g, h, start, end, sentence && len >= p->lines.min_segment_bytes, prose))
         return true;
     if (p->novelty.enabled)
         for (unsigned i = 0; i < nw; i++)
-            if (novelty_word(g, g->sw[i].hash, g->sw[i].start, g->sw[i].alpha, prose, at))
-                return true;
+            if (novelty_word(g, g->sw[i].hash, g->sw[i].start, g->sw[i].alpha, prose)) return true;
     return false;
 }
 
@@ -693,21 +629,20 @@ static inline void seg_add(guard *g, unsigned char b, uint64_t pos)
         g->seg_words = 1;
     }
     g->seg_gap = false;
+    g->seg_lastc = b;
     g->seg_hash = fnv(g->seg_hash, b);
     g->seg_len++;
 }
 
-/* Segments for the byte b at offset pos, not an ASCII letter or digit (text_scan takes
- * those). The two bytes before it are read from the history, which always holds them. */
-static bool lines_step(guard *g, unsigned char b, uint64_t pos)
+static bool lines_step(guard *g, unsigned char b)
 {
-    unsigned char p1 = pos >= 1 ? at(g, pos - 1) : 0;
-    if (b == '\n') return seg_end(g, pos, g->seg_gap ? g->seg_lastc : p1, pos + 1);
+    unsigned char p1 = g->prev, p2 = g->prev2;
+    g->prev2 = p1;
+    g->prev = b;
+    uint64_t pos = g->fed - 1;
+    if (b == '\n') return seg_end(g, pos);
     if (b == ' ' || b == '\t' || b == '\r') {
-        if ((p1 == '.' || p1 == '!' || p1 == '?') && g->seg_len)
-            return seg_end(g, pos, p1, pos + 1);
-        /* A gap opens right after the segment's last non-space byte: remember it. */
-        if (g->seg_len && !g->seg_gap) g->seg_lastc = p1;
+        if ((p1 == '.' || p1 == '!' || p1 == '?') && g->seg_len) return seg_end(g, pos);
         g->seg_gap = g->seg_len > 0;
         return false;
     }
@@ -716,12 +651,10 @@ static bool lines_step(guard *g, unsigned char b, uint64_t pos)
     g->seg_alpha += bc == BC_LETTER;
     g->seg_code += bc == BC_CODE;
     g->seg_wide += b >= 0x80;
-    if (b < 0x80) return false;
     /* CJK sentence ends: 。 (E3 80 82), ！ (EF BC 81), ？ (EF BC 9F). */
-    unsigned char p2 = pos >= 2 ? at(g, pos - 2) : 0;
     if ((p2 == 0xE3 && p1 == 0x80 && b == 0x82) ||
         (p2 == 0xEF && p1 == 0xBC && (b == 0x81 || b == 0x9F)))
-        return seg_end(g, pos + 1, b, pos + 1);
+        return seg_end(g, pos + 1);
     return false;
 }
 
@@ -765,11 +698,11 @@ static void word_add(guard *g, unsigned char c, uint64_t pos, bool letter)
 }
 
 /* Splits the stream into words: runs of ASCII letters, digits and '_', and of non-ASCII
- * letters; each CJK character is a word of its own. b is the byte at offset pos, not an
- * ASCII letter or digit (text_scan takes those). Must run before lines_step for the same
- * byte, so that a word is in its segment's list when the segment ends. */
-static void words_step(guard *g, unsigned char b, uint64_t pos)
+ * letters; each CJK character is a word of its own. Must run before lines_step for the
+ * same byte, so that a word is in its segment's list when the segment ends. */
+static void words_step(guard *g, unsigned char b)
 {
+    uint64_t pos = g->fed - 1;
     if (b < 0x80) {
         g->cp_need = 0;
         bool alpha = ((b | 0x20) >= 'a' && (b | 0x20) <= 'z') || b == '_';
@@ -803,70 +736,30 @@ static void words_step(guard *g, unsigned char b, uint64_t pos)
     if (cjk) word_end(g);
 }
 
-/* Runs the text detectors (words, lines, novelty) over history [text_at, to). They run
- * behind the others, a stretch at a time, so that a run of ASCII letters and digits (the
- * most common bytes) costs two hash steps a byte: only the first byte of a run can start
- * a word or a segment, and none can end one. See text_first for how the verdict stays the
- * same. Returns true on a trip, with fed set back to the bytes fed when it tripped. */
-static bool text_scan(guard *g, uint64_t to)
+/* The most common byte, an ASCII letter or digit: does exactly what words_step and
+ * lines_step do with it, with fewer branches. */
+static inline void text_alnum(guard *g, unsigned char b, bool words)
 {
-    const guard_params *p = g->p;
-    const bool words = p->novelty.enabled;
-    uint64_t pos = g->text_at;
-    if (pos >= to) return false;
-    g->text_at = to;
-    if (!p->lines.enabled && !words) return false;
-    const unsigned char *q = g->buf + (pos - g->base);
-    for (size_t i = 0, n = (size_t)(to - pos); i < n;) {
-        unsigned char b = q[i];
-        if (!(g->bflags[b] & GB_ALNUM)) {
-            if (words) words_step(g, b, pos + i);
-            if (lines_step(g, b, pos + i)) {
-                g->fed = g->v.at_byte;
-                return true;
-            }
-            i++;
-            continue;
-        }
-        bool letter = b >= 'A';
-        if (words) {
-            g->cp_need = 0;
-            word_add(g, b, pos + i, letter);
-        }
-        seg_add(g, b, pos + i);
-        uint64_t wh = g->w_hash, sh = g->seg_hash;
-        uint32_t len = 1, letters = letter;
-        for (i++; i < n && (g->bflags[b = q[i]] & GB_ALNUM); i++, len++) {
-            wh = fnv(wh, b | 0x20); /* lower case; digits already have the bit */
-            sh = fnv(sh, b);
-            letters += b >= 'A';
-        }
-        if (words) {
-            g->w_hash = wh;
-            g->w_len += len - 1;
-        }
-        g->seg_hash = sh;
-        g->seg_len += len - 1;
-        g->seg_alpha += letters;
+    uint64_t pos = g->fed - 1;
+    bool letter = b >= 'A';
+    if (words) {
+        g->cp_need = 0;
+        word_add(g, b, pos, letter);
     }
-    return false;
-}
-
-/* Every other detector is about to trip at the byte fed-1. The text detectors have not
- * seen the bytes before it yet: they catch up first, and when one of them trips on the
- * way, that earlier verdict is the one the guard gives (as byte-by-byte order would).
- * Returns true in that case. */
-static bool text_first(guard *g)
-{
-    return text_scan(g, g->fed - 1);
+    g->prev2 = g->prev;
+    g->prev = b;
+    seg_add(g, b, pos);
+    g->seg_alpha += letter;
 }
 
 /* ---- rules and leaks --------------------------------------------------------------- */
 
 void guard_disable_leaks(guard *g)
 {
-    /* With no token edge bytes leak_step never compares and leak_suspect is 0. */
-    bflags_init(g, false);
+    /* With no last-byte candidates leak_step never compares and leak_suspect is 0. */
+    memset(g->leak_last, 0, sizeof g->leak_last);
+    memset(g->leak_first, 0, sizeof g->leak_first);
+    g->leak_maxlen = 0;
 }
 
 /* Matches rule i against history up to `to`, trying only starts from rule_from[i] on
@@ -915,7 +808,6 @@ static bool rules_run(guard *g, uint64_t to, bool final)
         uint64_t ms, me;
         int rc = rule_match(g, i, to, final, &ms, &me);
         if (rc > 0 && me > ms) {
-            if (text_first(g)) return true;
             set_unit(g, ms, me);
             trip(g, p->rules[i].detector, ms, to, 1);
             return true;
@@ -924,16 +816,15 @@ static bool rules_run(guard *g, uint64_t to, bool final)
     return false;
 }
 
-/* The byte at offset fed-1 is the last byte of some leak token: trips when one of them
- * ends there. */
-static bool leak_step(guard *g)
+static bool leak_step(guard *g, unsigned char b)
 {
     const guard_params *p = g->p;
+    g->leak_start = g->leak_first[b >> 3] & (1u << (b & 7)) ? g->fed : g->leak_start;
+    if (!(g->leak_last[b >> 3] & (1u << (b & 7)))) return false;
     for (size_t i = 0; i < p->n_leaks; i++) {
         size_t n = p->leak_len[i];
         if (g->fed < n || g->fed - n < g->base) continue;
         if (!memcmp(g->buf + (g->fed - n - g->base), p->leaks[i], n)) {
-            if (text_first(g)) return true;
             set_unit(g, g->fed - n, g->fed);
             trip(g, "leak", g->fed - n, g->fed, 1);
             return true;
@@ -944,59 +835,48 @@ static bool leak_step(guard *g)
 
 /* ---- feeding ----------------------------------------------------------------------- */
 
-/* A byte flagged GB_EDGE, or any byte while a line's fence prefix is being read: code
- * fences and leak tokens. Returns true when it trips. */
-static GUARD_COLD bool edge_step(guard *g, unsigned char b)
+static void push_byte(guard *g, unsigned char b)
 {
-    unsigned char f = g->bflags[b];
-    if (g->fstate != 2 || b == '\n') fence_step(g, b);
-    if (f & GB_LEAK_FIRST) g->leak_start = g->fed;
-    return (f & GB_LEAK_LAST) && leak_step(g);
+    if (g->blen == GUARD_BUF) {
+        memmove(g->buf, g->buf + (GUARD_BUF - GUARD_HISTORY), GUARD_HISTORY);
+        g->base += GUARD_BUF - GUARD_HISTORY;
+        g->blen = GUARD_HISTORY;
+    }
+    g->buf[g->blen++] = b;
+    g->fed++;
 }
 
-/* fed just passed the budget. Returns true (the text detectors may have tripped first). */
-static GUARD_COLD bool budget_trip(guard *g)
-{
-    if (text_scan(g, g->fed)) return true;
-    set_unit(g, g->fed, g->fed);
-    trip(g, "budget", g->p->budget_bytes, g->fed, 0);
-    return true;
-}
-
-/* Feeds bytes through every detector in a fixed order (fence, leak, rules, repeat, text,
- * budget); returns true at the first byte that trips. Bytes are copied into the history a
- * block at a time (detectors only read offsets below fed, so bytes copied ahead are
- * invisible). The text detectors run behind, at the end of each block (text_scan,
- * text_first); the per-byte loop is left with a flag test, the rules and budget counters
- * and the repeat detector. Which detectors run is read once per call. */
+/* Feeds bytes through every detector, one byte at a time, in a fixed order; returns
+ * true at the first byte that trips. Which detectors run is read once per call: the
+ * history stores are char stores, which the compiler must assume alias the params. */
 static bool feed_bytes(guard *g, const unsigned char *s, size_t len)
 {
     const guard_params *p = g->p;
-    const bool rules = p->n_rules, rep = p->repeat.enabled;
-    const uint64_t budget_at = p->budget_bytes ? p->budget_bytes + 1 : UINT64_MAX;
-    while (len) {
-        size_t have = (size_t)(g->fed - g->base);
-        if (have == GUARD_BUF) { /* slide the history down by half */
-            memmove(g->buf, g->buf + (GUARD_BUF - GUARD_HISTORY), GUARD_HISTORY);
-            g->base += GUARD_BUF - GUARD_HISTORY;
-            have = GUARD_HISTORY;
+    const bool leak = p->n_leaks, rules = p->n_rules, rep = p->repeat.enabled;
+    const bool words = p->novelty.enabled, text = p->lines.enabled || words;
+    const uint64_t budget = p->budget_bytes ? p->budget_bytes : UINT64_MAX;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char b = s[i];
+        push_byte(g, b);
+        g->gram = (g->gram << 8) | b;
+        g->content_seen |= b > ' ';
+        if (g->fstate != 2 || b == '\n') fence_step(g, b);
+        if (leak && leak_step(g, b)) return true;
+        if (rules && g->fed % GUARD_RULE_STEP == 0 && rules_run(g, g->fed, false)) return true;
+        if (rep && repeat_step(g, b)) return true;
+        if (text) {
+            if ((unsigned)((b | 0x20) - 'a') < 26 || (unsigned)(b - '0') < 10) {
+                text_alnum(g, b, words);
+            } else {
+                if (words) words_step(g, b);
+                if (lines_step(g, b)) return true;
+            }
         }
-        size_t n = len < GUARD_BUF - have ? len : GUARD_BUF - have;
-        memcpy(g->buf + have, s, n);
-        /* Ahead of the bytes too: it only matters while the guard has not tripped. */
-        for (size_t i = 0; i < n && !g->content_seen; i++)
-            g->content_seen = s[i] > ' ';
-        for (size_t i = 0; i < n; i++) {
-            unsigned char b = s[i];
-            g->fed++;
-            if (((g->bflags[b] & GB_EDGE) || g->fstate != 2) && edge_step(g, b)) return true;
-            if (rules && g->fed % GUARD_RULE_STEP == 0 && rules_run(g, g->fed, false)) return true;
-            if (rep && repeat_step(g, b)) return true;
-            if (g->fed == budget_at && budget_trip(g)) return true;
+        if (g->fed > budget) {
+            set_unit(g, g->fed, g->fed);
+            trip(g, "budget", budget, g->fed, 0);
+            return true;
         }
-        if (text_scan(g, g->fed)) return true;
-        s += n;
-        len -= n;
     }
     return false;
 }
@@ -1020,8 +900,7 @@ bool guard_finish(guard *g)
     g->finished = true;
     if (g->p->n_rules && rules_run(g, g->fed, true)) return true;
     if (g->p->novelty.enabled) word_end(g);
-    if ((g->p->lines.enabled || g->p->novelty.enabled) && g->seg_len &&
-        seg_end(g, g->fed, g->seg_gap ? g->seg_lastc : at(g, g->fed - 1), g->fed))
+    if ((g->p->lines.enabled || g->p->novelty.enabled) && g->seg_len && seg_end(g, g->fed))
         return true;
     return false;
 }
@@ -1067,7 +946,7 @@ static size_t leak_suspect(const guard *g)
     for (size_t k = g->leak_maxlen - 1; k > 0; k--) {
         if (k > have) continue;
         const unsigned char *t = g->buf + (g->fed - k - g->base);
-        if (!(g->bflags[t[0]] & GB_LEAK_FIRST)) continue;
+        if (!(g->leak_first[t[0] >> 3] & (1u << (t[0] & 7)))) continue;
         for (size_t i = 0; i < p->n_leaks; i++)
             if (p->leak_len[i] > k && !memcmp(t, p->leaks[i], k)) return k;
     }
@@ -1099,7 +978,7 @@ size_t guard_suspect(const guard *g)
         s = (size_t)(fed - g->v.loop_start);
     } else {
         for (unsigned i = 0; i < g->ncand; i++)
-            if (g->fed - g->cand[i].since > s) s = (size_t)(g->fed - g->cand[i].since);
+            if (g->cand[i].run > s) s = g->cand[i].run;
         size_t l = leak_suspect(g);
         if (l > s) s = l;
         if (p->n_rules) {
