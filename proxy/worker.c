@@ -514,7 +514,6 @@ static int shard_start(lg_worker *w, size_t i, int fd, unsigned limit, char *err
 {
     const lg_config *cfg = w->srv->cfg;
     lg_shard *s = &w->shards[i];
-    s->w = w;
     s->mhd = MHD_start_daemon(
         MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_SUPPRESS_DATE_NO_CLOCK |
             MHD_USE_TURBO,
@@ -529,8 +528,9 @@ static int shard_start(lg_worker *w, size_t i, int fd, unsigned limit, char *err
         return -1;
     }
     w->n_shards = i + 1;
-    s->epfd = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD)->epoll_fd;
-    if (ep_ctl(w, EPOLL_CTL_ADD, s->epfd, EPOLLIN, ev_pack(TAG_MHD, (uint32_t)i, s->epfd))) {
+    /* The daemon's own epoll fd, watched by the worker's; the tag carries the shard. */
+    int epfd = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD)->epoll_fd;
+    if (ep_ctl(w, EPOLL_CTL_ADD, epfd, EPOLLIN, ev_pack(TAG_MHD, (uint32_t)i, epfd))) {
         snprintf(err, errlen, "worker %d: epoll_ctl: %s", w->id, strerror(errno));
         return -1;
     }
