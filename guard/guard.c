@@ -18,13 +18,16 @@
  *   novelty  — almost no new word trigrams over a window: a paraphrase loop.
  *   budget   — the channel ran past budget_bytes.
  * Cost: O(1) amortised per byte (a hash probe, ≤ GUARD_NCAND compares, a few counters);
- * tests/bench/guard_bench.c measures it. Memory: about 40 KiB per guard. */
+ * tests/bench/guard_bench.c measures it. Memory: about 21 KiB per guard, up to 36 KiB as its
+ * history grows to GUARD_BUF. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "guard/guard_int.h"
 
 #define GUARD_BUF         (2 * GUARD_HISTORY) /* linear history, slid down by half when full */
+#define GUARD_BUF_FIRST   1024 /* the history starts this small and doubles up to GUARD_BUF:
+                                  most answers are short, and memory per stream counts */
 #define GUARD_GTAB_BITS   12
 #define GUARD_NCAND       8
 #define GUARD_RULE_STEP   64
@@ -47,9 +50,11 @@ typedef struct gseg {
     bool prose;
 } gseg;
 
+/* A trigram table entry, 4 bytes: memory per stream counts. Both fields are the low 16
+ * bits of what they stand for; a wrong "seen" needs a 16-bit tag collision, 1 in 65,536. */
 typedef struct gtri {
-    uint32_t tag;
-    uint32_t word; /* index of the word that completed it */
+    uint16_t tag;
+    uint16_t word; /* index of the word that completed it, mod 2^16 */
 } gtri;
 
 struct guard {
@@ -63,7 +68,7 @@ struct guard {
     /* History: buf[i] is the byte at absolute offset base + i. */
     unsigned char *buf;
     uint64_t base;
-    size_t blen;
+    size_t blen, bcap; /* bytes held, bytes allocated (GUARD_BUF_FIRST .. GUARD_BUF) */
 
     /* repeat */
     uint64_t gram;
@@ -142,7 +147,8 @@ guard *guard_new(const guard_params *p, lg_channel ch)
     guard *g = xcalloc(1, sizeof(*g));
     g->p = p;
     g->ch = ch;
-    g->buf = malloc(GUARD_BUF); /* only bytes already fed are ever read */
+    g->bcap = GUARD_BUF_FIRST;
+    g->buf = malloc(g->bcap); /* only bytes already fed are ever read */
     if (!g->buf) abort();
     g->seg_hash = g->w_hash = 0xCBF29CE484222325ull;
     g->gtab = xcalloc((size_t)1 << GUARD_GTAB_BITS, sizeof(*g->gtab));
@@ -570,9 +576,10 @@ static bool novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool 
 
     uint64_t t = mix(g->wh[0] * 3 + mix(g->wh[1] * 5 + mix(g->wh[2])));
     gtri *e = &g->ttab[t >> (64 - GUARD_TTAB_BITS)];
-    bool novel = !(e->tag == (uint32_t)t && g->nwords - e->word <= p->novelty.memory_words);
-    e->tag = (uint32_t)t;
-    e->word = g->nwords;
+    bool novel = !(e->tag == (uint16_t)t &&
+                   (uint16_t)(g->nwords - e->word) <= p->novelty.memory_words);
+    e->tag = (uint16_t)t;
+    e->word = (uint16_t)g->nwords;
     if (!novel && !prose) return false;
 
     unsigned w = p->novelty.window, slot = (unsigned)(g->ntri % w);
@@ -835,13 +842,26 @@ static bool leak_step(guard *g, unsigned char b)
 
 /* ---- feeding ----------------------------------------------------------------------- */
 
+/* Makes room for one more byte: doubles a history below GUARD_BUF, slides a full one down
+ * to its last GUARD_HISTORY bytes. Either way g->buf may move; nothing keeps a pointer into
+ * it across a push. */
+static void make_room(guard *g)
+{
+    if (g->bcap < GUARD_BUF) {
+        unsigned char *grown = realloc(g->buf, g->bcap * 2);
+        if (!grown) abort();
+        g->buf = grown;
+        g->bcap *= 2;
+        return;
+    }
+    memmove(g->buf, g->buf + (GUARD_BUF - GUARD_HISTORY), GUARD_HISTORY);
+    g->base += GUARD_BUF - GUARD_HISTORY;
+    g->blen = GUARD_HISTORY;
+}
+
 static void push_byte(guard *g, unsigned char b)
 {
-    if (g->blen == GUARD_BUF) {
-        memmove(g->buf, g->buf + (GUARD_BUF - GUARD_HISTORY), GUARD_HISTORY);
-        g->base += GUARD_BUF - GUARD_HISTORY;
-        g->blen = GUARD_HISTORY;
-    }
+    if (g->blen == g->bcap) make_room(g);
     g->buf[g->blen++] = b;
     g->fed++;
 }

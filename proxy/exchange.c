@@ -40,7 +40,11 @@
 #include "proxy/think.h"
 #include "proxy/upstream.h"
 
-#define EX_BLOCK (4 * 1024) /* MHD's write buffer per stream: SSE events are small */
+/* libmicrohttpd reads a chunked (HTTP/1.1) stream straight into the connection's write
+ * buffer, which lives in its per-connection pool (max_header_bytes); the response's own
+ * block only serves HTTP/1.0 clients, which get no chunking. Small: memory per stream. */
+#define EX_BLOCK 1024
+#define EX_UP_READ 4096 /* libcurl's read buffer per stream: SSE events are small */
 #define EX_OUT_HIGH (256 * 1024)
 #define EX_ERRBODY_MAX (1 << 20)
 #define EX_EXCERPT 512
@@ -1158,7 +1162,7 @@ static void start_attempt(exchange *ex)
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)cfg->timeouts.connect_ms);
     curl_easy_setopt(e, CURLOPT_HTTP_CONTENT_DECODING, 0L);
-    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 8192L); /* SSE events are small: memory per stream */
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)EX_UP_READ);
     if (worker_add_xfer(w, e) != 0) {
         stop_transfer(ex);
         attempt_failed(ex, CURLE_FAILED_INIT);
