@@ -7,13 +7,15 @@
  *   whole   — each file in one guard_feed call;
  *   tokens  — 1–8 byte chunks (about a token each), guard_suspect after every chunk,
  *             which is what the proxy's holdback does per delta;
- *   rules   — tokens, with two PCRE2 rules configured.
+ *   rules   — tokens, with two PCRE2 rules configured;
+ *   streams — tokens, to 100 guards at once in turn, as the proxy feeds 100 streams.
  * Prints a table and one JSON line {"bench":"guard",...} with MB/s (10^6 bytes per second
  * of this thread's CPU time, so that other load on the machine does not count).
  * `--min-mbps X` exits 1 when the token pass is slower than X. */
 #define _XOPEN_SOURCE 700
 #include <cjson/cJSON.h>
 #include <ftw.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +24,8 @@
 #include "guard/guard.h"
 
 #define FILE_CAP 65536
+#define BENCH_STREAMS 100 /* guards live at once in the "streams" pass */
+#define BENCH_ROUNDS  3
 
 typedef struct blob {
     char *data;
@@ -111,43 +115,75 @@ static double now(void)
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* One pass over every file; returns bytes fed. `tokens`: small chunks + suspect. */
-static size_t pass(const guard_params *p, const blob *b, size_t n, bool tokens, size_t *trips)
+/* Feeds the next 1–8 byte chunk of `b` at *off (the length drawn from *r) and asks
+ * guard_suspect, as the proxy does per delta; returns false once the file is done or the
+ * guard tripped. */
+static bool feed_token(guard *g, const blob *b, size_t *off, unsigned *r, size_t *susp)
 {
-    size_t fed = 0;
-    unsigned r = 12345;
-    for (size_t i = 0; i < n; i++) {
-        guard *g = guard_new(p, LG_CH_CONTENT);
-        if (!tokens) {
-            guard_feed(g, b[i].data, b[i].len);
-        } else {
-            size_t susp = 0;
-            for (size_t off = 0; off < b[i].len;) {
-                r = r * 1103515245u + 12345u;
-                size_t k = 1 + (r >> 16) % 8;
-                if (k > b[i].len - off) k = b[i].len - off;
-                if (guard_feed(g, b[i].data + off, k)) break;
-                susp += guard_suspect(g);
-                off += k;
-            }
-            if (susp == (size_t)-1) /* keep the calls from being optimised away */
-                abort();
-        }
-        guard_finish(g);
-        *trips += guard_tripped(g);
-        fed += (size_t)guard_bytes(g);
-        guard_free(g);
-    }
+    if (*off >= b->len) return false;
+    *r = *r * 1103515245u + 12345u;
+    size_t k = 1 + (*r >> 16) % 8;
+    if (k > b->len - *off) k = b->len - *off;
+    if (guard_feed(g, b->data + *off, k)) return false;
+    *susp += guard_suspect(g);
+    *off += k;
+    return true;
+}
+
+/* Ends one file's guard; returns the bytes it was fed. */
+static size_t done(guard *g, size_t *trips)
+{
+    guard_finish(g);
+    *trips += guard_tripped(g);
+    size_t fed = (size_t)guard_bytes(g);
+    guard_free(g);
     return fed;
 }
 
-static double measure(const guard_params *p, const blob *b, size_t n, bool tokens, double min_s,
-                      size_t *trips)
+/* One pass over every file, `streams` files at a time, one chunk to each in turn (a
+ * single stream with `tokens`, the whole file in one call without): returns bytes fed.
+ * Many streams at once is what the proxy sees: every guard's tables are cold again by the
+ * time its next chunk comes. */
+static size_t pass(const guard_params *p, const blob *b, size_t n, bool tokens,
+                   size_t streams, size_t *trips)
+{
+    size_t fed = 0, susp = 0;
+    unsigned r = 12345;
+    guard *g[BENCH_STREAMS];
+    size_t off[BENCH_STREAMS];
+    for (size_t i0 = 0; i0 < n; i0 += streams) {
+        size_t m = n - i0 < streams ? n - i0 : streams, live = m;
+        for (size_t j = 0; j < m; j++) {
+            g[j] = guard_new(p, LG_CH_CONTENT);
+            off[j] = 0;
+        }
+        if (!tokens) {
+            guard_feed(g[0], b[i0].data, b[i0].len);
+            live = 0;
+        }
+        while (live) {
+            for (size_t j = 0; j < m; j++) {
+                if (!g[j] || feed_token(g[j], &b[i0 + j], &off[j], &r, &susp)) continue;
+                fed += done(g[j], trips);
+                g[j] = NULL;
+                live--;
+            }
+        }
+        for (size_t j = 0; j < m; j++)
+            if (g[j]) fed += done(g[j], trips);
+    }
+    if (susp == (size_t)-1) /* keep the calls from being optimised away */
+        abort();
+    return fed;
+}
+
+static double measure(const guard_params *p, const blob *b, size_t n, bool tokens,
+                      size_t streams, double min_s, size_t *trips)
 {
     double t0 = now(), t;
     size_t bytes = 0;
     do {
-        bytes += pass(p, b, n, tokens, trips);
+        bytes += pass(p, b, n, tokens, streams, trips);
         t = now() - t0;
     } while (t < min_s);
     return bytes / t / 1e6;
@@ -155,7 +191,7 @@ static double measure(const guard_params *p, const blob *b, size_t n, bool token
 
 int main(int argc, char **argv)
 {
-    double min_mbps = 0, min_s = 1.0;
+    double min_mbps = 0, min_s = 0.5;
     size_t mib = 24;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--min-mbps") && i + 1 < argc)
@@ -188,16 +224,23 @@ int main(int argc, char **argv)
     cJSON_Delete(o);
 
     size_t trips = 0;
-    double whole = measure(plain, b, n, false, min_s, &trips);
-    double tokens = measure(plain, b, n, true, min_s, &trips);
-    double rl = measure(rules, b, n, true, min_s, &trips);
+    /* The host's speed drifts by tens of percent over seconds on a shared VM: the four
+     * ways take turns for BENCH_ROUNDS rounds and each keeps its best. */
+    double whole = 0, tokens = 0, rl = 0, many = 0;
+    for (int round = 0; round < BENCH_ROUNDS; round++) {
+        whole = fmax(whole, measure(plain, b, n, false, 1, min_s, &trips));
+        tokens = fmax(tokens, measure(plain, b, n, true, 1, min_s, &trips));
+        rl = fmax(rl, measure(rules, b, n, true, 1, min_s, &trips));
+        many = fmax(many, measure(plain, b, n, true, BENCH_STREAMS, min_s, &trips));
+    }
     printf("guard_bench: %zu files, %.1f MiB of real text, one core\n", n, total / 1048576.0);
     printf("  whole files            %8.1f MB/s\n", whole);
     printf("  token chunks + suspect %8.1f MB/s\n", tokens);
     printf("  same with 2 rules      %8.1f MB/s\n", rl);
+    printf("  tokens, %d streams    %8.1f MB/s\n", BENCH_STREAMS, many);
     printf("{\"bench\":\"guard\",\"files\":%zu,\"bytes\":%zu,\"whole_mbps\":%.1f,"
-           "\"tokens_mbps\":%.1f,\"rules_mbps\":%.1f,\"trips\":%zu}\n",
-           n, total, whole, tokens, rl, trips);
+           "\"tokens_mbps\":%.1f,\"rules_mbps\":%.1f,\"streams_mbps\":%.1f,\"trips\":%zu}\n",
+           n, total, whole, tokens, rl, many, trips);
     for (size_t i = 0; i < n; i++)
         free(b[i].data);
     free(b);
