@@ -92,10 +92,28 @@ void lg_buf_free(lg_buf *b)
     b->len = b->cap = 0;
 }
 
-size_t lg_buf_take(lg_buf *b, void *dst, size_t max)
+void lg_fifo_append(lg_fifo *f, const void *s, size_t n)
 {
-    size_t k = b->len < max ? b->len : max;
-    if (k) memcpy(dst, b->p, k);
-    lg_buf_consume(b, k);
+    lg_buf_append(&f->b, s, n);
+}
+
+size_t lg_fifo_take(lg_fifo *f, void *dst, size_t max)
+{
+    size_t len = lg_fifo_len(f), k = len < max ? len : max;
+    if (k) memcpy(dst, f->b.p + f->off, k);
+    f->off += k;
+    if (f->off == f->b.len) { /* drained: start over at the front */
+        lg_buf_reset(&f->b);
+        f->off = 0;
+    } else if (f->off >= f->b.len - f->off) { /* moves at most as many bytes as were taken */
+        lg_buf_consume(&f->b, f->off);
+        f->off = 0;
+    }
     return k;
+}
+
+void lg_fifo_free(lg_fifo *f)
+{
+    lg_buf_free(&f->b);
+    f->off = 0;
 }

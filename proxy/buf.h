@@ -34,8 +34,6 @@ void lg_buf_printf(lg_buf *b, const char *fmt, ...) __attribute__((format(printf
 /* Drops the first n bytes (all of them when n >= len). O(len - n): the rest is moved to the
  * front, so callers that consume many small pieces of a large buffer should batch. */
 void lg_buf_consume(lg_buf *b, size_t n);
-/* Moves up to `max` bytes from the front of the buffer into dst; returns how many. */
-size_t lg_buf_take(lg_buf *b, void *dst, size_t max);
 /* Empties the buffer and keeps its memory for reuse. */
 void lg_buf_reset(lg_buf *b);
 /* Returns the contents as a malloc'd NUL-terminated string (never NULL; "" when empty) that
@@ -43,5 +41,26 @@ void lg_buf_reset(lg_buf *b);
 char *lg_buf_steal(lg_buf *b);
 /* Frees the memory and leaves an empty buffer; no-op on NULL or an empty buffer. */
 void lg_buf_free(lg_buf *b);
+
+/* A byte queue: appended at the back, taken from the front. Taking moves a read offset;
+ * the bytes still queued are moved down only once the taken ones outnumber them, so a
+ * queue drained in small pieces costs O(1) per byte however long it grows (lg_buf_consume
+ * on a plain buffer would move the whole rest each time). A zeroed struct is empty. */
+typedef struct lg_fifo {
+    lg_buf b;   /* b.p[off .. b.len) is queued */
+    size_t off;
+} lg_fifo;
+
+/* Bytes queued. */
+static inline size_t lg_fifo_len(const lg_fifo *f)
+{
+    return f->b.len - f->off;
+}
+/* Queues n bytes from s (s may be NULL when n is 0). */
+void lg_fifo_append(lg_fifo *f, const void *s, size_t n);
+/* Moves up to `max` bytes from the front of the queue into dst; returns how many. */
+size_t lg_fifo_take(lg_fifo *f, void *dst, size_t max);
+/* Frees the memory and leaves an empty queue. */
+void lg_fifo_free(lg_fifo *f);
 
 #endif

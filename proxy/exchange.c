@@ -131,7 +131,7 @@ typedef struct exchange {
     bool stream_ready;  /* streaming response may be queued */
     bool queued;
     bool ended;         /* everything is in `out` ([DONE] included) */
-    lg_buf out;
+    lg_fifo out;
     uint64_t out_since_ns, last_out_ns;
     lg_assembler *as;
     int final_status;
@@ -141,6 +141,9 @@ typedef struct exchange {
     long long c_created;
     lg_buf done_raw;
     lg_buf scratch; /* chunkscan's decoded strings for the current event */
+    /* One event's split and released text (on_chunk), kept between events so that a
+     * token costs no malloc: EX_TEXT_SPLIT_R .. EX_TEXT_REL_C. */
+    lg_buf text[4];
 
     /* the record */
     unsigned trips;
@@ -169,8 +172,8 @@ static double seconds_since(uint64_t then, uint64_t now)
 static void out_append(exchange *ex, const char *s, size_t n)
 {
     if (!ex->req.client_stream || ex->ended) return;
-    if (ex->out.len == 0) ex->out_since_ns = ex->base.w->now_ns;
-    lg_buf_append(&ex->out, s, n);
+    if (lg_fifo_len(&ex->out) == 0) ex->out_since_ns = ex->base.w->now_ns;
+    lg_fifo_append(&ex->out, s, n);
     worker_resume(&ex->base);
 }
 
@@ -230,6 +233,31 @@ static void emit_chunk(exchange *ex, const dl_delta *tmpl, const char *r, size_t
 }
 
 /* Moves `n` bytes from the front of channel ch's held text to its sent text. */
+enum { EX_TEXT_SPLIT_R, EX_TEXT_SPLIT_C, EX_TEXT_REL_R, EX_TEXT_REL_C };
+#define EX_TEXT_KEEP 4096 /* a per-event text buffer larger than this is not kept */
+
+/* Lends the exchange's per-event text buffer i, empty; the caller owns it until
+ * text_return. A nested lender would find the slot empty and start from no memory. */
+static lg_buf text_borrow(exchange *ex, int i)
+{
+    lg_buf b = ex->text[i];
+    ex->text[i] = (lg_buf)LG_BUF_INIT;
+    lg_buf_reset(&b);
+    return b;
+}
+
+/* Takes a borrowed buffer back (its memory kept for the next event unless it grew past
+ * EX_TEXT_KEEP or the slot was refilled meanwhile) and leaves *b empty. */
+static void text_return(exchange *ex, int i, lg_buf *b)
+{
+    if (ex->text[i].p || b->cap > EX_TEXT_KEEP) {
+        lg_buf_free(b);
+        return;
+    }
+    ex->text[i] = *b;
+    *b = (lg_buf)LG_BUF_INIT;
+}
+
 static void release(exchange *ex, lg_channel ch, size_t n, lg_buf *into)
 {
     chan *c = &ex->ch[ch];
@@ -753,7 +781,7 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     }
 
     /* Split inline <think> out of content (no server-side reasoning parser). */
-    lg_buf r = LG_BUF_INIT, c = LG_BUF_INIT;
+    lg_buf r = text_borrow(ex, EX_TEXT_SPLIT_R), c = text_borrow(ex, EX_TEXT_SPLIT_C);
     if (d->reasoning_len) lg_buf_append(&r, d->reasoning, d->reasoning_len);
     if (d->content_len && ex->chat && !ex->think && !d->reasoning_len &&
         ex->ch[LG_CH_REASONING].attempt_bytes == 0 && ex->ch[LG_CH_CONTENT].attempt_bytes == 0) {
@@ -790,8 +818,8 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
         tripped = guard_text(ex, LG_CH_TOOL_ARGS, d->tools[i].args, d->tools[i].args_len);
         text |= d->tools[i].args_len > 0;
     }
-    lg_buf_free(&r);
-    lg_buf_free(&c);
+    text_return(ex, EX_TEXT_SPLIT_R, &r);
+    text_return(ex, EX_TEXT_SPLIT_C, &c);
     if (text) ex->tokens++;
     if (tripped) return 1; /* the verdict was taken */
     if (d->finish_reason) {
@@ -802,7 +830,7 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
 
     /* Release: everything at the end of the generation, else what the guard cleared. Tool
      * arguments are guarded but never held (they are forwarded in their own deltas). */
-    lg_buf rel_r = LG_BUF_INIT, rel_c = LG_BUF_INIT;
+    lg_buf rel_r = text_borrow(ex, EX_TEXT_REL_R), rel_c = text_borrow(ex, EX_TEXT_REL_C);
     bool all = d->finish_reason != NULL;
     release(ex, LG_CH_TOOL_ARGS, ex->ch[LG_CH_TOOL_ARGS].held.len, NULL);
     release(ex, LG_CH_REASONING,
@@ -823,8 +851,8 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
             dl_delta_clear(&full);
         }
     }
-    lg_buf_free(&rel_r);
-    lg_buf_free(&rel_c);
+    text_return(ex, EX_TEXT_REL_R, &rel_r);
+    text_return(ex, EX_TEXT_REL_C, &rel_c);
     return 0;
 }
 
@@ -910,7 +938,7 @@ static size_t on_write(char *data, size_t size, size_t n, void *ud)
         return len;
     }
     /* A slow client: stop reading the upstream until the output drains. */
-    if (ex->out.len >= EX_OUT_HIGH) {
+    if (lg_fifo_len(&ex->out) >= EX_OUT_HIGH) {
         ex->up_paused = true;
         return CURL_WRITEFUNC_PAUSE;
     }
@@ -1177,13 +1205,13 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
     lg_worker *w = ex->base.w;
     (void)pos;
     if (ex->base.client_gone) return MHD_CONTENT_READER_END_WITH_ERROR;
-    if (ex->out.len) {
-        size_t k = lg_buf_take(&ex->out, buf, max);
+    if (lg_fifo_len(&ex->out)) {
+        size_t k = lg_fifo_take(&ex->out, buf, max);
         uint64_t now = lg_now_ns();
         metrics_added_latency(w->metrics, seconds_since(ex->out_since_ns, now));
         ex->out_since_ns = now;
         ex->last_out_ns = now;
-        if (ex->up_paused && ex->out.len < EX_OUT_HIGH / 2 && ex->easy) {
+        if (ex->up_paused && lg_fifo_len(&ex->out) < EX_OUT_HIGH / 2 && ex->easy) {
             ex->up_paused = false;
             ex->last_event_ns = w->now_ns; /* time paused for the client is not idle time */
             curl_easy_pause(ex->easy, CURLPAUSE_CONT); /* may deliver data right here */
@@ -1337,7 +1365,7 @@ static void ex_tick(lg_req *base, uint64_t now)
     }
     /* Keep intermediaries from timing out while text is held back or a retry runs. */
     uint64_t ka = (uint64_t)cfg->guard.keepalive_ms * 1000000ull;
-    if (ex->req.client_stream && ex->queued && !ex->ended && ka && ex->out.len == 0 &&
+    if (ex->req.client_stream && ex->queued && !ex->ended && ka && lg_fifo_len(&ex->out) == 0 &&
         now > ex->last_out_ns && now - ex->last_out_ns >= ka) {
         out_append(ex, ": keep-alive\n\n", 14);
         ex->last_out_ns = now;
@@ -1379,9 +1407,11 @@ static void ex_destroy(lg_req *base)
     asm_free(ex->as);
     lg_buf_free(&ex->body);
     lg_buf_free(&ex->errbody);
-    lg_buf_free(&ex->out);
+    lg_fifo_free(&ex->out);
     lg_buf_free(&ex->done_raw);
     lg_buf_free(&ex->scratch);
+    for (int i = 0; i < 4; i++)
+        lg_buf_free(&ex->text[i]);
     free(ex->final_body);
     free(ex->final_ctype);
     free(ex->c_id);

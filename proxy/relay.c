@@ -27,10 +27,10 @@ typedef struct relay {
     struct curl_slist *headers;
     size_t replica;
     bool has_body;
-    lg_buf up;       /* client bytes not yet read by libcurl */
+    lg_fifo up;      /* client bytes not yet read by libcurl */
     bool up_done;    /* the client finished its body */
     bool up_paused;  /* libcurl's read callback returned PAUSE */
-    lg_buf down;     /* upstream bytes not yet sent to the client */
+    lg_fifo down;    /* upstream bytes not yet sent to the client */
     bool down_paused;
     http_head head;
     char *method, *target; /* the request line's method and path?query, kept for a re-send */
@@ -59,14 +59,14 @@ static size_t on_read(char *buf, size_t size, size_t n, void *ud)
 {
     relay *r = ud;
     size_t want = size * n;
-    if (r->up.len == 0) {
+    if (lg_fifo_len(&r->up) == 0) {
         if (r->up_done) return 0;
         r->up_paused = true;
         return CURL_READFUNC_PAUSE;
     }
-    size_t k = lg_buf_take(&r->up, buf, want);
+    size_t k = lg_fifo_take(&r->up, buf, want);
     r->up_read += k;
-    if (r->up.len < RELAY_HIGH / 2) worker_resume(&r->base);
+    if (lg_fifo_len(&r->up) < RELAY_HIGH / 2) worker_resume(&r->base);
     return k;
 }
 
@@ -83,11 +83,11 @@ static size_t on_write(char *data, size_t size, size_t n, void *ud)
 {
     relay *r = ud;
     if (r->base.client_gone) return 0; /* aborts the transfer */
-    if (r->down.len >= RELAY_HIGH) {
+    if (lg_fifo_len(&r->down) >= RELAY_HIGH) {
         r->down_paused = true;
         return CURL_WRITEFUNC_PAUSE;
     }
-    lg_buf_append(&r->down, data, size * n);
+    lg_fifo_append(&r->down, data, size * n);
     r->last_data_ns = r->base.w->now_ns;
     worker_resume(&r->base);
     return size * n;
@@ -127,9 +127,9 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
     relay *r = cls;
     (void)pos;
     if (r->base.client_gone) return MHD_CONTENT_READER_END_WITH_ERROR;
-    if (r->down.len) {
-        size_t k = lg_buf_take(&r->down, buf, max);
-        if (r->down_paused && r->down.len < RELAY_HIGH / 2 && r->easy) {
+    if (lg_fifo_len(&r->down)) {
+        size_t k = lg_fifo_take(&r->down, buf, max);
+        if (r->down_paused && lg_fifo_len(&r->down) < RELAY_HIGH / 2 && r->easy) {
             r->down_paused = false;
             curl_easy_pause(r->easy, CURLPAUSE_CONT);
         }
@@ -182,16 +182,16 @@ static enum MHD_Result relay_access(lg_req *base, const char *upload, size_t *up
             *upload_size = 0;
             if (!r->too_big) relay_stop_transfer(r);
             r->too_big = true;
-            lg_buf_free(&r->up);
+            lg_fifo_free(&r->up);
             return MHD_YES;
         }
-        lg_buf_append(&r->up, upload, *upload_size);
+        lg_fifo_append(&r->up, upload, *upload_size);
         *upload_size = 0;
         if (r->up_paused && r->easy) {
             r->up_paused = false;
             curl_easy_pause(r->easy, CURLPAUSE_CONT);
         }
-        if (r->up.len >= RELAY_HIGH) worker_suspend(base);
+        if (lg_fifo_len(&r->up) >= RELAY_HIGH) worker_suspend(base);
         return MHD_YES;
     }
     if (!r->up_done) {
@@ -244,8 +244,8 @@ static void relay_destroy(lg_req *base)
     curl_slist_free_all(r->headers);
     free(r->method);
     free(r->target);
-    lg_buf_free(&r->up);
-    lg_buf_free(&r->down);
+    lg_fifo_free(&r->up);
+    lg_fifo_free(&r->down);
     http_head_clear(&r->head);
     free(r);
 }

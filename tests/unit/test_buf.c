@@ -1,0 +1,90 @@
+/* test_buf.c — the byte queue (lg_fifo): whatever mix of appends and takes of whatever
+ * sizes, the bytes come out in the order they went in, none lost or repeated, and the
+ * queue reports how many it holds. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "proxy/buf.h"
+
+/* Appends `total` bytes numbered 0, 1, 2, … (mod 251) in pieces of 1..max_in, taking in
+ * pieces of 1..max_out between appends, and checks every byte taken and the length. */
+static void run_mix(size_t total, size_t max_in, size_t max_out)
+{
+    lg_fifo f = {0};
+    unsigned r = 7;
+    size_t in = 0, out = 0;
+    unsigned char piece[4096], got[4096];
+    while (out < total) {
+        r = r * 1103515245u + 12345u;
+        if (in < total && (r >> 16) % 3) {
+            size_t n = 1 + (r >> 8) % max_in;
+            if (n > total - in) n = total - in;
+            for (size_t i = 0; i < n; i++)
+                piece[i] = (unsigned char)((in + i) % 251);
+            lg_fifo_append(&f, piece, n);
+            in += n;
+        } else {
+            size_t want = 1 + (r >> 8) % max_out;
+            size_t k = lg_fifo_take(&f, got, want);
+            assert_true(k <= want);
+            assert_int_equal(k, want < in - out ? want : in - out);
+            for (size_t i = 0; i < k; i++)
+                assert_int_equal(got[i], (out + i) % 251);
+            out += k;
+        }
+        assert_int_equal(lg_fifo_len(&f), in - out);
+    }
+    assert_int_equal(lg_fifo_take(&f, got, sizeof got), 0);
+    lg_fifo_free(&f);
+    assert_int_equal(lg_fifo_len(&f), 0);
+}
+
+/* The queue grows long (appends outpace takes), then drains in small pieces. */
+static void test_long_queue_small_takes(void **state)
+{
+    (void)state;
+    run_mix(1 << 20, 4096, 64);
+}
+
+/* Takes about as large as appends: the queue empties often and restarts at the front. */
+static void test_balanced(void **state)
+{
+    (void)state;
+    run_mix(1 << 18, 512, 512);
+    run_mix(1 << 16, 1, 1);
+}
+
+/* An emptied queue takes appends again; free leaves a reusable empty queue. */
+static void test_reuse(void **state)
+{
+    (void)state;
+    lg_fifo f = {0};
+    char out[8];
+    lg_fifo_append(&f, "abcdef", 6);
+    assert_int_equal(lg_fifo_take(&f, out, 4), 4);
+    assert_memory_equal(out, "abcd", 4);
+    lg_fifo_append(&f, "gh", 2);
+    assert_int_equal(lg_fifo_len(&f), 4);
+    assert_int_equal(lg_fifo_take(&f, out, 8), 4);
+    assert_memory_equal(out, "efgh", 4);
+    lg_fifo_free(&f);
+    lg_fifo_append(&f, "x", 1);
+    assert_int_equal(lg_fifo_take(&f, out, 8), 1);
+    assert_int_equal(out[0], 'x');
+    lg_fifo_free(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_long_queue_small_takes),
+        cmocka_unit_test(test_balanced),
+        cmocka_unit_test(test_reuse),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
