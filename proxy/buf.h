@@ -32,7 +32,7 @@ void lg_buf_append_str(lg_buf *b, const char *s);
 /* Appends printf-formatted text. */
 void lg_buf_printf(lg_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Drops the first n bytes (all of them when n >= len). O(len - n): the rest is moved to the
- * front, so callers that consume many small pieces of a large buffer should batch. */
+ * front, so a queue drained in small pieces wants an lg_fifo (below). */
 void lg_buf_consume(lg_buf *b, size_t n);
 /* Empties the buffer and keeps its memory for reuse. */
 void lg_buf_reset(lg_buf *b);

@@ -141,9 +141,9 @@ typedef struct exchange {
     long long c_created;
     lg_buf done_raw;
     lg_buf scratch; /* chunkscan's decoded strings for the current event */
-    /* One event's split and released text (on_chunk), kept between events so that a
-     * token costs no malloc: EX_TEXT_SPLIT_R .. EX_TEXT_REL_C. */
-    lg_buf text[4];
+    /* One event's reasoning and content text (on_chunk: first as split, then as released),
+     * kept between events so that a token costs no malloc: EX_TEXT_R, EX_TEXT_C. */
+    lg_buf text[2];
 
     /* the record */
     unsigned trips;
@@ -233,7 +233,7 @@ static void emit_chunk(exchange *ex, const dl_delta *tmpl, const char *r, size_t
 }
 
 /* Moves `n` bytes from the front of channel ch's held text to its sent text. */
-enum { EX_TEXT_SPLIT_R, EX_TEXT_SPLIT_C, EX_TEXT_REL_R, EX_TEXT_REL_C };
+enum { EX_TEXT_R, EX_TEXT_C };
 #define EX_TEXT_KEEP 4096 /* a per-event text buffer larger than this is not kept */
 
 /* Lends the exchange's per-event text buffer i, empty; the caller owns it until
@@ -781,7 +781,7 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     }
 
     /* Split inline <think> out of content (no server-side reasoning parser). */
-    lg_buf r = text_borrow(ex, EX_TEXT_SPLIT_R), c = text_borrow(ex, EX_TEXT_SPLIT_C);
+    lg_buf r = text_borrow(ex, EX_TEXT_R), c = text_borrow(ex, EX_TEXT_C);
     if (d->reasoning_len) lg_buf_append(&r, d->reasoning, d->reasoning_len);
     if (d->content_len && ex->chat && !ex->think && !d->reasoning_len &&
         ex->ch[LG_CH_REASONING].attempt_bytes == 0 && ex->ch[LG_CH_CONTENT].attempt_bytes == 0) {
@@ -818,8 +818,8 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
         tripped = guard_text(ex, LG_CH_TOOL_ARGS, d->tools[i].args, d->tools[i].args_len);
         text |= d->tools[i].args_len > 0;
     }
-    text_return(ex, EX_TEXT_SPLIT_R, &r);
-    text_return(ex, EX_TEXT_SPLIT_C, &c);
+    text_return(ex, EX_TEXT_R, &r);
+    text_return(ex, EX_TEXT_C, &c);
     if (text) ex->tokens++;
     if (tripped) return 1; /* the verdict was taken */
     if (d->finish_reason) {
@@ -830,7 +830,7 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
 
     /* Release: everything at the end of the generation, else what the guard cleared. Tool
      * arguments are guarded but never held (they are forwarded in their own deltas). */
-    lg_buf rel_r = text_borrow(ex, EX_TEXT_REL_R), rel_c = text_borrow(ex, EX_TEXT_REL_C);
+    lg_buf rel_r = text_borrow(ex, EX_TEXT_R), rel_c = text_borrow(ex, EX_TEXT_C);
     bool all = d->finish_reason != NULL;
     release(ex, LG_CH_TOOL_ARGS, ex->ch[LG_CH_TOOL_ARGS].held.len, NULL);
     release(ex, LG_CH_REASONING,
@@ -851,8 +851,8 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
             dl_delta_clear(&full);
         }
     }
-    text_return(ex, EX_TEXT_REL_R, &rel_r);
-    text_return(ex, EX_TEXT_REL_C, &rel_c);
+    text_return(ex, EX_TEXT_R, &rel_r);
+    text_return(ex, EX_TEXT_C, &rel_c);
     return 0;
 }
 
@@ -1410,8 +1410,8 @@ static void ex_destroy(lg_req *base)
     lg_fifo_free(&ex->out);
     lg_buf_free(&ex->done_raw);
     lg_buf_free(&ex->scratch);
-    for (int i = 0; i < 4; i++)
-        lg_buf_free(&ex->text[i]);
+    lg_buf_free(&ex->text[EX_TEXT_R]);
+    lg_buf_free(&ex->text[EX_TEXT_C]);
     free(ex->final_body);
     free(ex->final_ctype);
     free(ex->c_id);
