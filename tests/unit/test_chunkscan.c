@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,6 +82,37 @@ static void test_refuses_what_needs_the_full_parser(void **state)
     for (size_t i = 0; i < sizeof refuse / sizeof *refuse; i++) assert_false(agrees(refuse[i]));
 }
 
+/* The word-at-a-time string scan: a control byte, an escape or a byte next to one of its
+ * limits at every position of texts around the 16-byte steps. */
+static void test_every_position_in_a_text(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *put;
+        bool accepted;
+    } cases[] = {
+        {"\x01", false}, {"\x1f", false}, {"\t", false}, {" ", true},   {"!", true},
+        {"\x7f", true},  {"\xc3\xa9", true}, {"\\n", true}, {"\\\"", true}, {"\\u00e9", true},
+        {"[", true},     {"\\\\", true},
+    };
+    char json[256];
+    char text[64];
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (size_t len = 0; len <= 40; len++)
+            for (size_t at = 0; at <= len; at++) {
+                memset(text, 'a', len);
+                text[len] = '\0';
+                size_t n = strlen(cases[c].put);
+                memmove(text + at + n, text + at, len - at + 1);
+                memcpy(text + at, cases[c].put, n);
+                snprintf(json, sizeof json,
+                         "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"%s\"}}]}", text);
+                bool ok = agrees(json);
+                if (ok != cases[c].accepted)
+                    fail_msg("case %zu len %zu at %zu: %s", c, len, at, json);
+            }
+}
+
 /* Random byte edits of accepted chunks: whatever the scanner still accepts, it agrees. */
 static void test_mutations_agree(void **state)
 {
@@ -109,6 +141,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accepts_common_shapes),
         cmocka_unit_test(test_refuses_what_needs_the_full_parser),
+        cmocka_unit_test(test_every_position_in_a_text),
         cmocka_unit_test(test_mutations_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
