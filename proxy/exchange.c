@@ -900,7 +900,7 @@ static int on_event(void *ud, const sse_event *ev)
         out_append(ex, ev->raw, ev->raw_len);
         break;
     }
-    dl_delta_clear(&d);
+    if (!fast) dl_delta_clear(&d); /* chunkscan's delta owns nothing */
     return rc;
 }
 
