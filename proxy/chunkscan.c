@@ -3,7 +3,14 @@
  * A recursive-descent walk over the event's JSON that keeps only what a plain text delta
  * carries. Values it does not need are skipped structurally (depth-limited). Any doubt —
  * an unexpected type, a duplicated key, a "\u0000" that cJSON would cut a string at — is a
- * refusal, never a guess: the full parser then decides. */
+ * refusal, never a guess: the full parser then decides.
+ *
+ * The frame (chunkscan_state): a stream's chunks differ in one string, so once a walk has
+ * accepted a chunk with one text value, the next chunk is compared with that chunk's bytes
+ * before and after the value; when both match and what lies between is exactly one JSON
+ * string, the walk would have taken the same steps and the answer is the old one with the
+ * new string. That costs two memcmp and one string scan instead of the walk (about 320
+ * instead of 2,600 instructions per SGLang event). */
 #include "proxy/chunkscan.h"
 
 #include <string.h>
@@ -274,8 +281,12 @@ static bool key_is(str k, const char *name)
 
 /* ---- the shape we accept ----------------------------------------------------------- */
 
+/* The keys that carry text, as indexes of view.text and values of chunkscan_state.field. */
+enum { F_CONTENT, F_RC, F_R, F_COUNT };
+
 typedef struct view {
-    str role, content, rc, r;
+    str role, text[F_COUNT];
+    const char *tok[F_COUNT], *tok_end[F_COUNT]; /* where each text key's value token lies */
     unsigned seen; /* one bit per key we read, to refuse duplicates */
     int index;
     bool choice_seen;
@@ -290,13 +301,23 @@ static bool once(view *v, unsigned bit)
     return true;
 }
 
+/* A text key's value, a string or null, remembering where its token lies. */
+static bool text_value(scan *c, view *v, int f)
+{
+    ws(c);
+    v->tok[f] = c->p;
+    bool ok = string_or_null(c, &v->text[f]);
+    v->tok_end[f] = c->p;
+    return ok;
+}
+
 static bool delta_member(scan *c, str key, void *ud, int depth)
 {
     view *v = ud;
     if (key_is(key, "role")) return once(v, K_ROLE) && string_or_null(c, &v->role);
-    if (key_is(key, "content")) return once(v, K_CONTENT) && string_or_null(c, &v->content);
-    if (key_is(key, "reasoning_content")) return once(v, K_RC) && string_or_null(c, &v->rc);
-    if (key_is(key, "reasoning")) return once(v, K_R) && string_or_null(c, &v->r);
+    if (key_is(key, "content")) return once(v, K_CONTENT) && text_value(c, v, F_CONTENT);
+    if (key_is(key, "reasoning_content")) return once(v, K_RC) && text_value(c, v, F_RC);
+    if (key_is(key, "reasoning")) return once(v, K_R) && text_value(c, v, F_R);
     if (key_is(key, "tool_calls") || key_is(key, "function_call")) {
         ws(c);
         return literal(c, "null") || (eat(c, '[') && eat(c, ']'));
@@ -338,26 +359,81 @@ static bool top_member(scan *c, str key, void *ud, int depth)
     return skip_value(c, depth);
 }
 
-bool chunkscan(const char *data, size_t len, lg_buf *scratch, dl_delta *out)
+/* Fills *out from an accepted view. `role` stands for the role's presence: the exchange only
+ * tests it for NULL. */
+static void fill(dl_delta *out, const char *role, const str *text)
 {
-    scan c = {data, data + len, scratch};
+    const str *rc = &text[F_RC], *r = &text[F_R], *content = &text[F_CONTENT];
+    out->kind = DL_CHUNK;
+    out->chat = true;
+    out->n_choices = 1;
+    out->role = role;
+    out->content = content->n ? content->s : NULL;
+    out->content_len = content->n;
+    out->reasoning = rc->n ? rc->s : r->n ? r->s : NULL;
+    out->reasoning_len = rc->n ? rc->n : r->n;
+    out->reasoning_keys = (rc->n ? DL_KEY_REASONING_CONTENT : 0) | (r->n ? DL_KEY_REASONING : 0);
+}
+
+/* The whole walk. On acceptance with exactly one text key holding text, the chunk's bytes
+ * around that value become st's frame. */
+static bool scan_chunk(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
+{
+    scan c = {data, data + len, &st->scratch};
     view v = {0};
-    memset(out, 0, sizeof *out);
-    lg_buf_reset(scratch);
-    lg_buf_reserve(scratch, len);
     if (!object(&c, top_member, &v, 0)) return false;
     ws(&c);
     if (c.p != c.end || !v.choice_seen || !(v.seen & K_DELTA)) return false;
     /* Both reasoning keys with text: the full parser decides how they combine. */
-    if (v.rc.n && v.r.n) return false;
-    out->kind = DL_CHUNK;
-    out->chat = true;
-    out->n_choices = 1;
-    out->role = v.role.n ? v.role.s : NULL; /* not NUL-terminated: only tested for NULL */
-    out->content = v.content.n ? v.content.s : NULL;
-    out->content_len = v.content.n;
-    out->reasoning = v.rc.n ? v.rc.s : v.r.n ? v.r.s : NULL;
-    out->reasoning_len = v.rc.n ? v.rc.n : v.r.n;
-    out->reasoning_keys = (v.rc.n ? DL_KEY_REASONING_CONTENT : 0) | (v.r.n ? DL_KEY_REASONING : 0);
+    if (v.text[F_RC].n && v.text[F_R].n) return false;
+    fill(out, v.role.n ? data : NULL, v.text);
+    int with_text = 0, f = 0;
+    for (int i = 0; i < F_COUNT; i++)
+        if (v.text[i].n) with_text++, f = i;
+    if (with_text == 1) {
+        size_t head = (size_t)(v.tok[f] - data), tail = len - (size_t)(v.tok_end[f] - data);
+        lg_buf_reset(&st->frame);
+        lg_buf_append(&st->frame, data, head);
+        lg_buf_append(&st->frame, v.tok_end[f], tail);
+        st->head = head;
+        st->field = f + 1;
+        st->role = v.role.n > 0;
+    }
     return true;
+}
+
+/* The chunk is st's frame around one new string: its bytes before and after the text token
+ * are those of the chunk the frame was taken from, so the walk would take every step it
+ * took then and differ only in that string's value. */
+static bool framed(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
+{
+    size_t tail = st->frame.len - st->head;
+    if (!st->field || len < st->frame.len + 2 || memcmp(data, st->frame.p, st->head) != 0 ||
+        memcmp(data + len - tail, st->frame.p + st->head, tail) != 0)
+        return false;
+    scan c = {data + st->head, data + len - tail, &st->scratch};
+    str text[F_COUNT] = {{0}};
+    if (*c.p != '"' || !string(&c, &text[st->field - 1]) || c.p != c.end) return false;
+    fill(out, st->role ? data : NULL, text);
+    return true;
+}
+
+bool chunkscan(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
+{
+    memset(out, 0, sizeof *out);
+    lg_buf_reset(&st->scratch);
+    lg_buf_reserve(&st->scratch, len);
+    if (framed(data, len, st, out)) return true;
+    memset(out, 0, sizeof *out);
+    lg_buf_reset(&st->scratch);
+    if (scan_chunk(data, len, st, out)) return true;
+    memset(out, 0, sizeof *out);
+    return false;
+}
+
+void chunkscan_free(chunkscan_state *st)
+{
+    lg_buf_free(&st->scratch);
+    lg_buf_free(&st->frame);
+    memset(st, 0, sizeof *st);
 }

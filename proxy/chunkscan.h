@@ -7,8 +7,8 @@
  * role / content / reasoning_content / reasoning, no finish_reason, tool calls, usage or
  * error. Anything else returns false and the caller takes the full dialect parser
  * (dl_parse), which stays the single authority on meaning: whenever chunkscan accepts a
- * chunk it reports the same fields dl_parse would (checked by tests/unit/test_chunkscan.c and
- * the fuzz target). */
+ * chunk it reports the same fields dl_parse would, and a framed reading (below) the same as
+ * a fresh walk (both checked by tests/unit/test_chunkscan.c and the fuzz target). */
 #ifndef LG_CHUNKSCAN_H
 #define LG_CHUNKSCAN_H
 
@@ -18,10 +18,29 @@
 #include "proxy/buf.h"
 #include "proxy/dialect.h"
 
+/* Per stream: the buffer escaped strings are decoded into, and the frame of the last chunk
+ * with exactly one text value — its bytes before and after that value's token. The next
+ * chunk that has the same bytes around a new string (a stream's chunks nearly always do)
+ * is read by two comparisons and a string scan instead of the walk. Zero-initialise
+ * (CHUNKSCAN_INIT); chunkscan_free releases it. */
+typedef struct chunkscan_state {
+    lg_buf scratch;
+    lg_buf frame;
+    size_t head;    /* bytes of the frame before the text token */
+    int field;      /* 0: no frame; else which key holds the text (1 content, 2
+                       reasoning_content, 3 reasoning) */
+    bool role;      /* the framed chunk had a role */
+} chunkscan_state;
+
+#define CHUNKSCAN_INIT {LG_BUF_INIT, LG_BUF_INIT, 0, 0, false}
+
 /* Scans data[0..len). On true, *out describes the chunk (kind DL_CHUNK, root NULL, no
  * owned parts: dl_delta_clear is not needed); text pointers point into `data` or into
- * `scratch`, which the call resets and which must outlive the use of *out. On false, *out is
- * zeroed and the chunk needs dl_parse. O(len), no allocation once scratch has grown. */
-bool chunkscan(const char *data, size_t len, lg_buf *scratch, dl_delta *out);
+ * st's scratch, valid until the next call. `role` is non-NULL exactly when the delta has a
+ * role, and points at no role text: test it for NULL only. On false, *out is zeroed and the
+ * chunk needs dl_parse. O(len), no allocation once the buffers have grown. */
+bool chunkscan(const char *data, size_t len, chunkscan_state *st, dl_delta *out);
+
+void chunkscan_free(chunkscan_state *st);
 
 #endif

@@ -140,7 +140,7 @@ typedef struct exchange {
     char *c_id, *c_model;
     long long c_created;
     lg_buf done_raw;
-    lg_buf scratch; /* chunkscan's decoded strings for the current event */
+    chunkscan_state scan; /* the fast path's buffers and the stream's chunk frame */
     /* One event's reasoning and content text (on_chunk: first as split, then as released),
      * kept between events so that a token costs no malloc: EX_TEXT_R, EX_TEXT_C. */
     lg_buf text[2];
@@ -868,7 +868,7 @@ static int on_event(void *ud, const sse_event *ev)
     /* The fast path once the stream's identity is known; whole responses and retries need
      * the full tree (assembler, id rewriting). */
     bool fast = ex->req.client_stream && ex->c_id && ex->attempt == 1 &&
-                chunkscan(ev->data, ev->data_len, &ex->scratch, &d);
+                chunkscan(ev->data, ev->data_len, &ex->scan, &d);
     if (!fast) dl_parse(ev->data, ev->data_len, &d);
     int rc = 0;
     switch (d.kind) {
@@ -1409,7 +1409,7 @@ static void ex_destroy(lg_req *base)
     lg_buf_free(&ex->errbody);
     lg_fifo_free(&ex->out);
     lg_buf_free(&ex->done_raw);
-    lg_buf_free(&ex->scratch);
+    chunkscan_free(&ex->scan);
     lg_buf_free(&ex->text[EX_TEXT_R]);
     lg_buf_free(&ex->text[EX_TEXT_C]);
     free(ex->final_body);

@@ -1,28 +1,37 @@
-/* fuzz_chunkscan.c — property: whenever the fast scanner accepts a chunk, the full dialect
- * parser reads the same fields from the same bytes. */
+/* fuzz_chunkscan.c — properties: whenever the fast scanner accepts a chunk, the full dialect
+ * parser reads the same fields from the same bytes; and a state framed by an earlier chunk
+ * reads a chunk exactly as a fresh state does. The input is two chunks split at its first
+ * newline: the first primes a state, the second is scanned by both. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "proxy/chunkscan.h"
 
+static bool same(const dl_delta *a, const dl_delta *b)
+{
+    return (a->role != NULL) == (b->role != NULL) && a->reasoning_keys == b->reasoning_keys &&
+           a->reasoning_len == b->reasoning_len && a->content_len == b->content_len &&
+           (!a->reasoning_len || !memcmp(a->reasoning, b->reasoning, a->reasoning_len)) &&
+           (!a->content_len || !memcmp(a->content, b->content, a->content_len));
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    lg_buf scratch = LG_BUF_INIT;
-    dl_delta fast, full;
-    const char *s = (const char *)data;
-    bool ok = chunkscan(s, size, &scratch, &fast);
-    dl_parse(s, size, &full);
-    if (ok &&
-        (full.kind != DL_CHUNK || full.n_choices != 1 || full.choice_index != 0 ||
-         full.finish_reason || full.usage || full.n_tools ||
-         (fast.role != NULL) != (full.role != NULL) ||
-         fast.reasoning_keys != full.reasoning_keys ||
-         fast.reasoning_len != full.reasoning_len || fast.content_len != full.content_len ||
-         (fast.reasoning_len && memcmp(fast.reasoning, full.reasoning, fast.reasoning_len)) ||
-         (fast.content_len && memcmp(fast.content, full.content, fast.content_len))))
+    const char *s = (const char *)data, *nl = memchr(s, '\n', size);
+    size_t first = nl ? (size_t)(nl - s) : 0, off = nl ? first + 1 : 0;
+    chunkscan_state fresh = CHUNKSCAN_INIT, primed = CHUNKSCAN_INIT;
+    dl_delta fast, framed, full;
+    if (nl) (void)chunkscan(s, first, &primed, &framed);
+    bool ok = chunkscan(s + off, size - off, &fresh, &fast);
+    if (chunkscan(s + off, size - off, &primed, &framed) != ok || (ok && !same(&fast, &framed)))
+        abort();
+    dl_parse(s + off, size - off, &full);
+    if (ok && (full.kind != DL_CHUNK || full.n_choices != 1 || full.choice_index != 0 ||
+               full.finish_reason || full.usage || full.n_tools || !same(&fast, &full)))
         abort();
     dl_delta_clear(&full);
-    lg_buf_free(&scratch);
+    chunkscan_free(&fresh);
+    chunkscan_free(&primed);
     return 0;
 }

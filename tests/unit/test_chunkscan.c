@@ -12,13 +12,32 @@
 
 #include "proxy/chunkscan.h"
 
+/* A chunk that frames its content, for priming a state: every chunk below is scanned once
+ * with a fresh state and once with a state whose frame came from this one. */
+static const char *const primer =
+    "{\"id\":\"ab\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+    "\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":null,\"content\":\"Hi\"},"
+    "\"logprobs\":null,\"finish_reason\":null,\"matched_stop\":null}]}";
+
+static void assert_same_delta(const dl_delta *a, const dl_delta *b)
+{
+    assert_int_equal(a->kind, b->kind);
+    assert_int_equal(a->role != NULL, b->role != NULL);
+    assert_int_equal(a->reasoning_keys, b->reasoning_keys);
+    assert_int_equal(a->reasoning_len, b->reasoning_len);
+    assert_int_equal(a->content_len, b->content_len);
+    if (a->reasoning_len) assert_memory_equal(a->reasoning, b->reasoning, a->reasoning_len);
+    if (a->content_len) assert_memory_equal(a->content, b->content, a->content_len);
+}
+
 /* Returns whether chunkscan accepted `json`; when it did, asserts that every field the
- * exchange reads equals dl_parse's view of the same bytes. */
+ * exchange reads equals dl_parse's view of the same bytes. A state framed by `primer`
+ * must give the same answer as the fresh one. */
 static bool agrees(const char *json)
 {
-    lg_buf scratch = LG_BUF_INIT;
-    dl_delta fast, full;
-    bool ok = chunkscan(json, strlen(json), &scratch, &fast);
+    chunkscan_state fresh = CHUNKSCAN_INIT, primed = CHUNKSCAN_INIT;
+    dl_delta fast, full, framed;
+    bool ok = chunkscan(json, strlen(json), &fresh, &fast);
     dl_parse(json, strlen(json), &full);
     if (ok) {
         assert_int_equal(full.kind, DL_CHUNK);
@@ -27,15 +46,15 @@ static bool agrees(const char *json)
         assert_null(full.finish_reason);
         assert_null(full.usage);
         assert_int_equal(full.n_tools, 0);
-        assert_int_equal(fast.role != NULL, full.role != NULL);
-        assert_int_equal(fast.reasoning_keys, full.reasoning_keys);
-        assert_int_equal(fast.reasoning_len, full.reasoning_len);
-        assert_int_equal(fast.content_len, full.content_len);
-        if (fast.reasoning_len) assert_memory_equal(fast.reasoning, full.reasoning, fast.reasoning_len);
-        if (fast.content_len) assert_memory_equal(fast.content, full.content, fast.content_len);
+        assert_same_delta(&fast, &full);
     }
+    assert_true(chunkscan(primer, strlen(primer), &primed, &framed));
+    assert_int_equal(primed.field, 1);
+    assert_int_equal(chunkscan(json, strlen(json), &primed, &framed), ok);
+    if (ok) assert_same_delta(&framed, &fast);
     dl_delta_clear(&full);
-    lg_buf_free(&scratch);
+    chunkscan_free(&fresh);
+    chunkscan_free(&primed);
     return ok;
 }
 
@@ -113,6 +132,28 @@ static void test_every_position_in_a_text(void **state)
             }
 }
 
+/* Chunks that share the primer's bytes around its text, or almost: the framed reading must
+ * equal the walk, whatever lies between. */
+static void test_framed_chunks(void **state)
+{
+    (void)state;
+    static const char *const middles[] = {
+        "\"there\"", "\"\"", "\"a\\\"b\"", "\"\\u00e9\\n\"", "\"a\\\"", "\"a\",\"role\":\"x\"",
+        "\"a\",\"content\":\"b\"", "\"a\",\"reasoning\":\"b\"", "null", "\"\\u0000\"", "\"a\x01\"",
+        "\"a\"  ", " \"a\"", "\"", "\"a", "7",
+    };
+    const char *at = strstr(primer, "\"Hi\"");
+    size_t head = (size_t)(at - primer), tail = strlen(at + 4);
+    char json[512];
+    size_t framed_ok = 0;
+    for (size_t i = 0; i < sizeof middles / sizeof *middles; i++) {
+        snprintf(json, sizeof json, "%.*s%s%s", (int)head, primer, middles[i], at + 4);
+        assert_int_equal(strlen(json), head + strlen(middles[i]) + tail);
+        framed_ok += agrees(json);
+    }
+    assert_true(framed_ok >= 4);
+}
+
 /* Random byte edits of accepted chunks: whatever the scanner still accepts, it agrees. */
 static void test_mutations_agree(void **state)
 {
@@ -125,7 +166,7 @@ static void test_mutations_agree(void **state)
     unsigned seed = 12345;
     size_t accepted = 0;
     for (int iter = 0; iter < 20000; iter++) {
-        strcpy(buf, base);
+        strcpy(buf, iter % 2 ? base : primer); /* the primer's edits test its frame */
         size_t n = strlen(buf);
         for (int k = 0; k < 1 + iter % 3; k++) {
             seed = seed * 1103515245u + 12345u;
@@ -142,6 +183,7 @@ int main(void)
         cmocka_unit_test(test_accepts_common_shapes),
         cmocka_unit_test(test_refuses_what_needs_the_full_parser),
         cmocka_unit_test(test_every_position_in_a_text),
+        cmocka_unit_test(test_framed_chunks),
         cmocka_unit_test(test_mutations_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
