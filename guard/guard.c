@@ -128,6 +128,7 @@ struct guard {
 
     unsigned char leak_last[32];  /* bitset: last bytes of leak tokens */
     unsigned char leak_first[32]; /* and first bytes */
+    unsigned char leak_any[32];   /* both together: most bytes are in neither */
     size_t leak_maxlen;
     uint64_t leak_start; /* offset + 1 of the last byte that can start a token */
 
@@ -175,6 +176,8 @@ guard *guard_new(const guard_params *p, lg_channel ch)
         unsigned char first = (unsigned char)p->leaks[i][0];
         g->leak_last[last >> 3] |= (unsigned char)(1u << (last & 7));
         g->leak_first[first >> 3] |= (unsigned char)(1u << (first & 7));
+        g->leak_any[last >> 3] |= (unsigned char)(1u << (last & 7));
+        g->leak_any[first >> 3] |= (unsigned char)(1u << (first & 7));
         if (p->leak_len[i] > g->leak_maxlen) g->leak_maxlen = p->leak_len[i];
     }
     return g;
@@ -766,6 +769,7 @@ void guard_disable_leaks(guard *g)
     /* With no last-byte candidates leak_step never compares and leak_suspect is 0. */
     memset(g->leak_last, 0, sizeof g->leak_last);
     memset(g->leak_first, 0, sizeof g->leak_first);
+    memset(g->leak_any, 0, sizeof g->leak_any);
     g->leak_maxlen = 0;
 }
 
@@ -826,6 +830,7 @@ static bool rules_run(guard *g, uint64_t to, bool final)
 static bool leak_step(guard *g, unsigned char b)
 {
     const guard_params *p = g->p;
+    if (!(g->leak_any[b >> 3] & (1u << (b & 7)))) return false;
     g->leak_start = g->leak_first[b >> 3] & (1u << (b & 7)) ? g->fed : g->leak_start;
     if (!(g->leak_last[b >> 3] & (1u << (b & 7)))) return false;
     for (size_t i = 0; i < p->n_leaks; i++) {
