@@ -23,6 +23,7 @@
 typedef struct scan {
     const char *p, *end;
     lg_buf *scratch;
+    size_t chunk_len; /* the whole chunk's length: no scan decodes more than this */
 } scan;
 
 typedef struct str {
@@ -155,7 +156,7 @@ static bool escape(scan *c)
 }
 
 /* A JSON string at c->p (after whitespace). Without escapes it points into the input; with
- * them it is decoded into scratch (reserved up front, so earlier pointers stay valid). */
+ * them it is decoded into scratch (see below: earlier pointers stay valid). */
 static bool string(scan *c, str *out)
 {
     if (!eat(c, '"')) return false;
@@ -166,6 +167,10 @@ static bool string(scan *c, str *out)
         c->p++;
         return true;
     }
+    /* The first escape of a scan reserves room for everything the scan can decode, so
+     * no later append moves the strings already decoded; a stream without escapes never
+     * allocates scratch at all. */
+    if (!c->scratch->len) lg_buf_reserve(c->scratch, c->chunk_len);
     size_t at = c->scratch->len;
     for (;;) {
         lg_buf_append(c->scratch, run, (size_t)(c->p - run));
@@ -379,7 +384,7 @@ static void fill(dl_delta *out, const char *role, const str *text)
  * around that value become st's frame. */
 static bool scan_chunk(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
 {
-    scan c = {data, data + len, &st->scratch};
+    scan c = {data, data + len, &st->scratch, len};
     view v = {0};
     if (!object(&c, top_member, &v, 0)) return false;
     ws(&c);
@@ -411,7 +416,7 @@ static bool framed(const char *data, size_t len, chunkscan_state *st, dl_delta *
     if (!st->field || len < st->frame.len + 2 || memcmp(data, st->frame.p, st->head) != 0 ||
         memcmp(data + len - tail, st->frame.p + st->head, tail) != 0)
         return false;
-    scan c = {data + st->head, data + len - tail, &st->scratch};
+    scan c = {data + st->head, data + len - tail, &st->scratch, len};
     str text[F_COUNT] = {{0}};
     if (*c.p != '"' || !string(&c, &text[st->field - 1]) || c.p != c.end) return false;
     fill(out, st->role ? data : NULL, text);
@@ -422,7 +427,6 @@ bool chunkscan(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
 {
     memset(out, 0, sizeof *out);
     lg_buf_reset(&st->scratch);
-    lg_buf_reserve(&st->scratch, len);
     if (framed(data, len, st, out)) return true;
     memset(out, 0, sizeof *out);
     lg_buf_reset(&st->scratch);

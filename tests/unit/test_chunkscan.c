@@ -79,6 +79,21 @@ static void test_accepts_common_shapes(void **state)
                        "\"logprobs\":null,\"finish_reason\":null}]}"));
 }
 
+/* Two escaped strings in one chunk, the second much longer than the first: both decoded
+ * texts must still be readable (the scratch buffer may not move between them; ASan run). */
+static void test_two_escaped_texts(void **state)
+{
+    (void)state;
+    char json[512], content[200];
+    memset(content, 'c', 150);
+    strcpy(content + 150, "\\n\\u00e9");
+    snprintf(json, sizeof json,
+             "{\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"r\\tr\","
+             "\"content\":\"%s\"}}]}",
+             content);
+    assert_true(agrees(json));
+}
+
 static void test_refuses_what_needs_the_full_parser(void **state)
 {
     (void)state;
@@ -182,6 +197,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accepts_common_shapes),
         cmocka_unit_test(test_refuses_what_needs_the_full_parser),
+        cmocka_unit_test(test_two_escaped_texts),
         cmocka_unit_test(test_every_position_in_a_text),
         cmocka_unit_test(test_framed_chunks),
         cmocka_unit_test(test_mutations_agree),
