@@ -880,11 +880,13 @@ static bool feed_bytes(guard *g, const unsigned char *s, size_t len)
     const bool leak = p->n_leaks, rules = p->n_rules, rep = p->repeat.enabled;
     const bool words = p->novelty.enabled, text = p->lines.enabled || words;
     const uint64_t budget = p->budget_bytes ? p->budget_bytes : UINT64_MAX;
+    /* Once per call, not per byte: only guard_report_empty_answer reads it, and not once the
+     * guard has tripped, so bytes after a trip in this call may count too. */
+    for (size_t i = 0; !g->content_seen && i < len; i++) g->content_seen = s[i] > ' ';
     for (size_t i = 0; i < len; i++) {
         unsigned char b = s[i];
         push_byte(g, b);
         g->gram = (g->gram << 8) | b;
-        g->content_seen |= b > ' ';
         if (g->fstate != 2 || b == '\n') fence_step(g, b);
         if (leak && leak_step(g, b)) return true;
         if (rules && g->fed % GUARD_RULE_STEP == 0 && rules_run(g, g->fed, false)) return true;
