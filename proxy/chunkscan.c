@@ -293,7 +293,6 @@ typedef struct view {
     str role, text[F_COUNT];
     const char *tok[F_COUNT], *tok_end[F_COUNT]; /* where each text key's value token lies */
     unsigned seen; /* one bit per key we read, to refuse duplicates */
-    int index;
     bool choice_seen;
 } view;
 
@@ -428,11 +427,8 @@ bool chunkscan(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
     memset(out, 0, sizeof *out);
     lg_buf_reset(&st->scratch);
     if (framed(data, len, st, out)) return true;
-    memset(out, 0, sizeof *out);
-    lg_buf_reset(&st->scratch);
-    if (scan_chunk(data, len, st, out)) return true;
-    memset(out, 0, sizeof *out);
-    return false;
+    lg_buf_reset(&st->scratch); /* framed and scan_chunk write *out only when they accept */
+    return scan_chunk(data, len, st, out);
 }
 
 void chunkscan_free(chunkscan_state *st)

@@ -232,7 +232,6 @@ static void emit_chunk(exchange *ex, const dl_delta *tmpl, const char *r, size_t
     lg_buf_free(&inl);
 }
 
-/* Moves `n` bytes from the front of channel ch's held text to its sent text. */
 enum { EX_TEXT_R, EX_TEXT_C };
 #define EX_TEXT_KEEP 4096 /* a per-event text buffer larger than this is not kept */
 
@@ -258,6 +257,7 @@ static void text_return(exchange *ex, int i, lg_buf *b)
     *b = (lg_buf)LG_BUF_INIT;
 }
 
+/* Moves `n` bytes from the front of channel ch's held text to its sent text. */
 static void release(exchange *ex, lg_channel ch, size_t n, lg_buf *into)
 {
     chan *c = &ex->ch[ch];
