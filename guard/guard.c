@@ -4,7 +4,9 @@
  * scheduled at absolute byte offsets (every GUARD_RULE_STEP bytes), never at the edges of
  * the caller's chunks. That is the whole trick behind chunking invariance: the state after
  * n bytes is a function of those n bytes only, so feeding one byte at a time or the whole
- * text at once trips at the same byte with the same verdict.
+ * text at once trips at the same byte with the same verdict. For speed each detector runs
+ * over a whole piece of the text in a pass of its own (feed_piece), with the same result as
+ * consulting them all, in the order below, byte after byte.
  *
  * Detectors, in the order they are consulted for each byte:
  *   leak     — a configured template token (`<|im_end|>`, a second `</think>`) ends here.
@@ -22,6 +24,9 @@
  * history grows to GUARD_BUF. */
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "guard/guard_int.h"
 
@@ -129,7 +134,9 @@ struct guard {
     unsigned char leak_last[32];  /* bitset: last bytes of leak tokens */
     unsigned char leak_first[32]; /* and first bytes */
     unsigned char leak_any[32];   /* both together: most bytes are in neither */
-    size_t leak_maxlen;
+    unsigned char leak_bytes[4];  /* the bytes of leak_any when it has at most 4 (the */
+    unsigned n_leak_bytes;        /* rest repeat the first), for a 16-byte scan; else 0 */
+    size_t leak_maxlen;           /* 0: no leak tokens (none configured, or disabled) */
     uint64_t leak_start; /* offset + 1 of the last byte that can start a token */
 
     guard_verdict v;
@@ -180,6 +187,14 @@ guard *guard_new(const guard_params *p, lg_channel ch)
         g->leak_any[first >> 3] |= (unsigned char)(1u << (first & 7));
         if (p->leak_len[i] > g->leak_maxlen) g->leak_maxlen = p->leak_len[i];
     }
+    for (unsigned c = 0; c < 256 && g->n_leak_bytes <= 4; c++) {
+        if (!(g->leak_any[c >> 3] & (1u << (c & 7)))) continue;
+        if (g->n_leak_bytes < 4) g->leak_bytes[g->n_leak_bytes] = (unsigned char)c;
+        g->n_leak_bytes++;
+    }
+    if (g->n_leak_bytes > 4) g->n_leak_bytes = 0;
+    for (unsigned k = g->n_leak_bytes; k && k < 4; k++)
+        g->leak_bytes[k] = g->leak_bytes[0];
     return g;
 }
 
@@ -308,11 +323,11 @@ static guard_rclass classify(const unsigned char *u, size_t n, bool *codep)
     return GR_NORMAL;
 }
 
-/* The tail length a candidate must reach once its unit's class and the fence are known. */
-static uint32_t judge(const guard *g, const gcand *c)
+/* The tail length a candidate must reach once its unit's class and the fence are known;
+ * `end` is the offset just past the byte being judged. */
+static uint32_t judge(const guard *g, const gcand *c, uint64_t end)
 {
     const guard_params *p = g->p;
-    uint64_t end = g->fed;
     const unsigned char *u = g->buf + (end - c->period - g->base);
     bool code;
     guard_rclass cls = classify(u, c->period, &code);
@@ -337,11 +352,10 @@ static uint32_t judge(const guard *g, const gcand *c)
     return guard_need_for(c->period, reps, minb);
 }
 
-/* Trips "repeat" for a tail periodic in `period`: reports the smallest period that
- * divides it and where the periodic stretch began (bounded by the history). */
-static void repeat_trip(guard *g, uint32_t period)
+/* Trips "repeat" for a tail periodic in `period` that ends at `end`: reports the smallest
+ * period that divides it and where the periodic stretch began (bounded by the history). */
+static void repeat_trip(guard *g, uint32_t period, uint64_t end)
 {
-    uint64_t end = g->fed;
     const unsigned char *u = g->buf + (end - period - g->base);
     uint32_t q = period;
     for (uint32_t d = 1; d < period; d++) {
@@ -362,14 +376,12 @@ static void repeat_trip(guard *g, uint32_t period)
     trip(g, "repeat", loop_start, end, (unsigned)((end - loop_start) / q));
 }
 
-/* Per byte (already appended at offset fed-1): advances live candidates, looks up the
- * 8-gram table for a new one, and checks thresholds. Returns true when tripped. */
-static bool repeat_step(guard *g, unsigned char b)
+/* Advances the live candidates over byte b at offset pos: a candidate whose period does
+ * not repeat here dies. Returns true when one reached its threshold. */
+static bool cand_advance(guard *g, unsigned char b, uint64_t pos)
 {
-    const guard_params *p = g->p;
-    uint64_t pos = g->fed - 1;
     unsigned n = 0;
-    bool ready = false; /* some candidate reached its threshold */
+    bool ready = false;
     for (unsigned i = 0; i < g->ncand; i++) {
         gcand c = g->cand[i];
         if (at(g, pos - c.period) != b) continue;
@@ -378,59 +390,82 @@ static bool repeat_step(guard *g, unsigned char b)
         g->cand[n++] = c;
     }
     g->ncand = n;
+    return ready;
+}
 
-    /* Every 8-gram is recorded, but looked up only at every fourth offset: a new period
-     * is noticed at most 3 bytes later (its run is measured exactly anyway), and the
-     * unpredictable "seen before?" branch runs a quarter as often. */
-    uint32_t h = (uint32_t)((g->gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
-    uint16_t last = g->gtab[h];
-    g->gtab[h] = (uint16_t)(pos + 1);
-    if ((pos & 3) == 0 && pos >= 7) {
-        uint32_t d = (uint16_t)((uint16_t)(pos + 1) - last);
-        if (last && d >= 1 && d <= p->repeat.max_period && pos >= d + g->base) {
-            bool live = false;
-            for (unsigned i = 0; i < g->ncand; i++)
-                live |= g->cand[i].period == d;
-            if (!live) {
-                /* Verify and measure the run by walking back: O(run), and a run only
-                 * starts being tracked once, so this is amortised O(1). */
-                uint64_t j = pos;
-                while (j >= g->base + d && at(g, j) == at(g, j - d))
-                    j--;
-                uint32_t run = (uint32_t)(pos - j);
-                if (run >= 8) {
-                    unsigned slot = g->ncand;
-                    if (slot == GUARD_NCAND) {
-                        slot = 0;
-                        for (unsigned i = 1; i < GUARD_NCAND; i++)
-                            if (g->cand[i].run < g->cand[slot].run) slot = i;
-                        if (g->cand[slot].run >= run) slot = GUARD_NCAND;
-                    } else {
-                        g->ncand++;
-                    }
-                    if (slot < GUARD_NCAND) {
-                        gcand c = {d, run, 0, false};
-                        c.need = p->repeat.base_need[d];
-                        ready |= (uint64_t)c.run + c.period >= c.need;
-                        g->cand[slot] = c;
-                    }
-                }
-            }
-        }
+/* The 8-gram ending at pos was last seen d bytes earlier: tracks period d, unless it is
+ * live already, when its run is at least 8 bytes and a slot is free or holds a shorter
+ * run. Returns true when the new candidate reached its threshold. */
+static bool cand_add(guard *g, uint64_t pos, uint32_t d)
+{
+    for (unsigned i = 0; i < g->ncand; i++)
+        if (g->cand[i].period == d) return false;
+    /* Verify and measure the run by walking back: O(run), and a run only starts being
+     * tracked once, so this is amortised O(1). */
+    uint64_t j = pos;
+    while (j >= g->base + d && at(g, j) == at(g, j - d))
+        j--;
+    uint32_t run = (uint32_t)(pos - j);
+    if (run < 8) return false;
+    unsigned slot = g->ncand;
+    if (slot == GUARD_NCAND) {
+        slot = 0;
+        for (unsigned i = 1; i < GUARD_NCAND; i++)
+            if (g->cand[i].run < g->cand[slot].run) slot = i;
+        if (g->cand[slot].run >= run) return false;
+    } else {
+        g->ncand++;
     }
+    gcand c = {d, run, g->p->repeat.base_need[d], false};
+    g->cand[slot] = c;
+    return (uint64_t)c.run + c.period >= c.need;
+}
 
-    for (unsigned i = 0; ready && i < g->ncand; i++) {
+/* Some candidate reached its threshold at offset pos: judges it (once) and trips when it
+ * still holds. Returns true on a trip. */
+static bool cand_check(guard *g, uint64_t pos)
+{
+    for (unsigned i = 0; i < g->ncand; i++) {
         gcand *c = &g->cand[i];
         if ((uint64_t)c->run + c->period < c->need) continue;
         if (!c->judged) {
             c->judged = true;
-            c->need = judge(g, c);
+            c->need = judge(g, c, pos + 1);
             if ((uint64_t)c->run + c->period < c->need) continue;
         }
-        repeat_trip(g, c->period);
+        repeat_trip(g, c->period, pos + 1);
         return true;
     }
     return false;
+}
+
+/* The repeat detector over a piece (see feed_piece): per byte, advances live candidates,
+ * records the 8-gram ending there and looks for a new period, and checks thresholds. */
+static size_t repeat_pass(guard *g, const unsigned char *s, size_t lim, uint64_t fed0)
+{
+    const uint32_t max_period = g->p->repeat.max_period;
+    uint16_t *const gtab = g->gtab;
+    uint64_t gram = g->gram;
+    size_t i;
+    for (i = 0; i < lim; i++) {
+        unsigned char b = s[i];
+        uint64_t pos = fed0 + i;
+        gram = gram << 8 | b;
+        bool ready = g->ncand && cand_advance(g, b, pos);
+        /* Every 8-gram is recorded, but looked up only at every fourth offset: a new
+         * period is noticed at most 3 bytes later (its run is measured exactly anyway),
+         * and the unpredictable "seen before?" branch runs a quarter as often. */
+        uint32_t h = (uint32_t)((gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
+        uint16_t last = gtab[h];
+        gtab[h] = (uint16_t)(pos + 1);
+        if ((pos & 3) == 0 && last && pos >= 7) {
+            uint32_t d = (uint16_t)((uint16_t)(pos + 1) - last);
+            if (d >= 1 && d <= max_period && pos >= d + g->base) ready |= cand_add(g, pos, d);
+        }
+        if (ready && cand_check(g, pos)) break;
+    }
+    g->gram = gram;
+    return i;
 }
 
 /* ---- code fences ------------------------------------------------------------------- */
@@ -482,6 +517,30 @@ static void fence_step(guard *g, unsigned char b)
     }
 }
 
+/* Does byte b end a run of fence characters that opens or closes a fence? */
+static bool fence_toggles(const guard *g, unsigned char b)
+{
+    if (g->fstate != 1 || b == g->fch || g->frun < 3) return false;
+    return !g->in_fence || (g->fch == g->open_ch && g->frun >= g->open_len);
+}
+
+/* Follows code fences over s[0..n) and returns how many of those bytes the next piece
+ * takes: all, or those before a byte (not the first) that opens or closes a fence. The
+ * repeat detector thus reads one fence state for a whole piece. */
+static size_t fence_pass(guard *g, const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (g->fstate == 2) { /* the rest of a line: nothing happens before its end */
+            const unsigned char *nl = memchr(s + i, '\n', n - i);
+            if (!nl) break;
+            i = (size_t)(nl - s);
+        }
+        if (i > 0 && fence_toggles(g, s[i])) return i;
+        fence_step(g, s[i]);
+    }
+    return n;
+}
+
 /* ---- segments: lines and sentences ------------------------------------------------- */
 
 /* Byte classes for judging whether a segment is prose. */
@@ -515,10 +574,10 @@ static inline uint64_t mix(uint64_t x)
 
 /* The lines detector, for a completed segment with a letter. The window keeps every such
  * segment, short ones too (they are what lies between the repeats); only a prose sentence
- * of min_segment_bytes can trigger, because code repeats lines on purpose. Returns true on
- * a trip. */
+ * of min_segment_bytes can trigger, because code repeats lines on purpose. `now` is the
+ * number of bytes fed when it is decided. Returns true on a trip. */
 static bool lines_check(guard *g, uint64_t h, uint64_t start, uint64_t end, bool trigger,
-                        bool prose)
+                        bool prose, uint64_t now)
 {
     const guard_params *p = g->p;
     unsigned w = p->lines.window, m = g->seg_mask;
@@ -556,7 +615,7 @@ static bool lines_check(guard *g, uint64_t h, uint64_t start, uint64_t end, bool
     }
     if ((double)seen < p->lines.min_repeat_ratio * total || prosy * 2 < total) return false;
     set_unit(g, start, end);
-    trip(g, "lines", g->segs[from & m].start, g->fed, nocc + 1);
+    trip(g, "lines", g->segs[from & m].start, now, nocc + 1);
     return true;
 }
 
@@ -564,8 +623,9 @@ static bool lines_check(guard *g, uint64_t h, uint64_t start, uint64_t end, bool
  * memory_words? Trips when fewer than min_ratio of the last `window` trigrams were. Words
  * outside prose only ever count as evidence of novelty (code and templated comments repeat
  * on purpose, but their fresh names still show the text is going somewhere), and a
- * trigram made only of numbers does not count at all (zero tables, version lists). */
-static bool novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool prose)
+ * trigram made only of numbers does not count at all (zero tables, version lists). `now`
+ * is the number of bytes fed when it is decided. */
+static bool novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool prose, uint64_t now)
 {
     const guard_params *p = g->p;
     g->wh[0] = g->wh[1];
@@ -593,14 +653,14 @@ static bool novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool 
     g->ntri++;
     if (g->ntri < w || g->novel >= p->novelty.min_ratio * w) return false;
     uint64_t from = g->tri_start[g->ntri % w];
-    set_unit(g, from, g->fed);
-    trip(g, "novelty", from, g->fed, w - g->novel);
+    set_unit(g, from, now);
+    trip(g, "novelty", from, now, w - g->novel);
     return true;
 }
 
-/* A segment (line or sentence) [seg_start, end) is complete: hands it to the lines and
- * novelty detectors. Returns true on a trip. */
-static bool seg_end(guard *g, uint64_t end)
+/* A segment (line or sentence) [seg_start, end) is complete when `now` bytes have been
+ * fed: hands it to the lines and novelty detectors. Returns true on a trip. */
+static bool seg_end(guard *g, uint64_t end, uint64_t now)
 {
     const guard_params *p = g->p;
     uint32_t len = g->seg_len;
@@ -619,11 +679,12 @@ static bool seg_end(guard *g, uint64_t end)
     g->seg_gap = false;
     g->nsw = 0;
     if (p->lines.enabled && ok &&
-        lines_check(g, h, start, end, sentence && len >= p->lines.min_segment_bytes, prose))
+        lines_check(g, h, start, end, sentence && len >= p->lines.min_segment_bytes, prose, now))
         return true;
     if (p->novelty.enabled)
         for (unsigned i = 0; i < nw; i++)
-            if (novelty_word(g, g->sw[i].hash, g->sw[i].start, g->sw[i].alpha, prose)) return true;
+            if (novelty_word(g, g->sw[i].hash, g->sw[i].start, g->sw[i].alpha, prose, now))
+                return true;
     return false;
 }
 
@@ -644,15 +705,15 @@ static inline void seg_add(guard *g, unsigned char b, uint64_t pos)
     g->seg_len++;
 }
 
-static bool lines_step(guard *g, unsigned char b)
+/* Per byte b at offset pos, for the lines and novelty detectors. Returns true on a trip. */
+static bool lines_step(guard *g, unsigned char b, uint64_t pos)
 {
     unsigned char p1 = g->prev, p2 = g->prev2;
     g->prev2 = p1;
     g->prev = b;
-    uint64_t pos = g->fed - 1;
-    if (b == '\n') return seg_end(g, pos);
+    if (b == '\n') return seg_end(g, pos, pos + 1);
     if (b == ' ' || b == '\t' || b == '\r') {
-        if ((p1 == '.' || p1 == '!' || p1 == '?') && g->seg_len) return seg_end(g, pos);
+        if ((p1 == '.' || p1 == '!' || p1 == '?') && g->seg_len) return seg_end(g, pos, pos + 1);
         g->seg_gap = g->seg_len > 0;
         return false;
     }
@@ -664,7 +725,7 @@ static bool lines_step(guard *g, unsigned char b)
     /* CJK sentence ends: 。 (E3 80 82), ！ (EF BC 81), ？ (EF BC 9F). */
     if ((p2 == 0xE3 && p1 == 0x80 && b == 0x82) ||
         (p2 == 0xEF && p1 == 0xBC && (b == 0x81 || b == 0x9F)))
-        return seg_end(g, pos + 1);
+        return seg_end(g, pos + 1, pos + 1);
     return false;
 }
 
@@ -709,10 +770,10 @@ static void word_add(guard *g, unsigned char c, uint64_t pos, bool letter)
 
 /* Splits the stream into words: runs of ASCII letters, digits and '_', and of non-ASCII
  * letters; each CJK character is a word of its own. Must run before lines_step for the
- * same byte, so that a word is in its segment's list when the segment ends. */
-static void words_step(guard *g, unsigned char b)
+ * same byte, so that a word is in its segment's list when the segment ends. b is the byte
+ * at offset pos. */
+static void words_step(guard *g, unsigned char b, uint64_t pos)
 {
-    uint64_t pos = g->fed - 1;
     if (b < 0x80) {
         g->cp_need = 0;
         bool alpha = ((b | 0x20) >= 'a' && (b | 0x20) <= 'z') || b == '_';
@@ -746,20 +807,97 @@ static void words_step(guard *g, unsigned char b)
     if (cjk) word_end(g);
 }
 
-/* The most common byte, an ASCII letter or digit: does exactly what words_step and
- * lines_step do with it, with fewer branches. */
-static inline void text_alnum(guard *g, unsigned char b, bool words)
+static inline bool is_alnum(unsigned char b)
 {
-    uint64_t pos = g->fed - 1;
-    bool letter = b >= 'A';
+    return (unsigned)((b | 0x20) - 'a') < 26 || (unsigned)(b - '0') < 10;
+}
+
+/* The length of the run of ASCII letters and digits that starts s[0..n). Sixteen bytes at
+ * a time where SSE2 exists (every x86-64). */
+static size_t alnum_span(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+#ifdef __SSE2__
+    if (n >= 16) {
+        /* (x - lo) < span unsigned is a signed compare once both sides have the top bit
+         * flipped. */
+        const __m128i flip = _mm_set1_epi8((char)0x80), low = _mm_set1_epi8(0x20);
+        const __m128i a = _mm_set1_epi8('a'), zero = _mm_set1_epi8('0');
+        const __m128i nlet = _mm_set1_epi8((char)(26 ^ 0x80));
+        const __m128i ndig = _mm_set1_epi8((char)(10 ^ 0x80));
+        for (; i + 16 <= n; i += 16) {
+            __m128i x = _mm_loadu_si128((const __m128i *)(s + i));
+            __m128i lx = _mm_sub_epi8(_mm_or_si128(x, low), a);
+            __m128i let = _mm_cmplt_epi8(_mm_xor_si128(lx, flip), nlet);
+            __m128i dig = _mm_cmplt_epi8(_mm_xor_si128(_mm_sub_epi8(x, zero), flip), ndig);
+            unsigned in = (unsigned)_mm_movemask_epi8(_mm_or_si128(let, dig));
+            if (in != 0xFFFF) return i + (unsigned)__builtin_ctz(~in);
+        }
+    }
+#endif
+    while (i < n && is_alnum(s[i]))
+        i++;
+    return i;
+}
+
+/* The most common bytes, a run of ASCII letters and digits from s[i] (offset fed0 + i) up
+ * to lim: does exactly what words_step and lines_step do with each of them, with the two
+ * hashes in registers. Returns the index past the run. */
+static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, uint64_t fed0,
+                        bool words)
+{
+    uint64_t pos = fed0 + i;
+    if (g->seg_gap) { /* one space stands for the gap */
+        g->seg_hash = fnv(g->seg_hash, ' ');
+        g->seg_words++;
+        g->seg_gap = false;
+    }
+    if (!g->seg_len) {
+        g->seg_start = pos;
+        g->seg_words = 1;
+    }
+    if (words && !g->w_len) {
+        g->w_start = pos;
+        g->w_alpha = s[i] >= 'A';
+    }
+    uint64_t wh = g->w_hash, sh = g->seg_hash;
+    uint32_t letters = 0;
+    size_t j = i + alnum_span(s + i, lim - i);
+    for (size_t k = i; k < j; k++) {
+        wh = fnv(wh, s[k] | 0x20); /* lower case; digits have that bit already */
+        sh = fnv(sh, s[k]);
+        letters += s[k] >= 'A';
+    }
+    uint32_t run = (uint32_t)(j - i);
     if (words) {
         g->cp_need = 0;
-        word_add(g, b, pos, letter);
+        g->w_hash = wh;
+        g->w_len += run;
     }
-    g->prev2 = g->prev;
-    g->prev = b;
-    seg_add(g, b, pos);
-    g->seg_alpha += letter;
+    g->seg_hash = sh;
+    g->seg_len += run;
+    g->seg_alpha += letters;
+    g->seg_lastc = s[j - 1];
+    g->prev2 = run > 1 ? s[j - 2] : g->prev;
+    g->prev = s[j - 1];
+    return j;
+}
+
+/* The words, lines and novelty detectors over a piece (see feed_piece). */
+static size_t text_pass(guard *g, const unsigned char *s, size_t lim, uint64_t fed0, bool words)
+{
+    size_t i = 0;
+    while (i < lim) {
+        unsigned char b = s[i];
+        if (is_alnum(b)) {
+            i = alnum_run(g, s, i, lim, fed0, words);
+            continue;
+        }
+        if (words) words_step(g, b, fed0 + i);
+        if (lines_step(g, b, fed0 + i)) return i;
+        i++;
+    }
+    return lim;
 }
 
 /* ---- rules and leaks --------------------------------------------------------------- */
@@ -770,6 +908,7 @@ void guard_disable_leaks(guard *g)
     memset(g->leak_last, 0, sizeof g->leak_last);
     memset(g->leak_first, 0, sizeof g->leak_first);
     memset(g->leak_any, 0, sizeof g->leak_any);
+    g->n_leak_bytes = 0;
     g->leak_maxlen = 0;
 }
 
@@ -827,29 +966,77 @@ static bool rules_run(guard *g, uint64_t to, bool final)
     return false;
 }
 
-static bool leak_step(guard *g, unsigned char b)
+/* Per byte b, when `now` bytes have been fed (b the last): does a leak token end here?
+ * Returns true on a trip. */
+static bool leak_step(guard *g, unsigned char b, uint64_t now)
 {
     const guard_params *p = g->p;
     if (!(g->leak_any[b >> 3] & (1u << (b & 7)))) return false;
-    g->leak_start = g->leak_first[b >> 3] & (1u << (b & 7)) ? g->fed : g->leak_start;
+    g->leak_start = g->leak_first[b >> 3] & (1u << (b & 7)) ? now : g->leak_start;
     if (!(g->leak_last[b >> 3] & (1u << (b & 7)))) return false;
     for (size_t i = 0; i < p->n_leaks; i++) {
         size_t n = p->leak_len[i];
-        if (g->fed < n || g->fed - n < g->base) continue;
-        if (!memcmp(g->buf + (g->fed - n - g->base), p->leaks[i], n)) {
-            set_unit(g, g->fed - n, g->fed);
-            trip(g, "leak", g->fed - n, g->fed, 1);
+        if (now < n || now - n < g->base) continue;
+        if (!memcmp(g->buf + (now - n - g->base), p->leaks[i], n)) {
+            set_unit(g, now - n, now);
+            trip(g, "leak", now - n, now, 1);
             return true;
         }
     }
     return false;
 }
 
+/* The index of the first byte of s[0..n) that starts or ends a leak token, or n. */
+static size_t leak_scan(const guard *g, const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+#ifdef __SSE2__
+    if (g->n_leak_bytes && n >= 16) {
+        const __m128i k0 = _mm_set1_epi8((char)g->leak_bytes[0]);
+        const __m128i k1 = _mm_set1_epi8((char)g->leak_bytes[1]);
+        const __m128i k2 = _mm_set1_epi8((char)g->leak_bytes[2]);
+        const __m128i k3 = _mm_set1_epi8((char)g->leak_bytes[3]);
+        for (; i + 16 <= n; i += 16) {
+            __m128i x = _mm_loadu_si128((const __m128i *)(s + i));
+            __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, k0), _mm_cmpeq_epi8(x, k1)),
+                                       _mm_or_si128(_mm_cmpeq_epi8(x, k2), _mm_cmpeq_epi8(x, k3)));
+            unsigned m = (unsigned)_mm_movemask_epi8(hit);
+            if (m) return i + (unsigned)__builtin_ctz(m);
+        }
+    }
+#endif
+    while (i < n && !(g->leak_any[s[i] >> 3] & (1u << (s[i] & 7))))
+        i++;
+    return i;
+}
+
+/* The leak detector over a piece (see feed_piece): leak_step at the bytes leak_scan finds. */
+static size_t leak_pass(guard *g, const unsigned char *s, size_t lim, uint64_t fed0)
+{
+    size_t i = leak_scan(g, s, lim);
+    while (i < lim) {
+        if (leak_step(g, s[i], fed0 + i + 1)) return i;
+        i++;
+        i += leak_scan(g, s + i, lim - i);
+    }
+    return lim;
+}
+
+/* The rules over a piece (see feed_piece): they run at every multiple of GUARD_RULE_STEP
+ * bytes fed. */
+static size_t rules_pass(guard *g, size_t lim, uint64_t fed0)
+{
+    for (uint64_t to = (fed0 / GUARD_RULE_STEP + 1) * GUARD_RULE_STEP; to <= fed0 + lim;
+         to += GUARD_RULE_STEP)
+        if (rules_run(g, to, false)) return (size_t)(to - fed0 - 1);
+    return lim;
+}
+
 /* ---- feeding ----------------------------------------------------------------------- */
 
-/* Makes room for one more byte: doubles a history below GUARD_BUF, slides a full one down
- * to its last GUARD_HISTORY bytes. Either way g->buf may move; nothing keeps a pointer into
- * it across a push. */
+/* Makes room for more bytes when the history is full: doubles a history below GUARD_BUF,
+ * slides a full one down to its last GUARD_HISTORY bytes. Either way g->buf may move;
+ * nothing keeps a pointer into it across a call. */
 static void make_room(guard *g)
 {
     if (g->bcap < GUARD_BUF) {
@@ -864,46 +1051,54 @@ static void make_room(guard *g)
     g->blen = GUARD_HISTORY;
 }
 
-static void push_byte(guard *g, unsigned char b)
-{
-    if (g->blen == g->bcap) make_room(g);
-    g->buf[g->blen++] = b;
-    g->fed++;
-}
-
-/* Feeds bytes through every detector, one byte at a time, in a fixed order; returns
- * true at the first byte that trips. Which detectors run is read once per call: the
- * history stores are char stores, which the compiler must assume alias the params. */
-static bool feed_bytes(guard *g, const unsigned char *s, size_t len)
+/* Feeds a piece that fits the history as it is. Each detector runs over the piece in a pass
+ * of its own, which keeps its state in registers, in the order they are consulted for one
+ * byte. A pass takes bytes s[0..lim) that follow the fed0 bytes fed before the piece (and
+ * are in the history already) and returns the index of the byte it trips at, or lim; a
+ * trip at byte k bounds the later passes to the bytes before k, and a later trip
+ * overwrites the verdict. The result is what feeding one byte at a time through every
+ * detector in that order gives: the earliest byte that trips, and at that byte the first
+ * detector. Returns true on a trip. */
+static bool feed_piece(guard *g, const unsigned char *s, size_t n)
 {
     const guard_params *p = g->p;
-    const bool leak = p->n_leaks, rules = p->n_rules, rep = p->repeat.enabled;
-    const bool words = p->novelty.enabled, text = p->lines.enabled || words;
-    const uint64_t budget = p->budget_bytes ? p->budget_bytes : UINT64_MAX;
+    const uint64_t fed0 = g->fed;
+    memcpy(g->buf + g->blen, s, n);
+    g->blen += n;
+    size_t lim = n; /* bytes every later pass still judges; a trip at lim when lim < n */
+    if (g->leak_maxlen) lim = leak_pass(g, s, lim, fed0);
+    if (p->n_rules) lim = rules_pass(g, lim, fed0);
+    if (p->repeat.enabled) lim = repeat_pass(g, s, lim, fed0);
+    if (p->lines.enabled || p->novelty.enabled)
+        lim = text_pass(g, s, lim, fed0, p->novelty.enabled);
+    if (p->budget_bytes && p->budget_bytes - fed0 < lim) {
+        lim = (size_t)(p->budget_bytes - fed0);
+        set_unit(g, fed0 + lim + 1, fed0 + lim + 1);
+        trip(g, "budget", p->budget_bytes, fed0 + lim + 1, 0);
+    }
+    if (lim == n) {
+        g->fed = fed0 + n;
+        return false;
+    }
+    g->fed = fed0 + lim + 1; /* the history ends where the verdict was taken */
+    g->blen = (size_t)(g->fed - g->base);
+    return true;
+}
+
+/* Feeds bytes in pieces that fit the history, so that it grows and slides at the same
+ * offsets however the text is cut; returns true at the first byte that trips. */
+static bool feed_bytes(guard *g, const unsigned char *s, size_t len)
+{
     /* Once per call, not per byte: only guard_report_empty_answer reads it, and not once the
      * guard has tripped, so bytes after a trip in this call may count too. */
     for (size_t i = 0; !g->content_seen && i < len; i++) g->content_seen = s[i] > ' ';
-    for (size_t i = 0; i < len; i++) {
-        unsigned char b = s[i];
-        push_byte(g, b);
-        g->gram = (g->gram << 8) | b;
-        if (g->fstate != 2 || b == '\n') fence_step(g, b);
-        if (leak && leak_step(g, b)) return true;
-        if (rules && g->fed % GUARD_RULE_STEP == 0 && rules_run(g, g->fed, false)) return true;
-        if (rep && repeat_step(g, b)) return true;
-        if (text) {
-            if ((unsigned)((b | 0x20) - 'a') < 26 || (unsigned)(b - '0') < 10) {
-                text_alnum(g, b, words);
-            } else {
-                if (words) words_step(g, b);
-                if (lines_step(g, b)) return true;
-            }
-        }
-        if (g->fed > budget) {
-            set_unit(g, g->fed, g->fed);
-            trip(g, "budget", budget, g->fed, 0);
-            return true;
-        }
+    while (len) {
+        if (g->blen == g->bcap) make_room(g);
+        size_t n = g->bcap - g->blen < len ? g->bcap - g->blen : len;
+        if (g->p->repeat.enabled) n = fence_pass(g, s, n);
+        if (feed_piece(g, s, n)) return true;
+        s += n;
+        len -= n;
     }
     return false;
 }
@@ -927,7 +1122,7 @@ bool guard_finish(guard *g)
     g->finished = true;
     if (g->p->n_rules && rules_run(g, g->fed, true)) return true;
     if (g->p->novelty.enabled) word_end(g);
-    if ((g->p->lines.enabled || g->p->novelty.enabled) && g->seg_len && seg_end(g, g->fed))
+    if ((g->p->lines.enabled || g->p->novelty.enabled) && g->seg_len && seg_end(g, g->fed, g->fed))
         return true;
     return false;
 }

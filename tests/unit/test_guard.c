@@ -452,6 +452,36 @@ static void test_chunking_invariance(void **state)
         guard_params_free(p[ch]);
 }
 
+/* The guard reads a chunk detector by detector; a repeat inside a fence that closes later
+ * in the same chunk must still be judged with the fence open, as byte by byte. (The text
+ * stays under 1 KiB, the guard's first history, so that it is one piece.) */
+static void test_fence_closing_in_the_chunk(void **state)
+{
+    (void)state;
+    static const char unit[] = "lambda ";
+    const size_t len = sizeof(unit) - 1;
+    text t = {0};
+    trep(&t, unit, 300);
+    result bare = scan_text(LG_CH_CONTENT, t.s);
+    assert_true(bare.tripped);
+    /* Inside the fence: a little past where the bare unit trips, short of the fenced bar. */
+    t.n = 0;
+    tcat(&t, "```\n");
+    trep(&t, unit, (int)(bare.at_byte / len) + 2);
+    tcat(&t, "\n```\n");
+    size_t closed = t.n;
+    trep(&t, unit, 300);
+    assert_true(bare.at_byte < 1024 / 2 - 12);
+    guard_params *p = guard_params_new(LG_CH_CONTENT);
+    result whole = run_whole(p, LG_CH_CONTENT, t.s, t.n, true);
+    result bytes = run_split(p, LG_CH_CONTENT, t.s, t.n, 1, true);
+    assert_same(&whole, &bytes);
+    assert_true(whole.tripped);
+    assert_true(whole.at_byte > closed);
+    guard_params_free(p);
+    free(t.s);
+}
+
 /* ---- holdback ---------------------------------------------------------------------- */
 
 static bool utf8_cont(unsigned char c)
@@ -699,7 +729,7 @@ int main(void)
         cmocka_unit_test(test_loops),      cmocka_unit_test(test_chunking_invariance),
         cmocka_unit_test(test_suspect),    cmocka_unit_test(test_leak),
         cmocka_unit_test(test_rules),      cmocka_unit_test(test_budget_and_empty),
-        cmocka_unit_test(test_settings),
+        cmocka_unit_test(test_settings),   cmocka_unit_test(test_fence_closing_in_the_chunk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
