@@ -35,6 +35,7 @@
                                   most answers are short, and memory per stream counts */
 #define GUARD_GTAB_BITS   12
 #define GUARD_NCAND       8
+#define GUARD_SHORT       16 /* chunks shorter than this are fed byte after byte */
 #define GUARD_RULE_STEP   64
 #define GUARD_TTAB_BITS   10
 #define GUARD_UNIT_MAX    256
@@ -439,30 +440,36 @@ static bool cand_check(guard *g, uint64_t pos)
     return false;
 }
 
-/* The repeat detector over a piece (see feed_piece): per byte, advances live candidates,
- * records the 8-gram ending there and looks for a new period, and checks thresholds. */
+/* The repeat detector at byte b, offset pos (gram: the 8 bytes ending there): advances live
+ * candidates, records the 8-gram and looks for a new period, and checks thresholds.
+ * Returns true on a trip. */
+static inline bool repeat_byte(guard *g, uint16_t *gtab, uint64_t gram, unsigned char b,
+                               uint64_t pos)
+{
+    bool ready = g->ncand && cand_advance(g, b, pos);
+    /* Every 8-gram is recorded, but looked up only at every fourth offset: a new period is
+     * noticed at most 3 bytes later (its run is measured exactly anyway), and the
+     * unpredictable "seen before?" branch runs a quarter as often. */
+    uint32_t h = (uint32_t)((gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
+    uint16_t last = gtab[h];
+    gtab[h] = (uint16_t)(pos + 1);
+    if ((pos & 3) == 0 && last && pos >= 7) {
+        uint32_t d = (uint16_t)((uint16_t)(pos + 1) - last);
+        if (d >= 1 && d <= g->p->repeat.max_period && pos >= d + g->base)
+            ready |= cand_add(g, pos, d);
+    }
+    return ready && cand_check(g, pos);
+}
+
+/* The repeat detector over a piece (see feed_piece). */
 static size_t repeat_pass(guard *g, const unsigned char *s, size_t lim, uint64_t fed0)
 {
-    const uint32_t max_period = g->p->repeat.max_period;
     uint16_t *const gtab = g->gtab;
     uint64_t gram = g->gram;
     size_t i;
     for (i = 0; i < lim; i++) {
-        unsigned char b = s[i];
-        uint64_t pos = fed0 + i;
-        gram = gram << 8 | b;
-        bool ready = g->ncand && cand_advance(g, b, pos);
-        /* Every 8-gram is recorded, but looked up only at every fourth offset: a new
-         * period is noticed at most 3 bytes later (its run is measured exactly anyway),
-         * and the unpredictable "seen before?" branch runs a quarter as often. */
-        uint32_t h = (uint32_t)((gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
-        uint16_t last = gtab[h];
-        gtab[h] = (uint16_t)(pos + 1);
-        if ((pos & 3) == 0 && last && pos >= 7) {
-            uint32_t d = (uint16_t)((uint16_t)(pos + 1) - last);
-            if (d >= 1 && d <= max_period && pos >= d + g->base) ready |= cand_add(g, pos, d);
-        }
-        if (ready && cand_check(g, pos)) break;
+        gram = gram << 8 | s[i];
+        if (repeat_byte(g, gtab, gram, s[i], fed0 + i)) break;
     }
     g->gram = gram;
     return i;
@@ -807,14 +814,13 @@ static void words_step(guard *g, unsigned char b, uint64_t pos)
     if (cjk) word_end(g);
 }
 
-static inline bool is_alnum(unsigned char b)
-{
-    return (unsigned)((b | 0x20) - 'a') < 26 || (unsigned)(b - '0') < 10;
-}
+/* ASCII letters (2) and digits (1); every other byte 0. */
+static const unsigned char alnum_class[256] = {
+    ['0' ... '9'] = 1, ['A' ... 'Z'] = 2, ['a' ... 'z'] = 2};
 
-/* The length of the run of ASCII letters and digits that starts s[0..n). Sixteen bytes at
- * a time where SSE2 exists (every x86-64). */
-static size_t alnum_span(const unsigned char *s, size_t n)
+/* The length of the run of ASCII letters and digits that starts s[0..n); adds the letters
+ * among them to *letters. Sixteen bytes at a time where SSE2 exists (every x86-64). */
+static size_t alnum_span(const unsigned char *s, size_t n, uint32_t *letters)
 {
     size_t i = 0;
 #ifdef __SSE2__
@@ -831,12 +837,18 @@ static size_t alnum_span(const unsigned char *s, size_t n)
             __m128i let = _mm_cmplt_epi8(_mm_xor_si128(lx, flip), nlet);
             __m128i dig = _mm_cmplt_epi8(_mm_xor_si128(_mm_sub_epi8(x, zero), flip), ndig);
             unsigned in = (unsigned)_mm_movemask_epi8(_mm_or_si128(let, dig));
-            if (in != 0xFFFF) return i + (unsigned)__builtin_ctz(~in);
+            unsigned lm = (unsigned)_mm_movemask_epi8(let);
+            if (in != 0xFFFF) {
+                unsigned k = (unsigned)__builtin_ctz(~in);
+                *letters += (uint32_t)__builtin_popcount(lm & ((1u << k) - 1));
+                return i + k;
+            }
+            *letters += (uint32_t)__builtin_popcount(lm);
         }
     }
 #endif
-    while (i < n && is_alnum(s[i]))
-        i++;
+    for (unsigned c; i < n && (c = alnum_class[s[i]]); i++)
+        *letters += c >> 1;
     return i;
 }
 
@@ -862,11 +874,10 @@ static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, 
     }
     uint64_t wh = g->w_hash, sh = g->seg_hash;
     uint32_t letters = 0;
-    size_t j = i + alnum_span(s + i, lim - i);
+    size_t j = i + alnum_span(s + i, lim - i, &letters);
     for (size_t k = i; k < j; k++) {
         wh = fnv(wh, s[k] | 0x20); /* lower case; digits have that bit already */
         sh = fnv(sh, s[k]);
-        letters += s[k] >= 'A';
     }
     uint32_t run = (uint32_t)(j - i);
     if (words) {
@@ -883,18 +894,24 @@ static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, 
     return j;
 }
 
+/* Any other byte, at offset pos, for the words, lines and novelty detectors. Returns true
+ * on a trip. */
+static inline bool text_other(guard *g, unsigned char b, uint64_t pos, bool words)
+{
+    if (words) words_step(g, b, pos);
+    return lines_step(g, b, pos);
+}
+
 /* The words, lines and novelty detectors over a piece (see feed_piece). */
 static size_t text_pass(guard *g, const unsigned char *s, size_t lim, uint64_t fed0, bool words)
 {
     size_t i = 0;
     while (i < lim) {
-        unsigned char b = s[i];
-        if (is_alnum(b)) {
+        if (alnum_class[s[i]]) {
             i = alnum_run(g, s, i, lim, fed0, words);
             continue;
         }
-        if (words) words_step(g, b, fed0 + i);
-        if (lines_step(g, b, fed0 + i)) return i;
+        if (text_other(g, s[i], fed0 + i, words)) return i;
         i++;
     }
     return lim;
@@ -1051,6 +1068,16 @@ static void make_room(guard *g)
     g->blen = GUARD_HISTORY;
 }
 
+/* Trips "budget" when the byte at offset pos is past the budget. */
+static inline bool budget_byte(guard *g, uint64_t pos)
+{
+    uint64_t budget = g->p->budget_bytes;
+    if (!budget || pos < budget) return false;
+    set_unit(g, pos + 1, pos + 1);
+    trip(g, "budget", budget, pos + 1, 0);
+    return true;
+}
+
 /* Feeds a piece that fits the history as it is. Each detector runs over the piece in a pass
  * of its own, which keeps its state in registers, in the order they are consulted for one
  * byte. A pass takes bytes s[0..lim) that follow the fed0 bytes fed before the piece (and
@@ -1071,10 +1098,9 @@ static bool feed_piece(guard *g, const unsigned char *s, size_t n)
     if (p->repeat.enabled) lim = repeat_pass(g, s, lim, fed0);
     if (p->lines.enabled || p->novelty.enabled)
         lim = text_pass(g, s, lim, fed0, p->novelty.enabled);
-    if (p->budget_bytes && p->budget_bytes - fed0 < lim) {
+    if (p->budget_bytes && p->budget_bytes - fed0 < lim) { /* the first byte past it */
         lim = (size_t)(p->budget_bytes - fed0);
-        set_unit(g, fed0 + lim + 1, fed0 + lim + 1);
-        trip(g, "budget", p->budget_bytes, fed0 + lim + 1, 0);
+        budget_byte(g, fed0 + lim);
     }
     if (lim == n) {
         g->fed = fed0 + n;
@@ -1083,6 +1109,37 @@ static bool feed_piece(guard *g, const unsigned char *s, size_t n)
     g->fed = fed0 + lim + 1; /* the history ends where the verdict was taken */
     g->blen = (size_t)(g->fed - g->base);
     return true;
+}
+
+/* Feeds a short chunk (a token or so) byte after byte through every detector in the order
+ * of feed_piece, with the same result: for a few bytes the passes' set-up and loop exits
+ * cost more than they save. The history has room for the chunk. Returns true on a trip.
+ * flatten: the per-byte helpers are shared with the passes, and only inlined here do they
+ * keep their state in registers. */
+__attribute__((flatten)) static bool feed_short(guard *g, const unsigned char *s, size_t n)
+{
+    const guard_params *p = g->p;
+    const bool leak = g->leak_maxlen, rules = p->n_rules, rep = p->repeat.enabled;
+    const bool words = p->novelty.enabled, text = p->lines.enabled || words;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char b = s[i];
+        uint64_t pos = g->fed++;
+        g->buf[g->blen++] = b;
+        g->gram = g->gram << 8 | b;
+        if (g->fstate != 2 || b == '\n') fence_step(g, b);
+        if (leak && (g->leak_any[b >> 3] & (1u << (b & 7))) && leak_step(g, b, pos + 1))
+            return true;
+        if (rules && (pos + 1) % GUARD_RULE_STEP == 0 && rules_run(g, pos + 1, false)) return true;
+        if (rep && repeat_byte(g, g->gtab, g->gram, b, pos)) return true;
+        if (text) {
+            if (alnum_class[b])
+                alnum_run(g, s, i, i + 1, pos - i, words);
+            else if (text_other(g, b, pos, words))
+                return true;
+        }
+        if (budget_byte(g, pos)) return true;
+    }
+    return false;
 }
 
 /* Feeds bytes in pieces that fit the history, so that it grows and slides at the same
@@ -1095,8 +1152,12 @@ static bool feed_bytes(guard *g, const unsigned char *s, size_t len)
     while (len) {
         if (g->blen == g->bcap) make_room(g);
         size_t n = g->bcap - g->blen < len ? g->bcap - g->blen : len;
-        if (g->p->repeat.enabled) n = fence_pass(g, s, n);
-        if (feed_piece(g, s, n)) return true;
+        if (n < GUARD_SHORT) {
+            if (feed_short(g, s, n)) return true;
+        } else {
+            if (g->p->repeat.enabled) n = fence_pass(g, s, n);
+            if (feed_piece(g, s, n)) return true;
+        }
         s += n;
         len -= n;
     }

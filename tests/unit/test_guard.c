@@ -621,6 +621,9 @@ static void test_budget_and_empty(void **state)
     result r = run_whole(rp, LG_CH_REASONING, t.s, t.n, false);
     assert_string_equal(r.detector, "budget");
     assert_int_equal(r.at_byte, 1001);
+    r = run_split(rp, LG_CH_REASONING, t.s, t.n, 8, false); /* token-sized chunks */
+    assert_string_equal(r.detector, "budget");
+    assert_int_equal(r.at_byte, 1001);
     free(t.s);
 
     guard_params *cp = guard_params_new(LG_CH_CONTENT);
