@@ -35,7 +35,7 @@
                                   most answers are short, and memory per stream counts */
 #define GUARD_GTAB_BITS   12
 #define GUARD_NCAND       8
-#define GUARD_SHORT       16 /* chunks shorter than this are fed byte after byte */
+#define GUARD_SHORT       9 /* chunks shorter than this (a token) go byte after byte */
 #define GUARD_RULE_STEP   64
 #define GUARD_TTAB_BITS   10
 #define GUARD_UNIT_MAX    256
@@ -1113,7 +1113,7 @@ static bool feed_piece(guard *g, const unsigned char *s, size_t n)
 
 /* Feeds a short chunk (a token or so) byte after byte through every detector in the order
  * of feed_piece, with the same result: for a few bytes the passes' set-up and loop exits
- * cost more than they save. The history has room for the chunk. Returns true on a trip.
+ * cost more than they save (1-8 byte chunks of random length: guard_bench's token pass). The history has room for the chunk. Returns true on a trip.
  * flatten: the per-byte helpers are shared with the passes, and only inlined here do they
  * keep their state in registers. */
 __attribute__((flatten)) static bool feed_short(guard *g, const unsigned char *s, size_t n)
