@@ -1113,9 +1113,10 @@ static bool feed_piece(guard *g, const unsigned char *s, size_t n)
 
 /* Feeds a short chunk (a token or so) byte after byte through every detector in the order
  * of feed_piece, with the same result: for a few bytes the passes' set-up and loop exits
- * cost more than they save (1-8 byte chunks of random length: guard_bench's token pass). The history has room for the chunk. Returns true on a trip.
- * flatten: the per-byte helpers are shared with the passes, and only inlined here do they
- * keep their state in registers. */
+ * cost more than they save (1-8 byte chunks of random length: guard_bench's token pass).
+ * The history has room for the chunk. Returns true on a trip. flatten: the per-byte
+ * helpers are shared with the passes, and only inlined here do they keep their state in
+ * registers. */
 __attribute__((flatten)) static bool feed_short(guard *g, const unsigned char *s, size_t n)
 {
     const guard_params *p = g->p;
@@ -1126,9 +1127,8 @@ __attribute__((flatten)) static bool feed_short(guard *g, const unsigned char *s
         uint64_t pos = g->fed++;
         g->buf[g->blen++] = b;
         g->gram = g->gram << 8 | b;
-        if (g->fstate != 2 || b == '\n') fence_step(g, b);
-        if (leak && (g->leak_any[b >> 3] & (1u << (b & 7))) && leak_step(g, b, pos + 1))
-            return true;
+        if (rep && (g->fstate != 2 || b == '\n')) fence_step(g, b); /* as fence_pass */
+        if (leak && leak_step(g, b, pos + 1)) return true;
         if (rules && (pos + 1) % GUARD_RULE_STEP == 0 && rules_run(g, pos + 1, false)) return true;
         if (rep && repeat_byte(g, g->gtab, g->gram, b, pos)) return true;
         if (text) {

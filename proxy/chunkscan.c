@@ -174,7 +174,8 @@ static bool string(scan *c, str *out)
     size_t at = c->scratch->len;
     for (;;) {
         lg_buf_append(c->scratch, run, (size_t)(c->p - run));
-        if (c->p >= c->end || *c->p != '\\') break; /* the closing quote, a control byte or the end */
+        /* the closing quote, a control byte or the end */
+        if (c->p >= c->end || *c->p != '\\') break;
         c->p++;
         if (!escape(c)) return false;
         run = c->p;
