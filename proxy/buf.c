@@ -97,18 +97,23 @@ void lg_fifo_append(lg_fifo *f, const void *s, size_t n)
     lg_buf_append(&f->b, s, n);
 }
 
+void lg_fifo_drop(lg_fifo *f, size_t n)
+{
+    f->off += n;
+    if (f->off == f->b.len) { /* drained: start over at the front */
+        lg_buf_reset(&f->b);
+        f->off = 0;
+    } else if (f->off >= f->b.len - f->off) { /* moves at most as many bytes as were dropped */
+        lg_buf_consume(&f->b, f->off);
+        f->off = 0;
+    }
+}
+
 size_t lg_fifo_take(lg_fifo *f, void *dst, size_t max)
 {
     size_t len = lg_fifo_len(f), k = len < max ? len : max;
     if (k) memcpy(dst, f->b.p + f->off, k);
-    f->off += k;
-    if (f->off == f->b.len) { /* drained: start over at the front */
-        lg_buf_reset(&f->b);
-        f->off = 0;
-    } else if (f->off >= f->b.len - f->off) { /* moves at most as many bytes as were taken */
-        lg_buf_consume(&f->b, f->off);
-        f->off = 0;
-    }
+    lg_fifo_drop(f, k);
     return k;
 }
 

@@ -58,6 +58,15 @@ static inline size_t lg_fifo_len(const lg_fifo *f)
 }
 /* Queues n bytes from s (s may be NULL when n is 0). */
 void lg_fifo_append(lg_fifo *f, const void *s, size_t n);
+/* The queued bytes in place: *n of them at the returned pointer (NULL when empty), valid
+ * until the queue changes. */
+static inline const char *lg_fifo_peek(const lg_fifo *f, size_t *n)
+{
+    *n = lg_fifo_len(f);
+    return *n ? f->b.p + f->off : NULL;
+}
+/* Drops the first n bytes (n <= lg_fifo_len). */
+void lg_fifo_drop(lg_fifo *f, size_t n);
 /* Moves up to `max` bytes from the front of the queue into dst; returns how many. */
 size_t lg_fifo_take(lg_fifo *f, void *dst, size_t max);
 /* Frees the memory and leaves an empty queue. */

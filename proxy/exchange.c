@@ -131,6 +131,7 @@ typedef struct exchange {
     bool stream_ready;  /* streaming response may be queued */
     bool queued;
     bool ended;         /* everything is in `out` ([DONE] included) */
+    bool reader_gave;   /* the content reader returned data (MHD drains it before the next call) */
     lg_fifo out;
     uint64_t out_since_ns, last_out_ns;
     lg_assembler *as;
@@ -174,7 +175,7 @@ static void out_append(exchange *ex, const char *s, size_t n)
     if (!ex->req.client_stream || ex->ended) return;
     if (lg_fifo_len(&ex->out) == 0) ex->out_since_ns = ex->base.w->now_ns;
     lg_fifo_append(&ex->out, s, n);
-    worker_resume(&ex->base);
+    worker_output(&ex->base);
 }
 
 static void out_event(exchange *ex, const char *json)
@@ -1199,28 +1200,48 @@ static void start_attempt(exchange *ex)
 
 /* ---- the client side --------------------------------------------------------------- */
 
+/* Output left `out` (taken by the content reader or written directly): the added-latency
+ * figure, and the upstream resumes once a slow client has drained half of it. */
+static void output_taken(exchange *ex)
+{
+    lg_worker *w = ex->base.w;
+    uint64_t now = lg_now_ns();
+    metrics_added_latency(w->metrics, seconds_since(ex->out_since_ns, now));
+    ex->out_since_ns = now;
+    ex->last_out_ns = now;
+    if (ex->up_paused && lg_fifo_len(&ex->out) < EX_OUT_HIGH / 2 && ex->easy) {
+        ex->up_paused = false;
+        ex->last_event_ns = w->now_ns;             /* time paused for the client is not idle time */
+        curl_easy_pause(ex->easy, CURLPAUSE_CONT); /* may deliver data right here */
+    }
+}
+
 static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
     exchange *ex = cls;
-    lg_worker *w = ex->base.w;
     (void)pos;
     if (ex->base.client_gone) return MHD_CONTENT_READER_END_WITH_ERROR;
     if (lg_fifo_len(&ex->out)) {
         size_t k = lg_fifo_take(&ex->out, buf, max);
-        uint64_t now = lg_now_ns();
-        metrics_added_latency(w->metrics, seconds_since(ex->out_since_ns, now));
-        ex->out_since_ns = now;
-        ex->last_out_ns = now;
-        if (ex->up_paused && lg_fifo_len(&ex->out) < EX_OUT_HIGH / 2 && ex->easy) {
-            ex->up_paused = false;
-            ex->last_event_ns = w->now_ns; /* time paused for the client is not idle time */
-            curl_easy_pause(ex->easy, CURLPAUSE_CONT); /* may deliver data right here */
-        }
+        ex->reader_gave = true;
+        output_taken(ex);
         return (ssize_t)k;
     }
     if (ex->ended) return MHD_CONTENT_READER_END_OF_STREAM;
-    worker_suspend(&ex->base);
+    worker_idle(&ex->base, ex->reader_gave);
     return 0;
+}
+
+/* Direct writes (worker.h): all of `out` as one chunk. */
+static void ex_flush(lg_req *base)
+{
+    exchange *ex = (exchange *)base;
+    size_t n;
+    const char *p = lg_fifo_peek(&ex->out, &n);
+    if (!n) return;
+    worker_write_chunk(base, p, n);
+    lg_fifo_drop(&ex->out, n);
+    output_taken(ex);
 }
 
 static void add_loopguard_headers(const exchange *ex, struct MHD_Response *resp)
@@ -1428,6 +1449,7 @@ static const lg_req_ops exchange_ops = {
     .tick = ex_tick,
     .shutdown = ex_shutdown,
     .destroy = ex_destroy,
+    .flush = ex_flush,
 };
 
 lg_req *exchange_new(lg_worker *w, struct MHD_Connection *conn, const char *url)

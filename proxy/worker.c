@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -138,6 +140,11 @@ void worker_suspend(lg_req *r)
 void worker_resume(lg_req *r)
 {
     if (!r->suspended || r->retired) return;
+    r->direct = false;
+    if (lg_fifo_len(&r->tail)) { /* libmicrohttpd must not write inside our chunk */
+        r->resume_due = true;
+        return;
+    }
     r->suspended = false;
     MHD_resume_connection(r->conn);
     r->shard->ready = true;
@@ -154,19 +161,128 @@ static void unwatch_client(lg_worker *w, lg_req *r)
     }
 }
 
-static void client_hung_up(lg_worker *w, int fd, uint32_t gen)
+static bool watched(const lg_req *r)
 {
-    if (fd < 0 || (size_t)fd >= w->fdmap_len) return;
+    const lg_worker *w = r->w;
+    return r->client_fd >= 0 && (size_t)r->client_fd < w->fdmap_len &&
+           w->fdmap[r->client_fd].req == r;
+}
+
+/* The request behind a client-socket event, or NULL when that request is gone. */
+static lg_req *client_req(lg_worker *w, int fd, uint32_t gen)
+{
+    if (fd < 0 || (size_t)fd >= w->fdmap_len) return NULL;
     lg_fdslot *s = &w->fdmap[fd];
-    if (!s->req || (s->gen & 0xffffff) != gen) return;
-    lg_req *r = s->req;
+    return s->req && (s->gen & 0xffffff) == gen ? s->req : NULL;
+}
+
+static void client_hung_up(lg_worker *w, lg_req *r)
+{
     unwatch_client(w, r);
+    lg_fifo_free(&r->tail); /* nobody reads it now */
+    r->direct = false;
     if (!r->client_gone) {
         r->client_gone = true;
         r->ops->client_gone(r);
     }
     /* Let libmicrohttpd see the closed socket and complete the request. */
     worker_resume(r);
+}
+
+/* ---- direct writes (see worker.h) --------------------------------------------------- */
+
+static void watch_writable(lg_req *r, bool on)
+{
+    (void)ep_ctl(r->w, EPOLL_CTL_MOD, r->client_fd, EPOLLRDHUP | (on ? EPOLLOUT : 0u),
+                 ev_pack(TAG_CLIENT, r->gen, r->client_fd));
+}
+
+void worker_idle(lg_req *r, bool drained)
+{
+    worker_suspend(r);
+    if (!drained || r->client_gone || r->retired || !watched(r)) return;
+    if (!r->nodelay) { /* a token must not wait for the client's delayed ACK */
+        int one = 1;
+        (void)setsockopt(r->client_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        r->nodelay = true;
+    }
+    r->direct = true;
+}
+
+void worker_output(lg_req *r)
+{
+    lg_worker *w = r->w;
+    if (!r->direct) {
+        worker_resume(r);
+        return;
+    }
+    if (r->flush_queued) return;
+    r->flush_queued = true;
+    r->flush_next = NULL;
+    if (w->flush_tail)
+        w->flush_tail->flush_next = r;
+    else
+        w->flush_head = r;
+    w->flush_tail = r;
+}
+
+/* Runs ops->flush of every request that queued output for a direct write. */
+static void flush_all(lg_worker *w)
+{
+    while (w->flush_head) {
+        lg_req *r = w->flush_head;
+        w->flush_head = r->flush_next;
+        if (!w->flush_head) w->flush_tail = NULL;
+        r->flush_queued = false;
+        if (r->direct && !r->retired && !lg_fifo_len(&r->tail)) r->ops->flush(r);
+    }
+}
+
+void worker_write_chunk(lg_req *r, const char *p, size_t n)
+{
+    char head[24];
+    int hn = snprintf(head, sizeof head, "%zx\r\n", n);
+    struct iovec iov[3] = {{head, (size_t)hn}, {(void *)p, n}, {"\r\n", 2}};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 3};
+    ssize_t k = sendmsg(r->client_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        client_hung_up(r->w, r);
+        return;
+    }
+    size_t sent = k < 0 ? 0 : (size_t)k;
+    for (size_t i = 0; i < 3; i++) {
+        size_t skip = sent < iov[i].iov_len ? sent : iov[i].iov_len;
+        sent -= skip;
+        lg_fifo_append(&r->tail, (const char *)iov[i].iov_base + skip, iov[i].iov_len - skip);
+    }
+    if (lg_fifo_len(&r->tail)) {
+        r->tail_ns = r->w->now_ns;
+        watch_writable(r, true);
+    }
+}
+
+/* The client socket can take more of the tail; once it is sent, MHD may be resumed or the
+ * output queued meanwhile written. */
+static void send_tail(lg_worker *w, lg_req *r)
+{
+    size_t n;
+    const char *p = lg_fifo_peek(&r->tail, &n);
+    if (!n) return;
+    ssize_t k = send(r->client_fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) client_hung_up(w, r);
+        return;
+    }
+    lg_fifo_drop(&r->tail, (size_t)k);
+    r->tail_ns = w->now_ns;
+    if (lg_fifo_len(&r->tail)) return;
+    watch_writable(r, false);
+    if (r->resume_due) {
+        r->resume_due = false;
+        worker_resume(r);
+    } else {
+        worker_output(r);
+    }
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -195,6 +311,7 @@ static void bury_the_dead(lg_worker *w)
     while (w->graveyard.next != &w->graveyard) {
         lg_req *r = w->graveyard.next;
         list_unlink(r);
+        lg_fifo_free(&r->tail);
         r->ops->destroy(r);
     }
 }
@@ -405,10 +522,14 @@ static int mhd_timeout(lg_worker *w, int cap)
 
 static void tick_all(lg_worker *w)
 {
+    uint64_t stuck = (uint64_t)w->srv->cfg->client_timeout_s * 1000000000ull;
     lg_req *r = w->live.next;
     while (r != &w->live) {
         lg_req *next = r->next; /* tick may retire r */
-        if (r->ops->tick) r->ops->tick(r, w->now_ns);
+        if (lg_fifo_len(&r->tail) && w->now_ns - r->tail_ns > stuck)
+            client_hung_up(w, r); /* the client stopped reading mid-chunk */
+        else if (r->ops->tick)
+            r->ops->tick(r, w->now_ns);
         r = next;
     }
 }
@@ -423,9 +544,13 @@ static void shutdown_all(lg_worker *w)
     }
 }
 
+/* Before the daemons stop: every connection resumed, unsent tails dropped. */
 static void resume_all(lg_worker *w)
 {
-    for (lg_req *r = w->live.next; r != &w->live; r = r->next) worker_resume(r);
+    for (lg_req *r = w->live.next; r != &w->live; r = r->next) {
+        lg_fifo_free(&r->tail);
+        worker_resume(r);
+    }
 }
 
 static void *worker_main(void *arg)
@@ -472,19 +597,27 @@ static void *worker_main(void *arg)
                 curl_multi_socket_action(w->multi, fd, flags, &running);
                 break;
             }
-            case TAG_CLIENT:
-                client_hung_up(w, fd, (uint32_t)(d >> 32) & 0xffffff);
+            case TAG_CLIENT: {
+                lg_req *r = client_req(w, fd, (uint32_t)(d >> 32) & 0xffffff);
+                if (r && (evs[i].events & ~(uint32_t)EPOLLOUT))
+                    client_hung_up(w, r);
+                else if (r)
+                    send_tail(w, r);
                 break;
             }
+            }
             drain_curl_messages(w);
+            flush_all(w); /* each event's tokens leave now, not at the end of the batch */
         }
         drain_curl_messages(w);
+        flush_all(w);
         run_mhd(w);
         if (w->now_ns >= next_tick) {
             next_tick = w->now_ns + TICK_NS;
             tick_all(w);
             run_mhd(w);
         }
+        flush_all(w); /* before the dead are freed: nothing on the list may outlive them */
         bury_the_dead(w);
 
         if (atomic_load(&w->srv->draining) && !quiesced) {

@@ -3,8 +3,8 @@
  * A worker owns one epoll instance, a few libmicrohttpd daemons ("shards") in external-epoll
  * mode, each on its own SO_REUSEPORT listening socket (the kernel spreads connections over
  * all of them), and one libcurl multi handle driven by curl_multi_socket_action from the
- * same loop (a timerfd carries curl's timer). A request stays on the worker that accepted it from accept to
- * completion, so nothing on the hot path takes a lock: curl pause/unpause and
+ * same loop (a timerfd carries curl's timer). A request stays on the worker that accepted it from
+ * accept to completion, so nothing on the hot path takes a lock: curl pause/unpause and
  * MHD_resume_connection always run on the owning thread.
  *
  * Why shards: libmicrohttpd (0.9.75, Debian 12) walks every suspended connection of a daemon
@@ -13,6 +13,16 @@
  * the number of streams and took 10.8 % of the CPU at 1,000 paced streams. Spreading a
  * worker's clients over WORKER_SHARDS daemons divides each walk by as much; only the shards
  * that have a resume or a ready socket run in an iteration.
+ *
+ * Direct writes: between tokens a stream's connection is suspended with libmicrohttpd's
+ * write buffer empty, and libmicrohttpd does not touch a suspended socket. Resuming it for
+ * every token cost a daemon run (an epoll_wait, the walk above, the state machine) and
+ * delayed each token to the end of the loop iteration. So a request whose content reader
+ * found nothing to send after libmicrohttpd drained its buffer may have its output written
+ * straight to the socket as HTTP/1.1 chunks (worker_output, worker_write_chunk) until it is
+ * resumed; a chunk the socket takes only in part is finished from the worker's EPOLLOUT
+ * before libmicrohttpd may write again; a tail that does not move for client_timeout_s ends
+ * the request as a hang-up, as libmicrohttpd's own timeout would.
  *
  * Requests (relay.c, exchange.c, admin.c) embed an lg_req and register it with the worker;
  * the worker tells them when the client went away, when a transfer finished, and ticks them
@@ -31,6 +41,7 @@
 #include <stdint.h>
 
 #include "config/config.h"
+#include "proxy/buf.h"
 #include "proxy/incident.h"
 #include "proxy/metrics.h"
 
@@ -73,6 +84,9 @@ typedef struct lg_req_ops {
     void (*shutdown)(lg_req *r);
     /* Frees everything the request owns, including itself. Called once. */
     void (*destroy)(lg_req *r);
+    /* Direct writes are armed and worker_output was called: write what is queued with
+     * worker_write_chunk. NULL for requests that never arm direct writes. */
+    void (*flush)(lg_req *r);
 } lg_req_ops;
 
 /* Embedded at the start of every request object. */
@@ -86,6 +100,13 @@ struct lg_req {
     bool suspended;     /* MHD connection suspended by us */
     bool client_gone;   /* client left; every MHD callback must now end the request */
     bool retired;       /* MHD completed it; destroy pending */
+    bool direct;        /* suspended with MHD's buffer drained: we may write the socket */
+    bool resume_due;    /* resume MHD once the tail is sent */
+    bool nodelay;       /* TCP_NODELAY set for direct writes */
+    bool flush_queued;  /* on the worker's flush list */
+    lg_req *flush_next;
+    lg_fifo tail;     /* the unsent rest of a directly written chunk (owned by the worker) */
+    uint64_t tail_ns; /* when the tail last shrank or began */
     uint64_t start_ns;
     lg_req *prev, *next; /* worker's live list (ticks) or graveyard */
 };
@@ -122,6 +143,7 @@ struct lg_worker {
     size_t n_live;
     struct lg_detached *detached; /* pending fire-and-forget transfers */
     bool mhd_dirty;   /* some shard is ready: run MHD again this iteration */
+    lg_req *flush_head, *flush_tail; /* requests with output for a direct write */
     uint64_t now_ns;  /* cached loop time */
 };
 
@@ -143,7 +165,18 @@ void worker_free(lg_worker *w);
 void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops,
                      struct MHD_Connection *conn);
 void worker_suspend(lg_req *r);
+/* Resumes the MHD connection (direct writes end; when a tail is pending, once it is sent). */
 void worker_resume(lg_req *r);
+/* The content reader returns 0: suspends, and when `drained` (the reader returned data
+ * earlier, so libmicrohttpd sent all it had before calling it again) arms direct writes. */
+void worker_idle(lg_req *r, bool drained);
+/* The request queued output for the client: with direct writes armed, its ops->flush runs
+ * after the event being handled; otherwise MHD is resumed to call the content reader. */
+void worker_output(lg_req *r);
+/* From ops->flush only: writes p[0..n) (n > 0) as one chunk to the client socket. What the
+ * socket does not take is kept and sent before anything else. A client that is gone is
+ * handled as a hang-up. */
+void worker_write_chunk(lg_req *r, const char *p, size_t n);
 /* Adds/removes a libcurl easy handle on the worker's multi handle. */
 int worker_add_xfer(lg_worker *w, CURL *easy);
 void worker_remove_xfer(lg_worker *w, CURL *easy);

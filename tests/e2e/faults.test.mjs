@@ -35,6 +35,7 @@ import {
     assembleDeltas,
     incidents,
     waitFor,
+    metrics,
     sleep,
     isSanitizerBuild,
     cleanup,
@@ -385,6 +386,82 @@ describe('client faults: the upstream is always released', () => {
         const v = assembleDeltas(sseJSON(result.text));
         assert.equal(v.finish_reason, 'stop');
         assert.equal(v.content.split(' ').filter(Boolean).length, N, 'every token arrived');
+        await assertHealthy(lg);
+    });
+
+    // Paced tokens find the client queue empty, so loopguard writes them to the socket itself
+    // (proxy/worker.h, direct writes) until the socket is full; then a chunk is left
+    // half-written and must be finished before anything else goes out. The fake cuts its
+    // content at spaces: each token is one 12 KB word, 9.6 MB in all, more than the two
+    // sockets' buffers hold (checked once with a print in the worker: a 9.6 KB tail).
+    function bigTokens() {
+        let seed = 7;
+        const word = () => {
+            let w = '';
+            for (let n = 3 + (seed % 6); n > 0; n--) {
+                seed = (seed * 1103515245 + 12345) % 2147483648;
+                w += String.fromCharCode(97 + ((seed >> 16) % 26));
+            }
+            return w;
+        };
+        return Array.from({ length: 800 }, (_, i) => `t${i}:` + Array.from({ length: 1800 }, word).join('-') + ' ');
+    }
+
+    // A stream through `base` whose reader pauses after its first data for pauseMs (forever
+    // when null). `text` resolves with the whole text once it ends; `req` is the request.
+    function pausingStream(base, pauseMs) {
+        const u = new URL(base + '/v1/chat/completions');
+        const out = {};
+        out.text = new Promise((resolve, reject) => {
+            out.req = http.request({ host: u.hostname, port: u.port, path: u.pathname, method: 'POST', headers: { 'content-type': 'application/json' }, agent: false }, (res) => {
+                const parts = [];
+                res.on('data', (d) => {
+                    parts.push(d);
+                    if (parts.length > 1) return;
+                    res.pause();
+                    if (pauseMs !== null) setTimeout(() => res.resume(), pauseMs);
+                });
+                res.on('end', () => resolve(Buffer.concat(parts).toString('utf8')));
+                res.on('aborted', () => reject(new Error('the stream was cut off')));
+            });
+            out.req.on('error', reject);
+            out.req.end(JSON.stringify({ messages: MSG, stream: true, max_tokens: 5000 }));
+        });
+        return out;
+    }
+
+    test('reader stops between paced tokens: every byte arrives in order', T, async () => {
+        const tokens = bigTokens();
+        await fake.setScenario({ dialect: 'sglang', pace_ms: 2, responses: [{ content: tokens }] });
+        await fake.reset();
+        // A pause longer than the whole generation; this suite's client_timeout_s (2) would
+        // end it under ASan.
+        const patient = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { client_timeout_s: 60 } });
+        let text;
+        try {
+            text = await pausingStream(patient.url, 2000 * SLACK).text;
+        } finally {
+            await patient.stop();
+        }
+        assert.equal(sseData(text).at(-1), '[DONE]');
+        const v = assembleDeltas(sseJSON(text));
+        assert.equal(v.content.length, tokens.join('').length, 'as many bytes as the upstream sent');
+        assert.ok(v.content === tokens.join(''), 'the same bytes in the same order');
+        await assertHealthy(lg);
+    });
+
+    test('reader stops for good with a chunk half-written: the stream ends after client_timeout_s', T, async () => {
+        await fake.setScenario({ dialect: 'sglang', pace_ms: 2, responses: [{ content: bigTokens() }] });
+        await fake.reset();
+        const s = pausingStream(lg.url, null);
+        s.text.catch(() => {});
+        try {
+            await waitFor(async () => (await metrics(lg.url)).get('loopguard_active_streams') === 1, 3000 * SLACK);
+            // client_timeout_s is 2 here; the generation itself takes about 1.6 s.
+            await waitFor(async () => (await metrics(lg.url)).get('loopguard_active_streams') === 0, 8000 * SLACK);
+        } finally {
+            s.req.destroy();
+        }
         await assertHealthy(lg);
     });
 
