@@ -13,6 +13,7 @@ import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
+import { spawn } from 'node:child_process';
 import { startFake, startLoopguard, request, chat, sseData, sseJSON, assembleDeltas, incidents, metrics, metricValue, waitFor, sleep, tmpFile, SCENARIOS, isSanitizerBuild } from './lib.mjs';
 
 const SLACK = isSanitizerBuild ? 3 : 1;
@@ -421,6 +422,74 @@ describe('never eject the last healthy replica', () => {
         } finally {
             await lg.stop();
             await x.stop();
+        }
+    });
+});
+
+/* ---- connect timeout ---------------------------------------------------------------- */
+
+// A listener whose accept queue is full: the kernel drops further SYNs, so a connect to it
+// neither succeeds nor fails until the client gives up. python3 because node accepts every
+// connection it is offered.
+async function blackhole() {
+    const py = `
+import socket, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(0)
+fill = []
+for _ in range(4):
+    c = socket.socket(); c.setblocking(False)
+    try: c.connect(s.getsockname())
+    except BlockingIOError: pass
+    fill.append(c)
+print(s.getsockname()[1], flush=True)
+time.sleep(600)
+`;
+    const p = spawn('python3', ['-c', py], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const port = await new Promise((resolve, reject) => {
+        p.stdout.once('data', (d) => resolve(Number(String(d).trim())));
+        p.once('exit', (c) => reject(new Error(`blackhole exited ${c}`)));
+    });
+    return { url: `http://127.0.0.1:${port}`, kill: () => p.kill() };
+}
+
+describe('a replica that never completes the TCP handshake (timeouts.connect_ms)', () => {
+    const CONNECT_MS = 300;
+    let hole, a;
+    before(async () => {
+        hole = await blackhole();
+        a = await startFake({ scenario: CLEAN_FILE });
+    });
+    after(async () => {
+        hole?.kill();
+        await a?.stop();
+    });
+    const config = { timeouts: { connect_ms: CONNECT_MS }, health: { interval_ms: 3600000 }, retry: { max_attempts: 3 } };
+
+    test('alone: the client gets a 504 once connect_ms has passed (ticks are 250 ms apart)', async () => {
+        const lg = await startLoopguard({ upstream: [hole.url], kind: 'sglang', config });
+        try {
+            for (const stream of [false, true]) {
+                const t0 = Date.now();
+                const r = await chat(lg.url + '/v1/chat/completions', body({ stream }).body);
+                const took = Date.now() - t0;
+                assert.equal(r.status, 504, r.text.slice(0, 200));
+                assert.equal(JSON.parse(r.text).error.code, 'upstream_timeout');
+                assert.ok(took >= CONNECT_MS, `not before connect_ms (${took} ms)`);
+                assert.ok(took < CONNECT_MS + 250 + 1000 * SLACK, `soon after connect_ms (${took} ms)`);
+            }
+        } finally {
+            await lg.stop();
+        }
+    });
+
+    test('with a healthy second replica: every client gets its answer', async () => {
+        const lg = await startLoopguard({ upstream: [hole.url, a.url], kind: 'sglang', config });
+        try {
+            await pool(12, 4, (i) => cleanChat(lg, { stream: i % 2 === 0 }));
+            const m = await metrics(lg.url);
+            assert.ok(metricValue(m, 'loopguard_upstream_errors_total', { upstream: hole.url, kind: 'connect' }) >= 1, 'some requests tried the silent replica first and moved on');
+        } finally {
+            await lg.stop();
         }
     });
 });
