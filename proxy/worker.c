@@ -276,6 +276,7 @@ static void send_tail(lg_worker *w, lg_req *r)
     lg_fifo_drop(&r->tail, (size_t)k);
     r->tail_ns = w->now_ns;
     if (lg_fifo_len(&r->tail)) return;
+    lg_fifo_free(&r->tail); /* tails are rare: keep no memory for the next one */
     watch_writable(r, false);
     if (r->resume_due) {
         r->resume_due = false;
