@@ -151,21 +151,19 @@ void worker_resume(lg_req *r)
     r->w->mhd_dirty = true;
 }
 
-static void unwatch_client(lg_worker *w, lg_req *r)
-{
-    if (r->client_fd < 0 || (size_t)r->client_fd >= w->fdmap_len) return;
-    lg_fdslot *s = &w->fdmap[r->client_fd];
-    if (s->req == r) {
-        s->req = NULL;
-        (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, r->client_fd, NULL); /* fd may be closing */
-    }
-}
-
+/* The worker watches r's client socket (the fd map holds r). */
 static bool watched(const lg_req *r)
 {
     const lg_worker *w = r->w;
     return r->client_fd >= 0 && (size_t)r->client_fd < w->fdmap_len &&
            w->fdmap[r->client_fd].req == r;
+}
+
+static void unwatch_client(lg_worker *w, lg_req *r)
+{
+    if (!watched(r)) return;
+    w->fdmap[r->client_fd].req = NULL;
+    (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, r->client_fd, NULL); /* fd may be closing */
 }
 
 /* The request behind a client-socket event, or NULL when that request is gone. */
