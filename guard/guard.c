@@ -443,6 +443,18 @@ static bool cand_check(guard *g, uint64_t pos)
     return false;
 }
 
+/* The 8 bytes of history ending at offset end (≥ base + 7) as the repeat detector's gram:
+ * the byte at end lowest. */
+static inline uint64_t gram_at(const guard *g, uint64_t end)
+{
+    uint64_t v;
+    memcpy(&v, g->buf + (end - 7 - g->base), sizeof v);
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
 /* The repeat detector at byte b, offset pos (gram: the 8 bytes ending there): advances live
  * candidates, records the 8-gram and looks for a new period, and checks thresholds.
  * Returns true on a trip. */
@@ -456,9 +468,12 @@ static inline bool repeat_byte(guard *g, uint16_t *gtab, uint64_t gram, unsigned
     uint32_t h = (uint32_t)((gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
     uint16_t last = gtab[h];
     gtab[h] = (uint16_t)(pos + 1);
-    if ((pos & 3) == 0 && last && pos >= 7) {
+    if ((pos & 3) == 0 && last) {
+        /* A slot may hold another 8-gram, or an old one: only a real match is a period,
+         * and comparing the 8 bytes is cheaper than cand_add finding out. */
         uint32_t d = (uint16_t)((uint16_t)(pos + 1) - last);
-        if (d >= 1 && d <= g->p->repeat.max_period && pos >= d + g->base)
+        if (d >= 1 && d <= g->p->repeat.max_period && pos >= d + g->base + 7 &&
+            gram_at(g, pos - d) == gram)
             ready |= cand_add(g, pos, d);
     }
     return ready && cand_check(g, pos);
