@@ -397,20 +397,19 @@ static bool cand_advance(guard *g, unsigned char b, uint64_t pos)
     return ready;
 }
 
-/* The 8-gram ending at pos was last seen d bytes earlier: tracks period d, unless it is
- * live already, when its run is at least 8 bytes and a slot is free or holds a shorter
- * run. Returns true when the new candidate reached its threshold. */
+/* The 8 bytes ending at pos also end at pos - d, inside the history (the caller compared
+ * them): tracks period d, unless it is live already, when a slot is free or holds a
+ * shorter run. Returns true when the new candidate reached its threshold. */
 static bool cand_add(guard *g, uint64_t pos, uint32_t d)
 {
     for (unsigned i = 0; i < g->ncand; i++)
         if (g->cand[i].period == d) return false;
-    /* Verify and measure the run by walking back: O(run), and a run only starts being
-     * tracked once, so this is amortised O(1). */
-    uint64_t j = pos;
+    /* Measure the run by walking back from those 8 bytes: O(run), and a run only starts
+     * being tracked once, so this is amortised O(1). */
+    uint64_t j = pos - 8;
     while (j >= g->base + d && at(g, j) == at(g, j - d))
         j--;
     uint32_t run = (uint32_t)(pos - j);
-    if (run < 8) return false;
     unsigned slot = g->ncand;
     if (slot == GUARD_NCAND) {
         slot = 0;
