@@ -331,7 +331,9 @@ def goal_rows(figs, ratios, loop, lo, hi):
 
     def add(goal, value, ok, unit="", ref_key=None):
         ref = fmt(ng.get(ref_key), unit) if ref_key else ""
-        rows.append((goal, fmt(value, unit), None if value is None else ok(value), ref))
+        # a ratio keeps its third decimal: 0.897× must not print as a "not met" 0.9×
+        shown = f"{value:.3f}{unit}" if unit == "×" and value is not None else fmt(value, unit)
+        rows.append((goal, shown, None if value is None else ok(value), ref))
     add("events/s ≥ 0.8× nginx", ratios.get("loopguard_vs_nginx"), lambda v: v >= 0.8, "×")
     add("events/s ≥ 10× portkey", ratios.get("loopguard_vs_portkey"), lambda v: v >= 10, "×")
     add("events/s ≥ 0.9× guard off", ratios.get("loopguard_vs_guard_off"), lambda v: v >= 0.9,
