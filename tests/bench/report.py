@@ -65,6 +65,7 @@ def machine(quick, outdir):
         "cpu_idle_pct_start": (int(read_text(os.path.join(outdir, "idle-start")) or 0)
                                if read_text(os.path.join(outdir, "idle-start")) else None),
         "busy": busy_processes(os.path.join(outdir, "ps-start")),
+        "loopguard_extra": read_json(os.path.join(outdir, "loopguard-extra.json")) or {},
     }
 
 
@@ -73,6 +74,14 @@ def read_text(path):
         with open(path) as f:
             return " ".join(f.read().split()[:3])
     except OSError:
+        return None
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
         return None
 
 
@@ -289,7 +298,10 @@ def table(figs, ratios, loop, mach):
     lines = [f"Machine: {mach['cpu']}, {mach['cores']} cores, {mach['memory_gib']} GiB, "
              f"Linux {mach['kernel']}, {mach['date']}"
              f"{' (QUICK=1)' if mach['quick'] else ''}; load generator, fake upstream and "
-             f"target share the cores.", ""]
+             f"target share the cores."
+             + (f" Both loopguard targets ran with {json.dumps(mach['loopguard_extra'])} added "
+                "to their configuration (BENCH_LOOPGUARD_JSON), not with the defaults."
+                if mach.get("loopguard_extra") else ""), ""]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|")
     lines += ["| " + " | ".join(r) + " |" for r in rows]

@@ -28,7 +28,9 @@
 # targets, not absolute hardware limits. Results: build/bench/results.jsonl (one loadgen line
 # per run), build/bench.json and the table printed at the end (tests/bench/report.py).
 # Environment: BENCH_TARGETS="direct nginx ..." runs a subset; BENCH_PERF=1 records a perf
-# profile of loopguard during its saturation run (build/bench/perf-loopguard.txt).
+# profile of loopguard during its saturation run (build/bench/perf-loopguard.txt);
+# BENCH_LOOPGUARD_JSON='{"workers":4}' adds settings to both loopguard targets' configuration
+# (the report names them beside the machine).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -166,10 +168,28 @@ start_fake() {
     FAKE_PORT=$LISTEN_PORT
 }
 
-# start_loopguard NAME [CONFIG] — sets T_MAIN and T_URL.
+# lg_config FILE BASE_JSON — writes BASE_JSON with BENCH_LOOPGUARD_JSON's settings merged
+# in (objects merged key by key, anything else replaced) to FILE.
+lg_config() {
+    python3 - "$1" "$2" "${BENCH_LOOPGUARD_JSON:-}" <<'PY' || die "BENCH_LOOPGUARD_JSON: not a JSON object"
+import json, sys
+def merge(a, b):
+    for k, v in b.items():
+        a[k] = merge(a[k], v) if isinstance(a.get(k), dict) and isinstance(v, dict) else v
+    return a
+extra = json.loads(sys.argv[3] or "{}")
+if not isinstance(extra, dict):
+    sys.exit(1)
+with open(sys.argv[1], "w") as f:
+    json.dump(merge(json.loads(sys.argv[2]), extra), f)
+PY
+}
+
+# start_loopguard NAME BASE_JSON — sets T_MAIN and T_URL.
 start_loopguard() {
-    local name=$1 conf=${2:-} args=()
-    [ -n "$conf" ] && args=(--config "$conf")
+    local name=$1 conf=$OUT/$1.json
+    lg_config "$conf" "$2"
+    local args=(--config "$conf")
     spawn "$name" "$LOOPGUARD" "${args[@]}" --listen 127.0.0.1:0 \
         --upstream "http://127.0.0.1:$FAKE_PORT" --upstream-kind sglang
     T_MAIN=$SPAWNED
@@ -203,11 +223,10 @@ start_target() {
         T_URL=http://127.0.0.1:$port/v1/chat/completions
         ;;
     loopguard_guard_off)
-        echo '{"guard":{"enabled":false}}' >"$OUT/guard-off.json"
-        start_loopguard "$name" "$OUT/guard-off.json"
+        start_loopguard "$name" '{"guard":{"enabled":false}}'
         ;;
     loopguard)
-        start_loopguard "$name"
+        start_loopguard "$name" '{}'
         ;;
     portkey)
         port=$(free_port)
@@ -291,6 +310,7 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null
 
 rm -rf "$OUT"
 mkdir -p "$OUT"
+lg_config "$OUT/loopguard-extra.json" '{}' # fails early on a malformed BENCH_LOOPGUARD_JSON
 : >"$RESULTS"
 # Stamp tokens until max_tokens: every content token is `w<ns> `.
 echo '{"dialect":"sglang","responses":[{"content":[{"stamp_tokens":-1}]}]}' \
