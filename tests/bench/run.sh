@@ -189,8 +189,7 @@ PY
 start_loopguard() {
     local name=$1 conf=$OUT/$1.json
     lg_config "$conf" "$2"
-    local args=(--config "$conf")
-    spawn "$name" "$LOOPGUARD" "${args[@]}" --listen 127.0.0.1:0 \
+    spawn "$name" "$LOOPGUARD" --config "$conf" --listen 127.0.0.1:0 \
         --upstream "http://127.0.0.1:$FAKE_PORT" --upstream-kind sglang
     T_MAIN=$SPAWNED
     wait_listen "$name" "$T_MAIN"
