@@ -20,8 +20,6 @@ SAN     ?= 0
 PKGS      := libmicrohttpd libcurl libcjson libpcre2-8
 APT_BUILD := build-essential pkg-config libmicrohttpd-dev libcurl4-openssl-dev \
              libcjson-dev libpcre2-dev
-APT_TEST  := libcmocka-dev nginx-light wrk nodejs npm clang libclang-rt-14-dev curl python3 \
-             valgrind
 
 ifeq ($(SAN),1)
 BUILD   ?= build/san
@@ -63,14 +61,21 @@ deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_BUILD)) >/dev/null; \
 	else echo "missing build dependencies; run: sudo apt-get install -y $(APT_BUILD)"; exit 1; fi
 
+# Only the packages whose probe fails are installed: a machine whose Node.js came from
+# elsewhere (NodeSource's nodejs bundles npm and conflicts with Debian's npm) keeps it.
+TEST_TOOLS := nginx:nginx-light wrk:wrk node:nodejs npm:npm clang:clang curl:curl \
+              python3:python3 valgrind:valgrind
+FUZZ_RT    := /usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.fuzzer-x86_64.a
+
 test-deps: deps
-	@missing=""; for c in nginx wrk node npm clang curl python3 valgrind; do command -v $$c >/dev/null || missing=1; done; \
-	pkg-config --exists cmocka || missing=1; \
-	[ -e /usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.fuzzer-x86_64.a ] || missing=1; \
+	@missing=""; for p in $(TEST_TOOLS); do \
+	  command -v $${p%%:*} >/dev/null || missing="$$missing $${p#*:}"; done; \
+	pkg-config --exists cmocka || missing="$$missing libcmocka-dev"; \
+	[ -e $(FUZZ_RT) ] || missing="$$missing libclang-rt-14-dev"; \
 	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then echo "installing test dependencies: $(APT_TEST)"; \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_TEST)) >/dev/null; \
-	  else echo "missing test dependencies; run: sudo apt-get install -y $(APT_TEST)"; exit 1; fi; fi
+	  if [ "$$(id -u)" = 0 ]; then echo "installing test dependencies:$$missing"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null; \
+	  else echo "missing test dependencies; run: sudo apt-get install -y$$missing"; exit 1; fi; fi
 	@[ -d tests/client/node_modules/openai ] && [ -d tests/client/node_modules/@dwmkerr/mock-llm ] || \
 	  (cd tests/client && npm ci --no-audit --no-fund --loglevel=error)
 
