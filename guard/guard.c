@@ -391,16 +391,24 @@ static void repeat_trip(guard *g, uint32_t period, uint64_t end)
  * not repeat here dies. Returns true when one reached its threshold. */
 static bool cand_advance(guard *g, unsigned char b, uint64_t pos)
 {
-    unsigned n = 0;
-    bool ready = false;
+    const unsigned char *now = g->buf + (pos - g->base);
+    bool ready = false, died = false;
     for (unsigned i = 0; i < g->ncand; i++) {
-        gcand c = g->cand[i];
-        if (at(g, pos - c.period) != b) continue;
-        c.run++;
-        ready |= (uint64_t)c.run + c.period >= c.need;
-        g->cand[n++] = c;
+        gcand *c = &g->cand[i];
+        if (now[-(ptrdiff_t)c->period] != b) {
+            c->run = 0; /* dead: dropped below, order kept */
+            died = true;
+            continue;
+        }
+        c->run++;
+        ready |= (uint64_t)c->run + c->period >= c->need;
     }
-    g->ncand = n;
+    if (died) {
+        unsigned n = 0;
+        for (unsigned i = 0; i < g->ncand; i++)
+            if (g->cand[i].run) g->cand[n++] = g->cand[i];
+        g->ncand = n;
+    }
     return ready;
 }
 
