@@ -9,7 +9,11 @@
  * terminator, so a long line that arrives in many small reads is searched once, not once
  * per read. A dispatch hands the callback [start, end of the blank line) as raw and moves
  * start forward; the consumed front of `in` is dropped once per feed (one memmove of the
- * pending event), so a read holding many events costs O(read), not O(read × events). */
+ * pending event), so a read holding many events costs O(read), not O(read × events).
+ * An event's first data line is borrowed, not copied: `one` points at its value in the
+ * bytes being parsed, and is copied into `data` only when a second data line comes or the
+ * feed ends before the event does (those bytes then move). The usual event, one data line,
+ * thus reaches the callback with no copy of its data. */
 #include "proxy/sse.h"
 
 #include <limits.h>
@@ -30,6 +34,8 @@ struct sse_parser {
     bool crlf;        /* the last CR seen ended a CR LF pair (assumed before any CR) */
     bool deferred;    /* a blank line's CR ends the input; waiting for a possible LF */
     lg_buf data, event, id;
+    const char *one; /* the pending event's only data line so far, borrowed (or NULL) */
+    size_t one_len;
     bool has_id;
     long retry;
 };
@@ -85,6 +91,16 @@ static long parse_retry(const char *v, size_t n)
     return r;
 }
 
+/* Copies a borrowed first data line into `data`: the bytes it points at are about to move
+ * or another line joins it. */
+static void keep_data(sse_parser *p)
+{
+    if (!p->one) return;
+    lg_buf_append(&p->data, p->one, p->one_len);
+    lg_buf_append(&p->data, "\n", 1);
+    p->one = NULL;
+}
+
 /* Applies one non-blank, non-comment line [line, line+n) to the pending event. */
 static void process_field(sse_parser *p, const char *line, size_t n)
 {
@@ -97,6 +113,12 @@ static void process_field(sse_parser *p, const char *line, size_t n)
         vlen--;
     }
     if (nlen == 4 && !memcmp(line, "data", 4)) {
+        if (!p->one && !p->data.len) {
+            p->one = v;
+            p->one_len = vlen;
+            return;
+        }
+        keep_data(p);
         lg_buf_append(&p->data, v, vlen);
         lg_buf_append(&p->data, "\n", 1);
     } else if (nlen == 5 && !memcmp(line, "event", 5)) {
@@ -120,10 +142,10 @@ static void process_field(sse_parser *p, const char *line, size_t n)
 static int dispatch(sse_parser *p, const char *s, size_t end)
 {
     int rc = 0;
-    if (p->data.len) {
+    if (p->one || p->data.len) {
         sse_event ev = {
-            .data = p->data.p,
-            .data_len = p->data.len - 1, /* the last LF is not part of the data */
+            .data = p->one ? p->one : p->data.p,
+            .data_len = p->one ? p->one_len : p->data.len - 1, /* the last LF is not data */
             .event = p->event.p ? p->event.p : "",
             .event_len = p->event.len,
             .id = p->id.p,
@@ -133,10 +155,10 @@ static int dispatch(sse_parser *p, const char *s, size_t end)
             .raw = s + p->start,
             .raw_len = end - p->start,
         };
-        p->data.p[ev.data_len] = '\0';
         p->start = end;
         rc = p->fn(p->ud, &ev);
     }
+    p->one = NULL;
     lg_buf_reset(&p->data);
     lg_buf_reset(&p->event);
     p->has_id = false;
@@ -239,6 +261,7 @@ int sse_parser_feed(sse_parser *p, const char *buf, size_t len)
         if (p->in.cap > 65536) lg_buf_free(&p->in); /* give back a once-huge event */
         if (len == 0) return 0;
         int rc = scan_lines(p, buf, len);
+        keep_data(p);
         if (rc != SSE_ERR_TOO_BIG) {
             lg_buf_append(&p->in, buf + p->start, len - p->start);
             p->pos -= p->start;
@@ -249,5 +272,7 @@ int sse_parser_feed(sse_parser *p, const char *buf, size_t len)
     }
     lg_buf_append(&p->in, buf, len);
     if (!p->bom_checked && !check_bom(p)) return 0;
-    return scan_lines(p, p->in.p, p->in.len);
+    int rc = scan_lines(p, p->in.p, p->in.len);
+    keep_data(p);
+    return rc;
 }

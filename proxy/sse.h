@@ -40,7 +40,7 @@
 
 /* One dispatched event. Every pointer is valid only during the callback. */
 typedef struct sse_event {
-    const char *data; /* joined data lines, NUL-terminated (data may contain NULs) */
+    const char *data; /* joined data lines (may contain NULs); not NUL-terminated */
     size_t data_len;
     const char *event; /* "" when absent */
     size_t event_len;

@@ -33,7 +33,6 @@ static int on_event(void *ud, const sse_event *ev)
     lg_buf_append(&r->fields, ev->event, ev->event_len);
     lg_buf_append(&r->fields, ev->id, ev->id_len);
     lg_buf_append(&r->raws, ev->raw, ev->raw_len);
-    if (ev->data[ev->data_len] != '\0') abort();
     return r->stop_every && ++r->n % r->stop_every == 0 ? 1 : 0;
 }
 
