@@ -132,7 +132,6 @@ typedef struct exchange {
     bool stream_ready;  /* streaming response may be queued */
     bool queued;
     bool ended;         /* everything is in `out` ([DONE] included) */
-    bool reader_gave;   /* the content reader returned data (MHD drains it before the next call) */
     lg_fifo out;
     uint64_t out_since_ns, last_out_ns;
     lg_assembler *as;
@@ -686,13 +685,12 @@ static bool end_checks(exchange *ex, bool answer_expected)
     return false;
 }
 
-/* True when the event can go to the client as the upstream's own bytes. */
+/* True when the event can go to the client as the upstream's own bytes, provided that
+ * releasing it leaves nothing held (the caller's check). */
 static bool raw_ok(const exchange *ex, const dl_delta *d, bool held_before)
 {
     if (held_before || ex->think || !ex->req.client_stream) return false;
     if (ex->mode == LG_REASONING_INLINE && ex->inline_state == 1 && d->content_len) return false;
-    for (int c = 0; c < LG_CH_COUNT; c++)
-        if (ex->ch[c].held.len) return false;
     if (!d->reasoning_len) return true;
     switch (ex->mode) {
     case LG_REASONING_CONTENT:
@@ -783,8 +781,6 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     }
 
     /* Split inline <think> out of content (no server-side reasoning parser). */
-    lg_buf r = text_borrow(ex, EX_TEXT_R), c = text_borrow(ex, EX_TEXT_C);
-    if (d->reasoning_len) lg_buf_append(&r, d->reasoning, d->reasoning_len);
     if (d->content_len && ex->chat && !ex->think && !d->reasoning_len &&
         ex->ch[LG_CH_REASONING].attempt_bytes == 0 && ex->ch[LG_CH_CONTENT].attempt_bytes == 0) {
         /* A whole response can be split in hindsight: read it as reasoning until a
@@ -799,8 +795,15 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
             ex->think_explicit = starts_with_open_tag(d->content, d->content_len);
         }
     }
+    /* The event's text per channel: the delta's own strings, unless the splitter reshapes
+     * them into the per-event buffers. */
     bool reshaped = ex->think != NULL; /* the splitter saw this event */
-    if (ex->think) {
+    lg_buf r = LG_BUF_INIT, c = LG_BUF_INIT;
+    const char *rs = d->reasoning, *cs = d->content;
+    size_t rn = d->reasoning_len, cn = d->content_len;
+    if (reshaped) {
+        r = text_borrow(ex, EX_TEXT_R), c = text_borrow(ex, EX_TEXT_C);
+        if (d->reasoning_len) lg_buf_append(&r, d->reasoning, d->reasoning_len);
         think_feed(ex->think, d->content, d->content_len, &r, &c);
         if (d->finish_reason) think_finish(ex->think, &r, &c);
         if (!think_inside(ex->think) && !think_closed(ex->think) && c.len) {
@@ -809,19 +812,19 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
             ex->think = NULL;
             ex->think_inline = false;
         }
-    } else if (d->content_len) {
-        lg_buf_append(&c, d->content, d->content_len);
+        rs = r.p, rn = r.len, cs = c.p, cn = c.len;
     }
 
-    bool text = r.len || c.len;
-    bool tripped = guard_text(ex, LG_CH_REASONING, r.p, r.len) ||
-                   guard_text(ex, LG_CH_CONTENT, c.p, c.len);
+    bool text = rn || cn;
+    bool tripped = guard_text(ex, LG_CH_REASONING, rs, rn) || guard_text(ex, LG_CH_CONTENT, cs, cn);
     for (size_t i = 0; !tripped && i < d->n_tools; i++) {
         tripped = guard_text(ex, LG_CH_TOOL_ARGS, d->tools[i].args, d->tools[i].args_len);
         text |= d->tools[i].args_len > 0;
     }
-    text_return(ex, EX_TEXT_R, &r);
-    text_return(ex, EX_TEXT_C, &c);
+    if (reshaped) {
+        text_return(ex, EX_TEXT_R, &r);
+        text_return(ex, EX_TEXT_C, &c);
+    }
     if (text) ex->tokens++;
     if (tripped) return 1; /* the verdict was taken */
     if (d->finish_reason) {
@@ -832,14 +835,18 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
 
     /* Release: everything at the end of the generation, else what the guard cleared. Tool
      * arguments are guarded but never held (they are forwarded in their own deltas). */
-    lg_buf rel_r = text_borrow(ex, EX_TEXT_R), rel_c = text_borrow(ex, EX_TEXT_C);
     bool all = d->finish_reason != NULL;
+    const chan *hr = &ex->ch[LG_CH_REASONING], *hc = &ex->ch[LG_CH_CONTENT];
+    size_t nr = all ? hr->held.len : releasable(ex, LG_CH_REASONING);
+    size_t nc = all ? hc->held.len : releasable(ex, LG_CH_CONTENT);
+    /* The upstream's own bytes go out when nothing stays held; the released text is then
+     * not needed apart from `sent`. */
+    bool raw = !reshaped && nr == hr->held.len && nc == hc->held.len && raw_ok(ex, d, held_before);
+    lg_buf rel_r = text_borrow(ex, EX_TEXT_R), rel_c = text_borrow(ex, EX_TEXT_C);
     release(ex, LG_CH_TOOL_ARGS, ex->ch[LG_CH_TOOL_ARGS].held.len, NULL);
-    release(ex, LG_CH_REASONING,
-            all ? ex->ch[LG_CH_REASONING].held.len : releasable(ex, LG_CH_REASONING), &rel_r);
-    release(ex, LG_CH_CONTENT,
-            all ? ex->ch[LG_CH_CONTENT].held.len : releasable(ex, LG_CH_CONTENT), &rel_c);
-    if (!reshaped && raw_ok(ex, d, held_before)) {
+    release(ex, LG_CH_REASONING, nr, raw ? NULL : &rel_r);
+    release(ex, LG_CH_CONTENT, nc, raw ? NULL : &rel_c);
+    if (raw) {
         out_append(ex, ev->raw, ev->raw_len);
     } else if (ex->req.client_stream) {
         bool other = d->finish_reason || d->n_tools || d->role || d->usage;
@@ -1235,14 +1242,19 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
     exchange *ex = cls;
     (void)pos;
     if (ex->base.client_gone) return MHD_CONTENT_READER_END_WITH_ERROR;
+    /* Until the stream ends its output goes out by direct writes, not through a copy into
+     * libmicrohttpd's buffer; the end ([DONE] and the last chunk) goes through it. */
+    if (!ex->ended && worker_go_direct(&ex->base)) {
+        if (lg_fifo_len(&ex->out)) worker_output(&ex->base);
+        return 0;
+    }
     if (lg_fifo_len(&ex->out)) {
         size_t k = lg_fifo_take(&ex->out, buf, max);
-        ex->reader_gave = true;
         output_taken(ex);
         return (ssize_t)k;
     }
     if (ex->ended) return MHD_CONTENT_READER_END_OF_STREAM;
-    worker_idle(&ex->base, ex->reader_gave);
+    worker_suspend(&ex->base);
     return 0;
 }
 

@@ -195,16 +195,17 @@ static void watch_writable(lg_req *r, bool on)
                  ev_pack(TAG_CLIENT, r->gen, r->client_fd));
 }
 
-void worker_idle(lg_req *r, bool drained)
+bool worker_go_direct(lg_req *r)
 {
+    if (r->client_gone || r->retired || !watched(r)) return false;
     worker_suspend(r);
-    if (!drained || r->client_gone || r->retired || !watched(r)) return;
     if (!r->nodelay) { /* a token must not wait for the client's delayed ACK */
         int one = 1;
         (void)setsockopt(r->client_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         r->nodelay = true;
     }
     r->direct = true;
+    return true;
 }
 
 void worker_output(lg_req *r)

@@ -17,10 +17,10 @@
  * Direct writes: between tokens a stream's connection is suspended with libmicrohttpd's
  * write buffer empty, and libmicrohttpd does not touch a suspended socket. Resuming it for
  * every token cost a daemon run (an epoll_wait, the walk above, the state machine) and
- * delayed each token to the end of the loop iteration. So a request whose content reader
- * found nothing to send after libmicrohttpd drained its buffer may have its output written
- * straight to the socket as HTTP/1.1 chunks (worker_output, worker_write_chunk) until it is
- * resumed; a chunk the socket takes only in part is finished from the worker's EPOLLOUT
+ * delayed each token to the end of the loop iteration. So once the content reader is
+ * asked for body data (libmicrohttpd has then sent everything before it), the request's
+ * output is written straight to the socket as HTTP/1.1 chunks (worker_go_direct,
+ * worker_output, worker_write_chunk) until it is resumed; a chunk the socket takes only in part is finished from the worker's EPOLLOUT
  * before libmicrohttpd may write again; a tail that does not move for client_timeout_s ends
  * the request as a hang-up, as libmicrohttpd's own timeout would.
  *
@@ -167,9 +167,13 @@ void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops,
 void worker_suspend(lg_req *r);
 /* Resumes the MHD connection (direct writes end; when a tail is pending, once it is sent). */
 void worker_resume(lg_req *r);
-/* The content reader returns 0: suspends, and when `drained` (the reader returned data
- * earlier, so libmicrohttpd sent all it had before calling it again) arms direct writes. */
-void worker_idle(lg_req *r, bool drained);
+/* From the content reader, which then returns 0: suspends the connection and arms direct
+ * writes. libmicrohttpd asks for body data only with its write buffer empty (after it sent
+ * the response head, and after it sent all the reader gave it), so the worker may write
+ * the socket from here on. Returns false, and does nothing, when direct writes are not
+ * possible (the client left, or its socket is not watched); the reader must then give
+ * its data to libmicrohttpd. */
+bool worker_go_direct(lg_req *r);
 /* The request queued output for the client: with direct writes armed, its ops->flush runs
  * after the event being handled; otherwise MHD is resumed to call the content reader. */
 void worker_output(lg_req *r);
