@@ -196,9 +196,9 @@ static int scan_lines(sse_parser *p, const char *s, size_t n)
         }
         /* Two memchr passes (LF, then CR only before it) beat a byte loop: almost every
          * server ends lines in LF, so the CR search covers one short line. */
-        const char *lf = memchr(s + p->scan, '\n', n - p->scan);
+        const char *lf = p->scan < n ? memchr(s + p->scan, '\n', n - p->scan) : NULL;
         size_t i = lf ? (size_t)(lf - s) : n;
-        const char *cr = memchr(s + p->scan, '\r', i - p->scan);
+        const char *cr = i > p->scan ? memchr(s + p->scan, '\r', i - p->scan) : NULL;
         if (cr) i = (size_t)(cr - s);
         if (i == n) {
             p->scan = n;
