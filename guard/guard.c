@@ -1047,22 +1047,38 @@ static bool leak_step(guard *g, unsigned char b, uint64_t now)
     return false;
 }
 
-/* The index of the first byte of s[0..n) that starts or ends a leak token, or n. */
+#ifdef __SSE2__
+/* The bytes of x that equal one of the four leak bytes k[0..4), as a 16-bit mask. */
+static inline unsigned leak_hits(const __m128i *k, __m128i x)
+{
+    __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, k[0]), _mm_cmpeq_epi8(x, k[1])),
+                               _mm_or_si128(_mm_cmpeq_epi8(x, k[2]), _mm_cmpeq_epi8(x, k[3])));
+    return (unsigned)_mm_movemask_epi8(hit);
+}
+#endif
+
+/* The index of the first byte of s[0..n) that starts or ends a leak token, or n. s lies in
+ * g's history, so a last block shorter than 16 bytes is read as the 16 bytes that end it,
+ * with the history before it masked off: the pieces that get here are often 9-15 bytes. */
 static size_t leak_scan(const guard *g, const unsigned char *s, size_t n)
 {
     size_t i = 0;
 #ifdef __SSE2__
-    if (g->n_leak_bytes && n >= 16) {
-        const __m128i k0 = _mm_set1_epi8((char)g->leak_bytes[0]);
-        const __m128i k1 = _mm_set1_epi8((char)g->leak_bytes[1]);
-        const __m128i k2 = _mm_set1_epi8((char)g->leak_bytes[2]);
-        const __m128i k3 = _mm_set1_epi8((char)g->leak_bytes[3]);
+    if (g->n_leak_bytes) {
+        const __m128i k[4] = {_mm_set1_epi8((char)g->leak_bytes[0]),
+                              _mm_set1_epi8((char)g->leak_bytes[1]),
+                              _mm_set1_epi8((char)g->leak_bytes[2]),
+                              _mm_set1_epi8((char)g->leak_bytes[3])};
         for (; i + 16 <= n; i += 16) {
-            __m128i x = _mm_loadu_si128((const __m128i *)(s + i));
-            __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, k0), _mm_cmpeq_epi8(x, k1)),
-                                       _mm_or_si128(_mm_cmpeq_epi8(x, k2), _mm_cmpeq_epi8(x, k3)));
-            unsigned m = (unsigned)_mm_movemask_epi8(hit);
+            unsigned m = leak_hits(k, _mm_loadu_si128((const __m128i *)(const void *)(s + i)));
             if (m) return i + (unsigned)__builtin_ctz(m);
+        }
+        size_t rest = n - i;
+        if (rest && (size_t)(s + n - g->buf) >= 16) {
+            const unsigned char *end16 = s + n - 16;
+            unsigned m = leak_hits(k, _mm_loadu_si128((const __m128i *)(const void *)end16));
+            m >>= 16 - rest;
+            return m ? i + (unsigned)__builtin_ctz(m) : n;
         }
     }
 #endif
@@ -1071,9 +1087,11 @@ static size_t leak_scan(const guard *g, const unsigned char *s, size_t n)
     return i;
 }
 
-/* The leak detector over a piece (see feed_piece): leak_step at the bytes leak_scan finds. */
-static size_t leak_pass(guard *g, const unsigned char *s, size_t lim, uint64_t fed0)
+/* The leak detector over a piece (see feed_piece): leak_step at the bytes leak_scan finds.
+ * It reads the piece from the history, where feed_piece copied it. */
+static size_t leak_pass(guard *g, uint64_t fed0, size_t lim)
 {
+    const unsigned char *s = g->buf + (size_t)(fed0 - g->base);
     size_t i = leak_scan(g, s, lim);
     while (i < lim) {
         if (leak_step(g, s[i], fed0 + i + 1)) return i;
@@ -1137,7 +1155,7 @@ static bool feed_piece(guard *g, const unsigned char *s, size_t n)
     memcpy(g->buf + g->blen, s, n);
     g->blen += n;
     size_t lim = n; /* bytes every later pass still judges; a trip at lim when lim < n */
-    if (g->leak_maxlen) lim = leak_pass(g, s, lim, fed0);
+    if (g->leak_maxlen) lim = leak_pass(g, fed0, lim);
     if (p->n_rules) lim = rules_pass(g, lim, fed0);
     if (p->repeat.enabled) lim = repeat_pass(g, s, lim, fed0);
     if (p->lines.enabled || p->novelty.enabled)
