@@ -862,34 +862,60 @@ static inline uint32_t popcount16(unsigned m)
 }
 #endif
 
+#ifdef __SSE2__
+/* The constants of alnum_masks, made once per call of alnum_span. */
+typedef struct alnum_k {
+    __m128i flip, low, a, zero, nlet, ndig;
+} alnum_k;
+
+/* The ASCII letters and digits among the 16 bytes at p (*in) and the letters (*lm), as
+ * 16-bit masks. (x - lo) < span unsigned is a signed compare once both sides have the top
+ * bit flipped. */
+static inline void alnum_masks(const alnum_k *k, const unsigned char *p, unsigned *in,
+                               unsigned *lm)
+{
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)p);
+    __m128i lx = _mm_sub_epi8(_mm_or_si128(x, k->low), k->a);
+    __m128i let = _mm_cmplt_epi8(_mm_xor_si128(lx, k->flip), k->nlet);
+    __m128i dig = _mm_cmplt_epi8(_mm_xor_si128(_mm_sub_epi8(x, k->zero), k->flip), k->ndig);
+    *in = (unsigned)_mm_movemask_epi8(_mm_or_si128(let, dig));
+    *lm = (unsigned)_mm_movemask_epi8(let);
+}
+#endif
+
 /* The length of the run of ASCII letters and digits that starts s[0..n); adds the letters
- * among them to *letters. Sixteen bytes at a time where SSE2 exists (every x86-64). */
-static size_t alnum_span(const unsigned char *s, size_t n, uint32_t *letters)
+ * among them to *letters. Sixteen bytes at a time where SSE2 exists (every x86-64); when
+ * `before` bytes before s may be read (s lies in the guard's history), a last block shorter
+ * than 16 is read as the 16 bytes that end it, with those before it shifted out. */
+static size_t alnum_span(const unsigned char *s, size_t n, size_t before, uint32_t *letters)
 {
     size_t i = 0;
 #ifdef __SSE2__
-    if (n >= 16) {
-        /* (x - lo) < span unsigned is a signed compare once both sides have the top bit
-         * flipped. */
-        const __m128i flip = _mm_set1_epi8((char)0x80), low = _mm_set1_epi8(0x20);
-        const __m128i a = _mm_set1_epi8('a'), zero = _mm_set1_epi8('0');
-        const __m128i nlet = _mm_set1_epi8((char)(26 ^ 0x80));
-        const __m128i ndig = _mm_set1_epi8((char)(10 ^ 0x80));
-        for (; i + 16 <= n; i += 16) {
-            __m128i x = _mm_loadu_si128((const __m128i *)(s + i));
-            __m128i lx = _mm_sub_epi8(_mm_or_si128(x, low), a);
-            __m128i let = _mm_cmplt_epi8(_mm_xor_si128(lx, flip), nlet);
-            __m128i dig = _mm_cmplt_epi8(_mm_xor_si128(_mm_sub_epi8(x, zero), flip), ndig);
-            unsigned in = (unsigned)_mm_movemask_epi8(_mm_or_si128(let, dig));
-            unsigned lm = (unsigned)_mm_movemask_epi8(let);
-            if (in != 0xFFFF) {
-                unsigned k = (unsigned)__builtin_ctz(~in);
-                *letters += popcount16(lm & ((1u << k) - 1));
-                return i + k;
-            }
-            *letters += popcount16(lm);
+    const alnum_k k = {_mm_set1_epi8((char)0x80), _mm_set1_epi8(0x20), _mm_set1_epi8('a'),
+                       _mm_set1_epi8('0'),        _mm_set1_epi8((char)(26 ^ 0x80)),
+                       _mm_set1_epi8((char)(10 ^ 0x80))};
+    unsigned in, lm;
+    for (; i + 16 <= n; i += 16) {
+        alnum_masks(&k, s + i, &in, &lm);
+        if (in != 0xFFFF) {
+            unsigned e = (unsigned)__builtin_ctz(~in);
+            *letters += popcount16(lm & ((1u << e) - 1));
+            return i + e;
         }
+        *letters += popcount16(lm);
     }
+    size_t rest = n - i;
+    if (rest && before + n >= 16) {
+        alnum_masks(&k, s + n - 16, &in, &lm);
+        unsigned full = (1u << rest) - 1;
+        in = (in >> (16 - rest)) & full;
+        lm = (lm >> (16 - rest)) & full;
+        unsigned e = in == full ? (unsigned)rest : (unsigned)__builtin_ctz(~in);
+        *letters += popcount16(lm & ((1u << e) - 1));
+        return i + e;
+    }
+#else
+    (void)before;
 #endif
     for (unsigned c; i < n && (c = alnum_class[s[i]]); i++)
         *letters += c >> 1;
@@ -898,9 +924,10 @@ static size_t alnum_span(const unsigned char *s, size_t n, uint32_t *letters)
 
 /* The most common bytes, a run of ASCII letters and digits from s[i] (offset fed0 + i) up
  * to lim: does exactly what words_step and lines_step do with each of them, with the two
- * hashes in registers. Returns the index past the run. */
+ * hashes in registers. `before` bytes before s may be read (see alnum_span). Returns the
+ * index past the run. */
 static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, uint64_t fed0,
-                        bool words)
+                        bool words, size_t before)
 {
     uint64_t pos = fed0 + i;
     if (g->seg_gap) { /* one space stands for the gap */
@@ -918,7 +945,7 @@ static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, 
     }
     uint64_t wh = g->w_hash, sh = g->seg_hash;
     uint32_t letters = 0;
-    size_t j = i + alnum_span(s + i, lim - i, &letters);
+    size_t j = i + alnum_span(s + i, lim - i, before + i, &letters);
     for (size_t k = i; k < j; k++) {
         wh = fnv(wh, s[k] | 0x20); /* lower case; digits have that bit already */
         sh = fnv(sh, s[k]);
@@ -946,13 +973,15 @@ static inline bool text_other(guard *g, unsigned char b, uint64_t pos, bool word
     return lines_step(g, b, pos);
 }
 
-/* The words, lines and novelty detectors over a piece (see feed_piece). */
-static size_t text_pass(guard *g, const unsigned char *s, size_t lim, uint64_t fed0, bool words)
+/* The words, lines and novelty detectors over a piece (see feed_piece). It reads the piece
+ * from the history, where feed_piece copied it. */
+static size_t text_pass(guard *g, size_t lim, uint64_t fed0, bool words)
 {
-    size_t i = 0;
+    const unsigned char *s = g->buf + (size_t)(fed0 - g->base);
+    size_t before = (size_t)(s - g->buf), i = 0;
     while (i < lim) {
         if (alnum_class[s[i]]) {
-            i = alnum_run(g, s, i, lim, fed0, words);
+            i = alnum_run(g, s, i, lim, fed0, words, before);
             continue;
         }
         if (text_other(g, s[i], fed0 + i, words)) return i;
@@ -1159,7 +1188,7 @@ static bool feed_piece(guard *g, const unsigned char *s, size_t n)
     if (p->n_rules) lim = rules_pass(g, lim, fed0);
     if (p->repeat.enabled) lim = repeat_pass(g, s, lim, fed0);
     if (p->lines.enabled || p->novelty.enabled)
-        lim = text_pass(g, s, lim, fed0, p->novelty.enabled);
+        lim = text_pass(g, lim, fed0, p->novelty.enabled);
     if (p->budget_bytes && p->budget_bytes - fed0 < lim) { /* the first byte past it */
         lim = (size_t)(p->budget_bytes - fed0);
         budget_byte(g, fed0 + lim);
@@ -1195,7 +1224,7 @@ __attribute__((flatten)) static bool feed_short(guard *g, const unsigned char *s
         if (rep && repeat_byte(g, g->gtab, g->gram, b, pos)) return true;
         if (text) {
             if (alnum_class[b])
-                alnum_run(g, s, i, i + 1, pos - i, words);
+                alnum_run(g, s, i, i + 1, pos - i, words, 0);
             else if (text_other(g, b, pos, words))
                 return true;
         }
