@@ -910,7 +910,7 @@ static size_t alnum_span(const unsigned char *s, size_t n, size_t before, uint32
         unsigned full = (1u << rest) - 1;
         in = (in >> (16 - rest)) & full;
         lm = (lm >> (16 - rest)) & full;
-        unsigned e = in == full ? (unsigned)rest : (unsigned)__builtin_ctz(~in);
+        unsigned e = (unsigned)__builtin_ctz(~in); /* rest when the whole block is a run */
         *letters += popcount16(lm & ((1u << e) - 1));
         return i + e;
     }
