@@ -236,7 +236,8 @@ int main(int argc, char **argv)
 
     int rc = 1;
     size_t started = 0;
-    int port = cfg->listen_port;
+    /* Port 0 asks the kernel for one; every later socket then binds the same port. */
+    int port = srv.port = cfg->listen_port;
     for (size_t i = 0; i < srv.n_workers; i++) {
         int fds[WORKER_SHARDS];
         size_t n = 0;

@@ -919,6 +919,18 @@ describe('configuration', () => {
         assert.match(r.stderr, /timeouts\.idle_ms/);
     });
 
+    it('a fixed listen port is the one the startup line names and the one that answers', T, async () => {
+        const port = await deadPort();
+        const lg = await startLoopguard({ upstream: `http://127.0.0.1:${await deadPort()}`, listen: `127.0.0.1:${port}` });
+        try {
+            assert.equal(lg.port, port, `startup line: ${lg.stdout()}`);
+            const r = await request(`${lg.url}/loopguard/health`);
+            assert.equal(r.status, 200, r.text);
+        } finally {
+            await lg.stop();
+        }
+    });
+
     it('loopguard refuses to start with an unknown key', T, async () => {
         const f = tmpFile('bad3.json', JSON.stringify({ listen: '127.0.0.1:0', bogus: 1 }));
         const r = await runLoopguard(['--config', f]);
