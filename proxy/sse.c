@@ -91,13 +91,19 @@ static long parse_retry(const char *v, size_t n)
     return r;
 }
 
+/* Appends one data line to `data`, each line followed by its LF. */
+static void add_data_line(sse_parser *p, const char *v, size_t vlen)
+{
+    lg_buf_append(&p->data, v, vlen);
+    lg_buf_append(&p->data, "\n", 1);
+}
+
 /* Copies a borrowed first data line into `data`: the bytes it points at are about to move
  * or another line joins it. */
 static void keep_data(sse_parser *p)
 {
     if (!p->one) return;
-    lg_buf_append(&p->data, p->one, p->one_len);
-    lg_buf_append(&p->data, "\n", 1);
+    add_data_line(p, p->one, p->one_len);
     p->one = NULL;
 }
 
@@ -119,8 +125,7 @@ static void process_field(sse_parser *p, const char *line, size_t n)
             return;
         }
         keep_data(p);
-        lg_buf_append(&p->data, v, vlen);
-        lg_buf_append(&p->data, "\n", 1);
+        add_data_line(p, v, vlen);
     } else if (nlen == 5 && !memcmp(line, "event", 5)) {
         lg_buf_reset(&p->event);
         lg_buf_append(&p->event, v, vlen);

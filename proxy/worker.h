@@ -20,9 +20,10 @@
  * delayed each token to the end of the loop iteration. So once the content reader is
  * asked for body data (libmicrohttpd has then sent everything before it), the request's
  * output is written straight to the socket as HTTP/1.1 chunks (worker_go_direct,
- * worker_output, worker_write_chunk) until it is resumed; a chunk the socket takes only in part is finished from the worker's EPOLLOUT
- * before libmicrohttpd may write again; a tail that does not move for client_timeout_s ends
- * the request as a hang-up, as libmicrohttpd's own timeout would.
+ * worker_output, worker_write_chunk) until it is resumed; a chunk the socket takes only in
+ * part is finished from the worker's EPOLLOUT before libmicrohttpd may write again; a tail
+ * that does not move for client_timeout_s ends the request as a hang-up, as
+ * libmicrohttpd's own timeout would.
  *
  * Requests (relay.c, exchange.c, admin.c) embed an lg_req and register it with the worker;
  * the worker tells them when the client went away, when a transfer finished, and ticks them
