@@ -14,7 +14,8 @@
  *              a window of rule_max_match_bytes + GUARD_RULE_STEP, JIT, hard-partial).
  *   repeat   — the tail is periodic: some period p has repeated often enough. Candidate
  *              periods come from an 8-gram table (the distance to the previous occurrence
- *              of the last 8 bytes); each live candidate costs one compare per byte.
+ *              of the last 8 bytes); a live candidate costs a compare per 16 bytes of a
+ *              piece (one per byte of a short chunk).
  *   lines    — one line/sentence keeps coming back, and the text between its returns is
  *              itself made of returns (so "A x A y A z" with fresh x, y, z passes).
  *   novelty  — almost no new word trigrams over a window: a paraphrase loop.
@@ -52,11 +53,15 @@
  * 2.6 % on guard_bench's real text (cachegrind), verdicts unchanged. */
 #define RARE_PATH __attribute__((noinline))
 
+/* A live candidate period. Its run (the consecutive bytes ending now with s[i] == s[i -
+ * period]) is not counted byte by byte: it is the bytes fed since `start`. */
 typedef struct gcand {
+    uint64_t start;    /* offset of the run's first byte */
+    uint64_t ready_at; /* offset of the byte at which run + period reaches need */
+    uint64_t breaks;   /* within repeat_pass: first offset that breaks the period, or the end */
     uint32_t period;
-    uint32_t run;  /* consecutive bytes ending now with s[i] == s[i - period] */
-    uint32_t need; /* periodic tail length (run + period) that trips */
-    bool judged;   /* need already includes the unit's class and fence context */
+    uint32_t need;     /* periodic tail length (run + period) that trips */
+    bool judged;       /* need already includes the unit's class and fence context */
 } gcand;
 
 typedef struct gseg {
@@ -387,72 +392,96 @@ static void repeat_trip(guard *g, uint32_t period, uint64_t end)
     trip(g, "repeat", loop_start, end, (unsigned)((end - loop_start) / q));
 }
 
-/* Advances the live candidates over byte b at offset pos: a candidate whose period does
- * not repeat here dies. Returns true when one reached its threshold. */
-static bool cand_advance(guard *g, unsigned char b, uint64_t pos)
+/* The offset at which candidate c, its run starting at c->start, reaches c->need. */
+static inline uint64_t cand_ready_at(const gcand *c)
 {
-    const unsigned char *now = g->buf + (pos - g->base);
-    bool ready = false, died = false;
-    for (unsigned i = 0; i < g->ncand; i++) {
-        gcand *c = &g->cand[i];
-        if (now[-(ptrdiff_t)c->period] != b) {
-            c->run = 0; /* dead: dropped below, order kept */
-            died = true;
-            continue;
-        }
-        c->run++;
-        ready |= (uint64_t)c->run + c->period >= c->need;
+    uint64_t over = (uint64_t)c->need > (uint64_t)c->period + 1 ? c->need - c->period - 1 : 0;
+    return c->start + over;
+}
+
+/* The first offset k in [from, to) with buf[k] != buf[k - period], or `to`. Every byte read
+ * is in the history: from - period ≥ base, to ≤ the bytes held. */
+static uint64_t period_break(const guard *g, uint32_t period, uint64_t from, uint64_t to)
+{
+    const unsigned char *s = g->buf + (from - g->base), *t = s - period;
+    size_t n = (size_t)(to - from), i = 0;
+#ifdef __SSE2__
+    for (; i + 16 <= n; i += 16) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
+        __m128i y = _mm_loadu_si128((const __m128i *)(const void *)(t + i));
+        unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, y)) ^ 0xFFFF;
+        if (m) return from + i + (unsigned)__builtin_ctz(m);
     }
-    if (died) {
-        unsigned n = 0;
-        for (unsigned i = 0; i < g->ncand; i++)
-            if (g->cand[i].run) g->cand[n++] = g->cand[i];
-        g->ncand = n;
+    /* A last block under 16 bytes: the 16 bytes that end it, when both lie in the history,
+     * with the bytes before it masked off. */
+    size_t rest = n - i;
+    if (rest && (size_t)(t + n - g->buf) >= 16) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + n - 16));
+        __m128i y = _mm_loadu_si128((const __m128i *)(const void *)(t + n - 16));
+        unsigned m = ((unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, y)) ^ 0xFFFF) >> (16 - rest);
+        return m ? from + i + (unsigned)__builtin_ctz(m) : to;
     }
-    return ready;
+#endif
+    while (i < n && s[i] == t[i])
+        i++;
+    return from + i;
 }
 
 /* The 8 bytes ending at pos also end at pos - d, inside the history (the caller compared
  * them): tracks period d, unless it is live already, when a slot is free or holds a
- * shorter run. Returns true when the new candidate reached its threshold. RARE_PATH. */
-RARE_PATH static bool cand_add(guard *g, uint64_t pos, uint32_t d)
+ * shorter run. The live candidates are those of the caller's list at pos. */
+static void cand_add(guard *g, uint64_t pos, uint32_t d, uint64_t end)
 {
     for (unsigned i = 0; i < g->ncand; i++)
-        if (g->cand[i].period == d) return false;
+        if (g->cand[i].period == d) return;
     /* Measure the run by walking back from those 8 bytes: O(run), and a run only starts
      * being tracked once, so this is amortised O(1). */
     uint64_t j = pos - 8;
     while (j >= g->base + d && at(g, j) == at(g, j - d))
         j--;
-    uint32_t run = (uint32_t)(pos - j);
     unsigned slot = g->ncand;
-    if (slot == GUARD_NCAND) {
+    if (slot == GUARD_NCAND) { /* replace the shortest run, the latest start */
         slot = 0;
         for (unsigned i = 1; i < GUARD_NCAND; i++)
-            if (g->cand[i].run < g->cand[slot].run) slot = i;
-        if (g->cand[slot].run >= run) return false;
+            if (g->cand[i].start > g->cand[slot].start) slot = i;
+        if (g->cand[slot].start <= j + 1) return;
     } else {
         g->ncand++;
     }
-    gcand c = {d, run, g->p->repeat.base_need[d], false};
-    g->cand[slot] = c;
-    return (uint64_t)c.run + c.period >= c.need;
+    gcand *c = &g->cand[slot];
+    c->start = j + 1;
+    c->period = d;
+    c->need = g->p->repeat.base_need[d];
+    c->judged = false;
+    c->ready_at = cand_ready_at(c);
+    c->breaks = period_break(g, d, pos + 1, end);
 }
 
-/* Some candidate reached its threshold at offset pos: judges it (once) and trips when it
- * still holds. Returns true on a trip. RARE_PATH. */
-RARE_PATH static bool cand_check(guard *g, uint64_t pos)
+/* At offset pos, the byte of a piece that ends at `end`: drops the candidates whose period
+ * broke by now, tracks period d (0: none), judges (once) the candidates whose run reached
+ * their threshold and trips when one still holds. Returns true on a trip; else *next is
+ * the offset of the next candidate that will reach its threshold before its period breaks
+ * (UINT64_MAX: none). RARE_PATH. */
+RARE_PATH static bool cand_event(guard *g, uint64_t pos, uint32_t d, uint64_t end, uint64_t *next)
 {
+    unsigned n = 0;
+    for (unsigned i = 0; i < g->ncand; i++) /* the list keeps its order */
+        if (g->cand[i].breaks > pos) g->cand[n++] = g->cand[i];
+    g->ncand = n;
+    if (d) cand_add(g, pos, d, end);
+    *next = UINT64_MAX;
     for (unsigned i = 0; i < g->ncand; i++) {
         gcand *c = &g->cand[i];
-        if ((uint64_t)c->run + c->period < c->need) continue;
-        if (!c->judged) {
+        if (pos >= c->ready_at && !c->judged) {
             c->judged = true;
             c->need = judge(g, c, pos + 1);
-            if ((uint64_t)c->run + c->period < c->need) continue;
+            c->ready_at = cand_ready_at(c);
         }
-        repeat_trip(g, c->period, pos + 1);
-        return true;
+        if (pos >= c->ready_at) {
+            repeat_trip(g, c->period, pos + 1);
+            return true;
+        }
+        if (c->ready_at < c->breaks && c->ready_at < *next) *next = c->ready_at;
     }
     return false;
 }
@@ -469,42 +498,83 @@ static inline uint64_t gram_at(const guard *g, uint64_t end)
     return v;
 }
 
-/* The repeat detector at byte b, offset pos (gram: the 8 bytes ending there): advances live
- * candidates, records the 8-gram and looks for a new period, and checks thresholds.
- * Returns true on a trip. */
-static inline bool repeat_byte(guard *g, uint16_t *gtab, uint64_t gram, unsigned char b,
-                               uint64_t pos)
+/* Records the 8-gram ending at offset pos and returns the period it shows that is not live
+ * yet, or 0. Every 8-gram is recorded, but looked up only at every fourth offset: a new
+ * period is noticed at most 3 bytes later (its run is measured exactly anyway), and the
+ * unpredictable "seen before?" branch runs a quarter as often. The candidates' `breaks`
+ * must be past pos for those still live. */
+static inline uint32_t gram_period(guard *g, uint16_t *gtab, uint64_t gram, uint64_t pos)
 {
-    bool ready = g->ncand && cand_advance(g, b, pos);
-    /* Every 8-gram is recorded, but looked up only at every fourth offset: a new period is
-     * noticed at most 3 bytes later (its run is measured exactly anyway), and the
-     * unpredictable "seen before?" branch runs a quarter as often. */
     uint32_t h = (uint32_t)((gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
     uint16_t last = gtab[h];
     gtab[h] = (uint16_t)(pos + 1);
-    if ((pos & 3) == 0 && last) {
-        /* A slot may hold another 8-gram, or an old one: only a real match is a period,
-         * and comparing the 8 bytes is cheaper than cand_add finding out. */
-        uint32_t d = (uint16_t)((uint16_t)(pos + 1) - last);
-        if (d >= 1 && d <= g->p->repeat.max_period && pos >= d + g->base + 7 &&
-            gram_at(g, pos - d) == gram)
-            ready |= cand_add(g, pos, d);
-    }
-    return ready && cand_check(g, pos);
+    if ((pos & 3) != 0 || !last) return 0;
+    /* A slot may hold another 8-gram, or an old one: only a real match is a period, and
+     * comparing the 8 bytes is cheaper than cand_add finding out. */
+    uint32_t d = (uint16_t)((uint16_t)(pos + 1) - last);
+    if (!(d >= 1 && d <= g->p->repeat.max_period && pos >= d + g->base + 7 &&
+          gram_at(g, pos - d) == gram))
+        return 0;
+    /* Most periods found are live already (a loop finds its own every 4 bytes). */
+    for (unsigned k = 0; k < g->ncand; k++)
+        if (g->cand[k].period == d && g->cand[k].breaks > pos) return 0;
+    return d;
 }
 
-/* The repeat detector over a piece (see feed_piece). */
+/* The repeat detector over a piece (see feed_piece). The live candidates are not advanced
+ * byte by byte: where each one's period breaks in the piece is found first, 16 bytes at a
+ * time, and the per-byte loop only records 8-grams, looks for new periods and stops where
+ * something happens (cand_event). */
 static size_t repeat_pass(guard *g, const unsigned char *s, size_t lim, uint64_t fed0)
 {
     uint16_t *const gtab = g->gtab;
-    uint64_t gram = g->gram;
+    const uint64_t end = fed0 + lim;
+    uint64_t gram = g->gram, next = UINT64_MAX;
+    for (unsigned k = 0; k < g->ncand; k++) {
+        gcand *c = &g->cand[k];
+        c->breaks = period_break(g, c->period, fed0, end);
+        if (c->ready_at < c->breaks && c->ready_at < next) next = c->ready_at;
+    }
     size_t i;
     for (i = 0; i < lim; i++) {
+        const uint64_t pos = fed0 + i;
         gram = gram << 8 | s[i];
-        if (repeat_byte(g, gtab, gram, s[i], fed0 + i)) break;
+        uint32_t d = gram_period(g, gtab, gram, pos);
+        if ((d || pos >= next) && cand_event(g, pos, d, end, &next)) break;
     }
     g->gram = gram;
+    if (i == lim) { /* drop the candidates whose period broke in the piece */
+        unsigned n = 0;
+        for (unsigned k = 0; k < g->ncand; k++)
+            if (g->cand[k].breaks == end) g->cand[n++] = g->cand[k];
+        g->ncand = n;
+    }
     return i;
+}
+
+/* The repeat detector for feed_short's byte b at offset pos (gram: the 8 bytes ending
+ * there), with the result of repeat_pass over that one byte: for a byte or two a compare
+ * per candidate costs less than finding where its period breaks. Returns true on a trip. */
+static inline bool repeat_byte(guard *g, uint64_t gram, unsigned char b, uint64_t pos)
+{
+    const unsigned char *now = g->buf + (pos - g->base);
+    bool due = false, died = false;
+    for (unsigned k = 0; k < g->ncand; k++) {
+        gcand *c = &g->cand[k];
+        bool holds = now[-(ptrdiff_t)c->period] == b;
+        c->breaks = holds ? pos + 1 : pos;
+        died |= !holds;
+        due |= holds && pos >= c->ready_at;
+    }
+    if (died) {
+        unsigned n = 0;
+        for (unsigned k = 0; k < g->ncand; k++)
+            if (g->cand[k].breaks > pos) g->cand[n++] = g->cand[k];
+        g->ncand = n;
+    }
+    uint32_t d = gram_period(g, g->gtab, gram, pos);
+    uint64_t next;
+    return (d || due) && cand_event(g, pos, d, pos + 1, &next);
 }
 
 /* ---- code fences ------------------------------------------------------------------- */
@@ -1221,7 +1291,7 @@ __attribute__((flatten)) static bool feed_short(guard *g, const unsigned char *s
         if (rep && (g->fstate != 2 || b == '\n')) fence_step(g, b); /* as fence_pass */
         if (leak && leak_step(g, b, pos + 1)) return true;
         if (rules && (pos + 1) % GUARD_RULE_STEP == 0 && rules_run(g, pos + 1, false)) return true;
-        if (rep && repeat_byte(g, g->gtab, g->gram, b, pos)) return true;
+        if (rep && repeat_byte(g, g->gram, b, pos)) return true;
         if (text) {
             if (alnum_class[b])
                 alnum_run(g, s, i, i + 1, pos - i, words, 0);
@@ -1352,7 +1422,7 @@ size_t guard_suspect(const guard *g)
         s = (size_t)(fed - g->v.loop_start);
     } else {
         for (unsigned i = 0; i < g->ncand; i++)
-            if (g->cand[i].run > s) s = g->cand[i].run;
+            if (fed - g->cand[i].start > s) s = (size_t)(fed - g->cand[i].start);
         size_t l = leak_suspect(g);
         if (l > s) s = l;
         if (p->n_rules) {
