@@ -6,7 +6,9 @@
  * at_byte, unit, repeats — is the same whether the text is fed whole, in the pieces the
  * input chooses, or (for short inputs) one byte at a time; a trip is reported by the call
  * that fed its at_byte; guard_suspect never exceeds the bytes fed nor the cap, and on valid
- * UTF-8 never splits a character; loop_start <= at_byte <= bytes fed. */
+ * UTF-8 never splits a character, and after a call it depends only on the bytes fed so far
+ * (for short inputs, every piece boundary is checked against the byte-at-a-time run);
+ * loop_start <= at_byte <= bytes fed. */
 #include <cjson/cJSON.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -73,9 +75,15 @@ static void check_suspect(const guard *g, const uint8_t *text, size_t len, size_
     if (utf8 && fed - s < len && (text[fed - s] & 0xC0) == 0x80) abort();
 }
 
-/* Feeds the text in pieces (cuts NULL: whole; step 1: byte by byte). */
+/* guard_suspect after each byte of the byte-at-a-time run: held[k] once k bytes were fed. */
+#define HELD_MAX 4096
+static size_t held[HELD_MAX + 1];
+typedef enum { HELD_IGNORE, HELD_RECORD, HELD_CHECK } held_use;
+
+/* Feeds the text in pieces (cuts NULL: whole; step 1: byte by byte), recording
+ * guard_suspect after each call into held[] or checking it against held[]. */
 static outcome run(const guard_params *p, lg_channel ch, const uint8_t *text, size_t len,
-                   fuzz_cuts *cuts, size_t one, bool finish, size_t cap, bool utf8)
+                   fuzz_cuts *cuts, size_t one, bool finish, size_t cap, bool utf8, held_use hu)
 {
     outcome o;
     memset(&o, 0, sizeof(o));
@@ -92,6 +100,12 @@ static outcome run(const guard_params *p, lg_channel ch, const uint8_t *text, si
             break;
         }
         check_suspect(g, text, len, cap, utf8);
+        if (hu == HELD_RECORD) held[at] = guard_suspect(g);
+        if (hu == HELD_CHECK && guard_suspect(g) != held[at]) {
+            fprintf(stderr, "suspect after %zu bytes: %zu, byte by byte %zu\n", at,
+                    guard_suspect(g), held[at]);
+            abort();
+        }
     }
     if (finish) guard_finish(g);
     const guard_verdict *v = guard_get_verdict(g);
@@ -137,12 +151,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t cap = small ? 16 : 4096;
     bool utf8 = valid_utf8(data, size);
 
-    outcome whole = run(p, ch, data, size, NULL, 0, finish, cap, utf8);
-    outcome split = run(p, ch, data, size, &cuts, 0, finish, cap, utf8);
+    bool short_text = size <= HELD_MAX;
+    held_use hu = short_text ? HELD_CHECK : HELD_IGNORE;
+    outcome bytes = {0};
+    if (short_text) bytes = run(p, ch, data, size, NULL, 1, finish, cap, utf8, HELD_RECORD);
+    outcome whole = run(p, ch, data, size, NULL, 0, finish, cap, utf8, hu);
+    outcome split = run(p, ch, data, size, &cuts, 0, finish, cap, utf8, hu);
     same(&whole, &split);
-    if (size <= 4096) {
-        outcome bytes = run(p, ch, data, size, NULL, 1, finish, cap, utf8);
-        same(&whole, &bytes);
-    }
+    if (short_text) same(&whole, &bytes);
     return 0;
 }
