@@ -58,7 +58,8 @@
 typedef struct gcand {
     uint64_t start;    /* offset of the run's first byte */
     uint64_t ready_at; /* offset of the byte at which run + period reaches need */
-    uint64_t breaks;   /* within repeat_pass: first offset that breaks the period, or the end */
+    uint64_t breaks;   /* set as each feed starts (repeat_pass) or per byte (repeat_byte): the
+                          first offset being fed that breaks the period, or the one past them */
     uint32_t period;
     uint32_t need;     /* periodic tail length (run + period) that trips */
     bool judged;       /* need already includes the unit's class and fence context */
