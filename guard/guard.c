@@ -21,7 +21,7 @@
  *   novelty  — almost no new word trigrams over a window: a paraphrase loop.
  *   budget   — the channel ran past budget_bytes.
  * Cost: O(1) amortised per byte (a hash probe, ≤ GUARD_NCAND compares, a few counters);
- * tests/bench/guard_bench.c measures it. Memory: about 17 KiB per guard, up to 32 KiB as its
+ * tests/bench/guard_bench.c measures it. Memory: about 16.5 KiB per guard, up to 32 KiB as its
  * history grows to GUARD_BUF. */
 #include <stdlib.h>
 #include <string.h>
@@ -114,8 +114,8 @@ struct guard {
     bool seg_gap;
     unsigned char prev, prev2;
     struct {
-        uint64_t hash, start;
-        bool alpha;
+        uint64_t hash;
+        uint64_t start : 63, alpha : 1; /* 16 bytes a word, not 24: memory per stream */
     } sw[GUARD_SEG_WORDS];
     unsigned nsw;
     uint64_t w_hash, w_start;
@@ -504,9 +504,15 @@ static inline uint64_t gram_at(const guard *g, uint64_t end)
  * period is noticed at most 3 bytes later (its run is measured exactly anyway), and the
  * unpredictable "seen before?" branch runs a quarter as often. The candidates' `breaks`
  * must be past pos for those still live. */
+/* The 8-gram table slot of gram. */
+static inline uint32_t gram_slot(uint64_t gram)
+{
+    return (uint32_t)((gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
+}
+
 static inline uint32_t gram_period(guard *g, uint16_t *gtab, uint64_t gram, uint64_t pos)
 {
-    uint32_t h = (uint32_t)((gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
+    uint32_t h = gram_slot(gram);
     uint16_t last = gtab[h];
     gtab[h] = (uint16_t)(pos + 1);
     if ((pos & 3) != 0 || !last) return 0;
@@ -536,12 +542,25 @@ static size_t repeat_pass(guard *g, const unsigned char *s, size_t lim, uint64_t
         c->breaks = period_break(g, c->period, fed0, end);
         if (c->ready_at < c->breaks && c->ready_at < next) next = c->ready_at;
     }
-    size_t i;
-    for (i = 0; i < lim; i++) {
-        const uint64_t pos = fed0 + i;
+    size_t i = 0;
+    while (i < lim) {
+        uint64_t pos = fed0 + i;
+        /* Three bytes that are only recorded, then the one looked up: when no candidate
+         * comes due among them, they need no test at all. */
+        if ((pos & 3) == 1 && lim - i >= 4 && next > pos + 2) {
+            gram = gram << 8 | s[i];
+            gtab[gram_slot(gram)] = (uint16_t)(pos + 1);
+            gram = gram << 8 | s[i + 1];
+            gtab[gram_slot(gram)] = (uint16_t)(pos + 2);
+            gram = gram << 8 | s[i + 2];
+            gtab[gram_slot(gram)] = (uint16_t)(pos + 3);
+            i += 3;
+            pos += 3;
+        }
         gram = gram << 8 | s[i];
         uint32_t d = gram_period(g, gtab, gram, pos);
         if ((d || pos >= next) && cand_event(g, pos, d, end, &next)) break;
+        i++;
     }
     g->gram = gram;
     if (i == lim) { /* drop the candidates whose period broke in the piece */
