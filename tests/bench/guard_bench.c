@@ -8,7 +8,11 @@
  *   tokens  — 1–8 byte chunks (about a token each), guard_suspect after every chunk,
  *             which is what the proxy's holdback does per delta;
  *   rules   — tokens, with two PCRE2 rules configured;
- *   streams — tokens, to 100 guards at once in turn, as the proxy feeds 100 streams.
+ *   streams — tokens, to 100 guards at once in turn, as the proxy feeds 100 streams;
+ *   stamps  — the bench's own events (`w<CLOCK_MONOTONIC ns> `, as `fake_upstream --stamp`
+ *             writes them) one per call with guard_suspect after each, 500 to a guard like
+ *             a saturation request, to one guard and to 100 in turn: what the guard costs per
+ *             event in `make bench`'s saturation runs, in ns.
  * Prints a table and one JSON line {"bench":"guard",...} with MB/s (10^6 bytes per second
  * of this thread's CPU time, so that other load on the machine does not count).
  * `--min-mbps X` exits 1 when the token pass is slower than X. */
@@ -26,6 +30,7 @@
 #define FILE_CAP 65536
 #define BENCH_STREAMS 100 /* guards live at once in the "streams" pass */
 #define BENCH_ROUNDS  3
+#define STAMP_EVENTS  500 /* events per request in make bench's saturation runs */
 
 typedef struct blob {
     char *data;
@@ -189,6 +194,55 @@ static double measure(const guard_params *p, const blob *b, size_t n, bool token
     return bytes / t / 1e6;
 }
 
+/* The stamps of one saturated stream: `w<ns> ` from this host's clock now (so with as many
+ * digits as make bench's), 1.0-1.3 µs apart as the fake writes a stream's burst. Sets
+ * off[0..STAMP_EVENTS] to where each starts (and the end); returns the text (caller frees). */
+static char *make_stamps(size_t *off)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned long long ns =
+        (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+    char *text = malloc(STAMP_EVENTS * 24 + 1);
+    if (!text) abort();
+    size_t len = 0;
+    unsigned r = 12345;
+    for (size_t i = 0; i < STAMP_EVENTS; i++) {
+        r = r * 1103515245u + 12345u;
+        ns += 1000 + (r >> 16) % 300;
+        off[i] = len;
+        len += (size_t)sprintf(text + len, "w%llu ", ns);
+    }
+    off[STAMP_EVENTS] = len;
+    return text;
+}
+
+/* Feeds the stamps to `streams` guards in turn, one event per call with guard_suspect after
+ * each, a fresh guard per STAMP_EVENTS, for at least min_s; returns ns of CPU per event. */
+static double stamps(const guard_params *p, size_t streams, double min_s)
+{
+    size_t off[STAMP_EVENTS + 1], susp = 0, events = 0;
+    char *text = make_stamps(off);
+    guard *g[BENCH_STREAMS];
+    double t0 = now(), t;
+    do {
+        for (size_t j = 0; j < streams; j++)
+            g[j] = guard_new(p, LG_CH_CONTENT);
+        for (size_t i = 0; i < STAMP_EVENTS; i++)
+            for (size_t j = 0; j < streams; j++) {
+                guard_feed(g[j], text + off[i], off[i + 1] - off[i]);
+                susp += guard_suspect(g[j]);
+            }
+        for (size_t j = 0; j < streams; j++)
+            guard_free(g[j]);
+        events += STAMP_EVENTS * streams;
+        t = now() - t0;
+    } while (t < min_s);
+    free(text);
+    if (susp == (size_t)-1) abort(); /* keep the calls from being optimised away */
+    return t / (double)events * 1e9;
+}
+
 int main(int argc, char **argv)
 {
     double min_mbps = 0, min_s = 0.5;
@@ -226,21 +280,26 @@ int main(int argc, char **argv)
     size_t trips = 0;
     /* The host's speed drifts by tens of percent over seconds on a shared VM: the four
      * ways take turns for BENCH_ROUNDS rounds and each keeps its best. */
-    double whole = 0, tokens = 0, rl = 0, many = 0;
+    double whole = 0, tokens = 0, rl = 0, many = 0, st1 = INFINITY, stn = INFINITY;
     for (int round = 0; round < BENCH_ROUNDS; round++) {
         whole = fmax(whole, measure(plain, b, n, false, 1, min_s, &trips));
         tokens = fmax(tokens, measure(plain, b, n, true, 1, min_s, &trips));
         rl = fmax(rl, measure(rules, b, n, true, 1, min_s, &trips));
         many = fmax(many, measure(plain, b, n, true, BENCH_STREAMS, min_s, &trips));
+        st1 = fmin(st1, stamps(plain, 1, min_s));
+        stn = fmin(stn, stamps(plain, BENCH_STREAMS, min_s));
     }
     printf("guard_bench: %zu files, %.1f MiB of real text, one core\n", n, total / 1048576.0);
     printf("  whole files            %8.1f MB/s\n", whole);
     printf("  token chunks + suspect %8.1f MB/s\n", tokens);
     printf("  same with 2 rules      %8.1f MB/s\n", rl);
     printf("  tokens, %d streams    %8.1f MB/s\n", BENCH_STREAMS, many);
+    printf("  stamps, 1 stream       %8.1f ns/event\n", st1);
+    printf("  stamps, %d streams    %8.1f ns/event\n", BENCH_STREAMS, stn);
     printf("{\"bench\":\"guard\",\"files\":%zu,\"bytes\":%zu,\"whole_mbps\":%.1f,"
-           "\"tokens_mbps\":%.1f,\"rules_mbps\":%.1f,\"streams_mbps\":%.1f,\"trips\":%zu}\n",
-           n, total, whole, tokens, rl, many, trips);
+           "\"tokens_mbps\":%.1f,\"rules_mbps\":%.1f,\"streams_mbps\":%.1f,"
+           "\"stamp_ns_1\":%.1f,\"stamp_ns_%d\":%.1f,\"trips\":%zu}\n",
+           n, total, whole, tokens, rl, many, st1, BENCH_STREAMS, stn, trips);
     for (size_t i = 0; i < n; i++)
         free(b[i].data);
     free(b);
