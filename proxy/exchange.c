@@ -1,44 +1,27 @@
-/* exchange.c — the guarded exchange, loopguard's main job.
+/* exchange.c — the guarded exchange, loopguard's main job: a request's life.
  *
  * One client request (chat or text completion) becomes one or more upstream attempts. The
  * upstream is always asked to stream, so that a loop costs a few dozen tokens rather than
- * max_tokens, even when the client asked for one whole JSON answer. Each upstream event goes
+ * max_tokens, even when the client asked for one whole JSON answer. This file takes the
+ * request's body, starts attempts, and ends them; exchange_events.c reads each attempt's
+ * events through the guard and releases what it clears (see exchange_int.h).
  *
- *   SSE parser -> dialect parser -> think splitter (inline <think>) -> guard per channel
- *   -> release what the guard has cleared -> client (SSE bytes, or the assembler)
+ * Trip: the event path marks the trip and fails libcurl's write callback; the transfer's
+ * completion (on_done) then closes it, tells SGLang to abort the rid, records the attempt
+ * and starts the next one with the next rung of the sampling ladder — restarting from the
+ * original request while the client has seen nothing, or continuing the clean prefix the
+ * client already has.
  *
- * Holdback: the guard says how many trailing bytes of a channel could still become part of
- * a loop (guard_suspect); only those are held, everything before them is released at once.
- * When nothing is held and the event needs no reshaping, the upstream's own bytes are
- * forwarded untouched, so a clean stream reaches the client byte for byte.
- *
- * Trip: the SSE callback cannot tear down the libcurl transfer it runs inside, so it marks
- * the trip and makes the write callback fail; the transfer's completion (on_done) then
- * closes it, tells SGLang to abort the rid, records the attempt and starts the next one with
- * the next rung of the sampling ladder — restarting from the original request while the
- * client has seen nothing, or continuing the clean prefix the client already has.
- *
- * Memory: everything an exchange owns is freed in exchange_destroy. */
+ * Memory: everything an exchange owns is freed in ex_destroy. */
 #include "proxy/exchange.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 
-#include <cJSON.h>
-
-#include "proxy/assemble.h"
-#include "proxy/buf.h"
-#include "proxy/chunkscan.h"
-#include "proxy/dialect.h"
-#include "proxy/http.h"
-#include "proxy/rewrite.h"
-#include "proxy/sse.h"
-#include "proxy/think.h"
-#include "proxy/upstream.h"
+#include "proxy/exchange_int.h"
 
 /* libmicrohttpd reads a chunked (HTTP/1.1) stream straight into the connection's write
  * buffer, which lives in its per-connection pool (max_header_bytes); the response's own
@@ -49,241 +32,11 @@
  * (0.46-0.48 against 0.50-0.52 µs of CPU per event at 100 saturated streams) for 4 KiB more
  * per stream (58.5 -> 62.6 KiB at 5,000 paced streams; 16 KiB would break the 64 KiB goal). */
 #define EX_UP_READ 8192
-#define EX_OUT_HIGH (256 * 1024)
-#define EX_ERRBODY_MAX (1 << 20)
 #define EX_EXCERPT 512
-
-/* The same delta text again and again: a model whose logits went bad emits one token
- * (often id 0, "!") forever. The byte-level guard needs many copies of a one-character unit
- * before it may call it a loop (real text has rules of "!" and "=" dozens long), but 32
- * identical consecutive tokens do not occur in real generations. Token boundaries are the
- * exchange's knowledge, not the guard's, so this signal lives here. */
-#define RUN_MAX_TOKEN 64
-#define RUN_TRIP 32
-
-typedef struct token_run {
-    char last[RUN_MAX_TOKEN];
-    size_t len;     /* 0: no run */
-    unsigned count; /* consecutive deltas equal to `last` */
-    uint64_t start; /* channel offset (this attempt) of the run's first delta */
-} token_run;
-
-typedef struct chan {
-    guard *g;
-    lg_buf held; /* fed to the guard, not yet released */
-    lg_buf sent; /* released to the client, all attempts */
-    uint64_t attempt_bytes;
-    token_run run;
-} chan;
-
-typedef enum { PHASE_BODY, PHASE_RUNNING, PHASE_DONE } ex_phase;
-
-typedef struct exchange {
-    lg_req base;
-    lg_xfer xfer;
-    ex_phase phase;
-    bool chat;
-    const char *endpoint;
-    lg_buf body;
-    bool body_too_big;
-
-    rw_request req;
-    const lg_model_rule *rule;
-    lg_reasoning_output mode;
-    bool guard_on;
-    bool think_opened;
-    char id[40];
-
-    /* the current attempt */
-    unsigned attempt;
-    CURL *easy;
-    struct curl_slist *headers;
-    char *up_body;
-    char rid[33];
-    size_t replica;
-    bool have_replica;
-    http_head head;
-    lg_buf errbody;
-    sse_parser *sse;
-    think_split *think;
-    bool think_inline;    /* this exchange's upstream sends <think> inside content */
-    bool think_hindsight; /* whole response: reasoning until proven otherwise */
-    bool think_explicit;  /* the content opened with <think> itself */
-    chan ch[LG_CH_COUNT];
-    bool attempt_guarded;
-    uint64_t tokens;
-    uint64_t attempt_start_ns, last_event_ns, trip_ns;
-    bool first_byte;
-    bool connected;    /* libcurl is sending the request: timeouts.connect_ms is over */
-    bool finished_gen; /* a finish_reason arrived */
-    bool saw_done;
-    bool trip_pending;
-    bool up_paused; /* the transfer is paused until the client drains `out` */
-    bool not_sse;   /* 200 without text/event-stream: a broken upstream */
-    bool timed_out;
-    bool avoid_replica;       /* the next attempt must prefer another replica */
-    unsigned connect_retries; /* attempts re-sent because a replica never answered */
-    guard_verdict verdict;
-    char verdict_unit[260];
-    char verdict_detector[64];
-    uint64_t tokens_after_trip;
-    cJSON *sampling;
-    size_t write_rest; /* bytes of the current write not yet parsed (tokens_after_trip) */
-    const char *write_rest_p;
-    int inline_state; /* LG_REASONING_INLINE output: 0 nothing, 1 <think> open, 2 closed */
-
-    /* the client side */
-    bool stream_ready;  /* streaming response may be queued */
-    bool queued;
-    bool ended;         /* everything is in `out` ([DONE] included) */
-    lg_fifo out;
-    uint64_t out_since_ns, last_out_ns;
-    lg_assembler *as;
-    int final_status;
-    char *final_body;
-    char *final_ctype;
-    char *c_id, *c_model;
-    long long c_created;
-    lg_buf done_raw;
-    chunkscan_state scan; /* the fast path's buffers and the stream's chunk frame */
-    /* One event's reasoning and content text (on_chunk: first as split, then as released),
-     * kept between events so that a token costs no malloc: EX_TEXT_R, EX_TEXT_C. */
-    lg_buf text[2];
-
-    /* the record */
-    unsigned trips;
-    cJSON *attempts;
-    char *excerpt;
-    const char *outcome;
-    bool counted_stream;
-} exchange;
 
 static void start_attempt(exchange *ex);
 static void finish_exchange(exchange *ex);
 static void attempt_failed(exchange *ex, CURLcode rc);
-
-static const lg_config *cfg_of(const exchange *ex)
-{
-    return ex->base.w->srv->cfg;
-}
-
-static double seconds_since(uint64_t then, uint64_t now)
-{
-    return now > then ? (double)(now - then) / 1e9 : 0.0;
-}
-
-/* ---- client output ----------------------------------------------------------------- */
-
-static void out_append(exchange *ex, const char *s, size_t n)
-{
-    if (!ex->req.client_stream || ex->ended) return;
-    if (lg_fifo_len(&ex->out) == 0) ex->out_since_ns = ex->base.w->now_ns;
-    lg_fifo_append(&ex->out, s, n);
-    worker_output(&ex->base);
-}
-
-static void out_event(exchange *ex, const char *json)
-{
-    if (!ex->req.client_stream || ex->ended) return;
-    out_append(ex, "data: ", 6);
-    out_append(ex, json, strlen(json));
-    out_append(ex, "\n\n", 2);
-}
-
-static void remember_meta(exchange *ex, const dl_delta *d)
-{
-    if (d->id && !ex->c_id) ex->c_id = strdup(d->id);
-    if (d->model && !ex->c_model) ex->c_model = strdup(d->model);
-    if (d->has_created && !ex->c_created) ex->c_created = d->created;
-}
-
-/* Text for the client in the inline output mode: reasoning wrapped in <think>…</think>. */
-static void inline_wrap(exchange *ex, const char *r, size_t rn, const char *c, size_t cn,
-                        lg_buf *outc)
-{
-    if (rn) {
-        if (ex->inline_state == 0) lg_buf_append_str(outc, "<think>");
-        ex->inline_state = 1;
-        lg_buf_append(outc, r, rn);
-    }
-    if (cn) {
-        if (ex->inline_state == 1) lg_buf_append_str(outc, "</think>\n\n");
-        ex->inline_state = 2;
-        lg_buf_append(outc, c, cn);
-    }
-}
-
-/* Emits released text (and the chunk's own non-text fields when tmpl is given) to a
- * streaming client, reshaped for the output mode. */
-static void emit_chunk(exchange *ex, const dl_delta *tmpl, const char *r, size_t rn,
-                       const char *c, size_t cn, const char *finish)
-{
-    lg_buf inl = LG_BUF_INIT;
-    const char *rr = r, *cc = c;
-    size_t rrn = rn, ccn = cn;
-    if (ex->mode == LG_REASONING_INLINE && ex->chat) {
-        inline_wrap(ex, r, rn, c, cn, &inl);
-        rr = NULL, rrn = 0;
-        cc = inl.len ? inl.p : NULL, ccn = inl.len;
-    }
-    if (!rrn) rr = NULL;
-    if (!ccn) cc = NULL;
-    char *json = tmpl ? dl_build_chunk(tmpl, rr, rrn, cc, ccn, (int)ex->mode, true, finish)
-                      : dl_build_synthetic(ex->chat, ex->c_id ? ex->c_id : ex->id,
-                                           ex->c_model ? ex->c_model : "", ex->c_created, rr,
-                                           rrn, cc, ccn, (int)ex->mode, finish);
-    if (json) out_event(ex, json);
-    free(json);
-    lg_buf_free(&inl);
-}
-
-enum { EX_TEXT_R, EX_TEXT_C };
-#define EX_TEXT_KEEP 4096 /* a per-event text buffer larger than this is not kept */
-
-/* Lends the exchange's per-event text buffer i, empty; the caller owns it until
- * text_return. A nested lender would find the slot empty and start from no memory. */
-static lg_buf text_borrow(exchange *ex, int i)
-{
-    lg_buf b = ex->text[i];
-    ex->text[i] = (lg_buf)LG_BUF_INIT;
-    lg_buf_reset(&b);
-    return b;
-}
-
-/* Takes a borrowed buffer back (its memory kept for the next event unless it grew past
- * EX_TEXT_KEEP or the slot was refilled meanwhile) and leaves *b empty. */
-static void text_return(exchange *ex, int i, lg_buf *b)
-{
-    if (ex->text[i].p || b->cap > EX_TEXT_KEEP) {
-        lg_buf_free(b);
-        return;
-    }
-    ex->text[i] = *b;
-    *b = (lg_buf)LG_BUF_INIT;
-}
-
-/* Moves `n` bytes from the front of channel ch's held text to its sent text. */
-static void release(exchange *ex, lg_channel ch, size_t n, lg_buf *into)
-{
-    chan *c = &ex->ch[ch];
-    if (!n) return;
-    lg_buf_append(&c->sent, c->held.p, n);
-    if (into) lg_buf_append(into, c->held.p, n);
-    lg_buf_consume(&c->held, n);
-}
-
-static size_t releasable(const exchange *ex, lg_channel ch)
-{
-    const chan *c = &ex->ch[ch];
-    size_t suspect = c->g ? guard_suspect(c->g) : 0;
-    /* a run of identical tokens past its first copy waits too */
-    size_t run = c->g && c->run.count > 1 ? (c->run.count - 1) * c->run.len : 0;
-    if (run > suspect) suspect = run;
-    /* The global cap (guard.holdback_max_bytes) bounds every channel's own cap. */
-    size_t cap = cfg_of(ex)->guard.holdback_max_bytes;
-    if (suspect > cap) suspect = cap;
-    return c->held.len > suspect ? c->held.len - suspect : 0;
-}
 
 /* ---- incidents --------------------------------------------------------------------- */
 
@@ -350,16 +103,13 @@ static void write_incident(exchange *ex)
     if (line) incident_log_submit(srv->incidents, line);
 }
 
-/* The exchange's fate is decided: no more attempts. The incident is written now, before
- * the client has its answer, so whoever reads /loopguard/incidents after the response
- * finds it. */
-static void conclude(exchange *ex)
+void ex_conclude(exchange *ex)
 {
     ex->phase = PHASE_DONE;
     write_incident(ex);
 }
 
-static void set_outcome(exchange *ex, const char *outcome)
+void ex_set_outcome(exchange *ex, const char *outcome)
 {
     if (ex->outcome) return;
     ex->outcome = outcome;
@@ -429,8 +179,7 @@ static void free_attempt_state(exchange *ex)
     ex->sampling = NULL;
 }
 
-/* Appends this attempt's record to ex->attempts. */
-static void record_attempt(exchange *ex, const guard_verdict *v)
+void ex_record_attempt(exchange *ex, const guard_verdict *v)
 {
     if (!ex->attempts) return; /* the incident is already written */
     cJSON *a = cJSON_CreateObject();
@@ -459,23 +208,9 @@ static void record_attempt(exchange *ex, const guard_verdict *v)
 
 /* ---- the end of an exchange -------------------------------------------------------- */
 
-/* True once the client's streaming response exists or is about to be queued: from then
- * on, every end is written into the stream (error event, then [DONE]). */
-static bool streaming_started(const exchange *ex)
+bool ex_streaming_started(const exchange *ex)
 {
     return ex->req.client_stream && (ex->queued || ex->stream_ready);
-}
-
-/* Releases every held byte (the generation ended without a trip) as one synthetic chunk. */
-static void flush_held(exchange *ex)
-{
-    lg_buf r = LG_BUF_INIT, c = LG_BUF_INIT;
-    release(ex, LG_CH_REASONING, ex->ch[LG_CH_REASONING].held.len, &r);
-    release(ex, LG_CH_CONTENT, ex->ch[LG_CH_CONTENT].held.len, &c);
-    release(ex, LG_CH_TOOL_ARGS, ex->ch[LG_CH_TOOL_ARGS].held.len, NULL);
-    if (r.len || c.len) emit_chunk(ex, NULL, r.p, r.len, c.p, c.len, NULL);
-    lg_buf_free(&r);
-    lg_buf_free(&c);
 }
 
 static void end_stream(exchange *ex)
@@ -495,16 +230,13 @@ static void end_stream(exchange *ex)
     worker_resume(&ex->base);
 }
 
-/* Ends the exchange with an error: a JSON error response when nothing was sent yet, else
- * an error event then [DONE]. */
-static void fail_exchange(exchange *ex, int status, const char *message, const char *type,
-                          const char *code)
+void ex_fail(exchange *ex, int status, const char *message, const char *type, const char *code)
 {
     if (ex->phase == PHASE_DONE) return;
-    conclude(ex);
-    if (streaming_started(ex)) {
+    ex_conclude(ex);
+    if (ex_streaming_started(ex)) {
         char *json = dl_error_json(message, type, code, status);
-        out_event(ex, json);
+        ex_out_event(ex, json);
         free(json);
         end_stream(ex);
     } else {
@@ -518,8 +250,8 @@ static void fail_exchange(exchange *ex, int status, const char *message, const c
 static void finish_exchange(exchange *ex)
 {
     if (ex->phase == PHASE_DONE) return;
-    if (ex->trips) set_outcome(ex, "recovered");
-    conclude(ex);
+    if (ex->trips) ex_set_outcome(ex, "recovered");
+    ex_conclude(ex);
     if (ex->req.client_stream) {
         if (ex->mode == LG_REASONING_INLINE && ex->inline_state == 1 && ex->chat) {
             lg_buf close = LG_BUF_INIT;
@@ -527,7 +259,7 @@ static void finish_exchange(exchange *ex)
             char *json = dl_build_synthetic(ex->chat, ex->c_id ? ex->c_id : ex->id,
                                             ex->c_model ? ex->c_model : "", ex->c_created,
                                             NULL, 0, close.p, close.len, (int)ex->mode, NULL);
-            out_event(ex, json);
+            ex_out_event(ex, json);
             free(json);
             lg_buf_free(&close);
         }
@@ -544,15 +276,15 @@ static void finish_exchange(exchange *ex)
 /* Attempts ran out: end as configured (documented in the README). */
 static void exhausted(exchange *ex)
 {
-    set_outcome(ex, "failed");
+    ex_set_outcome(ex, "failed");
     if (cfg_of(ex)->retry.on_exhausted == LG_EXHAUSTED_ERROR) {
-        fail_exchange(ex, 502, "the generation degenerated into a loop on every attempt",
-                      "loop_detected", "loop_detected");
+        ex_fail(ex, 502, "the generation degenerated into a loop on every attempt", "loop_detected",
+                "loop_detected");
         return;
     }
     /* content_filter: a well-formed end with what was clean. */
     if (ex->req.client_stream)
-        emit_chunk(ex, NULL, NULL, 0, NULL, 0, "content_filter");
+        ex_emit_chunk(ex, NULL, NULL, 0, NULL, 0, "content_filter");
     else
         asm_set_finish(ex->as, "content_filter");
     finish_exchange(ex);
@@ -577,400 +309,13 @@ static void after_trip(exchange *ex)
         lg_buf_append(&e, c->held.p, c->held.len < EX_EXCERPT ? c->held.len : EX_EXCERPT);
         ex->excerpt = lg_buf_steal(&e);
     }
-    record_attempt(ex, v);
+    ex_record_attempt(ex, v);
     free_attempt_state(ex);
     if (ex->attempt >= cfg_of(ex)->retry.max_attempts) {
         exhausted(ex);
         return;
     }
     start_attempt(ex);
-}
-
-/* ---- upstream events --------------------------------------------------------------- */
-
-/* Counts identical consecutive deltas; true when the run reaches RUN_TRIP (the verdict is
- * then set). */
-static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
-{
-    token_run *r = &ex->ch[ch].run;
-    uint64_t at = ex->ch[ch].attempt_bytes - n;
-    if (n > RUN_MAX_TOKEN) {
-        r->len = r->count = 0;
-        return false;
-    }
-    if (r->len == n && memcmp(r->last, s, n) == 0) {
-        r->count++;
-    } else {
-        memcpy(r->last, s, n);
-        r->len = n;
-        r->count = 1;
-        r->start = at;
-    }
-    if (r->count < RUN_TRIP) return false;
-    ex->verdict = (guard_verdict){.detector = ex->verdict_detector,
-                                  .channel = ch,
-                                  .loop_start = r->start,
-                                  .at_byte = ex->ch[ch].attempt_bytes,
-                                  .unit = ex->verdict_unit,
-                                  .unit_len = n,
-                                  .repeats = r->count};
-    snprintf(ex->verdict_detector, sizeof ex->verdict_detector, "token_repeat");
-    snprintf(ex->verdict_unit, sizeof ex->verdict_unit, "%.*s", (int)n, s);
-    ex->trip_pending = true;
-    ex->trip_ns = ex->base.w->now_ns;
-    return true;
-}
-
-static void take_verdict(exchange *ex, const guard *g);
-
-/* The guard of channel ch, made when first needed (most streams use one or two channels, a
- * guard is 16.5–32 KiB); NULL when this attempt or channel is unguarded. */
-static guard *channel_guard(exchange *ex, lg_channel ch)
-{
-    chan *c = &ex->ch[ch];
-    if (c->g || !ex->attempt_guarded) return c->g;
-    const guard_params *gp = config_guard_params(cfg_of(ex), ex->rule, ch);
-    if (!gp || !guard_params_enabled(gp)) return NULL;
-    c->g = guard_new(gp, ch);
-    if (!ex->chat) guard_disable_leaks(c->g);
-    return c->g;
-}
-
-/* Feeds one delta of channel ch to its guard and to the token-run check. Returns true when
- * either tripped; the verdict is then taken. */
-static bool guard_text(exchange *ex, lg_channel ch, const char *s, size_t n)
-{
-    chan *c = &ex->ch[ch];
-    if (!n) return false;
-    c->attempt_bytes += n;
-    lg_buf_append(&c->held, s, n);
-    if (!channel_guard(ex, ch)) return false;
-    if (guard_feed(c->g, s, n)) {
-        take_verdict(ex, c->g);
-        return true;
-    }
-    return token_run_feed(ex, ch, s, n);
-}
-
-/* Copies the tripped guard's verdict (its strings die with the guard). */
-static void take_verdict(exchange *ex, const guard *g)
-{
-    const guard_verdict *v = guard_get_verdict(g);
-    ex->verdict = *v;
-    snprintf(ex->verdict_unit, sizeof ex->verdict_unit, "%.*s",
-             (int)(v->unit_len < 256 ? v->unit_len : 256), v->unit ? v->unit : "");
-    snprintf(ex->verdict_detector, sizeof ex->verdict_detector, "%s", v->detector);
-    ex->verdict.unit = ex->verdict_unit;
-    ex->verdict.detector = ex->verdict_detector;
-    ex->trip_pending = true;
-    ex->trip_ns = ex->base.w->now_ns;
-}
-
-/* End of generation for this attempt: last checks before the text is released. Returns
- * true when a guard tripped. */
-static bool end_checks(exchange *ex, bool answer_expected)
-{
-    for (int c = 0; c < LG_CH_COUNT; c++) {
-        guard *g = ex->ch[c].g;
-        if (g && guard_finish(g)) {
-            take_verdict(ex, g);
-            return true;
-        }
-    }
-    guard *cg = channel_guard(ex, LG_CH_CONTENT);
-    uint64_t rbytes = ex->ch[LG_CH_REASONING].attempt_bytes + ex->ch[LG_CH_REASONING].sent.len;
-    /* A generation cut by max_tokens inside its reasoning has no answer by design. */
-    if (cg && answer_expected && ex->chat && ex->ch[LG_CH_CONTENT].attempt_bytes == 0 &&
-        ex->ch[LG_CH_CONTENT].sent.len == 0 && ex->ch[LG_CH_TOOL_ARGS].attempt_bytes == 0 &&
-        guard_report_empty_answer(cg, rbytes)) {
-        take_verdict(ex, cg);
-        return true;
-    }
-    return false;
-}
-
-/* True when the event can go to the client as the upstream's own bytes, provided that
- * releasing it leaves nothing held (the caller's check). */
-static bool raw_ok(const exchange *ex, const dl_delta *d, bool held_before)
-{
-    if (held_before || ex->think || !ex->req.client_stream) return false;
-    if (ex->mode == LG_REASONING_INLINE && ex->inline_state == 1 && d->content_len) return false;
-    if (!d->reasoning_len) return true;
-    switch (ex->mode) {
-    case LG_REASONING_CONTENT:
-        return d->reasoning_keys == DL_KEY_REASONING_CONTENT;
-    case LG_REASONING_FIELD:
-        return d->reasoning_keys == DL_KEY_REASONING;
-    default:
-        return false;
-    }
-}
-
-/* How many bytes of s[i..n) after leading whitespace match "<think>" (0–7). */
-static size_t open_tag_match(const char *s, size_t n, size_t *rest)
-{
-    size_t i = 0;
-    while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
-    size_t k = 0;
-    while (k < 7 && i + k < n && s[i + k] == "<think>"[k]) k++;
-    *rest = n - i;
-    return k;
-}
-
-/* True when content starting with `s` could open a <think> block (whitespace, then a
- * prefix of the tag): a tag split across deltas is only recognised if we look now. */
-static bool may_open_think(const char *s, size_t n)
-{
-    size_t rest, k = open_tag_match(s, n, &rest);
-    return k == (rest < 7 ? rest : 7);
-}
-
-static bool starts_with_open_tag(const char *s, size_t n)
-{
-    size_t rest;
-    return open_tag_match(s, n, &rest) == 7;
-}
-
-/* End of a whole response read in hindsight mode: with no </think> (and no explicit
- * <think>), what looked like reasoning was the answer. */
-static void settle_hindsight(exchange *ex)
-{
-    ex->think_hindsight = false;
-    if (!ex->think || think_closed(ex->think) || ex->think_explicit) return;
-    chan *r = &ex->ch[LG_CH_REASONING], *c = &ex->ch[LG_CH_CONTENT];
-    lg_buf_append(&c->held, r->sent.p, r->sent.len);
-    lg_buf_append(&c->held, r->held.p, r->held.len);
-    c->attempt_bytes += r->attempt_bytes;
-    r->attempt_bytes = 0;
-    lg_buf_reset(&r->sent);
-    lg_buf_reset(&r->held);
-}
-
-static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
-{
-    remember_meta(ex, d);
-    if (ex->as) asm_meta(ex->as, d);
-    if (d->n_choices == 0) {
-        /* usage-only chunk: the client sees it only if it asked for usage */
-        if (!ex->req.client_usage) return 0;
-        if (ex->attempt > 1 && ex->c_id && d->id && strcmp(d->id, ex->c_id) != 0) {
-            cJSON_ReplaceItemInObjectCaseSensitive(d->root, "id", cJSON_CreateString(ex->c_id));
-            d->id = ex->c_id;
-            char *json = cJSON_PrintUnformatted(d->root);
-            if (json) out_event(ex, json);
-            free(json);
-        } else {
-            out_append(ex, ev->raw, ev->raw_len);
-        }
-        return 0;
-    }
-    if (d->choice_index != 0) { /* n > 1: only choice 0 is guarded */
-        out_append(ex, ev->raw, ev->raw_len);
-        return 0;
-    }
-    bool held_before = false;
-    for (int c = 0; c < LG_CH_COUNT; c++) held_before |= ex->ch[c].held.len > 0;
-    if (ex->attempt > 1) {
-        /* A retry continues the client's stream: same id, no second opening chunk. */
-        if (d->role && !d->reasoning_len && !d->content_len && !d->n_tools &&
-            !d->finish_reason)
-            return 0;
-        if (ex->c_id && d->id && strcmp(d->id, ex->c_id) != 0)
-        {
-            cJSON_ReplaceItemInObjectCaseSensitive(d->root, "id",
-                                                   cJSON_CreateString(ex->c_id));
-            d->id = ex->c_id; /* the borrowed string just died */
-        }
-        held_before = true; /* never the retry's raw bytes */
-    }
-
-    /* Split inline <think> out of content (no server-side reasoning parser). */
-    if (d->content_len && ex->chat && !ex->think && !d->reasoning_len &&
-        ex->ch[LG_CH_REASONING].attempt_bytes == 0 && ex->ch[LG_CH_CONTENT].attempt_bytes == 0) {
-        /* A whole response can be split in hindsight: read it as reasoning until a
-         * </think> and, if none comes, give it back to the answer (settle_hindsight). */
-        bool hindsight = !ex->req.client_stream && !ex->think_opened &&
-                         (!ex->rule || ex->rule->think_opened != 0) &&
-                         ex->req.enable_thinking != 0;
-        if (ex->think_opened || hindsight || may_open_think(d->content, d->content_len)) {
-            ex->think = think_new(ex->think_opened || hindsight);
-            ex->think_inline = true;
-            ex->think_hindsight = hindsight;
-            ex->think_explicit = starts_with_open_tag(d->content, d->content_len);
-        }
-    }
-    /* The event's text per channel: the delta's own strings, unless the splitter reshapes
-     * them into the per-event buffers. */
-    bool reshaped = ex->think != NULL; /* the splitter saw this event */
-    lg_buf r = LG_BUF_INIT, c = LG_BUF_INIT;
-    const char *rs = d->reasoning, *cs = d->content;
-    size_t rn = d->reasoning_len, cn = d->content_len;
-    if (reshaped) {
-        r = text_borrow(ex, EX_TEXT_R), c = text_borrow(ex, EX_TEXT_C);
-        if (d->reasoning_len) lg_buf_append(&r, d->reasoning, d->reasoning_len);
-        think_feed(ex->think, d->content, d->content_len, &r, &c);
-        if (d->finish_reason) think_finish(ex->think, &r, &c);
-        if (!think_inside(ex->think) && !think_closed(ex->think) && c.len) {
-            /* decided: no <think> at the start; plain content from here on */
-            think_free(ex->think);
-            ex->think = NULL;
-            ex->think_inline = false;
-        }
-        rs = r.p, rn = r.len, cs = c.p, cn = c.len;
-    }
-
-    bool text = rn || cn;
-    bool tripped = guard_text(ex, LG_CH_REASONING, rs, rn) || guard_text(ex, LG_CH_CONTENT, cs, cn);
-    for (size_t i = 0; !tripped && i < d->n_tools; i++) {
-        tripped = guard_text(ex, LG_CH_TOOL_ARGS, d->tools[i].args, d->tools[i].args_len);
-        text |= d->tools[i].args_len > 0;
-    }
-    if (reshaped) {
-        text_return(ex, EX_TEXT_R, &r);
-        text_return(ex, EX_TEXT_C, &c);
-    }
-    if (text) ex->tokens++;
-    if (tripped) return 1; /* the verdict was taken */
-    if (d->finish_reason) {
-        ex->finished_gen = true;
-        if (ex->think_hindsight) settle_hindsight(ex);
-        if (end_checks(ex, strcmp(d->finish_reason, "length") != 0)) return 1;
-    }
-
-    /* Release: everything at the end of the generation, else what the guard cleared. Tool
-     * arguments are guarded but never held (they are forwarded in their own deltas). */
-    bool all = d->finish_reason != NULL;
-    const chan *hr = &ex->ch[LG_CH_REASONING], *hc = &ex->ch[LG_CH_CONTENT];
-    size_t nr = all ? hr->held.len : releasable(ex, LG_CH_REASONING);
-    size_t nc = all ? hc->held.len : releasable(ex, LG_CH_CONTENT);
-    /* The upstream's own bytes go out when nothing stays held; the released text is then
-     * not needed apart from `sent`. */
-    bool raw = !reshaped && nr == hr->held.len && nc == hc->held.len && raw_ok(ex, d, held_before);
-    lg_buf rel_r = text_borrow(ex, EX_TEXT_R), rel_c = text_borrow(ex, EX_TEXT_C);
-    release(ex, LG_CH_TOOL_ARGS, ex->ch[LG_CH_TOOL_ARGS].held.len, NULL);
-    release(ex, LG_CH_REASONING, nr, raw ? NULL : &rel_r);
-    release(ex, LG_CH_CONTENT, nc, raw ? NULL : &rel_c);
-    if (raw) {
-        out_append(ex, ev->raw, ev->raw_len);
-    } else if (ex->req.client_stream) {
-        bool other = d->finish_reason || d->n_tools || d->role || d->usage;
-        bool visible = rel_c.len || (rel_r.len && ex->mode != LG_REASONING_HIDE);
-        if ((visible || other) && d->root) {
-            emit_chunk(ex, d, rel_r.p, rel_r.len, rel_c.p, rel_c.len, d->finish_reason);
-        } else if (visible || other) { /* scanned on the fast path: the template needs a tree */
-            dl_delta full;
-            dl_parse(ev->data, ev->data_len, &full);
-            emit_chunk(ex, &full, rel_r.p, rel_r.len, rel_c.p, rel_c.len, full.finish_reason);
-            dl_delta_clear(&full);
-        }
-    }
-    text_return(ex, EX_TEXT_R, &rel_r);
-    text_return(ex, EX_TEXT_C, &rel_c);
-    return 0;
-}
-
-static int on_event(void *ud, const sse_event *ev)
-{
-    exchange *ex = ud;
-    ex->last_event_ns = ex->base.w->now_ns;
-    if (ex->trip_pending) { /* already decided: count what the upstream still produced */
-        ex->tokens_after_trip++;
-        return 1;
-    }
-    dl_delta d;
-    /* The fast path once the stream's identity is known; whole responses and retries need
-     * the full tree (assembler, id rewriting). */
-    bool fast = ex->req.client_stream && ex->c_id && ex->attempt == 1 &&
-                chunkscan(ev->data, ev->data_len, &ex->scan, &d);
-    if (!fast) dl_parse(ev->data, ev->data_len, &d);
-    int rc = 0;
-    switch (d.kind) {
-    case DL_DONE:
-        ex->saw_done = true;
-        lg_buf_reset(&ex->done_raw);
-        lg_buf_append(&ex->done_raw, ev->raw, ev->raw_len);
-        break;
-    case DL_ERROR:
-        metrics_upstream_error(ex->base.w->metrics, ex->replica, "protocol");
-        set_outcome(ex, "upstream_error");
-        if (streaming_started(ex)) {
-            flush_held(ex);
-            out_append(ex, ev->raw, ev->raw_len);
-            ex->finished_gen = true; /* the stream ends with [DONE] after the error */
-        } else {
-            if (ex->trips) record_attempt(ex, NULL);
-            conclude(ex);
-            ex->final_status = d.error_code >= 400 && d.error_code < 600 ? d.error_code : 502;
-            ex->final_body = cJSON_PrintUnformatted(d.root);
-            ex->stream_ready = false;
-            worker_resume(&ex->base);
-        }
-        break;
-    case DL_CHUNK:
-        rc = on_chunk(ex, ev, &d);
-        break;
-    case DL_OTHER:
-        out_append(ex, ev->raw, ev->raw_len);
-        break;
-    }
-    if (!fast) dl_delta_clear(&d); /* chunkscan's delta owns nothing */
-    return rc;
-}
-
-static bool is_event_stream(const http_head *h)
-{
-    return h->content_type && strncasecmp(h->content_type, "text/event-stream", 17) == 0;
-}
-
-static size_t on_header(char *line, size_t size, size_t n, void *ud)
-{
-    exchange *ex = ud;
-    http_head_line(&ex->head, line, size * n);
-    if (ex->head.complete && ex->head.status == 200 && !is_event_stream(&ex->head))
-        ex->not_sse = true;
-    if (ex->head.complete && ex->head.status == 200 && !ex->not_sse && ex->req.client_stream) {
-        ex->stream_ready = true;
-        worker_resume(&ex->base);
-    }
-    return size * n;
-}
-
-static size_t on_write(char *data, size_t size, size_t n, void *ud)
-{
-    exchange *ex = ud;
-    size_t len = size * n;
-    if (ex->base.client_gone || ex->phase == PHASE_DONE) return 0;
-    if (!ex->first_byte) {
-        ex->first_byte = true;
-        metrics_ttfb(ex->base.w->metrics, ex->replica,
-                     seconds_since(ex->attempt_start_ns, ex->base.w->now_ns));
-        pool_report_health(ex->base.w->srv->pool, ex->replica, ex->head.status < 500);
-    }
-    if (ex->head.status != 200 || ex->not_sse) {
-        if (ex->errbody.len < EX_ERRBODY_MAX) lg_buf_append(&ex->errbody, data, len);
-        return len;
-    }
-    /* A slow client: stop reading the upstream until the output drains. */
-    if (lg_fifo_len(&ex->out) >= EX_OUT_HIGH) {
-        ex->up_paused = true;
-        return CURL_WRITEFUNC_PAUSE;
-    }
-    int rc = sse_parser_feed(ex->sse, data, len);
-    if (rc == SSE_ERR_TOO_BIG) {
-        set_outcome(ex, "upstream_error");
-        fail_exchange(ex, 502, "upstream event too large", "upstream_error", "bad_upstream");
-        return 0;
-    }
-    if (ex->trip_pending) {
-        /* Events already in this read that the guard never needed. */
-        size_t pend = 0;
-        const char *raw = sse_parser_pending_raw(ex->sse, &pend);
-        for (const char *p = raw; p && (p = memmem(p, pend - (size_t)(p - raw), "data:", 5));
-             p += 5)
-            ex->tokens_after_trip++;
-        return 0; /* fails the transfer; on_done finishes the trip */
-    }
-    return len;
 }
 
 /* The attempt failed at the transport or HTTP level (its transfer is closed): pass the
@@ -992,16 +337,16 @@ static void attempt_failed(exchange *ex, CURLcode rc)
         start_attempt(ex);
         return;
     }
-    set_outcome(ex, "upstream_error");
-    if (ex->trips) record_attempt(ex, NULL);
+    ex_set_outcome(ex, "upstream_error");
+    if (ex->trips) ex_record_attempt(ex, NULL);
     if (ex->head.complete && ex->head.status != 200 && !ex->timed_out) {
         pool_report_health(w->srv->pool, replica, ex->head.status < 500);
         if (ex->head.status >= 500) metrics_upstream_error(w->metrics, replica, "http_5xx");
         if (ex->queued) {
-            fail_exchange(ex, ex->head.status, "upstream error", "upstream_error", NULL);
+            ex_fail(ex, ex->head.status, "upstream error", "upstream_error", NULL);
             return;
         }
-        conclude(ex);
+        ex_conclude(ex);
         ex->final_status = ex->head.status;
         ex->final_body = lg_buf_steal(&ex->errbody);
         if (ex->head.content_type) ex->final_ctype = strdup(ex->head.content_type);
@@ -1011,8 +356,8 @@ static void attempt_failed(exchange *ex, CURLcode rc)
     }
     if (ex->not_sse) {
         metrics_upstream_error(w->metrics, replica, "protocol");
-        fail_exchange(ex, 502, "the upstream did not answer with an event stream",
-                      "upstream_error", "bad_upstream");
+        ex_fail(ex, 502, "the upstream did not answer with an event stream", "upstream_error",
+                "bad_upstream");
         return;
     }
     bool timeout = ex->timed_out || rc == CURLE_OPERATION_TIMEDOUT;
@@ -1023,13 +368,11 @@ static void attempt_failed(exchange *ex, CURLcode rc)
                                                 : "reset");
     pool_report_health(w->srv->pool, replica, false);
     if (timeout)
-        fail_exchange(ex, 504, "upstream timed out", "upstream_error", "upstream_timeout");
+        ex_fail(ex, 504, "upstream timed out", "upstream_error", "upstream_timeout");
     else if (!ex->head.complete)
-        fail_exchange(ex, 502, "upstream unreachable", "upstream_error",
-                      "upstream_unreachable");
+        ex_fail(ex, 502, "upstream unreachable", "upstream_error", "upstream_unreachable");
     else
-        fail_exchange(ex, 502, "upstream stream ended early", "upstream_error",
-                      "upstream_truncated");
+        ex_fail(ex, 502, "upstream stream ended early", "upstream_error", "upstream_truncated");
 }
 
 /* The attempt's transfer ended (completed, failed, or failed on purpose after a trip). */
@@ -1061,9 +404,9 @@ static void on_done(lg_xfer *x, CURLcode rc)
     }
     pool_report_generation(w->srv->pool, replica, false);
     /* The last attempt ran unguarded because attempts ran out: not a recovery. */
-    if (ex->trips && !ex->attempt_guarded) set_outcome(ex, "failed");
+    if (ex->trips && !ex->attempt_guarded) ex_set_outcome(ex, "failed");
     if (ex->trips) {
-        record_attempt(ex, NULL);
+        ex_record_attempt(ex, NULL);
         metrics_retry_latency(w->metrics, seconds_since(ex->trip_ns, w->now_ns));
     }
     finish_exchange(ex);
@@ -1177,9 +520,8 @@ static void start_attempt(exchange *ex)
     }
     if (!ex->up_body) {
         lg_buf_free(&prefix);
-        fail_exchange(ex, err.status ? err.status : 400,
-                      err.message ? err.message : "invalid request", "invalid_request_error",
-                      err.code);
+        ex_fail(ex, err.status ? err.status : 400, err.message ? err.message : "invalid request",
+                "invalid_request_error", err.code);
         return;
     }
     ex->sampling = rw_sampling_json(&ex->req, &o);
@@ -1187,7 +529,7 @@ static void start_attempt(exchange *ex)
 
     ex->attempt_guarded = ex->guard_on && !(k > 1 && k == cfg->retry.max_attempts &&
                                             cfg->retry.on_exhausted == LG_EXHAUSTED_PASS_THROUGH);
-    ex->sse = sse_parser_new(SSE_DEFAULT_MAX_EVENT, on_event, ex);
+    ex->sse = sse_parser_new(SSE_DEFAULT_MAX_EVENT, ex_on_event, ex);
     if (cont && ex->think_inline && ex->ch[LG_CH_CONTENT].sent.len == 0)
         ex->think = think_new(true);
     ex->tokens = ex->tokens_after_trip = 0;
@@ -1205,9 +547,9 @@ static void start_attempt(exchange *ex)
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, ex->headers);
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, ex->up_body);
     curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(ex->up_body));
-    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, ex_on_header);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, ex);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, ex_on_write);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, ex);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     /* The connect timeout is ex_tick's: libcurl would keep its timer armed for the whole
@@ -1436,10 +778,10 @@ static void ex_client_gone(lg_req *base)
     if (ex->phase == PHASE_RUNNING) {
         bool running = ex->easy != NULL;
         abort_attempt(ex);
-        set_outcome(ex, "client_gone");
-        if (ex->trips && running) record_attempt(ex, NULL);
+        ex_set_outcome(ex, "client_gone");
+        if (ex->trips && running) ex_record_attempt(ex, NULL);
     }
-    conclude(ex);
+    ex_conclude(ex);
 }
 
 static void ex_shutdown(lg_req *base)
@@ -1447,7 +789,7 @@ static void ex_shutdown(lg_req *base)
     exchange *ex = (exchange *)base;
     if (ex->phase != PHASE_RUNNING) return;
     abort_attempt(ex);
-    fail_exchange(ex, 503, "loopguard is shutting down", "server_error", "shutting_down");
+    ex_fail(ex, 503, "loopguard is shutting down", "server_error", "shutting_down");
 }
 
 static void ex_destroy(lg_req *base)
@@ -1503,3 +845,4 @@ lg_req *exchange_new(lg_worker *w, struct MHD_Connection *conn, const char *url)
     random_hex(ex->id + 3, 12);
     return &ex->base;
 }
+
