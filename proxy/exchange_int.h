@@ -173,7 +173,8 @@ void ex_emit_chunk(exchange *ex, const dl_delta *tmpl, const char *r, size_t rn,
  * the client has its answer, so whoever reads /loopguard/incidents after the response
  * finds it. */
 void ex_conclude(exchange *ex);
-/* Sets the exchange's outcome unless one is set already (the first cause wins). */
+/* Sets the exchange's outcome unless one is set already (the first cause wins); counted in
+ * the metrics when the exchange tripped. */
 void ex_set_outcome(exchange *ex, const char *outcome);
 /* Appends the current attempt's record (v: its verdict, or NULL) to ex->attempts. */
 void ex_record_attempt(exchange *ex, const guard_verdict *v);
