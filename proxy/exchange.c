@@ -35,8 +35,6 @@
 #define EX_EXCERPT 512
 
 static void start_attempt(exchange *ex);
-static void finish_exchange(exchange *ex);
-static void attempt_failed(exchange *ex, CURLcode rc);
 
 /* ---- incidents --------------------------------------------------------------------- */
 
