@@ -390,13 +390,18 @@ static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp)
 
     /* libcurl re-announces nearly the same deadline many times a second; re-arming the
      * timerfd for a change under a millisecond is a syscall for nothing. */
+    if (timeout_ms == 0) {
+        /* "Now" (a transfer was added, a connection came free): run_pending acts on it in
+         * this loop iteration, without a timerfd round trip through epoll. */
+        w->curl_due = true;
+        return 0;
+    }
     uint64_t deadline = timeout_ms < 0 ? 0 : lg_now_ns() / 1000000u + (uint64_t)timeout_ms;
     if (deadline == w->curl_deadline_ms) return 0;
     w->curl_deadline_ms = deadline;
-    if (timeout_ms >= 0) {
-        /* 0 means "now": arm the smallest non-zero expiry, never disarm by accident. */
+    if (timeout_ms > 0) {
         its.it_value.tv_sec = timeout_ms / 1000;
-        its.it_value.tv_nsec = (timeout_ms % 1000) * 1000000L + (timeout_ms == 0 ? 1 : 0);
+        its.it_value.tv_nsec = (timeout_ms % 1000) * 1000000L;
     }
     return timerfd_settime(w->curl_timerfd, 0, &its, NULL) == 0 ? 0 : -1;
 }
@@ -503,6 +508,25 @@ static void run_mhd(lg_worker *w)
     }
 }
 
+/* Runs the daemons that are due and the timeout action libcurl asked for "now"
+ * (on_curl_timer) until neither has more to do: a request libmicrohttpd hands over starts its
+ * transfer, and the response head that transfer may bring reaches libmicrohttpd, in the same
+ * iteration. Bounded; what is left runs in the next iteration, whose epoll_wait then does
+ * not block. */
+static void run_pending(lg_worker *w)
+{
+    for (int pass = 0; pass < 4 && (w->mhd_dirty || w->curl_due); pass++) {
+        run_mhd(w);
+        if (w->curl_due) {
+            int running;
+            w->curl_due = false;
+            curl_multi_socket_action(w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+            drain_curl_messages(w);
+            flush_all(w);
+        }
+    }
+}
+
 static void ready_all(lg_worker *w)
 {
     for (size_t i = 0; i < w->n_shards; i++) w->shards[i].ready = true;
@@ -562,13 +586,14 @@ static void *worker_main(void *arg)
     uint64_t stop_at = 0;
 
     for (;;) {
-        int n = epoll_wait(w->epfd, evs, MAX_EVENTS, mhd_timeout(w, 250));
+        bool pending = w->curl_due || w->mhd_dirty; /* run_pending left work: do not block */
+        int n = epoll_wait(w->epfd, evs, MAX_EVENTS, pending ? 0 : mhd_timeout(w, 250));
         if (n < 0 && errno != EINTR) {
             perror("loopguard: epoll_wait");
             break;
         }
         w->now_ns = lg_now_ns();
-        if (n == 0) ready_all(w); /* on timeout, let MHD handle its own timeouts */
+        if (n == 0 && !pending) ready_all(w); /* on timeout, let MHD handle its own timeouts */
         for (int i = 0; i < n; i++) {
             uint64_t d = evs[i].data.u64;
             unsigned tag = (unsigned)(d >> 56);
@@ -611,11 +636,11 @@ static void *worker_main(void *arg)
         }
         drain_curl_messages(w);
         flush_all(w);
-        run_mhd(w);
+        run_pending(w);
         if (w->now_ns >= next_tick) {
             next_tick = w->now_ns + TICK_NS;
             tick_all(w);
-            run_mhd(w);
+            run_pending(w);
         }
         flush_all(w); /* before the dead are freed: nothing on the list may outlive them */
         bury_the_dead(w);
