@@ -533,13 +533,20 @@ static void ready_all(lg_worker *w)
     w->mhd_dirty = true;
 }
 
-/* The earliest of the shards' timeouts, capped at `cap` ms. */
+/* The earliest of the shards' timeouts, capped at `cap` ms. A shard whose timeout is 0 has
+ * work now (libmicrohttpd keeps a connection on its ready list until a read or write
+ * would block, which after each response is one more pass) and is marked ready, so that
+ * only it runs, not every shard. */
 static int mhd_timeout(lg_worker *w, int cap)
 {
     for (size_t i = 0; i < w->n_shards; i++) {
         MHD_UNSIGNED_LONG_LONG to = 0;
-        if (MHD_get_timeout(w->shards[i].mhd, &to) == MHD_YES && to < (unsigned)cap)
-            cap = (int)to;
+        if (MHD_get_timeout(w->shards[i].mhd, &to) != MHD_YES) continue;
+        if (to == 0) {
+            w->shards[i].ready = true;
+            w->mhd_dirty = true;
+        }
+        if (to < (unsigned)cap) cap = (int)to;
     }
     return cap;
 }
@@ -586,14 +593,15 @@ static void *worker_main(void *arg)
     uint64_t stop_at = 0;
 
     for (;;) {
-        bool pending = w->curl_due || w->mhd_dirty; /* run_pending left work: do not block */
-        int n = epoll_wait(w->epfd, evs, MAX_EVENTS, pending ? 0 : mhd_timeout(w, 250));
+        int timeout = mhd_timeout(w, 250);
+        if (w->curl_due || w->mhd_dirty) timeout = 0; /* work left or due now: do not block */
+        int n = epoll_wait(w->epfd, evs, MAX_EVENTS, timeout);
         if (n < 0 && errno != EINTR) {
             perror("loopguard: epoll_wait");
             break;
         }
         w->now_ns = lg_now_ns();
-        if (n == 0 && !pending) ready_all(w); /* on timeout, let MHD handle its own timeouts */
+        if (n == 0 && timeout > 0) ready_all(w); /* a connection's timeout may be due */
         for (int i = 0; i < n; i++) {
             uint64_t d = evs[i].data.u64;
             unsigned tag = (unsigned)(d >> 56);
