@@ -388,14 +388,14 @@ static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp)
     struct itimerspec its = {0};
     (void)multi;
 
-    /* libcurl re-announces nearly the same deadline many times a second; re-arming the
-     * timerfd for a change under a millisecond is a syscall for nothing. */
     if (timeout_ms == 0) {
         /* "Now" (a transfer was added, a connection came free): run_pending acts on it in
          * this loop iteration, without a timerfd round trip through epoll. */
         w->curl_due = true;
         return 0;
     }
+    /* libcurl re-announces nearly the same deadline many times a second; re-arming the
+     * timerfd for a change under a millisecond is a syscall for nothing. */
     uint64_t deadline = timeout_ms < 0 ? 0 : lg_now_ns() / 1000000u + (uint64_t)timeout_ms;
     if (deadline == w->curl_deadline_ms) return 0;
     w->curl_deadline_ms = deadline;
@@ -617,7 +617,7 @@ static void *worker_main(void *arg)
                 if (read(w->curl_timerfd, &buf, sizeof buf) < 0 && errno != EAGAIN)
                     perror("loopguard: timerfd read");
                 w->curl_deadline_ms = 0; /* fired: the next announcement must re-arm */
-                curl_multi_socket_action(w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+                w->curl_due = true;      /* run_pending calls libcurl */
                 break;
             case TAG_WAKE:
                 if (read(w->wake_fd, &buf, sizeof buf) < 0 && errno != EAGAIN)

@@ -132,7 +132,7 @@ struct lg_worker {
     int epfd;
     int curl_timerfd;
     uint64_t curl_deadline_ms; /* what the timerfd is armed for (0: not armed) */
-    bool curl_due;             /* libcurl asked for its timeout action now (run_curl_due) */
+    bool curl_due;             /* libcurl's timeout action is due ("now", or the timerfd fired) */
     int wake_fd; /* eventfd: main thread pokes it on drain/stop */
     lg_shard shards[WORKER_SHARDS];
     size_t n_shards;
