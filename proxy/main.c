@@ -67,7 +67,7 @@ static void usage(FILE *f)
             "                 [--upstream-kind auto|sglang|vllm|openai]\n"
             "       loopguard --check-config FILE\n"
             "       loopguard scan [--config FILE] [--channel content|reasoning|tool_args]\n"
-            "                      [--max-bytes N] FILE...\n"
+            "                      [--max-bytes N] [--records] FILE...\n"
             "       loopguard --version | --help\n"
             "Configuration: defaults < FILE < LOOPGUARD_* environment variables < flags;\n"
             "every key is in loopguard(1). Admin endpoints and the status page: /loopguard/.\n");
