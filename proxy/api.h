@@ -40,6 +40,10 @@ typedef struct lg_api {
     bool templated;
     /* Retries may continue the clean prefix the client has (else they restart). */
     bool can_continue;
+    /* The route takes SGLang's `rid` (so an attempt can be aborted by /abort_request);
+     * without it the cut is the closed connection, which SGLang's streaming response
+     * turns into an abort of the request itself. */
+    bool takes_rid;
 
     /* Parses the complete body into ex->req (and the module's state). Returns 0, or -1
      * with *err (the client gets err as a 400 in the API's error shape). */

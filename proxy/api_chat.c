@@ -423,7 +423,7 @@ static void chat_destroy(exchange *ex)
     .parse = chat_parse, .build = chat_build, .sampling = chat_sampling, \
     .prompt = chat_prompt, .attempt_begins = chat_attempt_begins, .on_event = chat_on_event, \
     .finish = chat_finish, .withheld = chat_withheld, .stream_error = chat_stream_error,     \
-    .error_body = chat_error_body, .destroy = chat_destroy, .can_continue = true
+    .error_body = chat_error_body, .destroy = chat_destroy, .can_continue = true, .takes_rid = true
 
 const lg_api api_chat = {
     .route = "/v1/chat/completions",

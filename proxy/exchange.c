@@ -365,7 +365,7 @@ static void on_done(lg_xfer *x, CURLcode rc)
         (void)sse_parser_finish(ex->at.sse);
     if (ex->at.trip_pending) {
         ex->at.trip_pending = false;
-        if (sglang) send_sglang_abort(ex);
+        if (sglang && ex->at.rid[0]) send_sglang_abort(ex);
         after_trip(ex);
         return;
     }
@@ -459,10 +459,10 @@ static void start_attempt(exchange *ex)
     metrics_upstream_request(w->metrics, ex->replica);
     ex->have_replica = true;
     lg_upstream_kind kind = pool_kind(pool, ex->replica);
-    ex_random_hex(ex->at.rid, 16);
+    if (ex->api->takes_rid) ex_random_hex(ex->at.rid, 16);
 
     rw_opts o = {.upstream_kind = (int)kind,
-                 .rid = kind == LG_UPSTREAM_SGLANG ? ex->at.rid : NULL,
+                 .rid = kind == LG_UPSTREAM_SGLANG && ex->at.rid[0] ? ex->at.rid : NULL,
                  .history = (int)cfg->reasoning.history};
     if (k > 1 && cfg->retry.n_ladder) {
         size_t i = k - 2 < cfg->retry.n_ladder ? k - 2 : cfg->retry.n_ladder - 1;
