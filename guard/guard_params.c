@@ -271,6 +271,8 @@ typedef struct jctx {
 } jctx;
 
 static int jfail(jctx *c, const char *prefix, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int jfail(jctx *c, const char *prefix, const char *key, const char *fmt, ...)
 {
     char msg[160];
     va_list ap;
