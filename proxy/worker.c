@@ -24,9 +24,8 @@
 #include <unistd.h>
 
 #include "proxy/admin.h"
-#include "proxy/exchange.h"
 #include "proxy/http.h"
-#include "proxy/relay.h"
+#include "proxy/route.h"
 
 enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT };
 
@@ -378,11 +377,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         return http_respond_error(conn, 401, "missing or invalid API key",
                                   "authentication_error", "invalid_api_key");
 
-    if (strcmp(method, "POST") == 0 &&
-        (strcmp(url, "/v1/chat/completions") == 0 || strcmp(url, "/v1/completions") == 0))
-        r = exchange_new(w, conn, url);
-    else
-        r = relay_new(w, conn, method, url);
+    r = route_request(w, conn, method, url);
     if (!r) return MHD_NO;
     *con_cls = r;
     return MHD_YES;
