@@ -14,7 +14,7 @@
  * A detector asks guard_prompt_slack(unit) once, when a unit is about to trip, and lets it
  * repeat up to that many copies. Cost: O(prompt) at guard_set_prompt; O(prompt) per question
  * (memmem over at most GUARD_PROMPT_MAX bytes), asked only at a unit's threshold. Memory: the
- * prompt copy, only when one is set. */
+ * prompt's bytes (at most GUARD_PROMPT_MAX), only when one is set. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -167,9 +167,12 @@ void guard_set_prompt(guard *g, const char *text, size_t len)
             g->prompt_len -= drop;
         }
     }
-    if (!g->prompt) {
-        g->prompt = malloc(GUARD_PROMPT_MAX);
-        if (!g->prompt) abort();
+    if (g->prompt_len + sep + len > g->prompt_cap) { /* as much as it holds, no more */
+        size_t cap = g->prompt_len + sep + len;
+        char *p = realloc(g->prompt, cap);
+        if (!p) abort();
+        g->prompt = p;
+        g->prompt_cap = cap;
     }
     if (sep) g->prompt[g->prompt_len++] = '\n';
     memcpy(g->prompt + g->prompt_len, text, len);

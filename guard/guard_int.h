@@ -245,7 +245,7 @@ struct guard {
     /* The request's prompt (g_prompt.c): the last bytes of its text, and the largest count
      * of copies it asks for. */
     char *prompt;
-    size_t prompt_len;
+    size_t prompt_len, prompt_cap;
     uint32_t prompt_asked;
     struct {
         uint32_t n;
