@@ -131,12 +131,13 @@ guard_params *guard_params_new(lg_channel ch)
     p->lines.min_repeat_ratio = 0.9;
     p->lines.min_run = 16;
 
-    /* Paraphrase loops are mostly a reasoning failure, and reasoning is mostly prose: its
-     * window is shorter and its bar higher (0.05 over 128 trigrams still gives no trip on
-     * the whole corpus; 0.08 gives one). Answers keep a wider margin. */
-    p->novelty.enabled = true;
+    /* Paraphrase loops: fewer than min_ratio of the last `window` word trigrams are new. In
+     * answers 0.1 over 160 catches 3 more of the AlpacaEval loops than 0.03 with no new false
+     * trip there or on the machine files (0.15 doubles the false trips). Reasoning keeps its
+     * 0.05 over 128: no labelled reasoning traces measure a higher bar yet. */
+        p->novelty.enabled = true;
     p->novelty.window = ch == LG_CH_REASONING ? 128 : 160;
-    p->novelty.min_ratio = ch == LG_CH_REASONING ? 0.05 : 0.03;
+    p->novelty.min_ratio = ch == LG_CH_REASONING ? 0.05 : 0.1;
     p->novelty.memory_words = 256;
 
     p->rule_max_match_bytes = 256;
