@@ -12,6 +12,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -363,6 +364,44 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
 
 /* ---- libcurl glue ------------------------------------------------------------------ */
 
+/* libcurl's readiness poll. libcurl 7.88 reads a transfer's socket and then, before it
+ * leaves its read loop, asks poll(fd, 0 ms) whether more is pending (transfer.c,
+ * data_pending): at a decode pace one system call per token, as many as the reads. After
+ * a short read the answer is known: a stream socket's recv returns less than it was asked
+ * for only when it took all the socket held. So the executable defines recv and poll,
+ * which take the C library's place for libcurl (an executable's symbols come first):
+ * while the worker runs libcurl for a readable socket, recv notes a short read of that
+ * socket, and the zero-timeout read check that follows is answered "nothing pending"
+ * without a system call. Data that arrives in between is not lost: the worker's epoll is
+ * level-triggered and reports the socket again. Everything else (full reads, other
+ * sockets, writability, libcurl's liveness check of a pooled connection, any call outside
+ * that socket action, other libraries) goes to the kernel as before. Both are defined
+ * under their assembler names because <sys/socket.h> and <poll.h> declare their buffers
+ * write-only, which a definition that reads fds[0] would contradict. */
+static _Thread_local int curl_read_fd = -1; /* the socket of this thread's socket action */
+static _Thread_local bool curl_drained;    /* its last recv was short */
+
+ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags) __asm__("recv");
+ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
+{
+    ssize_t n = recvfrom(fd, buf, len, flags, NULL, NULL);
+    if (fd == curl_read_fd) curl_drained = n > 0 && (size_t)n < len;
+    return n;
+}
+
+int curl_aware_poll(struct pollfd *fds, nfds_t n, int timeout_ms) __asm__("poll");
+int curl_aware_poll(struct pollfd *fds, nfds_t n, int timeout_ms)
+{
+    if (n == 1 && timeout_ms == 0 && curl_drained && fds[0].fd == curl_read_fd &&
+        !(fds[0].events & POLLOUT)) {
+        curl_drained = false;
+        fds[0].revents = 0;
+        return 0;
+    }
+    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+    return ppoll(fds, n, timeout_ms < 0 ? NULL : &ts, NULL);
+}
+
 static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 {
     lg_worker *w = userp;
@@ -627,7 +666,10 @@ static void *worker_main(void *arg)
                 int flags = (evs[i].events & EPOLLIN ? CURL_CSELECT_IN : 0) |
                             (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
                             (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
+                curl_read_fd = flags & CURL_CSELECT_IN ? fd : -1;
                 curl_multi_socket_action(w->multi, fd, flags, &running);
+                curl_read_fd = -1;
+                curl_drained = false;
                 break;
             }
             case TAG_CLIENT: {
