@@ -317,10 +317,13 @@ static bool spec_is_child(const char *p, const char *rel)
     return strchr(p, '.') == NULL;
 }
 
-/* Joins rel + "." + name into out (no dot when rel is empty). */
+/* Joins rel + "." + name into out (no dot when rel is empty). A path longer than out (a
+ * user's key of hundreds of characters) ends in "..." so that its error message shows the
+ * cut; it never names a key of the table, whose paths are short. */
 static void path_join(char *out, size_t outlen, const char *rel, const char *name)
 {
-    snprintf(out, outlen, "%s%s%s", rel, *rel ? "." : "", name);
+    int n = snprintf(out, outlen, "%s%s%s", rel, *rel ? "." : "", name);
+    if (n >= 0 && (size_t)n >= outlen && outlen >= 4) memcpy(out + outlen - 4, "...", 4);
 }
 
 /* ------------------------------------------------------------------------------------- */

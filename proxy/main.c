@@ -62,7 +62,7 @@ static void usage(FILE *f)
             "usage: loopguard [--config FILE] [--listen HOST:PORT] [--upstream URL]\n"
             "                 [--upstream-kind auto|sglang|vllm|openai]\n"
             "       loopguard --check-config FILE\n"
-            "       loopguard scan [--config FILE] [--channel content|reasoning] FILE...\n");
+            "       loopguard scan [--config FILE] [--channel content|reasoning] [--records] FILE...\n");
 }
 
 /* Applies argv over the defaults. Returns the config, or NULL after printing why. */

@@ -27,6 +27,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,11 +243,15 @@ static void respond_json(conn *c, int status, const fbuf *b)
     respond(c, status, "application/json", b->p ? b->p : "", b->len);
 }
 
-static void respond_error(server *s, conn *c, int status, const char *type, const char *fmt,
-                          const char *arg)
+static void respond_error(server *s, conn *c, int status, const char *type, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void respond_error(server *s, conn *c, int status, const char *type, const char *fmt, ...)
 {
     char msg[512];
-    snprintf(msg, sizeof msg, fmt, arg);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
     fbuf_reset(&s->tmp);
     /* Routing errors always use the OpenAI shape: FastAPI's 404 would differ per server,
      * and tests only need a well-formed error. */
