@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
@@ -196,10 +197,23 @@ static void watch_writable(lg_req *r, bool on)
                  ev_pack(TAG_CLIENT, r->gen, r->client_fd));
 }
 
-bool worker_go_direct(lg_req *r)
+/* The whole pages of buf[0..n) go back to the kernel: a stream's connection pool is
+ * mostly this buffer (max_header_bytes, 16 KiB by default), and between its head and its
+ * end a directly written stream never uses it. madvise(MADV_DONTNEED) on private anonymous
+ * memory (the heap) makes the pages read as zeros when next touched. */
+static void release_pages(char *buf, size_t n)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)buf + page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)buf + n) & ~(uintptr_t)(page - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+bool worker_go_direct(lg_req *r, char *buf, size_t max)
 {
     if (r->client_gone || r->retired || !watched(r)) return false;
     worker_suspend(r);
+    release_pages(buf, max);
     if (!r->nodelay) { /* a token must not wait for the client's delayed ACK */
         int one = 1;
         (void)setsockopt(r->client_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);

@@ -172,10 +172,14 @@ void worker_resume(lg_req *r);
 /* From the content reader, which then returns 0: suspends the connection and arms direct
  * writes. libmicrohttpd asks for body data only with its write buffer empty (after it sent
  * the response head, and after it sent all the reader gave it), so the worker may write
- * the socket from here on. Returns false, and does nothing, when direct writes are not
- * possible (the client left, or its socket is not watched); the reader must then give
- * its data to libmicrohttpd. */
-bool worker_go_direct(lg_req *r);
+ * the socket from here on. buf[0..max) is the reader's buffer (for a chunked response,
+ * libmicrohttpd's write buffer in the connection's pool), which the reader may fill with
+ * anything and which nothing reads while the stream is direct: its whole pages are given
+ * back to the kernel (they read as zeros, and are touched again only when the stream
+ * ends). Returns false, and does nothing, when direct writes are not possible (the client
+ * left, or its socket is not watched); the reader must then give its data to
+ * libmicrohttpd. */
+bool worker_go_direct(lg_req *r, char *buf, size_t max);
 /* The request queued output for the client: with direct writes armed, its ops->flush runs
  * after the event being handled; otherwise MHD is resumed to call the content reader. */
 void worker_output(lg_req *r);
