@@ -495,6 +495,31 @@ static void drain_curl_messages(lg_worker *w)
     }
 }
 
+/* A transfer's handle is reused rather than made anew: curl_easy_init allocates and sets
+ * up about 5 KiB, and the first transfer on it its read buffer; a kept handle has both.
+ * curl_easy_reset returns its options to libcurl's defaults, so a kept handle starts a
+ * transfer exactly as a new one would. */
+CURL *worker_easy_get(lg_worker *w)
+{
+    CURL *e;
+    if (w->n_spare) {
+        e = w->spare[--w->n_spare];
+        curl_easy_reset(e);
+    } else {
+        e = curl_easy_init();
+        if (!e) abort();
+    }
+    return e;
+}
+
+void worker_easy_put(lg_worker *w, CURL *easy)
+{
+    if (w->n_spare < WORKER_SPARE_EASY)
+        w->spare[w->n_spare++] = easy;
+    else
+        curl_easy_cleanup(easy);
+}
+
 int worker_add_xfer(lg_worker *w, CURL *easy)
 {
     return curl_multi_add_handle(w->multi, easy) == CURLM_OK ? 0 : -1;
@@ -861,6 +886,7 @@ void worker_free(lg_worker *w)
     for (size_t i = 0; i < w->n_shards; i++) MHD_stop_daemon(w->shards[i].mhd);
     bury_the_dead(w);
     while (w->detached) detached_free(w->detached);
+    while (w->n_spare) curl_easy_cleanup(w->spare[--w->n_spare]);
     if (w->multi) curl_multi_cleanup(w->multi);
     if (w->epfd >= 0) close(w->epfd);
     if (w->curl_timerfd >= 0) close(w->curl_timerfd);

@@ -54,6 +54,9 @@ typedef struct lg_pool lg_pool;
 /* libmicrohttpd daemons per worker (see above). */
 #define WORKER_SHARDS 8
 
+/* libcurl easy handles a worker keeps for reuse (worker_easy_get). */
+#define WORKER_SPARE_EASY 64
+
 /* State shared by all workers; read-only after start except the atomics. */
 typedef struct lg_server {
     const lg_config *cfg;
@@ -144,6 +147,8 @@ struct lg_worker {
     lg_req graveyard; /* sentinel: retired, destroyed at the end of the iteration */
     size_t n_live;
     struct lg_detached *detached; /* pending fire-and-forget transfers */
+    CURL *spare[WORKER_SPARE_EASY]; /* easy handles kept for the next transfers */
+    size_t n_spare;
     bool mhd_dirty;   /* some shard is ready: run MHD again this iteration */
     lg_req *flush_head, *flush_tail; /* requests with output for a direct write */
     uint64_t now_ns;  /* cached loop time */
@@ -193,6 +198,12 @@ void worker_output(lg_req *r);
  * socket does not take is kept and sent before anything else. A client that is gone is
  * handled as a hang-up. */
 void worker_write_chunk(lg_req *r, const char *p, size_t n);
+/* A libcurl easy handle with libcurl's defaults: a kept one (curl_easy_reset) or a new one.
+ * Aborts when libcurl cannot allocate one. */
+CURL *worker_easy_get(lg_worker *w);
+/* Takes back a handle from worker_easy_get that is not on the multi handle (removed, or
+ * never added): kept for the next transfer, or cleaned up when enough are kept. */
+void worker_easy_put(lg_worker *w, CURL *easy);
 /* Adds/removes a libcurl easy handle on the worker's multi handle. */
 int worker_add_xfer(lg_worker *w, CURL *easy);
 void worker_remove_xfer(lg_worker *w, CURL *easy);
