@@ -10,6 +10,7 @@
 
 #include "proxy/http.h"
 #include "proxy/upstream.h"
+#include "proxy/xalloc.h"
 
 static bool admin_authorized(const lg_config *cfg, struct MHD_Connection *conn)
 {
@@ -24,8 +25,7 @@ static char *extra_metrics(lg_server *srv)
     incident_stats st = {0};
     char *buf = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (!f) abort();
+    FILE *f = lg_xcheck(open_memstream(&buf, &len));
     if (srv->incidents) incident_log_stats(srv->incidents, &st);
     fprintf(f, "# HELP loopguard_incidents_total Incident records by fate.\n"
                "# TYPE loopguard_incidents_total counter\n"
@@ -80,7 +80,7 @@ enum MHD_Result admin_handle(lg_worker *w, struct MHD_Connection *conn, const ch
         free(extra);
         rc = http_respond_text(conn, 200, "text/plain; version=0.0.4; charset=utf-8", body);
     } else if (strcmp(url, "/loopguard/incidents") == 0) {
-        body = srv->incidents ? incident_log_recent_json(srv->incidents) : strdup("[]");
+        body = srv->incidents ? incident_log_recent_json(srv->incidents) : lg_xstrdup("[]");
         rc = http_respond_json(conn, 200, body);
     } else if (strcmp(url, "/loopguard/upstreams") == 0) {
         body = pool_json(srv->pool);
