@@ -610,7 +610,7 @@ static cpu_sample cpu_now(void)
 
 /* ---- setup ---- */
 
-static void usage(void)
+_Noreturn static void usage(void)
 {
     fprintf(stderr,
             "usage: loadgen --url http://127.0.0.1:PORT/PATH [--streams N] [--duration S]\n"

@@ -689,7 +689,7 @@ static void on_event(conn *c, uint32_t events, char *buf, uint64_t now)
 
 /* ---- setup and main loop --------------------------------------------------------------- */
 
-static void usage(void)
+_Noreturn static void usage(void)
 {
     fprintf(
         stderr,
