@@ -347,6 +347,19 @@ static bool is_admin_path(const char *url)
     return strncmp(url, "/loopguard/", 11) == 0 || strcmp(url, "/loopguard") == 0;
 }
 
+/* Answers a request refused before any handler took it, counted as the handlers count
+ * theirs: under the endpoint its path would have reached. */
+static enum MHD_Result reject(lg_worker *w, struct MHD_Connection *conn, const char *method,
+                              const char *url, int status, const char *message,
+                              const char *type, const char *code)
+{
+    const lg_api *api = route_api(method, url);
+    metrics_request(w->metrics,
+                    is_admin_path(url) ? LG_EP_ADMIN : api ? api->endpoint : LG_EP_PASSTHROUGH,
+                    status);
+    return http_respond_error(conn, status, message, type, code);
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version, const char *upload,
                                  size_t *upload_size, void **con_cls)
@@ -360,22 +373,22 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         return r->ops->access(r, upload, upload_size);
     }
     if (atomic_load(&w->srv->stopping))
-        return http_respond_error(conn, 503, "loopguard is shutting down", "server_error",
-                                  "shutting_down");
+        return reject(w, conn, method, url, 503, "loopguard is shutting down", "server_error",
+                      "shutting_down");
     /* Only origin-form targets: an absolute-form target must never choose the upstream. */
     if (url[0] != '/')
-        return http_respond_error(conn, 400, "request target must be a path",
-                                  "invalid_request_error", "bad_target");
+        return reject(w, conn, method, url, 400, "request target must be a path",
+                      "invalid_request_error", "bad_target");
     /* With a separate admin listener, each listener answers only its own paths. */
     bool split = w->srv->admin != NULL;
     if (is_admin_path(url) && (!split || w->admin_only))
         return admin_handle(w, conn, url, method);
     if (w->admin_only || is_admin_path(url))
-        return http_respond_error(conn, 404, "not found", "invalid_request_error",
-                                  "not_found");
+        return reject(w, conn, method, url, 404, "not found", "invalid_request_error",
+                      "not_found");
     if (!http_client_authorized(w->srv->cfg, conn))
-        return http_respond_error(conn, 401, "missing or invalid API key",
-                                  "authentication_error", "invalid_api_key");
+        return reject(w, conn, method, url, 401, "missing or invalid API key",
+                      "authentication_error", "invalid_api_key");
 
     r = route_request(w, conn, method, url);
     if (!r) return MHD_NO;
