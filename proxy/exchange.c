@@ -370,6 +370,17 @@ static void on_done(lg_xfer *x, CURLcode rc)
         return;
     }
     if (ex->base.client_gone || ex->phase == PHASE_DONE) return;
+    if (ex->at.raw_body && rc == CURLE_OK && !ex->at.timed_out) { /* passthrough, whole */
+        pool_report_generation(w->srv->pool, replica, false);
+        ex_conclude(ex);
+        ex->cl.final_status = 200;
+        ex->cl.final_body = lg_buf_steal(&ex->at.errbody);
+        if (ex->at.head.content_type && !(ex->cl.final_ctype = strdup(ex->at.head.content_type)))
+            abort();
+        ex->cl.stream_ready = false;
+        worker_resume(&ex->base);
+        return;
+    }
     if ((ex->at.head.complete && ex->at.head.status != 200) || ex->at.not_sse || rc != CURLE_OK ||
         ex->at.timed_out ||
         !(ex->at.finished_gen || ex->at.saw_done)) {

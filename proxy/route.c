@@ -12,6 +12,7 @@ static const lg_api *const routes[] = {
     &api_completions,
     &api_messages,
     &api_responses,
+    &api_generate,
 };
 
 const lg_api *route_api(const char *method, const char *path)

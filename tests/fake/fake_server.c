@@ -95,6 +95,8 @@ typedef struct gen {
     size_t ntools;
     fake_msg msg;   /* /v1/messages: the open block */
     fake_rsp resp;  /* /v1/responses: sequence, open item, items done */
+    size_t gen_text_sent; /* /generate: text and tokens sent in earlier events */
+    long gen_ids_sent;
 } gen;
 
 typedef enum {
@@ -723,12 +725,16 @@ static double latency_s(const gen *g)
 }
 
 /* One /generate event: the text so far; finish NULL until the last. */
-static void emit_generate(conn *c, const char *finish)
+static void emit_generate(server *s, conn *c, const char *finish)
 {
     gen *g = c->g;
     fake_usage u = usage_of(g);
+    bool inc = s->cfg.incremental;
     fbuf_reset(&g->ev);
-    fake_render_generate(&g->ev, &g->ctx, &g->content, finish, g->cap, &u, latency_s(g));
+    fake_render_generate(&g->ev, &g->ctx, &g->content, inc ? g->gen_text_sent : 0,
+                         inc ? g->gen_ids_sent : 0, g->sent, finish, g->cap, &u, latency_s(g));
+    g->gen_text_sent = g->content.len;
+    g->gen_ids_sent = g->sent;
     put_event(c, g->ev.p, g->ev.len);
 }
 
@@ -808,7 +814,7 @@ static bool emit_token(server *s, conn *c)
         g->finish_sent = true;
     }
     if (g->ctx.ep == FAKE_EP_GENERATE) {
-        emit_generate(c, d.finish);
+        emit_generate(s, c, d.finish);
     } else if (g->ctx.ep == FAKE_EP_RESPONSES) {
         if (merged) {
             fake_resp_token(&c->out, &g->ev, &g->resp, FAKE_ITEM_REASONING, t.p, t.n, NULL, NULL);
@@ -858,7 +864,7 @@ static void put_tail(conn *c)
 
 /* The end of a stream: a separate finish chunk where the dialect has one (or where no
  * token carried the finish), the usage chunk, [DONE] and the last HTTP chunk. */
-static void stream_finish(conn *c)
+static void stream_finish(server *s, conn *c)
 {
     gen *g = c->g;
     if (g->ctx.ep == FAKE_EP_MESSAGES) {
@@ -878,7 +884,7 @@ static void stream_finish(conn *c)
         if (strcmp(g->finish, "stop")) d.matched_stop = "null";
         if (!fake_dialect_separate_finish(g->ctx.d, g->ctx.ep)) d.content = "", d.cn = 0;
         if (g->ctx.ep == FAKE_EP_GENERATE)
-            emit_generate(c, g->finish);
+            emit_generate(s, c, g->finish);
         else
             emit_delta(c, &d);
         g->finish_sent = true;
@@ -1138,7 +1144,7 @@ static void gen_pump(server *s, conn *c)
             goto out;
         case PH_FINISH:
             if (g->stream) {
-                stream_finish(c);
+                stream_finish(s, c);
                 c->state = C_DONE;
             } else {
                 whole_finish(c);
