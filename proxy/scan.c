@@ -285,8 +285,10 @@ static int scan_records(const char *path, const guard_params *gp, lg_channel ch,
     return rc;
 }
 
-static int usage(void)
+/* Prints what was wrong (when `what` is not NULL), then the usage; returns 2. */
+static int usage(const char *what, const char *arg)
 {
+    if (what) fprintf(stderr, "loopguard scan: %s%s\n", what, arg ? arg : "");
     fputs("usage: loopguard scan [--config FILE] [--channel content|reasoning|tool_args]\n"
           "                      [--max-bytes N] [--records] FILE...   (- is stdin)\n"
           "  --records: each FILE is a JSON array or JSONL of {instruction|prompt|messages,\n"
@@ -312,22 +314,26 @@ int scan_main(int argc, char **argv)
             int k;
             for (k = 0; k < LG_CH_COUNT; k++)
                 if (!strcmp(c, guard_channel_name((lg_channel)k))) break;
-            if (k == LG_CH_COUNT) return usage();
+            if (k == LG_CH_COUNT)
+                return usage("--channel: expected content, reasoning or tool_args, got ", c);
             ch = (lg_channel)k;
         } else if (!strcmp(a, "--max-bytes") && i + 1 < argc) {
             char *end;
             max = strtoull(argv[++i], &end, 10);
-            if (*end || !max) return usage();
+            if (*end || !max || argv[i][0] == '-')
+                return usage("--max-bytes: expected a positive number of bytes, got ", argv[i]);
         } else if (!strcmp(a, "--records")) {
             records = true;
         } else if (!strcmp(a, "--") || a[0] != '-' || !strcmp(a, "-")) {
             break;
+        } else if (!strcmp(a, "--config") || !strcmp(a, "--channel") || !strcmp(a, "--max-bytes")) {
+            return usage("missing value after ", a);
         } else {
-            return usage();
+            return usage("unknown option ", a);
         }
     }
     if (i < argc && !strcmp(argv[i], "--")) i++;
-    if (i >= argc) return usage();
+    if (i >= argc) return usage("no FILE to scan (- reads stdin)", NULL);
 
     lg_config *cfg = config_new_defaults();
     if (config) {

@@ -49,7 +49,9 @@ uint64_t lg_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-int worker_listen_socket(const char *host, int port, char *err, size_t errlen)
+/* A socket bound to host:port, non-blocking, SO_REUSEADDR, and SO_REUSEPORT when `shared`.
+ * Returns it, or -1 with err ("listen HOST:PORT: why"). */
+static int bound_socket(const char *host, int port, bool shared, char *err, size_t errlen)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
@@ -65,13 +67,38 @@ int worker_listen_socket(const char *host, int port, char *err, size_t errlen)
     }
     fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0 ||
-        bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 4096) != 0) {
-        snprintf(err, errlen, "listen %s:%d: %s", host, port, strerror(errno));
+        (shared && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) ||
+        bind(fd, res->ai_addr, res->ai_addrlen) != 0) {
+        if (errno == EADDRINUSE)
+            snprintf(err, errlen,
+                     "listen %s:%d: address already in use: another process (another "
+                     "loopguard?) listens there; stop it or choose another port",
+                     host, port);
+        else
+            snprintf(err, errlen, "listen %s:%d: %s", host, port, strerror(errno));
         if (fd >= 0) close(fd);
         fd = -1;
     }
     freeaddrinfo(res);
+    return fd;
+}
+
+int worker_address_free(const char *host, int port, char *err, size_t errlen)
+{
+    int fd = bound_socket(host, port, false, err, errlen);
+    if (fd < 0) return -1;
+    close(fd);
+    return 0;
+}
+
+int worker_listen_socket(const char *host, int port, char *err, size_t errlen)
+{
+    int fd = bound_socket(host, port, true, err, errlen);
+    if (fd >= 0 && listen(fd, 4096) != 0) {
+        snprintf(err, errlen, "listen %s:%d: %s", host, port, strerror(errno));
+        close(fd);
+        fd = -1;
+    }
     return fd;
 }
 

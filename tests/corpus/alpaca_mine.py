@@ -316,6 +316,10 @@ def label():
                         sys.exit("occurrence %s of %r not found: %s" % (nth, text, line))
                 if kind in LINE_KINDS:
                     start = b.rfind(b"\n", 0, start) + 1
+                elif kind in ("sentence", "paraphrase"):
+                    start = max([b.rfind(b"\n", 0, start) + 1] +
+                                [b.rfind(e, 0, start) + 2 for e in (b". ", b"? ", b"! ")
+                                 if b.rfind(e, 0, start) >= 0])
             else:
                 p, a, run = periodic(b)
                 if not run:
