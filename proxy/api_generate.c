@@ -281,7 +281,16 @@ static char *gen_build(exchange *ex, const rw_opts *o, rw_error *err)
     cJSON *body = dl_json_must(cJSON_Duplicate(ex->req.root, 1));
     if (ex->passthrough) return dl_json_print_free(body); /* a batch: as sent */
     dl_json_set(body, "stream", cJSON_CreateTrue());
-    if (o->rid) dl_json_set(body, "rid", cJSON_CreateString(o->rid));
+    /* The client's own rid is kept (the client may abort by it): as it is on the first
+     * attempt, with "-lg<attempt>" on retries; the exchange aborts by the rid sent. */
+    const cJSON *crid = cJSON_GetObjectItemCaseSensitive(ex->req.root, "rid");
+    if (o->rid && cJSON_IsString(crid) && strlen(crid->valuestring) + 8 < sizeof ex->at.rid) {
+        if (ex->attempt == 1)
+            snprintf(ex->at.rid, sizeof ex->at.rid, "%s", crid->valuestring);
+        else
+            snprintf(ex->at.rid, sizeof ex->at.rid, "%s-lg%u", crid->valuestring, ex->attempt);
+    }
+    if (o->rid) dl_json_set(body, "rid", cJSON_CreateString(ex->at.rid));
     cJSON *sp = cJSON_GetObjectItemCaseSensitive(body, "sampling_params");
     if (!cJSON_IsObject(sp)) {
         sp = dl_json_must(cJSON_CreateObject());

@@ -116,10 +116,13 @@ void ex_set_outcome(exchange *ex, const char *outcome)
 static void send_sglang_abort(exchange *ex)
 {
     lg_worker *w = ex->base.w;
-    char url[2048], body[64];
-    snprintf(body, sizeof body, "{\"rid\":\"%s\"}", ex->at.rid);
+    char url[2048];
+    cJSON *o = dl_json_must(cJSON_CreateObject());
+    dl_json_set(o, "rid", cJSON_CreateString(ex->at.rid));
+    char *body = dl_json_print_free(o);
     snprintf(url, sizeof url, "%s/abort_request", pool_base(w->srv->pool, ex->replica));
     worker_post_detached(w, url, body);
+    free(body);
 }
 
 /* Closes the current attempt's transfer (if any) and frees its per-attempt state. Safe

@@ -59,7 +59,7 @@ typedef struct ex_attempt {
     CURL *easy;
     struct curl_slist *headers;
     char *up_body;
-    char rid[33];
+    char rid[80]; /* SGLang's rid for this attempt ("" when the route takes none) */
     http_head head;
     lg_buf errbody;
     sse_parser *sse;
