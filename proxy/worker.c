@@ -12,10 +12,12 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
@@ -26,6 +28,7 @@
 #include "proxy/admin.h"
 #include "proxy/http.h"
 #include "proxy/route.h"
+#include "proxy/xalloc.h"
 
 enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT };
 
@@ -128,7 +131,6 @@ static void list_push(lg_req *head, lg_req *r)
 void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops,
                      struct MHD_Connection *conn)
 {
-    static uint32_t gen_counter;
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
 
@@ -141,7 +143,7 @@ void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops,
         if (w->shards[i].mhd == di->daemon) r->shard = &w->shards[i];
     r->conn = conn;
     r->client_fd = ci ? ci->connect_fd : -1;
-    r->gen = ++gen_counter; /* per-thread use only: workers never share requests */
+    r->gen = ++w->last_gen;
     r->start_ns = w->now_ns ? w->now_ns : lg_now_ns();
     list_push(&w->live, r);
     w->n_live++;
@@ -221,10 +223,23 @@ static void watch_writable(lg_req *r, bool on)
                  ev_pack(TAG_CLIENT, r->gen, r->client_fd));
 }
 
-bool worker_go_direct(lg_req *r)
+/* The whole pages of buf[0..n) go back to the kernel: a stream's connection pool is
+ * mostly this buffer (max_header_bytes, 16 KiB by default), and between its head and its
+ * end a directly written stream never uses it. madvise(MADV_DONTNEED) on private anonymous
+ * memory (the heap) makes the pages read as zeros when next touched. */
+static void release_pages(char *buf, size_t n)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)buf + page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)buf + n) & ~(uintptr_t)(page - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+bool worker_go_direct(lg_req *r, char *buf, size_t max)
 {
     if (r->client_gone || r->retired || !watched(r)) return false;
     worker_suspend(r);
+    release_pages(buf, max);
     if (!r->nodelay) { /* a token must not wait for the client's delayed ACK */
         int one = 1;
         (void)setsockopt(r->client_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -347,6 +362,19 @@ static bool is_admin_path(const char *url)
     return strncmp(url, "/loopguard/", 11) == 0 || strcmp(url, "/loopguard") == 0;
 }
 
+/* Answers a request refused before any handler took it, counted as the handlers count
+ * theirs: under the endpoint its path would have reached. */
+static enum MHD_Result reject(lg_worker *w, struct MHD_Connection *conn, const char *method,
+                              const char *url, int status, const char *message,
+                              const char *type, const char *code)
+{
+    const lg_api *api = route_api(method, url);
+    metrics_request(w->metrics,
+                    is_admin_path(url) ? LG_EP_ADMIN : api ? api->endpoint : LG_EP_PASSTHROUGH,
+                    status);
+    return http_respond_error(conn, status, message, type, code);
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version, const char *upload,
                                  size_t *upload_size, void **con_cls)
@@ -360,22 +388,22 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         return r->ops->access(r, upload, upload_size);
     }
     if (atomic_load(&w->srv->stopping))
-        return http_respond_error(conn, 503, "loopguard is shutting down", "server_error",
-                                  "shutting_down");
+        return reject(w, conn, method, url, 503, "loopguard is shutting down", "server_error",
+                      "shutting_down");
     /* Only origin-form targets: an absolute-form target must never choose the upstream. */
     if (url[0] != '/')
-        return http_respond_error(conn, 400, "request target must be a path",
-                                  "invalid_request_error", "bad_target");
+        return reject(w, conn, method, url, 400, "request target must be a path",
+                      "invalid_request_error", "bad_target");
     /* With a separate admin listener, each listener answers only its own paths. */
     bool split = w->srv->admin != NULL;
     if (is_admin_path(url) && (!split || w->admin_only))
         return admin_handle(w, conn, url, method);
     if (w->admin_only || is_admin_path(url))
-        return http_respond_error(conn, 404, "not found", "invalid_request_error",
-                                  "not_found");
+        return reject(w, conn, method, url, 404, "not found", "invalid_request_error",
+                      "not_found");
     if (!http_client_authorized(w->srv->cfg, conn))
-        return http_respond_error(conn, 401, "missing or invalid API key",
-                                  "authentication_error", "invalid_api_key");
+        return reject(w, conn, method, url, 401, "missing or invalid API key",
+                      "authentication_error", "invalid_api_key");
 
     r = route_request(w, conn, method, url);
     if (!r) return MHD_NO;
@@ -384,6 +412,44 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
 }
 
 /* ---- libcurl glue ------------------------------------------------------------------ */
+
+/* libcurl's readiness poll. libcurl 7.88 reads a transfer's socket and then, before it
+ * leaves its read loop, asks poll(fd, 0 ms) whether more is pending (transfer.c,
+ * data_pending): at a decode pace one system call per token, as many as the reads. After
+ * a short read the answer is known: a stream socket's recv returns less than it was asked
+ * for only when it took all the socket held. So the executable defines recv and poll,
+ * which take the C library's place for libcurl (an executable's symbols come first):
+ * while the worker runs libcurl for a readable socket, recv notes a short read of that
+ * socket, and the zero-timeout read check that follows is answered "nothing pending"
+ * without a system call. Data that arrives in between is not lost: the worker's epoll is
+ * level-triggered and reports the socket again. Everything else (full reads, other
+ * sockets, writability, libcurl's liveness check of a pooled connection, any call outside
+ * that socket action, other libraries) goes to the kernel as before. Both are defined
+ * under their assembler names because <sys/socket.h> and <poll.h> declare their buffers
+ * write-only, which a definition that reads fds[0] would contradict. */
+static _Thread_local int curl_read_fd = -1; /* the socket of this thread's socket action */
+static _Thread_local bool curl_drained;    /* its last recv was short */
+
+ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags) __asm__("recv");
+ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
+{
+    ssize_t n = recvfrom(fd, buf, len, flags, NULL, NULL);
+    if (fd == curl_read_fd) curl_drained = n > 0 && (size_t)n < len;
+    return n;
+}
+
+int curl_aware_poll(struct pollfd *fds, nfds_t n, int timeout_ms) __asm__("poll");
+int curl_aware_poll(struct pollfd *fds, nfds_t n, int timeout_ms)
+{
+    if (n == 1 && timeout_ms == 0 && curl_drained && fds[0].fd == curl_read_fd &&
+        !(fds[0].events & POLLOUT)) {
+        curl_drained = false;
+        fds[0].revents = 0;
+        return 0;
+    }
+    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+    return ppoll(fds, n, timeout_ms < 0 ? NULL : &ts, NULL);
+}
 
 static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 {
@@ -396,12 +462,36 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
         return 0;
     }
     uint32_t ev = (what & CURL_POLL_IN ? EPOLLIN : 0) | (what & CURL_POLL_OUT ? EPOLLOUT : 0);
+    uint64_t data = ev_pack(TAG_CURL_SOCK, 0, s);
     int op = socketp ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
-    if (ep_ctl(w, op, s, ev, ev_pack(TAG_CURL_SOCK, 0, s)) != 0 && op == EPOLL_CTL_ADD &&
-        errno == EEXIST)
-        (void)ep_ctl(w, EPOLL_CTL_MOD, s, ev, ev_pack(TAG_CURL_SOCK, 0, s));
+    /* The fd may already be (ADD: EEXIST) or no longer be (MOD: ENOENT) in the set. */
+    if (ep_ctl(w, op, s, ev, data) != 0 &&
+        (errno != (op == EPOLL_CTL_ADD ? EEXIST : ENOENT) ||
+         ep_ctl(w, op == EPOLL_CTL_ADD ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, s, ev, data) != 0)) {
+        /* Not watched (ENOMEM, ENOSPC: fs.epoll.max_user_watches), the transfer would wait
+         * for its timeout: it fails now instead (fail_unwatched). Returning -1 would make
+         * libcurl fail every transfer of the worker. */
+        fprintf(stderr, "loopguard: worker %d: cannot watch an upstream socket: %s\n", w->id,
+                strerror(errno));
+        if (easy) {
+            w->unwatched = lg_xrealloc(w->unwatched, (w->n_unwatched + 1) * sizeof *w->unwatched);
+            w->unwatched[w->n_unwatched++] = easy;
+        }
+        return 0;
+    }
     curl_multi_assign(w->multi, s, (void *)1);
     return 0;
+}
+
+/* Ends the transfers whose socket could not be watched (on_curl_socket) as failed. */
+static void fail_unwatched(lg_worker *w)
+{
+    while (w->n_unwatched) {
+        CURL *easy = w->unwatched[--w->n_unwatched];
+        lg_xfer *x = NULL;
+        curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+        if (x && x->done) x->done(x, CURLE_ABORTED_BY_CALLBACK);
+    }
 }
 
 static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp)
@@ -432,6 +522,7 @@ static void drain_curl_messages(lg_worker *w)
 {
     CURLMsg *msg;
     int left;
+    fail_unwatched(w);
     while ((msg = curl_multi_info_read(w->multi, &left))) {
         if (msg->msg != CURLMSG_DONE) continue;
         lg_xfer *x = NULL;
@@ -442,6 +533,31 @@ static void drain_curl_messages(lg_worker *w)
     }
 }
 
+/* A transfer's handle is reused rather than made anew: curl_easy_init allocates and sets
+ * up about 5 KiB, and the first transfer on it its read buffer; a kept handle has both.
+ * curl_easy_reset returns its options to libcurl's defaults, so a kept handle starts a
+ * transfer exactly as a new one would. */
+CURL *worker_easy_get(lg_worker *w)
+{
+    CURL *e;
+    if (w->n_spare) {
+        e = w->spare[--w->n_spare];
+        curl_easy_reset(e);
+    } else {
+        e = curl_easy_init();
+        if (!e) abort();
+    }
+    return e;
+}
+
+void worker_easy_put(lg_worker *w, CURL *easy)
+{
+    if (w->n_spare < WORKER_SPARE_EASY)
+        w->spare[w->n_spare++] = easy;
+    else
+        curl_easy_cleanup(easy);
+}
+
 int worker_add_xfer(lg_worker *w, CURL *easy)
 {
     return curl_multi_add_handle(w->multi, easy) == CURLM_OK ? 0 : -1;
@@ -449,6 +565,11 @@ int worker_add_xfer(lg_worker *w, CURL *easy)
 
 void worker_remove_xfer(lg_worker *w, CURL *easy)
 {
+    for (size_t i = 0; i < w->n_unwatched;)
+        if (w->unwatched[i] == easy)
+            w->unwatched[i] = w->unwatched[--w->n_unwatched];
+        else
+            i++;
     curl_multi_remove_handle(w->multi, easy);
 }
 
@@ -492,14 +613,12 @@ static void detached_done(lg_xfer *x, CURLcode rc)
 
 void worker_post_detached(lg_worker *w, const char *url, const char *json)
 {
-    lg_detached *d = calloc(1, sizeof *d);
-    if (!d) abort();
+    lg_detached *d = lg_xcalloc(1, sizeof *d);
     d->w = w;
     d->xfer = (lg_xfer){.done = detached_done, .owner = d};
-    d->body = strdup(json);
-    d->headers = curl_slist_append(NULL, "Content-Type: application/json");
-    d->easy = curl_easy_init();
-    if (!d->body || !d->headers || !d->easy) abort();
+    d->body = lg_xstrdup(json);
+    d->headers = lg_xcheck(curl_slist_append(NULL, "Content-Type: application/json"));
+    d->easy = lg_xcheck(curl_easy_init());
     curl_easy_setopt(d->easy, CURLOPT_URL, url);
     curl_easy_setopt(d->easy, CURLOPT_PRIVATE, &d->xfer);
     curl_easy_setopt(d->easy, CURLOPT_HTTPHEADER, d->headers);
@@ -649,7 +768,10 @@ static void *worker_main(void *arg)
                 int flags = (evs[i].events & EPOLLIN ? CURL_CSELECT_IN : 0) |
                             (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
                             (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
+                curl_read_fd = flags & CURL_CSELECT_IN ? fd : -1;
                 curl_multi_socket_action(w->multi, fd, flags, &running);
+                curl_read_fd = -1;
+                curl_drained = false;
                 break;
             }
             case TAG_CLIENT: {
@@ -730,8 +852,7 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
 {
     const lg_config *cfg = srv->cfg;
     size_t taken = 0; /* fds[0..taken) are the shards' or closed */
-    lg_worker *w = calloc(1, sizeof *w);
-    if (!w) abort();
+    lg_worker *w = lg_xcalloc(1, sizeof *w);
     w->srv = srv;
     w->id = id;
     w->live.prev = w->live.next = &w->live;
@@ -805,11 +926,13 @@ void worker_free(lg_worker *w)
     for (size_t i = 0; i < w->n_shards; i++) MHD_stop_daemon(w->shards[i].mhd);
     bury_the_dead(w);
     while (w->detached) detached_free(w->detached);
+    while (w->n_spare) curl_easy_cleanup(w->spare[--w->n_spare]);
     if (w->multi) curl_multi_cleanup(w->multi);
     if (w->epfd >= 0) close(w->epfd);
     if (w->curl_timerfd >= 0) close(w->curl_timerfd);
     if (w->wake_fd >= 0) close(w->wake_fd);
     metrics_free(w->metrics);
+    free(w->unwatched);
     free(w->fdmap);
     free(w);
 }

@@ -317,9 +317,12 @@ def label():
                 if kind in LINE_KINDS:
                     start = b.rfind(b"\n", 0, start) + 1
                 elif kind in ("sentence", "paraphrase"):
-                    start = max([b.rfind(b"\n", 0, start) + 1] +
-                                [b.rfind(e, 0, start) + 2 for e in (b". ", b"? ", b"! ")
-                                 if b.rfind(e, 0, start) >= 0])
+                    # Back to the sentence's start, unless the text is one long run-on line.
+                    back = max([b.rfind(b"\n", 0, start) + 1] +
+                               [b.rfind(e, 0, start) + 2 for e in (b". ", b"? ", b"! ")
+                                if b.rfind(e, 0, start) >= 0])
+                    if start - back <= 300:
+                        start = back
             else:
                 p, a, run = periodic(b)
                 if not run:
