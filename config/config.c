@@ -884,6 +884,8 @@ static const key_spec config_keys[] = {
     C_UINT("eject.min_requests", eject.min_requests, 1, 1000000),
     C_UINT("eject.window_s", eject.window_s, 1, 86400),
     C_UINT("eject.backoff_ms", eject.backoff_ms, 100, MS_DAY),
+    C_OBJ("log"),
+    C_STR("log.access", log.access, true, check_nonempty),
     {0},
 };
 
@@ -1279,6 +1281,7 @@ void config_free(lg_config *cfg)
     free(cfg->incidents.path);
     free(cfg->admin.listen);
     free(cfg->admin.token);
+    free(cfg->log.access);
     free_strv(cfg->api_keys, cfg->n_api_keys);
     free(cfg->health.path);
     free(cfg);

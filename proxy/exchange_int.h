@@ -92,6 +92,7 @@ typedef struct ex_client {
     bool ended; /* everything is in `out` (the stream's last event included) */
     lg_fifo out;
     uint64_t out_since_ns, last_out_ns;
+    uint64_t first_out_ns; /* the stream's first bytes queued (the access log's TTFT) */
     lg_buf sent[LG_CH_COUNT]; /* released to the client, all attempts */
     int final_status;
     char *final_body;
@@ -158,6 +159,7 @@ static inline void out_append(exchange *ex, const char *s, size_t n)
 {
     if (!ex->req.client_stream || ex->cl.ended) return;
     if (lg_fifo_len(&ex->cl.out) == 0) ex->cl.out_since_ns = ex->base.w->now_ns;
+    if (!ex->cl.first_out_ns) ex->cl.first_out_ns = ex->base.w->now_ns;
     lg_fifo_append(&ex->cl.out, s, n);
     worker_output(&ex->base);
 }

@@ -25,6 +25,7 @@
 #include <microhttpd.h>
 
 #include "config/config.h"
+#include "proxy/accesslog.h"
 #include "proxy/incident.h"
 #include "proxy/scan.h"
 #include "proxy/upstream.h"
@@ -230,8 +231,9 @@ static void serve_signals(lg_server *srv, const sigset_t *set)
     for (;;) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         int sig = sigtimedwait(set, NULL, &ts);
-        if (sig == SIGHUP && srv->incidents) {
-            incident_log_reopen(srv->incidents);
+        if (sig == SIGHUP) {
+            if (srv->incidents) incident_log_reopen(srv->incidents);
+            if (srv->access) incident_log_reopen(srv->access);
         } else if (sig == SIGTERM || sig == SIGINT) {
             if (atomic_load(&srv->draining)) {
                 atomic_store(&srv->stopping, true); /* a second signal: stop now */
@@ -288,6 +290,11 @@ int main(int argc, char **argv)
                                       cfg->incidents.max_record_bytes, err, sizeof err);
     if (!srv.incidents) {
         fprintf(stderr, "loopguard: %s\n", err);
+        return 1;
+    }
+    if (accesslog_open(cfg->log.access, &srv.access, err, sizeof err) != 0) {
+        fprintf(stderr, "loopguard: %s\n", err);
+        incident_log_close(srv.incidents);
         return 1;
     }
     srv.pool = pool_new(cfg);
@@ -352,6 +359,7 @@ out:
     free(srv.workers);
     pool_free(srv.pool);
     incident_log_close(srv.incidents);
+    incident_log_close(srv.access);
     curl_global_cleanup();
     config_free(cfg);
     return rc;

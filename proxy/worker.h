@@ -58,6 +58,7 @@ typedef struct lg_pool lg_pool;
 typedef struct lg_server {
     const lg_config *cfg;
     incident_log *incidents;
+    incident_log *access; /* log.access (accesslog.h); NULL when off */
     lg_pool *pool;
     lg_worker **workers;
     size_t n_workers;
@@ -116,6 +117,7 @@ struct lg_req {
 typedef struct lg_xfer {
     void (*done)(struct lg_xfer *x, CURLcode rc);
     void *owner;
+    long os_errno; /* CURLINFO_OS_ERRNO when the transfer ended: why a connect failed */
 } lg_xfer;
 
 /* One libmicrohttpd daemon of a worker. */

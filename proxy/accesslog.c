@@ -1,0 +1,100 @@
+/* accesslog.c — see accesslog.h. */
+#include "proxy/accesslog.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cJSON.h>
+
+#include "proxy/exchange_int.h"
+#include "proxy/upstream.h"
+
+#define ACCESS_LINE_MAX 65536
+
+int accesslog_open(const char *spec, incident_log **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!spec || !strcmp(spec, "off")) return 0;
+    const char *path = strcmp(spec, "stderr") ? spec : "/dev/stderr";
+    char why[400];
+    *out = incident_log_open(path, 0, ACCESS_LINE_MAX, why, sizeof why);
+    if (*out) return 0;
+    snprintf(err, errlen, "log.access: %s", why);
+    return -1;
+}
+
+static void add_string_or_null(cJSON *o, const char *k, const char *v)
+{
+    if (v)
+        cJSON_AddStringToObject(o, k, v);
+    else
+        cJSON_AddNullToObject(o, k);
+}
+
+static void add_count_or_null(cJSON *o, const char *k, int64_t v)
+{
+    if (v >= 0)
+        cJSON_AddNumberToObject(o, k, (double)v);
+    else
+        cJSON_AddNullToObject(o, k);
+}
+
+void accesslog_write(incident_log *log, const access_entry *e)
+{
+    if (!log) return;
+    char ts[40];
+    struct timespec now;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &now);
+    gmtime_r(&now.tv_sec, &tm);
+    size_t k = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(ts + k, sizeof ts - k, ".%03ldZ", now.tv_nsec / 1000000);
+    cJSON *o = cJSON_CreateObject();
+    if (!o) abort();
+    cJSON_AddStringToObject(o, "ts", ts);
+    add_string_or_null(o, "id", e->id);
+    char route[1024]; /* a relayed path's query may carry secrets: never logged */
+    if (e->route) snprintf(route, sizeof route, "%.*s", (int)strcspn(e->route, "?"), e->route);
+    add_string_or_null(o, "route", e->route ? route : NULL);
+    cJSON_AddNumberToObject(o, "status", e->status);
+    add_string_or_null(o, "model", e->model);
+    add_string_or_null(o, "upstream", e->upstream);
+    cJSON_AddNumberToObject(o, "attempts", e->attempts);
+    cJSON_AddNumberToObject(o, "trips", e->trips);
+    add_count_or_null(o, "tokens", e->tokens);
+    if (e->ttft_us >= 0)
+        cJSON_AddNumberToObject(o, "ttft_ms", (double)e->ttft_us / 1000.0);
+    else
+        cJSON_AddNullToObject(o, "ttft_ms");
+    cJSON_AddNumberToObject(o, "duration_ms", (double)e->duration_us / 1000.0);
+    add_string_or_null(o, "outcome", e->outcome);
+    char *line = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!line) abort();
+    incident_log_submit(log, line);
+}
+
+void accesslog_exchange(const exchange *ex)
+{
+    lg_worker *w = ex->base.w;
+    if (!w->srv->access) return;
+    uint64_t start = ex->base.start_ns, now = lg_now_ns();
+    int status = ex->cl.final_status ? ex->cl.final_status : ex->cl.queued ? 200 : 0;
+    accesslog_write(w->srv->access,
+                    &(access_entry){
+                        .route = ex->api->route,
+                        .status = status,
+                        .model = ex->req.model,
+                        .upstream = ex->attempt ? pool_base(w->srv->pool, ex->replica) : NULL,
+                        .attempts = ex->attempt,
+                        .trips = ex->rec.trips,
+                        .tokens = ex->attempt ? (int64_t)ex->at.tokens : -1,
+                        .ttft_us = ex->cl.first_out_ns > start
+                                       ? (int64_t)(ex->cl.first_out_ns - start) / 1000
+                                       : -1,
+                        .duration_us = now > start ? (now - start) / 1000 : 0,
+                        .id = ex->id,
+                        .outcome = ex->rec.trips ? ex->rec.outcome : NULL,
+                    });
+}
