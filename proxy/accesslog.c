@@ -8,6 +8,7 @@
 #include <cJSON.h>
 
 #include "proxy/exchange_int.h"
+#include "proxy/series.h"
 #include "proxy/upstream.h"
 
 #define ACCESS_LINE_MAX 65536
@@ -75,12 +76,28 @@ void accesslog_write(incident_log *log, const access_entry *e)
     incident_log_submit(log, line);
 }
 
+/* What the loops of ex would have cost had they run to max_tokens: each cut attempt's
+ * max_tokens less what it generated (0 when the request set no max_tokens). */
+static uint64_t tokens_saved(const exchange *ex)
+{
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(ex->req.root, "max_tokens");
+    if (!cJSON_IsNumber(mt))
+        mt = cJSON_GetObjectItemCaseSensitive(ex->req.root, "max_completion_tokens");
+    if (!ex->rec.trips || !cJSON_IsNumber(mt) || mt->valuedouble <= 0) return 0;
+    double cost = (double)ex->rec.trips * mt->valuedouble;
+    return cost > (double)ex->rec.cut_tokens ? (uint64_t)cost - ex->rec.cut_tokens : 0;
+}
+
 void accesslog_exchange(const exchange *ex)
 {
     lg_worker *w = ex->base.w;
+    int status = ex->cl.final_status ? ex->cl.final_status : ex->cl.queued ? 200 : 0;
+    series_add(w->srv->series,
+               &(series_point){ex->req.model, ex->api->route, status, ex->rec.trips,
+                               ex->rec.trips ? ex->rec.outcome : NULL, tokens_saved(ex)},
+               (uint64_t)time(NULL));
     if (!w->srv->access) return;
     uint64_t start = ex->base.start_ns, now = lg_now_ns();
-    int status = ex->cl.final_status ? ex->cl.final_status : ex->cl.queued ? 200 : 0;
     accesslog_write(w->srv->access,
                     &(access_entry){
                         .route = ex->api->route,

@@ -34,7 +34,8 @@ int accesslog_open(const char *spec, incident_log **out, char *err, size_t errle
 /* Submits one line. No-op when log is NULL. Thread-safe, never blocks on the disk. */
 void accesslog_write(incident_log *log, const access_entry *e);
 
-/* The line of a finished guarded exchange (what it knows at its destroy). */
+/* Records a finished guarded exchange (what it knows at its destroy): its access log line,
+ * and its counts in the status page's per-minute series (series.h). */
 void accesslog_exchange(const struct exchange *ex);
 
 #endif

@@ -274,6 +274,7 @@ static void after_trip(exchange *ex)
     ex->rec.trips++;
     metrics_trip(w->metrics, ex->replica, ex->at.verdict_detector, (int)v->channel);
     metrics_aborted_tokens(w->metrics, ex->at.tokens);
+    ex->rec.cut_tokens += ex->at.tokens;
     if (pool_report_generation(w->srv->pool, ex->replica, true))
         metrics_ejection(w->metrics, ex->replica);
     if (!ex->rec.excerpt) {

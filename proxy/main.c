@@ -28,6 +28,7 @@
 #include "proxy/accesslog.h"
 #include "proxy/incident.h"
 #include "proxy/scan.h"
+#include "proxy/series.h"
 #include "proxy/upstream.h"
 #include "proxy/worker.h"
 
@@ -298,6 +299,7 @@ int main(int argc, char **argv)
         return 1;
     }
     srv.pool = pool_new(cfg);
+    srv.series = series_new();
     srv.workers = calloc(srv.n_workers, sizeof *srv.workers);
     if (!srv.workers) abort();
 
@@ -358,6 +360,7 @@ out:
     for (size_t i = 0; i < srv.n_workers; i++) worker_free(srv.workers[i]);
     free(srv.workers);
     pool_free(srv.pool);
+    series_free(srv.series);
     incident_log_close(srv.incidents);
     incident_log_close(srv.access);
     curl_global_cleanup();

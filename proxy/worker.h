@@ -59,6 +59,7 @@ typedef struct lg_server {
     const lg_config *cfg;
     incident_log *incidents;
     incident_log *access; /* log.access (accesslog.h); NULL when off */
+    struct series *series; /* the status page's per-minute counts (series.h) */
     lg_pool *pool;
     lg_worker **workers;
     size_t n_workers;
