@@ -10,6 +10,7 @@
 #include "proxy/exchange_int.h"
 #include "proxy/series.h"
 #include "proxy/upstream.h"
+#include "proxy/xalloc.h"
 
 #define ACCESS_LINE_MAX 65536
 
@@ -51,8 +52,7 @@ void accesslog_write(incident_log *log, const access_entry *e)
     gmtime_r(&now.tv_sec, &tm);
     size_t k = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
     snprintf(ts + k, sizeof ts - k, ".%03ldZ", now.tv_nsec / 1000000);
-    cJSON *o = cJSON_CreateObject();
-    if (!o) abort();
+    cJSON *o = lg_xcheck(cJSON_CreateObject());
     cJSON_AddStringToObject(o, "ts", ts);
     add_string_or_null(o, "id", e->id);
     char route[1024]; /* a relayed path's query may carry secrets: never logged */
@@ -70,9 +70,8 @@ void accesslog_write(incident_log *log, const access_entry *e)
         cJSON_AddNullToObject(o, "ttft_ms");
     cJSON_AddNumberToObject(o, "duration_ms", (double)e->duration_us / 1000.0);
     add_string_or_null(o, "outcome", e->outcome);
-    char *line = cJSON_PrintUnformatted(o);
+    char *line = lg_xcheck(cJSON_PrintUnformatted(o));
     cJSON_Delete(o);
-    if (!line) abort();
     incident_log_submit(log, line);
 }
 

@@ -10,6 +10,7 @@
 
 #include "proxy/http.h"
 #include "proxy/upstream.h"
+#include "proxy/xalloc.h"
 
 static bool admin_authorized(const lg_config *cfg, struct MHD_Connection *conn)
 {
@@ -24,8 +25,7 @@ static char *extra_metrics(lg_server *srv)
     incident_stats st = {0};
     char *buf = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (!f) abort();
+    FILE *f = lg_xcheck(open_memstream(&buf, &len));
     if (srv->incidents) incident_log_stats(srv->incidents, &st);
     fprintf(f, "# HELP loopguard_incidents_total Incident records by fate.\n"
                "# TYPE loopguard_incidents_total counter\n"
@@ -50,45 +50,59 @@ static char *extra_metrics(lg_server *srv)
     return buf;
 }
 
-enum MHD_Result admin_handle(lg_worker *w, struct MHD_Connection *conn, const char *url,
-                             const char *method)
+/* Answers one admin request; returns the status it answered with (for the count). */
+static int admin_answer(lg_worker *w, struct MHD_Connection *conn, const char *url,
+                        const char *method, enum MHD_Result *rc)
 {
     lg_server *srv = w->srv;
-    enum MHD_Result rc;
     char *body = NULL;
+    int status = 200;
 
     /* Health stays open: probes and load balancers rarely carry a token. */
     bool health = strcmp(url, "/loopguard/health") == 0;
-    if (!health && !admin_authorized(srv->cfg, conn))
-        return http_respond_error(conn, 401, "admin token required", "authentication_error",
-                                  "invalid_admin_token");
-    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
-        return http_respond_error(conn, 405, "admin endpoints answer GET only",
-                                  "invalid_request_error", "method_not_allowed");
-    metrics_request(w->metrics, LG_EP_ADMIN, 200);
-    if (strcmp(url, "/loopguard/health") == 0) {
-        bool draining = atomic_load(&srv->draining);
-        return http_respond_json(conn, draining ? 503 : 200,
-                                 draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}");
+    if (!health && !admin_authorized(srv->cfg, conn)) {
+        *rc = http_respond_error(conn, 401, "admin token required", "authentication_error",
+                                 "invalid_admin_token");
+        return 401;
     }
-    if (strcmp(url, "/loopguard/metrics") == 0) {
-        lg_metrics *ms[256];
-        size_t n = srv->n_workers < 256 ? srv->n_workers : 256;
-        for (size_t i = 0; i < n; i++) ms[i] = srv->workers[i]->metrics;
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        *rc = http_respond_error(conn, 405, "admin endpoints answer GET only",
+                                 "invalid_request_error", "method_not_allowed");
+        return 405;
+    }
+    if (health) {
+        bool draining = atomic_load(&srv->draining);
+        status = draining ? 503 : 200;
+        *rc = http_respond_json(conn, status,
+                                draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}");
+    } else if (strcmp(url, "/loopguard/metrics") == 0) {
+        lg_metrics **ms = lg_xcalloc(srv->n_workers, sizeof *ms);
+        for (size_t i = 0; i < srv->n_workers; i++) ms[i] = srv->workers[i]->metrics;
         char *extra = extra_metrics(srv);
-        body = metrics_render(ms, n, pool_names(srv->pool), pool_size(srv->pool), extra);
+        body = metrics_render(ms, srv->n_workers, pool_names(srv->pool), pool_size(srv->pool),
+                              extra);
         free(extra);
-        rc = http_respond_text(conn, 200, "text/plain; version=0.0.4; charset=utf-8", body);
+        free(ms);
+        *rc = http_respond_text(conn, 200, "text/plain; version=0.0.4; charset=utf-8", body);
     } else if (strcmp(url, "/loopguard/incidents") == 0) {
-        body = srv->incidents ? incident_log_recent_json(srv->incidents) : strdup("[]");
-        rc = http_respond_json(conn, 200, body);
+        body = srv->incidents ? incident_log_recent_json(srv->incidents) : lg_xstrdup("[]");
+        *rc = http_respond_json(conn, 200, body);
     } else if (strcmp(url, "/loopguard/upstreams") == 0) {
         body = pool_json(srv->pool);
-        rc = http_respond_json(conn, 200, body);
+        *rc = http_respond_json(conn, 200, body);
     } else {
-        rc = http_respond_error(conn, 404, "no such loopguard endpoint",
-                                "invalid_request_error", "not_found");
+        status = 404;
+        *rc = http_respond_error(conn, 404, "no such loopguard endpoint",
+                                 "invalid_request_error", "not_found");
     }
     free(body);
+    return status;
+}
+
+enum MHD_Result admin_handle(lg_worker *w, struct MHD_Connection *conn, const char *url,
+                             const char *method)
+{
+    enum MHD_Result rc;
+    metrics_request(w->metrics, LG_EP_ADMIN, admin_answer(w, conn, url, method, &rc));
     return rc;
 }

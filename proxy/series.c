@@ -9,6 +9,8 @@
 
 #include <cJSON.h>
 
+#include "proxy/xalloc.h"
+
 typedef struct bucket {
     uint64_t minute; /* epoch minute this bucket counts; 0: never used */
     uint64_t requests, errors, trips, recovered, failed, tokens_saved;
@@ -27,8 +29,7 @@ struct series {
 
 series *series_new(void)
 {
-    series *s = calloc(1, sizeof *s);
-    if (!s) abort();
+    series *s = lg_xcalloc(1, sizeof *s);
     pthread_mutex_init(&s->mu, NULL);
     return s;
 }
@@ -54,9 +55,8 @@ static key *find_key(series *s, const char *model, const char *route)
     if (s->n == SERIES_KEYS) return &s->keys[SERIES_KEYS - 1];
     if (s->n == SERIES_KEYS - 1) model = "(other)", route = "(any)";
     key *k = &s->keys[s->n++];
-    k->model = strdup(model);
-    k->route = strdup(route);
-    if (!k->model || !k->route) abort();
+    k->model = lg_xstrdup(model);
+    k->route = lg_xstrdup(route);
     return k;
 }
 
@@ -79,8 +79,7 @@ void series_add(series *s, const series_point *p, uint64_t now_s)
 char *series_json(series *s, uint64_t now_s)
 {
     uint64_t minute = now_s / 60;
-    cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
-    if (!root || !arr) abort();
+    cJSON *root = lg_xcheck(cJSON_CreateObject()), *arr = lg_xcheck(cJSON_CreateArray());
     cJSON_AddNumberToObject(root, "minute_s", 60);
     cJSON_AddNumberToObject(root, "now", (double)now_s);
     cJSON_AddNumberToObject(root, "minutes", SERIES_MINUTES);
@@ -108,8 +107,7 @@ char *series_json(series *s, uint64_t now_s)
         cJSON_AddItemToArray(arr, o);
     }
     pthread_mutex_unlock(&s->mu);
-    char *out = cJSON_PrintUnformatted(root);
+    char *out = lg_xcheck(cJSON_PrintUnformatted(root));
     cJSON_Delete(root);
-    if (!out) abort();
     return out;
 }

@@ -16,6 +16,7 @@ It exits 1 when a target of the guard issue is missed (TARGETS below), 0 when al
 --report prints the same and always exits 0 unless it cannot measure.
 
 Options: --report, --misses (list every missed loop), --config FILE (passed to scan),
+--json FILE (the same figures and lists, machine-readable, for threshold sweeps),
 --labels FILE, --corpus DIR. Environment: LOOPGUARD_BIN (default build/loopguard),
 ALPACA_CORPUS (the corpus directory). Python 3 standard library only.
 """
@@ -102,6 +103,7 @@ def main():
     ap.add_argument("--report", action="store_true", help="print only; exit 0 even when targets are missed")
     ap.add_argument("--misses", action="store_true", help="list every missed loop")
     ap.add_argument("--config", help="guard config passed to loopguard scan --config")
+    ap.add_argument("--json", help="also write the figures and lists to this file as JSON")
     ap.add_argument("--labels", default=DEFAULT_LABELS)
     ap.add_argument("--corpus", default=os.environ.get("ALPACA_CORPUS", DEFAULT_CORPUS))
     args = ap.parse_args()
@@ -217,6 +219,30 @@ def main():
         failed.append("%d false trips on strong models > 0" % len(strong_ft))
     if rate > TARGETS["false_trip_rate"]:
         failed.append("false-trip rate 1 in %d > 1 in 2000" % (clean_total / len(false_trips)))
+    if args.json:
+        summary = {
+            "degenerate": degenerate,
+            "caught": len(caught),
+            "recall": recall,
+            "median_bytes": med if delays else None,
+            "p90_bytes": q90 if delays else None,
+            "kinds": {k: {"loops": n, "caught": c,
+                          "median_bytes": statistics.median(ds) if ds else None,
+                          "p90_bytes": p90(ds) if ds else None}
+                      for k, (n, c, ds) in sorted(by_kind.items())},
+            "caught_loops": [{"generator": l["generator"], "index": l["index"], "kind": l["kind"],
+                              "detector": v["detector"], "bytes_to_trip": d} for l, v, d in caught],
+            "missed_loops": [{"generator": l["generator"], "index": l["index"], "kind": l["kind"]}
+                             for l, v in missed],
+            "clean": clean_total,
+            "false_trips": [{"generator": g, "index": i, "strong": g in STRONG, "detector": v["detector"],
+                             "at_byte": v["at_byte"], "unit": v["unit"], "look_alike": bool(l)}
+                            for g, i, l, v in false_trips],
+            "false_trip_rate": rate,
+            "missed_targets": failed,
+        }
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(summary, f, ensure_ascii=False, indent=1)
     print("\ntargets: " + ("all met" if not failed else "MISSED: " + "; ".join(failed)))
     if failed and args.report:
         print("(report only: --report given, exit status 0)")

@@ -316,6 +316,13 @@ def label():
                         sys.exit("occurrence %s of %r not found: %s" % (nth, text, line))
                 if kind in LINE_KINDS:
                     start = b.rfind(b"\n", 0, start) + 1
+                elif kind in ("sentence", "paraphrase"):
+                    # Back to the sentence's start, unless the text is one long run-on line.
+                    back = max([b.rfind(b"\n", 0, start) + 1] +
+                               [b.rfind(e, 0, start) + 2 for e in (b". ", b"? ", b"! ")
+                                if b.rfind(e, 0, start) >= 0])
+                    if start - back <= 300:
+                        start = back
             else:
                 p, a, run = periodic(b)
                 if not run:
