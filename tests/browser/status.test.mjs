@@ -62,7 +62,7 @@ describe('status page', () => {
         page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
         page.on('requestfailed', (r) => problems.push(`request failed: ${r.url()}`));
         page.on('response', (r) => r.status() >= 400 && problems.push(`HTTP ${r.status()}: ${r.url()}`));
-        await page.setViewport({ width: 1200, height: 900 });
+        await page.setViewport({ width: 1100, height: 640 });
         await page.goto(`http://127.0.0.1:${adminPort}/loopguard/#token=${TOKEN}`, { waitUntil: 'load' });
         await page.waitForSelector('.incident .excerpt mark.start', { timeout: 15000 });
 
