@@ -269,7 +269,7 @@ if problems:
 print("demo OK: the loop was cut after %d tokens and the client got a clean answer." %
       (gen_with[0]["tokens_sent"] if gen_with else -1))
 PY
-echo "Status page of this run (the incident above, the trips, the upstream): $lg/loopguard/"
+echo "Status page of this run (incident, trips, upstream): $lg/loopguard/"
 if [ -t 0 ] && [ -t 1 ]; then
     # Interactive: keep the demo's loopguard up so the page can be opened.
     read -r -p "Open it now; press Enter to stop the demo. " _ || true

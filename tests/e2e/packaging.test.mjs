@@ -527,6 +527,7 @@ describe('make demo', () => {
         assert.match(out, /"outcome": "recovered"/);
         assert.match(out, /loopguard_trips_total\{[^}]*\} [1-9]/);
         assert.match(out, /^demo OK/m);
+        assert.match(out, /^Status page of this run .*: http:\/\/127\.0\.0\.1:\d+\/loopguard\/$/m);
         // Readable in a 100-column terminal (the pretty-printed incident aside).
         const prose = out.split('\n').filter((l) => !/^\s*("|[{}\]])/.test(l));
         for (const l of prose) assert.ok([...l].length <= 100, `line over 100 columns: ${l}`);
