@@ -49,6 +49,9 @@ static char *extra_metrics(lg_server *srv)
     char *pool = pool_metrics_text(srv->pool);
     fputs(pool, f);
     free(pool);
+    char *models = series_metrics_text(srv->series);
+    fputs(models, f);
+    free(models);
     fclose(f);
     return buf;
 }

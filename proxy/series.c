@@ -4,6 +4,8 @@
 #include "proxy/series.h"
 
 #include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +21,7 @@ typedef struct bucket {
 typedef struct key {
     char *model, *route;
     bucket b[SERIES_MINUTES];
+    bucket total; /* since start: the loopguard_model_* counters */
 } key;
 
 struct series {
@@ -67,13 +70,69 @@ void series_add(series *s, const series_point *p, uint64_t now_s)
     key *k = find_key(s, p->model ? p->model : "(none)", p->route ? p->route : "(none)");
     bucket *b = &k->b[minute % SERIES_MINUTES];
     if (b->minute != minute) *b = (bucket){.minute = minute};
-    b->requests++;
-    b->errors += p->status >= 500 || p->status == 0;
-    b->trips += p->trips;
-    b->recovered += p->outcome && !strcmp(p->outcome, "recovered");
-    b->failed += p->outcome && !strcmp(p->outcome, "failed");
-    b->tokens_saved += p->tokens_saved;
+    for (bucket *c = b; c; c = c == b ? &k->total : NULL) {
+        c->requests++;
+        c->errors += p->status >= 500 || p->status == 0;
+        c->trips += p->trips;
+        c->recovered += p->outcome && !strcmp(p->outcome, "recovered");
+        c->failed += p->outcome && !strcmp(p->outcome, "failed");
+        c->tokens_saved += p->tokens_saved;
+    }
     pthread_mutex_unlock(&s->mu);
+}
+
+/* Writes v as a Prometheus label value (backslash, quote and newline escaped). */
+static void put_label(FILE *f, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"')
+            fprintf(f, "\\%c", *v);
+        else if (*v == '\n')
+            fputs("\\n", f);
+        else
+            fputc(*v, f);
+    }
+}
+
+char *series_metrics_text(series *s)
+{
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+    } fam[] = {
+        {"requests_total", "counter", "Guarded requests finished, by model and route.",
+         offsetof(bucket, requests)},
+        {"errors_total", "counter", "Guarded requests answered 5xx or not at all.",
+         offsetof(bucket, errors)},
+        {"trips_total", "counter", "Guard trips, by model and route.", offsetof(bucket, trips)},
+        {"recovered_total", "counter", "Exchanges that tripped and recovered on a retry.",
+         offsetof(bucket, recovered)},
+        {"exhausted_total", "counter", "Exchanges that tripped on every attempt.",
+         offsetof(bucket, failed)},
+        {"tokens_saved_total", "counter",
+         "max_tokens less the tokens generated, summed over the attempts that were cut.",
+         offsetof(bucket, tokens_saved)},
+    };
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = lg_xcheck(open_memstream(&buf, &len));
+    pthread_mutex_lock(&s->mu);
+    for (size_t m = 0; m < sizeof fam / sizeof *fam; m++) {
+        fprintf(f, "# HELP loopguard_model_%s %s\n# TYPE loopguard_model_%s %s\n", fam[m].name,
+                fam[m].help, fam[m].name, fam[m].type);
+        for (size_t i = 0; i < s->n; i++) {
+            fprintf(f, "loopguard_model_%s{model=\"", fam[m].name);
+            put_label(f, s->keys[i].model);
+            fputs("\",route=\"", f);
+            put_label(f, s->keys[i].route);
+            fprintf(f, "\"} %llu\n",
+                    (unsigned long long)*(const uint64_t *)((const char *)&s->keys[i].total +
+                                                            fam[m].off));
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    fclose(f);
+    return buf;
 }
 
 char *series_json(series *s, uint64_t now_s)

@@ -31,6 +31,10 @@ typedef struct series_point {
 /* Counts one finished exchange in the minute of `now_s` (wall clock). Thread-safe. */
 void series_add(series *s, const series_point *p, uint64_t now_s);
 
+/* The since-start totals per (model, route) as Prometheus text: loopguard_model_
+ * {requests,errors,trips,recovered,exhausted,tokens_saved}_total{model,route}. malloc'd. */
+char *series_metrics_text(series *s);
+
 /* {"minute_s":60,"now":T,"minutes":N,"series":[{"model","route","points":[{"t":epoch_s,
  * "requests","errors","trips","recovered","failed","tokens_saved"},...]},...]}: points
  * oldest first, minutes without traffic left out. malloc'd. Thread-safe. */
