@@ -324,3 +324,20 @@ describe('access log', () => {
         assert.match(r.stderr, /log\.acess: unknown key \(did you mean log\.access\?\)/);
     });
 });
+
+describe('incidents to stdout (containers without a log sidecar)', () => {
+    it('incidents.path /dev/stdout writes each incident as a JSON line on stdout', T, async () => {
+        const fake = await startFake({ scenario: path.join(SCENARIOS, 'seed_lambda.json') });
+        const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { incidents: { path: '/dev/stdout' } } });
+        try {
+            assert.equal((await chat(lg.url + '/v1/chat/completions', { ...SEED_BODY, stream: false })).status, 200);
+            const line = await waitFor(() => lg.stdout().split('\n').find((l) => l.startsWith('{')));
+            const inc = JSON.parse(line);
+            assert.equal(inc.outcome, 'recovered');
+            assert.equal(inc.attempts[0].detector, 'repeat');
+        } finally {
+            await lg.stop();
+            await fake.stop();
+        }
+    });
+});
