@@ -106,7 +106,8 @@ setup:
 	  echo "setup: installing Debian packages:$$missing"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null || exit 1; \
 	done
-	@[ -d tests/client/node_modules/openai ] && [ -d tests/client/node_modules/@dwmkerr/mock-llm ] || \
+	@[ -d tests/client/node_modules/openai ] && [ -d tests/client/node_modules/@dwmkerr/mock-llm ] && \
+	   [ -d tests/client/node_modules/@anthropic-ai/sdk ] || \
 	  { echo "setup: installing the npm test clients (npm ci in tests/client)"; \
 	    cd tests/client && npm ci --no-audit --no-fund --loglevel=error; }
 	@[ -d tests/browser/node_modules/puppeteer-core ] || \
