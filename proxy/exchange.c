@@ -21,7 +21,9 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "proxy/accesslog.h"
 #include "proxy/exchange_int.h"
+#include "proxy/upfail.h"
 
 /* libmicrohttpd reads a chunked (HTTP/1.1) stream straight into the connection's write
  * buffer, which lives in its per-connection pool (max_header_bytes); the response's own
@@ -275,6 +277,7 @@ static void after_trip(exchange *ex)
     ex->rec.trips++;
     metrics_trip(w->metrics, ex->replica, ex->at.verdict_detector, (int)v->channel);
     metrics_aborted_tokens(w->metrics, ex->at.tokens);
+    ex->rec.cut_tokens += ex->at.tokens;
     if (pool_report_generation(w->srv->pool, ex->replica, true))
         metrics_ejection(w->metrics, ex->replica);
     if (!ex->rec.excerpt) {
@@ -302,6 +305,14 @@ static void attempt_failed(exchange *ex, CURLcode rc)
 {
     lg_worker *w = ex->base.w;
     size_t replica = ex->replica;
+    /* The cause, for the log now and for the client's message below. */
+    char why[400];
+    if (ex->at.head.complete && ex->at.head.status != 200 && !ex->at.timed_out)
+        upf_report_status(pool_base(w->srv->pool, replica), ex->at.head.status);
+    else
+        upf_report(why, sizeof why, pool_base(w->srv->pool, replica),
+                   &(upf_state){rc, ex->xfer.os_errno, ex->at.timed_out, ex->at.connected,
+                                ex->at.first_byte, ex->at.not_sse});
     if (!ex->at.head.complete && rc != CURLE_OK && rc != CURLE_FAILED_INIT && !ex->at.timed_out &&
         ex->connect_retries + 1 < pool_size(w->srv->pool)) {
         /* The replica never answered: the client must not see a 502 while another one
@@ -334,8 +345,7 @@ static void attempt_failed(exchange *ex, CURLcode rc)
     }
     if (ex->at.not_sse) {
         metrics_upstream_error(w->metrics, replica, "protocol");
-        ex_fail(ex, 502, "the upstream did not answer with an event stream", "upstream_error",
-                "bad_upstream");
+        ex_fail(ex, 502, why, "upstream_error", "bad_upstream");
         return;
     }
     bool timeout = ex->at.timed_out || rc == CURLE_OPERATION_TIMEDOUT;
@@ -346,11 +356,11 @@ static void attempt_failed(exchange *ex, CURLcode rc)
                                                 : "reset");
     pool_report_health(w->srv->pool, replica, false);
     if (timeout)
-        ex_fail(ex, 504, "upstream timed out", "upstream_error", "upstream_timeout");
+        ex_fail(ex, 504, why, "upstream_error", "upstream_timeout");
     else if (!ex->at.head.complete)
-        ex_fail(ex, 502, "upstream unreachable", "upstream_error", "upstream_unreachable");
+        ex_fail(ex, 502, why, "upstream_error", "upstream_unreachable");
     else
-        ex_fail(ex, 502, "upstream stream ended early", "upstream_error", "upstream_truncated");
+        ex_fail(ex, 502, why, "upstream_error", "upstream_truncated");
 }
 
 /* The attempt's transfer ended (completed, failed, or failed on purpose after a trip). */
@@ -779,6 +789,7 @@ static void ex_destroy(lg_req *base)
 {
     exchange *ex = (exchange *)base;
     write_incident(ex);
+    accesslog_exchange(ex);
     attempt_reset(ex);
     if (ex->cl.counted_stream) metrics_streams(ex->base.w->metrics, -1);
     for (int c = 0; c < LG_CH_COUNT; c++) lg_buf_free(&ex->cl.sent[c]);
