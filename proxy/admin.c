@@ -9,13 +9,18 @@
 #include <strings.h>
 
 #include "proxy/http.h"
+#include "proxy/httphead.h"
 #include "proxy/upstream.h"
 
+/* With admin.token, its bearer (compared in constant time). Without one, the endpoints are
+ * open only when clients need no key either: with api_keys set they would otherwise hand
+ * every user's prompts (incidents) to anyone. */
 static bool admin_authorized(const lg_config *cfg, struct MHD_Connection *conn)
 {
-    if (!cfg->admin.token) return true;
+    if (!cfg->admin.token) return cfg->n_api_keys == 0;
     const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    return auth && strncasecmp(auth, "Bearer ", 7) == 0 && strcmp(auth + 7, cfg->admin.token) == 0;
+    return auth && strncasecmp(auth, "Bearer ", 7) == 0 &&
+           hh_secret_equal(auth + 7, cfg->admin.token);
 }
 
 /* Gauges that live outside the per-worker counters, in Prometheus text. */
@@ -60,8 +65,12 @@ enum MHD_Result admin_handle(lg_worker *w, struct MHD_Connection *conn, const ch
     /* Health stays open: probes and load balancers rarely carry a token. */
     bool health = strcmp(url, "/loopguard/health") == 0;
     if (!health && !admin_authorized(srv->cfg, conn))
-        return http_respond_error(conn, 401, "admin token required", "authentication_error",
-                                  "invalid_admin_token");
+        return http_respond_error(conn, 401,
+                                  srv->cfg->admin.token
+                                      ? "admin token required"
+                                      : "admin endpoints are closed: api_keys is set and "
+                                        "admin.token is not",
+                                  "authentication_error", "invalid_admin_token");
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return http_respond_error(conn, 405, "admin endpoints answer GET only",
                                   "invalid_request_error", "method_not_allowed");

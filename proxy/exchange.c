@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "proxy/exchange_int.h"
+#include "proxy/jsonguard.h"
 
 /* libmicrohttpd reads a chunked (HTTP/1.1) stream straight into the connection's write
  * buffer, which lives in its per-connection pool (max_header_bytes); the response's own
@@ -676,6 +677,16 @@ static bool begin(exchange *ex)
         ex->final_status = 413;
         ex->final_body = dl_error_json("request body too large", "invalid_request_error",
                                        "body_too_large", 413);
+        return false;
+    }
+    /* Before any tree is built: one value, no repeated key, within the node and depth
+     * budget (jsonguard.h), so the body costs at most its budget and the upstream reads
+     * what the guard reads. */
+    char why[200];
+    const jg_limits lim = {cfg->limits.max_json_nodes, cfg->limits.max_json_depth};
+    if (jsonguard_check(ex->body.p ? ex->body.p : "", ex->body.len, &lim, why, sizeof why)) {
+        ex->final_status = 400;
+        ex->final_body = dl_error_json(why, "invalid_request_error", "invalid_json", 400);
         return false;
     }
     if (rw_parse(ex->body.p ? ex->body.p : "", ex->body.len, ex->chat, &ex->req, &err) != 0) {

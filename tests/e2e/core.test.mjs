@@ -252,7 +252,8 @@ describe('an independent SSE server', () => {
             });
         });
         await new Promise((r) => srv.listen(0, '127.0.0.1', r));
-        lg = await startLoopguard({ upstream: `http://127.0.0.1:${srv.address().port}` });
+        // /slow and /upload are this server's own routes, outside the built-in allow-list.
+        lg = await startLoopguard({ upstream: `http://127.0.0.1:${srv.address().port}`, config: { passthrough: { allow: ['/slow', '/upload'] } } });
     });
     after(async () => {
         await lg?.stop();
@@ -327,7 +328,10 @@ describe('an independent SSE server', () => {
 
 describe('pass-through', () => {
     let fake, lg;
-    usePair({ fake: { kind: 'sglang' } }, (f, l) => ([fake, lg] = [f, l]));
+    // The fake's own routes and SGLang's native /generate are outside the built-in
+    // allow-list (tests/e2e/edge.test.mjs shows them closed by default).
+    const allow = ['/_fake/*', '/nope/*', '/generate'];
+    usePair({ fake: { kind: 'sglang' }, lg: { config: { passthrough: { allow } } } }, (f, l) => ([fake, lg] = [f, l]));
 
     for (const p of ['/v1/models', '/health', '/metrics', '/get_model_info', '/get_server_info', '/nope/not-here']) {
         it(`GET ${p} arrives as the upstream sent it`, T, async () => {
