@@ -10,6 +10,10 @@
 #include "proxy/http.h"
 #include "proxy/httphead.h"
 
+/* Pool bytes libmicrohttpd needs per query argument (its header record and the split
+ * text, with margin): max_header_bytes / EDGE_ARG_BYTES arguments are accepted. */
+#define EDGE_ARG_BYTES 128
+
 struct edge_conn {
     edge_conn *prev, *next; /* the worker's list (w->edge_conns; prev NULL at its head) */
     struct MHD_Connection *conn;
@@ -22,6 +26,7 @@ struct edge_conn {
     uint64_t body_bytes;
     uint64_t body_ns;    /* time spent waiting for body bytes while not suspended */
     uint64_t last_ns;    /* the last tick (or admission) that accounted body_ns */
+    bool too_many_args;  /* the query string was dropped before libmicrohttpd split it */
 };
 
 /* ---- connections per client address -------------------------------------------------- */
@@ -115,6 +120,13 @@ static void ip_release(ip_count *c)
     pthread_mutex_unlock(&ip_lock);
 }
 
+static edge_conn *edge_of(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
 /* ---- connection lifetime ------------------------------------------------------------- */
 
 void edge_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
@@ -149,11 +161,22 @@ void edge_connection(void *cls, struct MHD_Connection *conn, void **socket_conte
     free(e);
 }
 
-static edge_conn *edge_of(struct MHD_Connection *conn)
+void *edge_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 {
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    return ci ? ci->socket_context : NULL;
+    lg_worker *w = cls;
+    edge_conn *e = edge_of(conn);
+    char *q = strchr(uri, '?');
+    if (!e || !q) return NULL;
+    size_t args = 1;
+    for (const char *p = q; (p = strchr(p + 1, '&'));) args++;
+    if (args <= w->srv->cfg->max_header_bytes / EDGE_ARG_BYTES) return NULL;
+    /* libmicrohttpd splits the query into its per-connection pool right after this call,
+     * and when the pool runs out it closes the connection without a word. The buffer is
+     * libmicrohttpd's own writable read buffer (the const is its API's): ending the
+     * query there leaves nothing to split, and edge_admit answers 414. */
+    q[1] = '\0';
+    e->too_many_args = true;
+    return NULL;
 }
 
 void edge_body(struct MHD_Connection *conn, size_t upload_size)
@@ -258,7 +281,9 @@ bool edge_admit(lg_worker *w, struct MHD_Connection *conn, const char *url, cons
                 const char *version, char **path, enum MHD_Result *rc)
 {
     edge_conn *e = edge_of(conn);
+    bool too_many_args = e && e->too_many_args;
     if (e) {
+        e->too_many_args = false;
         e->in_head = false;
         e->in_body = true;
         e->body_bytes = e->body_ns = 0;
@@ -275,6 +300,8 @@ bool edge_admit(lg_worker *w, struct MHD_Connection *conn, const char *url, cons
         *rc = refuse(conn, st, v.message, v.code);
         return false;
     }
+    if (too_many_args)
+        return *rc = refuse(conn, 414, "too many query arguments", "uri_too_long"), false;
     bool args_ok = true;
     MHD_get_connection_values_n(conn, MHD_GET_ARGUMENT_KIND, check_arg, &args_ok);
     if (!args_ok || hh_path_normalize(url, path) != 0) {

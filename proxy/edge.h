@@ -4,8 +4,8 @@
  * timeout does not give: a deadline for the request head, a minimum request-body rate
  * and a cap on connections per client address (config `limits`, README "Security").
  *
- * The worker wires it in at five points: the accept policy and connection notifications
- * of every daemon (edge_accept, edge_connection), the first access-handler call of a
+ * The worker wires it in at six points: the accept policy and connection notifications
+ * of every daemon (edge_accept, edge_connection), the request line (edge_uri), the first access-handler call of a
  * request (edge_admit), each later one (edge_body), the request's completion
  * (edge_request_done) and its 250 ms tick (edge_tick). Everything runs on the worker
  * that owns the connection, except the per-address counts, which are process-wide under
@@ -30,6 +30,12 @@ enum MHD_Result edge_accept(void *cls, const struct sockaddr *addr, socklen_t ad
  * (closed). cls is the worker. */
 void edge_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                      enum MHD_ConnectionNotificationCode code);
+
+/* libmicrohttpd URI log callback (cls is the worker): a query string with more arguments
+ * than max_header_bytes / 128 is dropped before libmicrohttpd splits it (it would run out
+ * of pool memory and close the connection silently) and the request gets 414. Returns
+ * NULL (no request context). */
+void *edge_uri(void *cls, const char *uri, struct MHD_Connection *conn);
 
 /* First access-handler call of a request. Returns true when the request may be routed,
  * with *path the normalised path to route on and forward (malloc'd; the caller frees it).

@@ -702,7 +702,8 @@ static int shard_start(lg_worker *w, size_t i, int fd, unsigned limit, char *err
             MHD_USE_TURBO,
         0, edge_accept, w, on_access, w, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, w, MHD_OPTION_NOTIFY_CONNECTION,
-        edge_connection, w, MHD_OPTION_CONNECTION_LIMIT, limit,
+        edge_connection, w, MHD_OPTION_URI_LOG_CALLBACK, edge_uri, w,
+        MHD_OPTION_CONNECTION_LIMIT, limit,
         MHD_OPTION_CONNECTION_TIMEOUT, cfg->client_timeout_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, cfg->max_header_bytes,
         MHD_OPTION_UNESCAPE_CALLBACK, http_keep_escaped, NULL, MHD_OPTION_END);

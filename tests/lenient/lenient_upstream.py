@@ -10,7 +10,7 @@ tests call these directly, never through loopguard).
 
 Answers: POST /v1/chat/completions streams an OpenAI chat completion whose content is
 "echo:" + the last message's content (so a client can tell its own answer from anyone
-else's); every other request gets {"path", "method", "seq"}. The body is read by
+else's); every other request gets its own log entry back, with "seq". The body is read by
 Content-Length, or de-chunked when Transfer-Encoding is chunked.
 
 Usage: lenient_upstream.py PORT_FILE   (binds 127.0.0.1:0, writes the port to PORT_FILE)
@@ -74,8 +74,7 @@ class Handler(BaseHTTPRequestHandler):
             seq = len(LOG)
         if self.command == "POST" and self.path == "/v1/chat/completions":
             return self.chat(body)
-        self.send(200, "application/json",
-                  json.dumps({"path": self.path, "method": self.command, "seq": seq}).encode())
+        self.send(200, "application/json", json.dumps(LOG[seq - 1] | {"seq": seq}).encode())
 
     def chat(self, body):
         try:
