@@ -43,16 +43,17 @@ static void skip_ws(jg *g)
         g->i++;
 }
 
+/* Appends p[0..k); the arena exists after the first call, even with k == 0 (an empty key). */
 static void arena_put(jg *g, const char *p, size_t k)
 {
-    if (g->alen + k > g->acap) {
+    if (g->alen + k > g->acap || !g->arena) {
         size_t cap = g->acap ? g->acap : 256;
         while (cap < g->alen + k) cap *= 2;
         g->arena = realloc(g->arena, cap);
         if (!g->arena) abort();
         g->acap = cap;
     }
-    memcpy(g->arena + g->alen, p, k);
+    if (k) memcpy(g->arena + g->alen, p, k);
     g->alen += k;
 }
 
