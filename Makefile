@@ -1,18 +1,24 @@
 # loopguard — build, test, bench, demo, install, fuzz.
 #
-# `make` builds build/loopguard (installing the Debian build dependencies first when they
-# are missing and we run as root). `make test` runs every test twice: once on the plain
-# build and once on the AddressSanitizer+UndefinedBehaviorSanitizer build (build/san).
+# `make` builds build/loopguard and `make install` installs it; neither installs anything
+# else: when a Debian build dependency is missing they name it and stop. `make test` and
+# `make demo` (the README's two commands) first run `make setup`, which installs what is
+# missing (Debian packages when root, the npm test clients) and says what it installs.
+# `make test` runs every test twice: once on the plain build and once on the
+# AddressSanitizer+UndefinedBehaviorSanitizer build (build/san).
+#
+# Nothing here forces parallelism: `make -j2` builds on two cores (.ci/run does).
 #
 # Sources are discovered by directory so that adding a module needs no Makefile edit:
 #   guard/*.c config/*.c proxy/*.c   -> build/libloopguard.a (+ proxy/main.c -> loopguard)
 #   tests/unit/test_*.c              -> one cmocka binary each
 #   tests/fake/*.c                   -> build/fake_upstream
-#   tests/bench/*.c                  -> one binary each (loadgen, guard_bench, ...)
+#   tests/bench/*.c                  -> one binary each (loadgen, guard_bench, ...), except a
+#                                       .c with a .h beside it: a part linked into every one
 #   tests/fuzz/fuzz_*.c              -> libFuzzer targets (clang), `make fuzz`
+# Header dependencies come from the compiler (-MMD -MP: build/**/*.d).
 
-CC      ?= cc
-MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2) --no-print-directory
+MAKEFLAGS += --no-print-directory
 PREFIX  ?= /usr/local
 DESTDIR ?=
 SAN     ?= 0
@@ -21,9 +27,15 @@ PKGS      := libmicrohttpd libcurl libcjson libpcre2-8
 APT_BUILD := build-essential pkg-config libmicrohttpd-dev libcurl4-openssl-dev \
              libcjson-dev libpcre2-dev
 
+# SAN=1: ASan+UBSan (build/san). SAN=tsan: ThreadSanitizer, which needs clang (build/tsan).
 ifeq ($(SAN),1)
 BUILD   ?= build/san
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+OPT     := -O1
+else ifeq ($(SAN),tsan)
+BUILD   ?= build/tsan
+CC      := clang
+SANFLAGS := -fsanitize=thread -fno-omit-frame-pointer
 OPT     := -O1
 else
 BUILD   ?= build
@@ -34,7 +46,9 @@ endif
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-format-truncation -g $(OPT) $(SANFLAGS) -I. $(PKG_CFLAGS)
+WARN    := -Wall -Wextra -Werror -Wshadow -Wmissing-prototypes -Wstrict-prototypes -Wformat=2
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(WARN) -g $(OPT) $(SANFLAGS) -I. $(PKG_CFLAGS)
+DEPFLAGS = -MMD -MP
 LDFLAGS += $(SANFLAGS)
 LDLIBS  += $(PKG_LIBS) -lpthread -lm
 
@@ -43,45 +57,65 @@ LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 UNIT_SRC  := $(wildcard tests/unit/test_*.c)
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FAKE_SRC  := $(wildcard tests/fake/*.c)
-BENCH_SRC := $(wildcard tests/bench/*.c)
+FAKE_OBJ  := $(FAKE_SRC:%.c=$(BUILD)/obj/%.o)
+BENCH_LIB := $(patsubst %.h,%.c,$(wildcard tests/bench/*.h))
+BENCH_SRC := $(filter-out $(BENCH_LIB),$(wildcard tests/bench/*.c))
 BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/%)
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
-HDRS      := $(wildcard guard/*.h config/*.h proxy/*.h tests/*/*.h)
+C_FILES   := $(wildcard guard/*.[ch] config/*.[ch] proxy/*.[ch] tests/*/*.[ch])
 
-.PHONY: all deps test-deps test check unit e2e bench demo run install fuzz fuzz-smoke \
-        soak clean format valgrind
+.PHONY: all deps setup test-deps test check unit e2e bench demo run install fuzz \
+        fuzz-smoke soak clean format format-check valgrind
 
-all: deps $(BUILD)/loopguard $(BUILD)/fake_upstream $(BENCH_BIN)
+all: $(BUILD)/loopguard $(BUILD)/fake_upstream $(BENCH_BIN)
 
-# Installs what the build needs when it is missing; as non-root prints the one command.
+# Only checks: names the missing build dependencies and stops (`make setup` installs them).
 deps:
 	@pkg-config --exists $(PKGS) 2>/dev/null && exit 0; \
-	if [ "$$(id -u)" = 0 ]; then \
-	  echo "installing build dependencies: $(APT_BUILD)"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_BUILD)) >/dev/null; \
-	else echo "missing build dependencies; run: sudo apt-get install -y $(APT_BUILD)"; exit 1; fi
+	echo "missing build dependencies; run: sudo apt-get install -y $(APT_BUILD)" >&2; \
+	echo "(or \`make setup\` as root, which \`make test\` and \`make demo\` run first)" >&2; exit 1
 
-# Only the packages whose probe fails are installed: a machine whose Node.js came from
-# elsewhere (NodeSource's nodejs bundles npm and conflicts with Debian's npm) keeps it.
+# What the tests need beyond the build: a probe command (or pkg-config module, or a file
+# clang must find) and the Debian package that provides it. Only the packages whose probe
+# fails are installed: a machine whose Node.js came from elsewhere (NodeSource's nodejs
+# bundles npm and conflicts with Debian's npm) keeps it.
 TEST_TOOLS := nginx:nginx-light wrk:wrk node:nodejs npm:npm clang:clang curl:curl \
-              python3:python3 valgrind:valgrind
-FUZZ_RT    := /usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.fuzzer-x86_64.a
+              python3:python3 valgrind:valgrind clang-format:clang-format
+# The fuzzer and TSan runtimes ship with clang's version-numbered libclang-rt-N-dev.
+CLANG_MAJOR = $(shell clang -dumpversion 2>/dev/null | cut -d. -f1)
+FUZZ_RT     = $(shell clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null)
 
-test-deps: deps
-	@missing=""; for p in $(TEST_TOOLS); do \
-	  command -v $${p%%:*} >/dev/null || missing="$$missing $${p#*:}"; done; \
-	pkg-config --exists cmocka || missing="$$missing libcmocka-dev"; \
-	[ -e $(FUZZ_RT) ] || missing="$$missing libclang-rt-14-dev"; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then echo "installing test dependencies:$$missing"; \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null; \
-	  else echo "missing test dependencies; run: sudo apt-get install -y$$missing"; exit 1; fi; fi
+# Lists what is missing for `make test` (Debian packages), one word each.
+define missing_test_deps
+missing=""; pkg-config --exists $(PKGS) 2>/dev/null || missing="$(APT_BUILD)"; \
+for p in $(TEST_TOOLS); do command -v $${p%%:*} >/dev/null || missing="$$missing $${p#*:}"; done; \
+pkg-config --exists cmocka 2>/dev/null || missing="$$missing libcmocka-dev"; \
+if command -v clang >/dev/null; then [ -e "$(FUZZ_RT)" ] || missing="$$missing libclang-rt-$(CLANG_MAJOR)-dev"; fi
+endef
+
+# Installs what the build and the tests need (Debian packages as root, else it names the one
+# command; the npm clients under tests/client) and says what it installs. `make test` and
+# `make demo` run it first. Two rounds: clang, once installed, may name its runtime package.
+setup:
+	@for round in 1 2 3; do \
+	  $(missing_test_deps); [ -z "$$missing" ] && break; \
+	  if [ "$$(id -u)" != 0 ]; then echo "setup: missing; run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
+	  if [ $$round = 3 ]; then echo "setup: still missing after apt-get:$$missing" >&2; exit 1; fi; \
+	  echo "setup: installing Debian packages:$$missing"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null || exit 1; \
+	done
 	@[ -d tests/client/node_modules/openai ] && [ -d tests/client/node_modules/@dwmkerr/mock-llm ] || \
-	  (cd tests/client && npm ci --no-audit --no-fund --loglevel=error)
+	  { echo "setup: installing the npm test clients (npm ci in tests/client)"; \
+	    cd tests/client && npm ci --no-audit --no-fund --loglevel=error; }
 
-$(BUILD)/obj/%.o: %.c $(HDRS) | deps
+# Like deps, for the test tools: names what is missing and stops.
+test-deps: deps
+	@$(missing_test_deps); [ -z "$$missing" ] && exit 0; \
+	echo "missing test dependencies; run: sudo apt-get install -y$$missing (or make setup)" >&2; exit 1
+
+$(BUILD)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
 $(BUILD)/libloopguard.a: $(LIB_OBJ)
 	@rm -f $@
@@ -90,16 +124,15 @@ $(BUILD)/libloopguard.a: $(LIB_OBJ)
 $(BUILD)/loopguard: $(BUILD)/obj/proxy/main.o $(BUILD)/libloopguard.a
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/fake_upstream: $(FAKE_SRC) $(HDRS) $(BUILD)/libloopguard.a | deps
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $(FAKE_SRC) $(BUILD)/libloopguard.a -o $@ $(LDLIBS)
+$(BUILD)/fake_upstream: $(FAKE_OBJ) $(BUILD)/libloopguard.a
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/%: tests/bench/%.c $(HDRS) $(BUILD)/libloopguard.a
-	$(CC) $(CFLAGS) $(LDFLAGS) $< $(BUILD)/libloopguard.a -o $@ $(LDLIBS)
+$(BUILD)/%: $(BUILD)/obj/tests/bench/%.o $(BENCH_LIB:%.c=$(BUILD)/obj/%.o) $(BUILD)/libloopguard.a
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c $(HDRS) $(BUILD)/libloopguard.a | test-deps
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(BUILD)/libloopguard.a | test-deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $< $(BUILD)/libloopguard.a -o $@ $(LDLIBS) -lcmocka
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcmocka
 
 # One pass of every suite on one build; tests/run.sh prints the summary line.
 check: all $(UNIT_BIN)
@@ -108,12 +141,15 @@ check: all $(UNIT_BIN)
 # Every test: plain, under ASan+UBSan, the guarded e2e suites under valgrind memcheck, and a
 # short smoke of each fuzz target. Each pass adds its counts to build/test-summary; the last
 # line is the total.
-test: test-deps
+test:
+	@echo "make test: every suite on the plain and ASan+UBSan builds, valgrind, fuzz smoke:"
+	@echo "about 10-15 minutes on 2 cores (make -j2 test builds on both)."
+	@$(MAKE) setup
 	@mkdir -p build; rm -f build/test-summary; st=0; \
-	$(MAKE) --no-print-directory check SAN=0 || st=1; \
-	$(MAKE) --no-print-directory check SAN=1 || st=1; \
-	$(MAKE) --no-print-directory valgrind || st=1; \
-	if $(MAKE) --no-print-directory fuzz-smoke; then f="$(words $(FUZZ_BIN)) 0"; \
+	$(MAKE) check SAN=0 || st=1; \
+	$(MAKE) check SAN=1 || st=1; \
+	$(MAKE) valgrind || st=1; \
+	if $(MAKE) fuzz-smoke; then f="$(words $(FUZZ_BIN)) 0"; \
 	else st=1; f="0 1"; fi; echo "$$f" >> build/test-summary; \
 	awk '{p += $$1; f += $$2} END {printf "%d passed, %d failed\n", p, f}' build/test-summary; \
 	exit $$st
@@ -132,7 +168,8 @@ e2e: all
 bench: test-deps all
 	@BUILD=$(BUILD) QUICK=$(QUICK) tests/bench/run.sh
 
-demo: all
+demo: setup
+	@$(MAKE) all
 	@BUILD=$(BUILD) tests/demo.sh
 
 run: all
@@ -144,15 +181,15 @@ FUZZ_SECONDS ?= 600
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -I. $(PKG_CFLAGS) -fno-sanitize-recover=all
 FUZZ_OBJ := $(LIB_SRC:%.c=build/fuzz/obj/%.o)
-build/fuzz/obj/%.o: %.c $(HDRS) | test-deps
+build/fuzz/obj/%.o: %.c | test-deps
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
+	clang $(FUZZ_CFLAGS) $(DEPFLAGS) -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
 build/fuzz/libfuzzlg.a: $(FUZZ_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
-build/fuzz/%: tests/fuzz/%.c build/fuzz/libfuzzlg.a $(HDRS) | test-deps
-	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined $< build/fuzz/libfuzzlg.a \
-	  -o $@ $(PKG_LIBS) -lpthread -lm
+build/fuzz/%: tests/fuzz/%.c build/fuzz/libfuzzlg.a | test-deps
+	clang $(FUZZ_CFLAGS) $(DEPFLAGS) -MF $@.d -MT $@ -fsanitize=fuzzer,address,undefined $< \
+	  build/fuzz/libfuzzlg.a -o $@ $(PKG_LIBS) -lpthread -lm
 
 fuzz: test-deps $(FUZZ_BIN)
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh
@@ -170,7 +207,17 @@ install: deps $(BUILD)/loopguard
 	install -D -m 0644 docker/loopguard.1 $(DESTDIR)$(PREFIX)/share/man/man1/loopguard.1
 
 format:
-	clang-format -i $(wildcard guard/*.[ch] config/*.[ch] proxy/*.[ch] tests/*/*.[ch])
+	clang-format -i $(C_FILES)
+
+# Fails, naming the files, when a C file differs from what `make format` would write.
+format-check: test-deps
+	@clang-format --dry-run --Werror $(C_FILES)
 
 clean:
 	rm -rf build
+
+# Objects between a source and a binary are kept, so that a relink does not recompile them.
+.SECONDARY:
+
+# The compiler's header dependencies of every object built so far.
+-include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d build/fuzz/*.d build/fuzz/obj/*/*.d)

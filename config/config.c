@@ -54,13 +54,69 @@ static int fail(char *err, size_t errlen, const char *path, const char *fmt, ...
     return -1;
 }
 
-/* Prepends "what: " to the message already in err (used to name the file or variable). */
-static void err_prefix(char *err, size_t errlen, const char *what)
+/* Every failure of one loading step, in the order found: one "path: problem" line each,
+ * joined by '\n', so that a user fixes them all in one go instead of one per start. */
+typedef struct errlist {
+    char *text; /* malloc'd, NUL-terminated; NULL while empty */
+    size_t len;
+    unsigned n;
+} errlist;
+
+/* Appends each line of msg, prefixed with "prefix: " when prefix is not NULL. */
+static void errs_add(errlist *e, const char *prefix, const char *msg)
 {
-    if (!err || errlen == 0) return;
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s", err);
-    snprintf(err, errlen, "%s: %s", what, tmp);
+    for (const char *line = msg;;) {
+        size_t n = strcspn(line, "\n");
+        size_t need = e->len + (prefix ? strlen(prefix) + 2 : 0) + n + 2;
+        char *t = realloc(e->text, need);
+        if (!t) abort();
+        e->text = t;
+        e->len += (size_t)snprintf(t + e->len, need - e->len, "%s%s%s%.*s", e->n ? "\n" : "",
+                                   prefix ? prefix : "", prefix ? ": " : "", (int)n, line);
+        e->n++;
+        if (!line[n]) break;
+        line += n + 1;
+    }
+}
+
+/* Writes the collected lines into err (truncated to errlen) and frees them. Returns 0 when
+ * there were none, else -1. */
+static int errs_finish(errlist *e, char *err, size_t errlen)
+{
+    int rc = e->n ? -1 : 0;
+    if (e->n && err && errlen) snprintf(err, errlen, "%s", e->text);
+    free(e->text);
+    *e = (errlist){0};
+    return rc;
+}
+
+/* Levenshtein distance between a and b, or SIZE_MAX when either is too long to matter. */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b), row[65];
+    if (la > 64 || lb > 64) return SIZE_MAX;
+    for (size_t j = 0; j <= lb; j++) row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]));
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* True when `typed` is close enough to `known` to suggest it: one edit for short names,
+ * two from six characters on (max_atempts -> max_attempts, upstrem -> upstream). */
+static bool near_miss(const char *typed, const char *known)
+{
+    size_t d = edit_distance(typed, known);
+    return d > 0 && d <= (strlen(known) >= 6 ? 2u : 1u);
 }
 
 static char *xstrdup(const char *s)
@@ -240,12 +296,21 @@ typedef enum {
     ENV_LIST,     /* JSON array/string, else comma-separated strings */
 } env_form;
 
-/* Loading context: the config being built (custom keys may need the whole of it). */
+/* Loading context: the config being built (custom keys may need the whole of it), the
+ * message of the failure at hand (err) and, while loading an object, every failure so far
+ * (errs; NULL for the flag setters, which apply one value). */
 typedef struct load_ctx {
     lg_config *cfg;
     char *err;
     size_t errlen;
+    errlist *errs;
 } load_ctx;
+
+/* Moves the failure at hand into c->errs. */
+static void collect(load_ctx *c)
+{
+    if (c->errs) errs_add(c->errs, NULL, c->err);
+}
 
 typedef int (*apply_fn)(load_ctx *c, void *base, const key_spec *k, const cJSON *v,
                         const char *path);
@@ -317,10 +382,13 @@ static bool spec_is_child(const char *p, const char *rel)
     return strchr(p, '.') == NULL;
 }
 
-/* Joins rel + "." + name into out (no dot when rel is empty). */
+/* Joins rel + "." + name into out (no dot when rel is empty). A path longer than out (a
+ * user's key of hundreds of characters) ends in "..." so that its error message shows the
+ * cut; it never names a key of the table, whose paths are short. */
 static void path_join(char *out, size_t outlen, const char *rel, const char *name)
 {
-    snprintf(out, outlen, "%s%s%s", rel, *rel ? "." : "", name);
+    int n = snprintf(out, outlen, "%s%s%s", rel, *rel ? "." : "", name);
+    if (n >= 0 && (size_t)n >= outlen && outlen >= 4) memcpy(out + outlen - 4, "...", 4);
 }
 
 /* ------------------------------------------------------------------------------------- */
@@ -409,35 +477,68 @@ static int apply_value(load_ctx *c, void *base, const key_spec *k, const cJSON *
     abort();
 }
 
+/* The last component of a spec path. */
+static const char *spec_name(const key_spec *k)
+{
+    const char *name = strrchr(k->path, '.');
+    return name ? name + 1 : k->path;
+}
+
+/* Reports member `name` of the object at `rel` (reported as `full`) as unknown, naming the
+ * key it was probably meant to be. */
+static void unknown_key(load_ctx *c, const key_spec *table, const char *rel, const char *name,
+                        const char *full)
+{
+    for (const key_spec *k = table; k->path; k++)
+        if (spec_is_child(k->path, rel) && near_miss(name, spec_name(k))) {
+            fail(c->err, c->errlen, full, "unknown key (did you mean %.*s%s?)",
+                 (int)(strlen(full) - strlen(name)), full, spec_name(k));
+            return;
+        }
+    fail(c->err, c->errlen, full, "unknown key");
+}
+
 /* Applies the members of `obj` (the value at table-relative path `rel`, reported as `path`)
  * over `base`. Every member must have a spec and appear once; members are applied in table
- * order. */
+ * order. A member that fails is collected and the others are still applied, so that one
+ * load reports every bad key. Returns -1 when any member failed. */
 static int apply_object(load_ctx *c, void *base, const key_spec *table, const char *rel,
                         const cJSON *obj, const char *path)
 {
     char kp[MAX_PATH_LEN], full[MAX_PATH_LEN];
+    unsigned before = c->errs ? c->errs->n : 0;
     if (!cJSON_IsObject(obj)) return fail(c->err, c->errlen, path, "expected an object");
     for (const cJSON *m = obj->child; m; m = m->next) {
         path_join(full, sizeof full, path, m->string);
         path_join(kp, sizeof kp, rel, m->string);
         /* A dotted member name ("timeouts.idle_ms" at the top) is not a path shortcut. */
-        if (strchr(m->string, '.') || !spec_find(table, kp))
-            return fail(c->err, c->errlen, full, "unknown key");
+        if (strchr(m->string, '.') || !spec_find(table, kp)) {
+            unknown_key(c, table, rel, m->string, full);
+            collect(c);
+            continue;
+        }
         for (const cJSON *d = obj->child; d != m; d = d->next)
-            if (strcmp(d->string, m->string) == 0)
-                return fail(c->err, c->errlen, full, "duplicate key");
+            if (strcmp(d->string, m->string) == 0) {
+                fail(c->err, c->errlen, full, "duplicate key");
+                collect(c);
+                break;
+            }
     }
     for (const key_spec *k = table; k->path; k++) {
         if (!spec_is_child(k->path, rel)) continue;
-        const char *name = strrchr(k->path, '.');
-        name = name ? name + 1 : k->path;
+        const char *name = spec_name(k);
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
         if (!v) continue;
         path_join(full, sizeof full, path, name);
-        if (apply_value(c, base, k, v, full) < 0) return -1;
-        if (k->kind == K_OBJECT && apply_object(c, base, table, k->path, v, full) < 0) return -1;
+        unsigned n0 = c->errs ? c->errs->n : 0;
+        if (apply_value(c, base, k, v, full) < 0 ||
+            (k->kind == K_OBJECT && apply_object(c, base, table, k->path, v, full) < 0)) {
+            /* A nested object collected its own failures; anything else is at hand. */
+            if (!c->errs) return -1;
+            if (c->errs->n == n0) collect(c);
+        }
     }
-    return 0;
+    return c->errs && c->errs->n > before ? -1 : 0;
 }
 
 /* ------------------------------------------------------------------------------------- */
@@ -887,15 +988,18 @@ lg_config *config_new_defaults(void)
     return cfg;
 }
 
-/* Applies a parsed top-level object. */
+/* Applies a parsed top-level object; err gets every failure, one per line. */
 static int apply_root(lg_config *cfg, const cJSON *root, char *err, size_t errlen)
 {
-    load_ctx c = {cfg, err, errlen};
     if (!cJSON_IsObject(root)) {
         snprintf(err, errlen, "expected a JSON object at the top level");
         return -1;
     }
-    return apply_object(&c, cfg, config_keys, "", root, "");
+    char one[2 * MAX_PATH_LEN];
+    errlist errs = {0};
+    load_ctx c = {cfg, one, sizeof one, &errs};
+    apply_object(&c, cfg, config_keys, "", root, "");
+    return errs_finish(&errs, err, errlen);
 }
 
 int config_load_string(lg_config *cfg, const char *json, char *err, size_t errlen)
@@ -960,8 +1064,12 @@ int config_load_file(lg_config *cfg, const char *path, char *err, size_t errlen)
 {
     char *text = read_file(path, err, errlen);
     int rc = text ? config_load_string(cfg, text, err, errlen) : -1;
+    if (rc < 0) { /* every line names the file */
+        errlist e = {0};
+        errs_add(&e, path, err);
+        errs_finish(&e, err, errlen);
+    }
     free(text);
-    if (rc < 0) err_prefix(err, errlen, path);
     return rc;
 }
 
@@ -1006,16 +1114,54 @@ static int env_cmp(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Applies one "LOOPGUARD_A__B=V" variable. Returns 1 when the variable is not a config key
- * (its first component names no top-level key: LOOPGUARD_BIN and friends belong to other
- * tools), else 0 or -1 with err. */
+/* Writes the variable for spec path `path` ("retry.max_attempts" ->
+ * "LOOPGUARD_RETRY__MAX_ATTEMPTS") into out. */
+static void env_name(char *out, size_t outlen, const char *path)
+{
+    size_t n = (size_t)snprintf(out, outlen, "%s", ENV_PREFIX);
+    for (const char *p = path; *p && n + 2 < outlen; p++) {
+        if (*p == '.') out[n++] = '_';
+        out[n++] = *p == '.' ? '_' : (char)toupper((unsigned char)*p);
+    }
+    out[n < outlen ? n : outlen - 1] = '\0';
+}
+
+/* Reports a LOOPGUARD_* variable that names no key (its key path `path`), naming the
+ * variable it was probably meant to be. */
+static int unknown_variable(const char *path, char *err, size_t errlen)
+{
+    for (const key_spec *k = config_keys; k->path; k++)
+        if (near_miss(path, k->path)) {
+            char want[MAX_PATH_LEN];
+            env_name(want, sizeof want, k->path);
+            snprintf(err, errlen, "no such setting (did you mean %s?)", want);
+            return -1;
+        }
+    snprintf(err, errlen, "no such setting (every LOOPGUARD_* variable is read as a key path)");
+    return -1;
+}
+
+/* True when text, after leading blanks, opens a JSON object, array or string: the operator
+ * meant JSON, and a parse failure is worth reporting as such. */
+static bool looks_like_json(const char *text)
+{
+    text += strspn(text, " \t\r\n");
+    return *text == '{' || *text == '[' || *text == '"';
+}
+
+/* Applies one "LOOPGUARD_A__B=V" variable. Returns 0 or -1 with err (one failure per line).
+ * A variable whose key path names no key is an error like an unknown key in a file. */
 static int apply_env_var(lg_config *cfg, const char *var, char *err, size_t errlen)
 {
     const char *eq = strchr(var, '=');
     const char *name = var + strlen(ENV_PREFIX);
     char path[MAX_PATH_LEN], first[MAX_PATH_LEN];
     size_t n = 0;
-    if (!eq || (size_t)(eq - name) >= sizeof path) return 1;
+    if (!eq) eq = name + strlen(name);
+    if ((size_t)(eq - name) >= sizeof path) {
+        snprintf(err, errlen, "name too long");
+        return -1;
+    }
     /* LOOPGUARD_RETRY__MAX_ATTEMPTS -> retry.max_attempts */
     for (const char *p = name; p < eq; p++) {
         if (p[0] == '_' && p + 1 < eq && p[1] == '_') {
@@ -1027,10 +1173,21 @@ static int apply_env_var(lg_config *cfg, const char *var, char *err, size_t errl
     path[n] = '\0';
     size_t flen = strcspn(path, ".");
     snprintf(first, sizeof first, "%.*s", (int)flen, path);
-    if (!spec_find(config_keys, first)) return 1;
+    if (!flen || !spec_find(config_keys, first)) return unknown_variable(path, err, errlen);
 
     /* Build {"a":{"b":value}} and apply it like a file. */
     const key_spec *k = spec_find(config_keys, path);
+    env_form form = k ? k->env : ENV_JSON;
+    if (form != ENV_STRING && *eq && looks_like_json(eq + 1)) {
+        const char *end = NULL;
+        cJSON *j = cJSON_ParseWithOpts(eq + 1, &end, true);
+        cJSON_Delete(j);
+        if (!j) {
+            snprintf(err, errlen, "%s: invalid JSON at character %td of the value", path,
+                     (end ? end - (eq + 1) : 0) + 1);
+            return -1;
+        }
+    }
     cJSON *root = cJSON_CreateObject(), *obj = root;
     if (!root) abort();
     char *comp = path;
@@ -1040,7 +1197,7 @@ static int apply_env_var(lg_config *cfg, const char *var, char *err, size_t errl
         if (!child) abort();
         obj = child;
     }
-    cJSON_AddItemToObject(obj, comp, env_value(k ? k->env : ENV_JSON, eq + 1));
+    cJSON_AddItemToObject(obj, comp, env_value(form, *eq ? eq + 1 : ""));
     int rc = apply_root(cfg, root, err, errlen);
     cJSON_Delete(root);
     return rc;
@@ -1049,7 +1206,7 @@ static int apply_env_var(lg_config *cfg, const char *var, char *err, size_t errl
 int config_apply_env(lg_config *cfg, char *const *envp, char *err, size_t errlen)
 {
     size_t n = 0, m = 0;
-    int rc = 0;
+    errlist errs = {0};
     for (size_t i = 0; envp && envp[i]; i++)
         n += strncmp(envp[i], ENV_PREFIX, strlen(ENV_PREFIX)) == 0;
     if (!n) return 0;
@@ -1059,16 +1216,16 @@ int config_apply_env(lg_config *cfg, char *const *envp, char *err, size_t errlen
     for (size_t i = 0; envp[i]; i++)
         if (strncmp(envp[i], ENV_PREFIX, strlen(ENV_PREFIX)) == 0) vars[m++] = envp[i];
     qsort(vars, m, sizeof *vars, env_cmp);
-    for (size_t i = 0; i < m && rc == 0; i++) {
-        if (apply_env_var(cfg, vars[i], err, errlen) < 0) {
+    for (size_t i = 0; i < m; i++) {
+        char one[4 * MAX_PATH_LEN] = "";
+        if (apply_env_var(cfg, vars[i], one, sizeof one) < 0) {
             char name[128];
             snprintf(name, sizeof name, "%.*s", (int)strcspn(vars[i], "="), vars[i]);
-            err_prefix(err, errlen, name);
-            rc = -1;
+            errs_add(&errs, name, one);
         }
     }
     free(vars);
-    return rc;
+    return errs_finish(&errs, err, errlen);
 }
 
 int config_set_listen(lg_config *cfg, const char *hostport, char *err, size_t errlen)
@@ -1084,7 +1241,7 @@ int config_set_listen(lg_config *cfg, const char *hostport, char *err, size_t er
 
 int config_set_upstream(lg_config *cfg, const char *url, char *err, size_t errlen)
 {
-    load_ctx c = {cfg, err, errlen};
+    load_ctx c = {cfg, err, errlen, NULL};
     cJSON *v = split_list(url);
     int rc = apply_upstream(&c, cfg, NULL, v, "--upstream");
     cJSON_Delete(v);

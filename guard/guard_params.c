@@ -4,7 +4,8 @@
  * Parsing a cJSON object is all this file does with the outside world: the config module
  * owns files and key paths, and passes us the object and the prefix to name keys with.
  * The defaults were chosen by running `loopguard scan` over the false-positive and recall
- * corpora (tests/corpus/); README.md ("The guard", "Tuning thresholds") tells the story and how to re-tune. */
+ * corpora (tests/corpus/); README.md ("The guard", "Tuning thresholds") tells the story and how to
+ * re-tune. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stddef.h>
@@ -270,6 +271,8 @@ typedef struct jctx {
     size_t errlen;
 } jctx;
 
+static int jfail(jctx *c, const char *prefix, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 static int jfail(jctx *c, const char *prefix, const char *key, const char *fmt, ...)
 {
     char msg[160];

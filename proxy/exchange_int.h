@@ -12,6 +12,7 @@
 #include <cJSON.h>
 
 #include "guard/guard.h"
+#include "proxy/api.h"
 #include "proxy/assemble.h"
 #include "proxy/buf.h"
 #include "proxy/chunkscan.h"
@@ -41,22 +42,82 @@ typedef struct token_run {
     uint64_t start; /* channel offset (this attempt) of the run's first delta */
 } token_run;
 
+/* One channel of the current attempt: its guard (made when first needed) and the text fed
+ * to it but not yet released. */
 typedef struct chan {
     guard *g;
     lg_buf held; /* fed to the guard, not yet released */
-    lg_buf sent; /* released to the client, all attempts */
     uint64_t attempt_bytes;
     token_run run;
 } chan;
 
 typedef enum { PHASE_BODY, PHASE_RUNNING, PHASE_DONE } ex_phase;
 
+/* One upstream attempt: everything here lives from start_attempt to the attempt's end and
+ * is freed and zeroed in one place, exchange.c's attempt_reset. */
+typedef struct ex_attempt {
+    CURL *easy;
+    struct curl_slist *headers;
+    char *up_body;
+    char rid[33];
+    http_head head;
+    lg_buf errbody;
+    sse_parser *sse;
+    think_split *think;
+    bool think_hindsight; /* whole response: reasoning until proven otherwise */
+    bool think_explicit;  /* the content opened with <think> itself */
+    chan ch[LG_CH_COUNT];
+    bool guarded;
+    uint64_t tokens;
+    uint64_t tokens_after_trip;
+    uint64_t start_ns, last_event_ns;
+    bool first_byte;
+    bool connected;    /* libcurl is sending the request: timeouts.connect_ms is over */
+    bool finished_gen; /* the generation's end arrived (finish_reason, message_stop, ...) */
+    bool saw_done;
+    bool trip_pending;
+    bool up_paused; /* the transfer is paused until the client drains `out` */
+    bool not_sse;   /* 200 without text/event-stream: a broken upstream */
+    bool timed_out;
+    guard_verdict verdict;
+    char verdict_unit[260];
+    char verdict_detector[64];
+    cJSON *sampling;
+} ex_attempt;
+
+/* The client side: lives from the request to its destroy. */
+typedef struct ex_client {
+    bool stream_ready; /* streaming response may be queued */
+    bool queued;
+    bool ended; /* everything is in `out` (the stream's last event included) */
+    lg_fifo out;
+    uint64_t out_since_ns, last_out_ns;
+    lg_buf sent[LG_CH_COUNT]; /* released to the client, all attempts */
+    int final_status;
+    char *final_body;
+    char *final_ctype;
+    bool counted_stream;
+    /* One event's text per channel (as split, then as released), kept between events so
+     * that a token costs no malloc: EX_TEXT_R, EX_TEXT_C. */
+    lg_buf text[2];
+} ex_client;
+
+/* The incident record: lives from the request until the incident is written. */
+typedef struct ex_record {
+    unsigned trips;
+    cJSON *attempts; /* NULL once the incident is written (record_open says which) */
+    bool written;
+    char *excerpt;
+    const char *outcome;
+    uint64_t trip_ns; /* the last trip (retry latency) */
+} ex_record;
+
 typedef struct exchange {
     lg_req base;
     lg_xfer xfer;
     ex_phase phase;
-    bool chat;
-    const char *endpoint;
+    const lg_api *api;
+    void *api_state; /* the API module's own state (api->destroy frees it) */
     lg_buf body;
     bool body_too_big;
 
@@ -65,70 +126,18 @@ typedef struct exchange {
     lg_reasoning_output mode;
     bool guard_on;
     bool think_opened;
+    bool think_inline; /* this exchange's upstream sends <think> inside content */
     char id[40];
 
-    /* the current attempt */
-    unsigned attempt;
-    CURL *easy;
-    struct curl_slist *headers;
-    char *up_body;
-    char rid[33];
-    size_t replica;
-    bool have_replica;
-    http_head head;
-    lg_buf errbody;
-    sse_parser *sse;
-    think_split *think;
-    bool think_inline;    /* this exchange's upstream sends <think> inside content */
-    bool think_hindsight; /* whole response: reasoning until proven otherwise */
-    bool think_explicit;  /* the content opened with <think> itself */
-    chan ch[LG_CH_COUNT];
-    bool attempt_guarded;
-    uint64_t tokens;
-    uint64_t attempt_start_ns, last_event_ns, trip_ns;
-    bool first_byte;
-    bool connected;    /* libcurl is sending the request: timeouts.connect_ms is over */
-    bool finished_gen; /* a finish_reason arrived */
-    bool saw_done;
-    bool trip_pending;
-    bool up_paused; /* the transfer is paused until the client drains `out` */
-    bool not_sse;   /* 200 without text/event-stream: a broken upstream */
-    bool timed_out;
+    unsigned attempt;         /* attempts started */
+    size_t replica;           /* the current (or last) attempt's replica */
+    bool have_replica;        /* ... and it is acquired */
     bool avoid_replica;       /* the next attempt must prefer another replica */
     unsigned connect_retries; /* attempts re-sent because a replica never answered */
-    guard_verdict verdict;
-    char verdict_unit[260];
-    char verdict_detector[64];
-    uint64_t tokens_after_trip;
-    cJSON *sampling;
-    size_t write_rest; /* bytes of the current write not yet parsed (tokens_after_trip) */
-    const char *write_rest_p;
-    int inline_state; /* LG_REASONING_INLINE output: 0 nothing, 1 <think> open, 2 closed */
 
-    /* the client side */
-    bool stream_ready;  /* streaming response may be queued */
-    bool queued;
-    bool ended;         /* everything is in `out` ([DONE] included) */
-    lg_fifo out;
-    uint64_t out_since_ns, last_out_ns;
-    lg_assembler *as;
-    int final_status;
-    char *final_body;
-    char *final_ctype;
-    char *c_id, *c_model;
-    long long c_created;
-    lg_buf done_raw;
-    chunkscan_state scan; /* the fast path's buffers and the stream's chunk frame */
-    /* One event's reasoning and content text (on_chunk: first as split, then as released),
-     * kept between events so that a token costs no malloc: EX_TEXT_R, EX_TEXT_C. */
-    lg_buf text[2];
-
-    /* the record */
-    unsigned trips;
-    cJSON *attempts;
-    char *excerpt;
-    const char *outcome;
-    bool counted_stream;
+    ex_attempt at;
+    ex_client cl;
+    ex_record rec;
 } exchange;
 
 /* The per-event text buffers (exchange.text). */
@@ -147,27 +156,37 @@ static inline double seconds_since(uint64_t then, uint64_t now)
 /* Queues bytes for a streaming client (nothing once the stream ended). */
 static inline void out_append(exchange *ex, const char *s, size_t n)
 {
-    if (!ex->req.client_stream || ex->ended) return;
-    if (lg_fifo_len(&ex->out) == 0) ex->out_since_ns = ex->base.w->now_ns;
-    lg_fifo_append(&ex->out, s, n);
+    if (!ex->req.client_stream || ex->cl.ended) return;
+    if (lg_fifo_len(&ex->cl.out) == 0) ex->cl.out_since_ns = ex->base.w->now_ns;
+    lg_fifo_append(&ex->cl.out, s, n);
     worker_output(&ex->base);
 }
 
-/* ---- exchange_events.c ------------------------------------------------------------- */
+/* ---- exchange_events.c: the channels, for the API modules ----------------------------- */
 
 /* libcurl's header and body callbacks of an attempt's transfer, and the SSE parser's event
- * callback that the body goes to (ud: the exchange). */
+ * callback that the body goes to (ud: the exchange; it calls api->on_event). */
 size_t ex_on_header(char *line, size_t size, size_t n, void *ud);
 size_t ex_on_write(char *data, size_t size, size_t n, void *ud);
 int ex_on_event(void *ud, const sse_event *ev);
 /* Queues one `data: json` event for a streaming client. */
 void ex_out_event(exchange *ex, const char *json);
-/* Emits released text (and the chunk's own non-text fields when tmpl is given) to a
- * streaming client, reshaped for the output mode. */
-void ex_emit_chunk(exchange *ex, const dl_delta *tmpl, const char *r, size_t rn, const char *c,
-                   size_t cn, const char *finish);
+/* Feeds one delta of channel ch to its guard (made when first needed) and to the
+ * token-run check, and holds it. Returns true when either tripped (the verdict is taken);
+ * the caller returns 1 from on_event. */
+bool ex_guard_text(exchange *ex, lg_channel ch, const char *s, size_t n);
+/* Held bytes of channel ch that the guard has cleared. */
+size_t ex_releasable(const exchange *ex, lg_channel ch);
+/* Moves n held bytes of channel ch to the client's sent text (and to *into when given). */
+void ex_release(exchange *ex, lg_channel ch, size_t n, lg_buf *into);
+/* The generation of this attempt ended: the guards' last checks (and the empty-answer
+ * check when answer_expected and the API is templated). True when one tripped. */
+bool ex_end_checks(exchange *ex, bool answer_expected);
+/* The per-event text buffers (EX_TEXT_R, EX_TEXT_C), lent empty and taken back. */
+lg_buf ex_text_borrow(exchange *ex, int i);
+void ex_text_return(exchange *ex, int i, lg_buf *b);
 
-/* ---- exchange.c -------------------------------------------------------------------- */
+/* ---- exchange.c: the exchange's life, for the API modules ------------------------------ */
 
 /* The exchange's fate is decided: no more attempts. The incident is written now, before
  * the client has its answer, so whoever reads /loopguard/incidents after the response
@@ -176,13 +195,21 @@ void ex_conclude(exchange *ex);
 /* Sets the exchange's outcome unless one is set already (the first cause wins); counted in
  * the metrics when the exchange tripped. */
 void ex_set_outcome(exchange *ex, const char *outcome);
-/* Appends the current attempt's record (v: its verdict, or NULL) to ex->attempts. */
+/* Appends the current attempt's record (v: its verdict, or NULL) to the incident record. */
 void ex_record_attempt(exchange *ex, const guard_verdict *v);
 /* True once the client's streaming response exists or is about to be queued: from then on,
- * every end is written into the stream (error event, then [DONE]). */
+ * every end is written into the stream. */
 bool ex_streaming_started(const exchange *ex);
-/* Ends the exchange with an error: a JSON error response when nothing was sent yet, else
- * an error event then [DONE]. */
+/* Ends the exchange with an error: an error response in the API's shape when nothing was
+ * sent yet, else the API's error event and the stream's end. */
 void ex_fail(exchange *ex, int status, const char *message, const char *type, const char *code);
+/* An upstream error event before the client's stream started: the exchange ends with
+ * `status` and `body` (malloc'd, taken). */
+void ex_fail_whole(exchange *ex, int status, char *body);
+/* The last bytes of a client stream: loopguard's X-Loopguard-* comments when it tripped,
+ * then last[0..n); the stream is then complete. */
+void ex_end_stream(exchange *ex, const char *last, size_t n);
+/* Fresh hex digits (2 * nbytes + NUL into out): ids and rids. */
+void ex_random_hex(char *out, size_t nbytes);
 
 #endif

@@ -20,7 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
 #include <curl/curl.h>
+#include <microhttpd.h>
 
 #include "config/config.h"
 #include "proxy/incident.h"
@@ -56,19 +58,45 @@ static void on_pool_event(void *ud, size_t replica, const char *event, const cha
     incident_log_submit(srv->incidents, line);
 }
 
+#define LOOPGUARD_VERSION "0.1.0"
+
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: loopguard [--config FILE] [--listen HOST:PORT] [--upstream URL]\n"
+            "usage: loopguard [--config FILE] [--listen HOST:PORT] [--upstream URL[,URL...]]\n"
             "                 [--upstream-kind auto|sglang|vllm|openai]\n"
             "       loopguard --check-config FILE\n"
-            "       loopguard scan [--config FILE] [--channel content|reasoning] FILE...\n");
+            "       loopguard scan [--config FILE] [--channel content|reasoning|tool_args]\n"
+            "                      [--max-bytes N] [--records] FILE...\n"
+            "       loopguard --version | --help\n"
+            "Configuration: defaults < FILE < LOOPGUARD_* environment variables < flags;\n"
+            "every key is in loopguard(1). Admin endpoints and the status page: /loopguard/.\n");
 }
 
-/* Applies argv over the defaults. Returns the config, or NULL after printing why. */
+static void version(void)
+{
+    curl_version_info_data *cv = curl_version_info(CURLVERSION_NOW);
+    printf("loopguard %s (libmicrohttpd %s, libcurl %s, cJSON %s)\n", LOOPGUARD_VERSION,
+           MHD_get_version(), cv->version, cJSON_Version());
+}
+
+/* Prints each line of a failed step's message; returns whether the step failed. */
+static bool report(int rc, const char *err)
+{
+    if (rc == 0) return false;
+    for (const char *l = err; *l;) {
+        size_t n = strcspn(l, "\n");
+        fprintf(stderr, "loopguard: %.*s\n", (int)n, l);
+        l += n + (l[n] != '\0');
+    }
+    return true;
+}
+
+/* Applies argv over the defaults. Returns the config, or NULL after printing every
+ * problem found (all of the file's, the environment's and the flags' at once). */
 static lg_config *load_config(int argc, char **argv, bool *check_only)
 {
-    char err[512];
+    char err[16384];
     const char *file = NULL, *listen = NULL, *upstream = NULL, *kind = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -82,6 +110,10 @@ static lg_config *load_config(int argc, char **argv, bool *check_only)
             usage(stdout);
             exit(0);
         }
+        if (strcmp(a, "--version") == 0) {
+            version();
+            exit(0);
+        }
         if (!slot || i + 1 >= argc) {
             fprintf(stderr, "loopguard: %s: %s\n", a, slot ? "missing value" : "unknown flag");
             usage(stderr);
@@ -91,13 +123,14 @@ static lg_config *load_config(int argc, char **argv, bool *check_only)
         *slot = argv[++i];
     }
     lg_config *cfg = config_new_defaults();
-    if ((file && config_load_file(cfg, file, err, sizeof err) != 0) ||
-        config_apply_env(cfg, environ, err, sizeof err) != 0 ||
-        (listen && config_set_listen(cfg, listen, err, sizeof err) != 0) ||
-        (upstream && config_set_upstream(cfg, upstream, err, sizeof err) != 0) ||
-        (kind && config_set_upstream_kind(cfg, kind, err, sizeof err) != 0) ||
-        config_validate(cfg, err, sizeof err) != 0) {
-        fprintf(stderr, "loopguard: %s\n", err);
+    bool bad = file && report(config_load_file(cfg, file, err, sizeof err), err);
+    bad |= report(config_apply_env(cfg, environ, err, sizeof err), err);
+    bad |= listen && report(config_set_listen(cfg, listen, err, sizeof err), err);
+    bad |= upstream && report(config_set_upstream(cfg, upstream, err, sizeof err), err);
+    bad |= kind && report(config_set_upstream_kind(cfg, kind, err, sizeof err), err);
+    /* Cross-key checks only on a config whose keys all loaded: else they judge a mix. */
+    if (!bad) bad = report(config_validate(cfg, err, sizeof err), err);
+    if (bad) {
         config_free(cfg);
         return NULL;
     }
@@ -171,7 +204,9 @@ static int start_admin(lg_server *srv, char *err, size_t errlen)
         snprintf(host, sizeof host, "%.*s", hlen - 2, spec + 1);
     else
         snprintf(host, sizeof host, "%.*s", hlen, spec);
-    int fd = worker_listen_socket(host, atoi(colon + 1), err, errlen);
+    int port = atoi(colon + 1);
+    if (port != 0 && worker_address_free(host, port, err, errlen) != 0) return -1;
+    int fd = worker_listen_socket(host, port, err, errlen);
     if (fd < 0) return -1;
     srv->admin = worker_new(srv, (int)srv->n_workers, &fd, 1, err, errlen);
     if (!srv->admin) return -1;
@@ -261,8 +296,12 @@ int main(int argc, char **argv)
 
     int rc = 1;
     size_t started = 0;
-    /* Port 0 asks the kernel for one; every later socket then binds the same port. */
+    /* Port 0 asks the kernel for one; every later socket then binds the same port. The
+     * workers share the port through SO_REUSEPORT, which would as gladly share it with
+     * another process's SO_REUSEPORT listener (an old loopguard still running): the
+     * address must be free first. */
     int port = srv.port = cfg->listen_port;
+    if (port != 0 && worker_address_free(cfg->listen_host, port, err, sizeof err) != 0) goto out;
     for (size_t i = 0; i < srv.n_workers; i++) {
         int fds[WORKER_SHARDS];
         size_t n = 0;

@@ -30,7 +30,7 @@
 
 typedef _Atomic uint64_t counter;
 
-static const char *const endpoint_names[LG_EP_COUNT] = {"chat", "completions", "passthrough",
+static const char *const endpoint_names[LG_EP_COUNT] = {"chat", "completions", "messages", "responses", "generate", "passthrough",
                                                         "admin"};
 /* Label values of the channel label, indexed by lg_channel. */
 static const char *const channel_names[N_CHANNELS] = {"reasoning", "content", "tool_args"};

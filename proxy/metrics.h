@@ -21,6 +21,9 @@ typedef struct lg_metrics lg_metrics;
 typedef enum {
     LG_EP_CHAT,        /* /v1/chat/completions */
     LG_EP_COMPLETIONS, /* /v1/completions */
+    LG_EP_MESSAGES,    /* /v1/messages */
+    LG_EP_RESPONSES,   /* /v1/responses */
+    LG_EP_GENERATE,    /* /generate */
     LG_EP_PASSTHROUGH, /* everything relayed untouched */
     LG_EP_ADMIN,       /* /loopguard/... */
     LG_EP_COUNT,

@@ -141,6 +141,13 @@ void rw_request_clear(rw_request *r)
     memset(r, 0, sizeof(*r));
 }
 
+double rw_step_temperature(const rw_request *req, const lg_sampling_step *st)
+{
+    double t = (req->has_temperature ? req->temperature : 1.0) + st->temperature_add;
+    t = t < 0 ? 0 : t > 2 ? 2 : t;
+    return (double)(long long)(t * 1e6 + 0.5) / 1e6;
+}
+
 /* Applies a retry step's sampling to `obj` (the upstream body, or a record of the
  * client's sampling). Temperature is rounded to 6 decimals so that 0.6 + 0.2 prints as
  * 0.8, not 0.79999999999999993. */
@@ -148,12 +155,8 @@ static void apply_step(cJSON *obj, const rw_request *req, const rw_opts *o)
 {
     const lg_sampling_step *st = o->step;
     if (!st) return;
-    if (st->temperature_add != 0) {
-        double t = (req->has_temperature ? req->temperature : 1.0) + st->temperature_add;
-        t = t < 0 ? 0 : t > 2 ? 2 : t;
-        t = (double)(long long)(t * 1e6 + 0.5) / 1e6;
-        dl_json_set(obj, "temperature", cJSON_CreateNumber(t));
-    }
+    if (st->temperature_add != 0)
+        dl_json_set(obj, "temperature", cJSON_CreateNumber(rw_step_temperature(req, st)));
     if (st->has_presence_penalty)
         dl_json_set(obj, "presence_penalty", cJSON_CreateNumber(st->presence_penalty));
     if (st->has_frequency_penalty)

@@ -78,6 +78,10 @@ char *rw_build_upstream(const rw_request *req, const rw_opts *o, rw_error *err);
  * client or the step). Caller owns the result (cJSON_Delete). */
 cJSON *rw_sampling_json(const rw_request *req, const rw_opts *o);
 
+/* A retry step's temperature: the client's (1.0 when absent) + the step's add, clamped to
+ * [0, 2] and rounded to 6 decimals (0.6 + 0.2 prints as 0.8). */
+double rw_step_temperature(const rw_request *req, const lg_sampling_step *st);
+
 /* Frees root and zeroes *r; safe to call twice. */
 void rw_request_clear(rw_request *r);
 

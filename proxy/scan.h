@@ -6,9 +6,11 @@
 #define LG_SCAN_H
 
 /* argv[0] is "scan". Options: --config FILE, --channel content|reasoning|tool_args,
- * --max-bytes N (scan only the first N bytes of each file). Arguments: files, "-" for
- * stdin. Prints one JSON object per file on stdout. Returns the process exit status:
- * 0 when every file was read, 1 on an I/O error (message on stderr), 2 on usage. */
+ * --max-bytes N (scan only the first N bytes of each file), --records (each file is a JSON
+ * array or JSONL of {instruction|prompt|messages, output} records, scanned one by one).
+ * Arguments: files, "-" for stdin. Prints one JSON object per file (per record with
+ * --records) on stdout. Returns the process exit status:
+ * 0 when every file was read, 1 on an I/O error or a bad record (message on stderr), 2 on usage. */
 int scan_main(int argc, char **argv);
 
 #endif

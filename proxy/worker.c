@@ -25,9 +25,8 @@
 
 #include "proxy/admin.h"
 #include "proxy/edge.h"
-#include "proxy/exchange.h"
 #include "proxy/http.h"
-#include "proxy/relay.h"
+#include "proxy/route.h"
 
 enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT };
 
@@ -51,7 +50,9 @@ uint64_t lg_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-int worker_listen_socket(const char *host, int port, char *err, size_t errlen)
+/* A socket bound to host:port, non-blocking, SO_REUSEADDR, and SO_REUSEPORT when `shared`.
+ * Returns it, or -1 with err ("listen HOST:PORT: why"). */
+static int bound_socket(const char *host, int port, bool shared, char *err, size_t errlen)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
@@ -67,13 +68,38 @@ int worker_listen_socket(const char *host, int port, char *err, size_t errlen)
     }
     fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0 ||
-        bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 4096) != 0) {
-        snprintf(err, errlen, "listen %s:%d: %s", host, port, strerror(errno));
+        (shared && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) ||
+        bind(fd, res->ai_addr, res->ai_addrlen) != 0) {
+        if (errno == EADDRINUSE)
+            snprintf(err, errlen,
+                     "listen %s:%d: address already in use: another process (another "
+                     "loopguard?) listens there; stop it or choose another port",
+                     host, port);
+        else
+            snprintf(err, errlen, "listen %s:%d: %s", host, port, strerror(errno));
         if (fd >= 0) close(fd);
         fd = -1;
     }
     freeaddrinfo(res);
+    return fd;
+}
+
+int worker_address_free(const char *host, int port, char *err, size_t errlen)
+{
+    int fd = bound_socket(host, port, false, err, errlen);
+    if (fd < 0) return -1;
+    close(fd);
+    return 0;
+}
+
+int worker_listen_socket(const char *host, int port, char *err, size_t errlen)
+{
+    int fd = bound_socket(host, port, true, err, errlen);
+    if (fd >= 0 && listen(fd, 4096) != 0) {
+        snprintf(err, errlen, "listen %s:%d: %s", host, port, strerror(errno));
+        close(fd);
+        fd = -1;
+    }
     return fd;
 }
 
@@ -338,15 +364,12 @@ static enum MHD_Result route(lg_worker *w, struct MHD_Connection *conn, const ch
         return http_respond_error(conn, 401, "missing or invalid API key",
                                   "authentication_error", "invalid_api_key");
 
-    if (strcmp(method, "POST") == 0 &&
-        (strcmp(url, "/v1/chat/completions") == 0 || strcmp(url, "/v1/completions") == 0))
-        r = exchange_new(w, conn, url);
-    else if (edge_passthrough_allowed(w->srv->cfg, method, url))
-        r = relay_new(w, conn, method, url);
-    else
+    /* What no guarded API takes is relayed only from the allow-list (edge.h). */
+    if (!route_api(method, url) && !edge_passthrough_allowed(w->srv->cfg, method, url))
         return http_respond_error(conn, 404, "no such route (loopguard relays only its "
                                              "allow-list; see passthrough.allow)",
                                   "invalid_request_error", "route_not_allowed");
+    r = route_request(w, conn, method, url);
     if (!r) return MHD_NO;
     *con_cls = r;
     return MHD_YES;

@@ -154,6 +154,12 @@ struct lg_worker {
  * socket, or -1 with err. Each worker calls it with the same port (SO_REUSEPORT). */
 int worker_listen_socket(const char *host, int port, char *err, size_t errlen);
 
+/* Whether host:port is free for this process: binds it once without SO_REUSEPORT and lets
+ * it go. A listener of any other process on the address, a loopguard's SO_REUSEPORT sockets
+ * included, makes it fail with EADDRINUSE, where worker_listen_socket() would silently
+ * share the port with it. Returns 0, or -1 with err naming the address and the cause. */
+int worker_address_free(const char *host, int port, char *err, size_t errlen);
+
 /* Creates a worker with one shard per listening socket in fds[0..n_fds) (1 to
  * WORKER_SHARDS, all taken over: closed on failure too). Returns NULL with err on failure. */
 lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char *err,

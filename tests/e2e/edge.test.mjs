@@ -123,7 +123,7 @@ const REFUSED = [
 ];
 
 // Upstream control routes a client must not reach (9): all 404 with an OpenAI error.
-const CONTROL = ['/abort_request', '/flush_cache', '/update_weights_from_disk', '/update_weights_from_tensor', '/init_weights_update_group', '/start_profile', '/stop_profile', '/v1/load_lora_adapter', '/v1/unload_lora_adapter', '/reset_prefix_cache', '/sleep', '/wake_up', '/generate', '/configure_logging'];
+const CONTROL = ['/abort_request', '/flush_cache', '/update_weights_from_disk', '/update_weights_from_tensor', '/init_weights_update_group', '/start_profile', '/stop_profile', '/v1/load_lora_adapter', '/v1/unload_lora_adapter', '/reset_prefix_cache', '/sleep', '/wake_up', '/configure_logging'];
 
 function assertClean(headers, what) {
     for (const [k, v] of Object.entries(headers)) {

@@ -87,6 +87,9 @@ function need(name) {
 }
 export const LOOPGUARD_BIN = need('LOOPGUARD_BIN');
 export const FAKE_BIN = need('FAKE_BIN');
+// loopguard rejects a LOOPGUARD_* variable that names no configuration key, so the runner's
+// own variable must not reach the processes the suites start.
+delete process.env.LOOPGUARD_BIN;
 // The ASan build lives under build/san (run.sh's BUILD); slower, so tests may scale waits.
 export const isSanitizerBuild = /san/.test(process.env.BUILD || '') || /\/san\//.test(LOOPGUARD_BIN);
 // ASan or loopguard under valgrind (tests/valgrind-loopguard.sh): scale timeouts up.

@@ -23,7 +23,7 @@ typedef enum {
     FAKE_D_INLINE,
 } fake_dialect;
 
-typedef enum { FAKE_EP_CHAT, FAKE_EP_COMPLETION, FAKE_EP_GENERATE } fake_endpoint;
+typedef enum { FAKE_EP_CHAT, FAKE_EP_COMPLETION, FAKE_EP_GENERATE, FAKE_EP_MESSAGES } fake_endpoint;
 
 /* Parses a dialect name; returns -1 when unknown. */
 int fake_dialect_parse(const char *name);

@@ -27,6 +27,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,7 @@
 
 #include "fake_buf.h"
 #include "fake_dialect.h"
+#include "fake_messages.h"
 #include "fake_record.h"
 
 #define OUT_HIGH        (256 * 1024)  /* stop producing above this much unsent output */
@@ -90,6 +92,7 @@ typedef struct gen {
     fbuf *args;              /* per tool call */
     char **tool_ids;
     size_t ntools;
+    fake_msg msg; /* /v1/messages: the open block */
 } gen;
 
 typedef enum {
@@ -242,11 +245,15 @@ static void respond_json(conn *c, int status, const fbuf *b)
     respond(c, status, "application/json", b->p ? b->p : "", b->len);
 }
 
-static void respond_error(server *s, conn *c, int status, const char *type, const char *fmt,
-                          const char *arg)
+static void respond_error(server *s, conn *c, int status, const char *type, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void respond_error(server *s, conn *c, int status, const char *type, const char *fmt, ...)
 {
     char msg[512];
-    snprintf(msg, sizeof msg, fmt, arg);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
     fbuf_reset(&s->tmp);
     /* Routing errors always use the OpenAI shape: FastAPI's 404 would differ per server,
      * and tests only need a well-formed error. */
@@ -604,6 +611,7 @@ static gen *gen_new(server *s, conn *c, const cJSON *body, fake_endpoint ep, int
     g->t_start = c->t_req;
     g->path = ep == FAKE_EP_CHAT         ? "/v1/chat/completions"
               : ep == FAKE_EP_COMPLETION ? "/v1/completions"
+              : ep == FAKE_EP_MESSAGES   ? "/v1/messages"
                                          : "/generate";
     const fake_resp *r = g->r;
     fake_dialect d = s->dialect;
@@ -615,7 +623,10 @@ static gen *gen_new(server *s, conn *c, const cJSON *body, fake_endpoint ep, int
     const cJSON *reqid = cJSON_GetObjectItemCaseSensitive(body, "request_id");
     char hex[40];
     rand_hex(s, hex, 32);
-    if (fake_dialect_is_sglang(d) || ep == FAKE_EP_GENERATE)
+    if (ep == FAKE_EP_MESSAGES) /* sglang: msg_<uuid hex>; vllm: the chat chunk's id */
+        snprintf(g->id, sizeof g->id, "%s%s", fake_dialect_is_vllm(d) ? "chatcmpl-" : "msg_",
+                 hex);
+    else if (fake_dialect_is_sglang(d) || ep == FAKE_EP_GENERATE)
         snprintf(g->id, sizeof g->id, "%s", g->rid ? g->rid : hex);
     else
         snprintf(g->id, sizeof g->id, "%s-%.80s", ep == FAKE_EP_CHAT ? "chatcmpl" : "cmpl",
@@ -789,10 +800,22 @@ static bool emit_token(server *s, conn *c)
         d.finish = g->finish;
         g->finish_sent = true;
     }
-    if (g->ctx.ep == FAKE_EP_GENERATE)
+    if (g->ctx.ep == FAKE_EP_GENERATE) {
         emit_generate(c, d.finish);
-    else
+    } else if (g->ctx.ep == FAKE_EP_MESSAGES) {
+        fake_blk k = t.ch == FAKE_CH_REASONING ? FAKE_BLK_THINKING
+                     : t.ch == FAKE_CH_CONTENT ? FAKE_BLK_TEXT
+                                               : FAKE_BLK_TOOL;
+        if (merged) /* vLLM's merge_boundary: both tokens, each in its block */
+            fake_msg_token(&c->out, &g->ev, &g->msg, FAKE_BLK_THINKING, t.p, t.n, NULL, NULL);
+        if (merged) k = FAKE_BLK_TEXT, t = t2;
+        fake_msg_token(&c->out, &g->ev, &g->msg, k,
+                       t.ch == FAKE_CH_TOOL_HEAD ? NULL : t.p, t.ch == FAKE_CH_TOOL_HEAD ? 0 : t.n,
+                       t.ch == FAKE_CH_TOOL_HEAD ? g->tool_ids[t.tool] : NULL,
+                       t.ch == FAKE_CH_TOOL_HEAD ? t.p : NULL);
+    } else {
         emit_delta(c, &d);
+    }
     return true;
 }
 
@@ -800,6 +823,10 @@ static bool emit_token(server *s, conn *c)
 static void put_tail(conn *c)
 {
     gen *g = c->g;
+    if (g->ctx.ep == FAKE_EP_MESSAGES) { /* Anthropic streams end with message_stop */
+        fbuf_puts(&c->out, "0\r\n\r\n");
+        return;
+    }
     if (g->usage) {
         fbuf_reset(&g->ev);
         fake_usage u = usage_of(g);
@@ -815,6 +842,11 @@ static void put_tail(conn *c)
 static void stream_finish(conn *c)
 {
     gen *g = c->g;
+    if (g->ctx.ep == FAKE_EP_MESSAGES) {
+        fake_msg_finish(&c->out, &g->ev, &g->msg, g->finish, g->prompt_tokens, g->sent);
+        put_tail(c);
+        return;
+    }
     if (!g->finish_sent) {
         fake_delta d = delta_init(g);
         d.finish = g->finish;
@@ -836,7 +868,10 @@ static void whole_finish(conn *c)
     for (size_t i = 0; i < g->ntools; i++)
         names[i] = g->r->tools[i].name;
     fake_whole w = {
-        .reasoning = g->plan.reasoning_n && g->ctx.ep == FAKE_EP_CHAT ? &g->reasoning : NULL,
+        .reasoning = g->plan.reasoning_n &&
+                             (g->ctx.ep == FAKE_EP_CHAT || g->ctx.ep == FAKE_EP_MESSAGES)
+                         ? &g->reasoning
+                         : NULL,
         .content = &g->content,
         .ntools = g->ntools,
         .ids = (const char *const *)g->tool_ids,
@@ -850,7 +885,10 @@ static void whole_finish(conn *c)
     };
     fbuf_reset(&g->ev);
     if (g->junk_whole) fbuf_put(&g->ev, junk, sizeof junk - 1);
-    fake_render_whole(&g->ev, &g->ctx, &w);
+    if (g->ctx.ep == FAKE_EP_MESSAGES)
+        fake_msg_whole(&g->ev, &g->ctx, &w);
+    else
+        fake_render_whole(&g->ev, &g->ctx, &w);
     respond_json(c, 200, &g->ev);
 }
 
@@ -927,7 +965,11 @@ static bool stream_fault(server *s, conn *c, bool *stop)
         return true;
     case FAKE_FAULT_ERROR_EVENT:
         g->finish = NULL;
-        if (g->stream) {
+        if (g->stream && g->ctx.ep == FAKE_EP_MESSAGES) {
+            fake_msg_error(&c->out, &g->ev, fault_message(f));
+            put_tail(c);
+            c->state = C_DONE;
+        } else if (g->stream) {
             fbuf_reset(&g->ev);
             fake_render_error_event(&g->ev, g->ctx.d, fault_message(f), fault_type(f), f->status);
             put_event(c, g->ev.p, g->ev.len);
@@ -1004,6 +1046,8 @@ static void gen_pump(server *s, conn *c)
                 if (!stream_fault(s, c, &stop)) return;
                 if (stop) goto out;
             }
+            if (g->stream && g->ctx.ep == FAKE_EP_MESSAGES)
+                fake_msg_start(&c->out, &g->ev, &g->ctx, g->prompt_tokens);
             if (g->stream && g->ctx.ep == FAKE_EP_CHAT) {
                 fake_delta d = delta_init(g);
                 d.role = true;
@@ -1071,7 +1115,7 @@ static bool kind_has(const server *s, const char *path)
         {"/generate", 1},        {"/health", 3},
         {"/metrics", 3},         {"/version", 2},
         {"/v1/models", 7},       {"/v1/chat/completions", 7},
-        {"/v1/completions", 7},
+        {"/v1/completions", 7},  {"/v1/messages", 3},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (!strcmp(path, table[i].path)) return table[i].kinds & (1u << s->cfg.kind);
@@ -1287,9 +1331,10 @@ static void dispatch(server *s, conn *c)
     const char *rids = cJSON_IsString(rid) ? rid->valuestring : NULL;
     fake_endpoint ep = !strcmp(p, "/v1/chat/completions") ? FAKE_EP_CHAT
                        : !strcmp(p, "/v1/completions")    ? FAKE_EP_COMPLETION
+                       : !strcmp(p, "/v1/messages")       ? FAKE_EP_MESSAGES
                                                           : FAKE_EP_GENERATE;
     bool gen_path = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions") ||
-                    !strcmp(p, "/generate");
+                    !strcmp(p, "/generate") || !strcmp(p, "/v1/messages");
     bool known = kind_has(s, p);
     int ri = INT_MIN;
     if (known && gen_path && post && cJSON_IsObject(body))

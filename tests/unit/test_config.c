@@ -288,7 +288,6 @@ static void test_precedence_env_and_flags(void **state)
         "LOOPGUARD_GUARD__ENABLED=false",
         "LOOPGUARD_API_KEYS=a,b,c",
         "LOOPGUARD_REASONING__OUTPUT=hide",   /* not JSON: taken as a string */
-        "LOOPGUARD_BIN=/somewhere/loopguard", /* belongs to the test runner: ignored */
         NULL,
     };
     if (config_apply_env(c, env, err, sizeof err)) fail_msg("%s", err);
@@ -442,11 +441,57 @@ static void test_file_errors_name_the_file(void **state)
     char *path = write_temp("{\"retry\": {\"max_atempts\": 3}}");
     assert_int_equal(config_load_file(c, path, err, sizeof err), -1);
     char want[300];
-    snprintf(want, sizeof want, "%s: retry.max_atempts: unknown key", path);
+    snprintf(want, sizeof want,
+             "%s: retry.max_atempts: unknown key (did you mean retry.max_attempts?)", path);
     assert_string_equal(err, want);
     config_free(c);
     unlink(path);
     free(path);
+}
+
+/* One load reports every bad key, one per line, each with the closest key when there is
+ * one; the environment likewise, each line naming its variable. */
+static void test_every_error_at_once(void **state)
+{
+    (void)state;
+    char err[1024] = "";
+    lg_config *c = config_new_defaults();
+    assert_int_equal(config_load_string(c,
+                                        "{\"upstrem\": \"http://x:1\", \"retry\": {\"max_atempts\": 3, "
+                                        "\"mode\": \"sideways\"}, \"timeouts\": {\"idle_ms\": \"soon\"}, "
+                                        "\"bogus\": 1, \"workers\": 2}",
+                                        err, sizeof err),
+                     -1);
+    assert_string_equal(err, "upstrem: unknown key (did you mean upstream?)\n"
+                             "bogus: unknown key\n"
+                             "timeouts.idle_ms: expected a non-negative integer\n"
+                             "retry.max_atempts: unknown key (did you mean retry.max_attempts?)\n"
+                             "retry.mode: expected one of auto, restart, continue");
+    assert_int_equal(c->workers, 2); /* the good keys around the bad ones still applied */
+
+    char *env[] = {
+        "LOOPGUARD_UPSTREM=http://a:1",
+        "LOOPGUARD_GUARD__CONTENT={\"lines\": {",
+        "LOOPGUARD_RETRY_MAX_ATTEMPTS=3",
+        "LOOPGUARD_BIN=/somewhere/loopguard",
+        "LOOPGUARD_WORKERS=3",
+        NULL,
+    };
+    assert_int_equal(config_apply_env(c, env, err, sizeof err), -1);
+    assert_string_equal(
+        err, "LOOPGUARD_BIN: no such setting (every LOOPGUARD_* variable is read as a key path)\n"
+             "LOOPGUARD_GUARD__CONTENT: guard.content: invalid JSON at character 12 of the value\n"
+             "LOOPGUARD_RETRY_MAX_ATTEMPTS: no such setting (did you mean "
+             "LOOPGUARD_RETRY__MAX_ATTEMPTS?)\n"
+             "LOOPGUARD_UPSTREM: no such setting (did you mean LOOPGUARD_UPSTREAM?)");
+    assert_int_equal(c->workers, 3);
+
+    /* A small buffer gets the same text, truncated. */
+    char small[40];
+    char *one[] = {"LOOPGUARD_UPSTREM=x", "LOOPGUARD_BIN=y", NULL};
+    assert_int_equal(config_apply_env(c, one, small, sizeof small), -1);
+    assert_string_equal(small, "LOOPGUARD_BIN: no such setting (every L");
+    config_free(c);
 }
 
 static void test_validate(void **state)
@@ -587,6 +632,7 @@ int main(void)
         cmocka_unit_test(test_env_errors_name_variable_and_key),
         cmocka_unit_test(test_errors_name_the_key),
         cmocka_unit_test(test_file_errors_name_the_file),
+        cmocka_unit_test(test_every_error_at_once),
         cmocka_unit_test(test_validate),
         cmocka_unit_test(test_model_rules),
         cmocka_unit_test(test_model_rule_threads),

@@ -174,14 +174,14 @@ static void test_tools_stamps_and_varied(void **state)
     unsigned long long a, b, c;
     assert_int_equal(sscanf(s, "Cw%llu |Cw%llu |Cw%llu |", &a, &b, &c), 3);
     assert_true(a <= b && b <= c && a > 0);
-    char *words = strstr(s, "|C") + 2;
-    words = strstr(words, "|C") + 2;
-    words = strstr(words, "|C") + 2;
-    assert_non_null(strchr(words, '.'));
+    char *rest = strstr(s, "|C") + 2;
+    rest = strstr(rest, "|C") + 2;
+    rest = strstr(rest, "|C") + 2;
+    assert_non_null(strchr(rest, '.'));
     char probe[64];
-    snprintf(probe, sizeof probe, "%.20s", words);
-    assert_ptr_equal(strstr(words, probe), words); /* the opening 20 bytes occur once */
-    assert_null(strstr(words + 1, probe));
+    snprintf(probe, sizeof probe, "%.20s", rest);
+    assert_ptr_equal(strstr(rest, probe), rest); /* the opening 20 bytes occur once */
+    assert_null(strstr(rest + 1, probe));
     free(s);
     fake_scenario_unref(sc);
 }

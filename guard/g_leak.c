@@ -1,0 +1,156 @@
+/* g_leak.c — the leak detector: a configured template token (`<|im_end|>`, a second
+ * `</think>`) appears in the text, the sign of a chat template leaking into the output.
+ *
+ * Bitsets of the tokens' first and last bytes make most bytes cost one test, and when the
+ * tokens use at most four distinct first/last bytes a piece is scanned 16 bytes at a time;
+ * only at a token's last byte are the tokens compared. O(1) per byte, O(tokens) at a
+ * candidate byte. */
+#include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+#include "guard/guard_int.h"
+
+static void leak_init(guard *g)
+{
+    const guard_params *p = g->p;
+    for (size_t i = 0; i < p->n_leaks; i++) {
+        unsigned char last = (unsigned char)p->leaks[i][p->leak_len[i] - 1];
+        unsigned char first = (unsigned char)p->leaks[i][0];
+        g->leak_last[last >> 3] |= (unsigned char)(1u << (last & 7));
+        g->leak_first[first >> 3] |= (unsigned char)(1u << (first & 7));
+        g->leak_any[last >> 3] |= (unsigned char)(1u << (last & 7));
+        g->leak_any[first >> 3] |= (unsigned char)(1u << (first & 7));
+        if (p->leak_len[i] > g->leak_maxlen) g->leak_maxlen = p->leak_len[i];
+    }
+    for (unsigned c = 0; c < 256 && g->n_leak_bytes <= 4; c++) {
+        if (!(g->leak_any[c >> 3] & (1u << (c & 7)))) continue;
+        if (g->n_leak_bytes < 4) g->leak_bytes[g->n_leak_bytes] = (unsigned char)c;
+        g->n_leak_bytes++;
+    }
+    if (g->n_leak_bytes > 4) g->n_leak_bytes = 0;
+    for (unsigned k = g->n_leak_bytes; k && k < 4; k++)
+        g->leak_bytes[k] = g->leak_bytes[0];
+}
+
+void guard_disable_leaks(guard *g)
+{
+    /* With no last-byte candidates leak_step never compares and leak_suspect is 0. */
+    memset(g->leak_last, 0, sizeof g->leak_last);
+    memset(g->leak_first, 0, sizeof g->leak_first);
+    memset(g->leak_any, 0, sizeof g->leak_any);
+    g->n_leak_bytes = 0;
+    g->leak_maxlen = 0;
+}
+
+/* Per byte b, when `now` bytes have been fed (b the last): does a leak token end here?
+ * Returns true on a trip. */
+static inline bool leak_step(guard *g, unsigned char b, uint64_t now)
+{
+    const guard_params *p = g->p;
+    if (!(g->leak_any[b >> 3] & (1u << (b & 7)))) return false;
+    g->leak_start = g->leak_first[b >> 3] & (1u << (b & 7)) ? now : g->leak_start;
+    if (!(g->leak_last[b >> 3] & (1u << (b & 7)))) return false;
+    for (size_t i = 0; i < p->n_leaks; i++) {
+        size_t n = p->leak_len[i];
+        if (now < n || now - n < g->base) continue;
+        if (!memcmp(g->buf + (now - n - g->base), p->leaks[i], n)) {
+            guard_set_unit(g, now - n, now);
+            guard_trip(g, "leak", now - n, now, 1);
+            return true;
+        }
+    }
+    return false;
+}
+
+#ifdef __SSE2__
+/* The bytes of x that equal one of the four leak bytes k[0..4), as a 16-bit mask. */
+static inline unsigned leak_hits(const __m128i *k, __m128i x)
+{
+    __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, k[0]), _mm_cmpeq_epi8(x, k[1])),
+                               _mm_or_si128(_mm_cmpeq_epi8(x, k[2]), _mm_cmpeq_epi8(x, k[3])));
+    return (unsigned)_mm_movemask_epi8(hit);
+}
+#endif
+
+/* The index of the first byte of s[0..n) that starts or ends a leak token, or n. s lies in
+ * g's history, so a last block shorter than 16 bytes is read as the 16 bytes that end it,
+ * with the history before it masked off: the pieces that get here are often 9-15 bytes. */
+static size_t leak_scan(const guard *g, const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+#ifdef __SSE2__
+    if (g->n_leak_bytes) {
+        const __m128i k[4] = {
+            _mm_set1_epi8((char)g->leak_bytes[0]), _mm_set1_epi8((char)g->leak_bytes[1]),
+            _mm_set1_epi8((char)g->leak_bytes[2]), _mm_set1_epi8((char)g->leak_bytes[3])};
+        for (; i + 16 <= n; i += 16) {
+            unsigned m = leak_hits(k, _mm_loadu_si128((const __m128i *)(const void *)(s + i)));
+            if (m) return i + (unsigned)__builtin_ctz(m);
+        }
+        size_t rest = n - i;
+        if (rest && (size_t)(s + n - g->buf) >= 16) {
+            const unsigned char *end16 = s + n - 16;
+            unsigned m = leak_hits(k, _mm_loadu_si128((const __m128i *)(const void *)end16));
+            m >>= 16 - rest;
+            return m ? i + (unsigned)__builtin_ctz(m) : n;
+        }
+    }
+#endif
+    while (i < n && !(g->leak_any[s[i] >> 3] & (1u << (s[i] & 7))))
+        i++;
+    return i;
+}
+
+/* The leak detector over a piece (guard_detector): leak_step at the bytes leak_scan finds.
+ * It reads the piece from the history, where feed_piece copied it. */
+static size_t leak_pass(guard *g, size_t lim, uint64_t fed0)
+{
+    if (!g->leak_maxlen) return lim;
+    const unsigned char *s = g->buf + (size_t)(fed0 - g->base);
+    if (lim < GUARD_SHORT) { /* a token or so: the scan's set-up costs more than it saves */
+        for (size_t i = 0; i < lim; i++)
+            if (leak_step(g, s[i], fed0 + i + 1)) return i;
+        return lim;
+    }
+    size_t i = leak_scan(g, s, lim);
+    while (i < lim) {
+        if (leak_step(g, s[i], fed0 + i + 1)) return i;
+        i++;
+        i += leak_scan(g, s + i, lim - i);
+    }
+    return lim;
+}
+
+/* Longest tail that is a proper prefix of a leak token. O(max length) byte checks, and a
+ * compare per token only where a token could start. */
+static size_t leak_suspect(const guard *g)
+{
+    const guard_params *p = g->p;
+    size_t have = (size_t)(g->fed - g->base);
+    /* No byte that starts a token among the last max length: nothing to hold. */
+    if (!g->leak_maxlen || g->fed - g->leak_start >= g->leak_maxlen) return 0;
+    /* Longest first; a tail can only match where it starts with a token's first byte. */
+    for (size_t k = g->leak_maxlen - 1; k > 0; k--) {
+        if (k > have) continue;
+        const unsigned char *t = g->buf + (g->fed - k - g->base);
+        if (!(g->leak_first[t[0] >> 3] & (1u << (t[0] & 7)))) continue;
+        for (size_t i = 0; i < p->n_leaks; i++)
+            if (p->leak_len[i] > k && !memcmp(t, p->leaks[i], k)) return k;
+    }
+    return 0;
+}
+
+static bool leak_on(const guard_params *p)
+{
+    return p->n_leaks > 0;
+}
+
+const guard_detector guard_det_leak = {
+    .name = "leak",
+    .on = leak_on,
+    .init = leak_init,
+    .pass = leak_pass,
+    .suspect = leak_suspect,
+};

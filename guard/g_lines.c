@@ -1,0 +1,71 @@
+/* g_lines.c — the lines detector: one line or sentence keeps coming back, and the text
+ * between its returns is itself made of returns (so "A x A y A z" with fresh x, y, z passes,
+ * and a list whose items share a prefix does too).
+ *
+ * It reads the segments g_text.c cuts the text into. The window remembers the last
+ * lines.window segments with a letter (a ring of hashes) and a count per hash bucket, so a
+ * segment seen for the first time, most of them, costs O(1); a returning one O(window).
+ * Memory: the ring, 32 bytes a segment, and 1 KiB of bucket counts. */
+#include <stdlib.h>
+
+#include "guard/guard_int.h"
+
+void guard_lines_init(guard *g)
+{
+    /* Rings are sized to a power of two so that indexing is a mask, not a division. */
+    for (g->seg_mask = 1; g->seg_mask < g->p->lines.window; g->seg_mask <<= 1)
+        ;
+    g->segs = guard_xcalloc(g->seg_mask--, sizeof(*g->segs));
+}
+
+void guard_lines_release(guard *g)
+{
+    free(g->segs);
+}
+
+/* The lines detector, for a completed segment with a letter. The window keeps every such
+ * segment, short ones too (they are what lies between the repeats); only a prose sentence
+ * of min_segment_bytes can trigger, because code repeats lines on purpose. `now` is the
+ * number of bytes fed when it is decided. Returns true on a trip. */
+bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, bool trigger,
+                         bool prose, uint64_t now)
+{
+    const guard_params *p = g->p;
+    unsigned w = p->lines.window, m = g->seg_mask;
+    uint64_t first = g->nsegs > w - 1 ? g->nsegs - (w - 1) : 0;
+    uint64_t occ[64];
+    unsigned nocc = 0, need = p->lines.min_repeats - 1;
+    /* Newest first, remembering the last min_repeats-1 earlier occurrences. The bucket
+     * counts spare the O(window) scan for the segments seen for the first time (most). */
+    if (g->seg_count[h & (GUARD_SEG_BUCKETS - 1)]) {
+        for (uint64_t k = g->nsegs; k-- > first;) {
+            if (g->segs[k & m].hash != h) continue;
+            if (nocc < need && nocc < 64) occ[nocc] = k;
+            nocc++;
+        }
+    }
+    g->seg_count[h & (GUARD_SEG_BUCKETS - 1)]++;
+    if (g->nsegs >= w - 1)
+        g->seg_count[g->segs[(g->nsegs - (w - 1)) & m].hash & (GUARD_SEG_BUCKETS - 1)]--;
+    gseg *s = &g->segs[g->nsegs & m];
+    s->hash = h;
+    s->start = start;
+    s->end = end;
+    s->seen = nocc > 0;
+    s->prose = prose;
+    g->nsegs++;
+    if (!trigger || nocc < need) return false;
+    /* The span from the oldest of those occurrences to now must be made of returns, and
+     * of prose at least half: doctests repeat their error messages between code. */
+    uint64_t from = occ[need - 1];
+    unsigned seen = 0, prosy = 0, total = 0;
+    for (uint64_t k = from; k < g->nsegs; k++) {
+        total++;
+        seen += g->segs[k & m].seen;
+        prosy += g->segs[k & m].prose;
+    }
+    if ((double)seen < p->lines.min_repeat_ratio * total || prosy * 2 < total) return false;
+    guard_set_unit(g, start, end);
+    guard_trip(g, "lines", g->segs[from & m].start, now, nocc + 1);
+    return true;
+}

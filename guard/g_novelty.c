@@ -1,0 +1,71 @@
+/* g_novelty.c — the novelty detector: almost no new word trigrams over a window, the
+ * signature of a paraphrase loop ("Let me check 5 again. Wait, let me verify 5 once more.").
+ *
+ * It reads the words of each segment g_text.c completes. A trigram table (1,024 entries of 4
+ * bytes, tagged with 16 bits of the hash) says whether a trigram was seen within the last
+ * memory_words words; a ring over the last novelty.window trigrams counts the novel ones.
+ * O(1) per word. */
+#include <stdlib.h>
+
+#include "guard/guard_int.h"
+
+void guard_novelty_init(guard *g)
+{
+    g->ttab = guard_xcalloc((size_t)1 << GUARD_TTAB_BITS, sizeof(*g->ttab));
+    g->tri_start = guard_xcalloc(g->p->novelty.window, sizeof(*g->tri_start));
+    g->tri_novel = guard_xcalloc(g->p->novelty.window, 1);
+}
+
+void guard_novelty_release(guard *g)
+{
+    free(g->ttab);
+    free(g->tri_start);
+    free(g->tri_novel);
+}
+
+static inline uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33;
+    return x;
+}
+
+/* The novelty detector, for one word: is the trigram ending here new within
+ * memory_words? Trips when fewer than min_ratio of the last `window` trigrams were. Words
+ * outside prose only ever count as evidence of novelty (code and templated comments repeat
+ * on purpose, but their fresh names still show the text is going somewhere), and a
+ * trigram made only of numbers does not count at all (zero tables, version lists). `now`
+ * is the number of bytes fed when it is decided. */
+bool guard_novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool prose, uint64_t now)
+{
+    const guard_params *p = g->p;
+    g->wh[0] = g->wh[1];
+    g->wh[1] = g->wh[2];
+    g->wh[2] = h;
+    g->ws[0] = g->ws[1];
+    g->ws[1] = g->ws[2];
+    g->ws[2] = start;
+    g->walpha = (unsigned char)((g->walpha << 1 | alpha) & 7);
+    if (++g->nwords < 3 || !g->walpha) return false;
+
+    uint64_t t = mix(g->wh[0] * 3 + mix(g->wh[1] * 5 + mix(g->wh[2])));
+    gtri *e = &g->ttab[t >> (64 - GUARD_TTAB_BITS)];
+    bool novel =
+        !(e->tag == (uint16_t)t && (uint16_t)(g->nwords - e->word) <= p->novelty.memory_words);
+    e->tag = (uint16_t)t;
+    e->word = (uint16_t)g->nwords;
+    if (!novel && !prose) return false;
+
+    unsigned w = p->novelty.window, slot = (unsigned)(g->ntri % w);
+    if (g->ntri >= w) g->novel -= g->tri_novel[slot];
+    g->tri_novel[slot] = novel;
+    g->tri_start[slot] = g->ws[0];
+    g->novel += novel;
+    g->ntri++;
+    if (g->ntri < w || g->novel >= p->novelty.min_ratio * w) return false;
+    uint64_t from = g->tri_start[g->ntri % w];
+    guard_set_unit(g, from, now);
+    guard_trip(g, "novelty", from, now, w - g->novel);
+    return true;
+}

@@ -1,0 +1,475 @@
+/* g_repeat.c — the repeat detector: the tail of the text is periodic, some period p has
+ * repeated often enough for its class of unit.
+ *
+ * Candidate periods come from an 8-gram table (the distance to the previous occurrence of
+ * the last 8 bytes, looked up at every fourth offset); up to GUARD_NCAND live candidates
+ * each cost a compare per 16 bytes of a piece (one per byte of a short piece). When a
+ * candidate's periodic tail first reaches the plain threshold of its period (the period
+ * table, base_need), its unit is classified (prose, separator, digits, list item, line,
+ * table, blob, code) and the threshold raised to its class's; inside a Markdown code fence
+ * every threshold is multiplied by fence_factor. Cost: O(1) amortised per byte; memory: the
+ * 4 KiB 8-gram table and the candidates. */
+#include <stdlib.h>
+#include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+#include "guard/guard_int.h"
+
+/* Classifies the unit u[0..n) (any rotation gives the same answer). O(n); runs once per
+ * candidate, when its tail first reaches the plain threshold. */
+static guard_rclass classify(const unsigned char *u, size_t n, bool *codep)
+{
+    size_t letters = 0, hexletters = 0, digits = 0, spaces = 0, nl = 0, commas = 0, pipes = 0;
+    size_t code = 0, loud = 0, wide = 0, words = 0, prose_end = 0;
+    bool in_word = false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = u[i];
+        bool wordc = false;
+        if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') {
+            letters++;
+            if ((c | 0x20) <= 'f' || (c | 0x20) == 'x') hexletters++;
+            wordc = true;
+        } else if (c >= '0' && c <= '9') {
+            digits++;
+            wordc = true;
+        } else if (c == ' ' || c == '\t' || c == '\r') {
+            spaces++;
+        } else if (c == '\n') {
+            nl++;
+            unsigned char b = u[(i + n - 1) % n];
+            if (b == '.' || b == '!' || b == '?' || b == ':') prose_end++;
+        } else if (c == ',') {
+            commas++;
+        } else if (c == '|') {
+            pipes++;
+        } else if (c == '!' || c == '?') {
+            loud++;
+        } else if (c >= 0xC0) {
+            /* Box drawing and block elements (U+2500–U+259F: E2 94..96) are rules, and
+             * so is U+FFFD (EF BF BD), the filler of decoded binary tables; everything
+             * else outside ASCII counts as text. */
+            unsigned char c1 = u[(i + 1) % n], c2 = u[(i + 2) % n];
+            if (!(c == 0xE2 && c1 >= 0x94 && c1 <= 0x96) &&
+                !(c == 0xEF && c1 == 0xBF && c2 == 0xBD))
+                wide++;
+        } else if (strchr("=(){}[]<>;_\\`&@", c)) {
+            code++;
+        } else if (c == '.' && ((u[(i + 1) % n] | 0x20) >= 'a' && (u[(i + 1) % n] | 0x20) <= 'z')) {
+            code++; /* member access: "MachineState.START" */
+        }
+        if (wordc && !in_word && (c | 0x20) >= 'a' && (c | 0x20) <= 'z') words++;
+        in_word = wordc;
+    }
+    *codep = code * 50 >= n; /* at least 2% code characters */
+    if (pipes) return GR_TABLE;
+    if (!letters && !wide) {
+        if (digits) return GR_DATA;
+        return loud ? GR_NORMAL : GR_RULE;
+    }
+    if (!wide && digits && letters == hexletters && letters <= digits) return GR_DATA;
+    if (nl) {
+        /* A line of prose ends with sentence punctuation and is mostly letters and
+         * spaces; "The user is asking for the result of 2+2.\n" is, code is not. */
+        size_t body = n - nl;
+        bool prose = prose_end == nl && words >= 3 && (letters + spaces) * 10 >= body * 8;
+        return prose || wide ? GR_NORMAL : GR_LINE;
+    }
+    if (*codep) return GR_CODE;
+    if (!spaces && !wide && !loud) return GR_BLOB;
+    if (commas && words <= 1 && n <= 24) return GR_ITEM;
+    return GR_NORMAL;
+}
+
+/* The tail length a candidate must reach once its unit's class and the fence are known;
+ * `end` is the offset just past the byte being judged. */
+static uint32_t judge(const guard *g, const gcand *c, uint64_t end)
+{
+    const guard_params *p = g->p;
+    const unsigned char *u = g->buf + (end - c->period - g->base);
+    bool code;
+    guard_rclass cls = classify(u, c->period, &code);
+    /* The period table counts characters, not bytes: "。" is one character repeated. */
+    uint32_t chars = 0;
+    for (uint32_t i = 0; i < c->period; i++)
+        chars += !guard_is_cont(u[i]);
+    double reps = guard_steps_repeats(p, chars ? chars : 1);
+    uint32_t minb = p->repeat.min_bytes;
+    /* A class's own thresholds hold up to its max_period (0: any period); past it, a
+     * long block is judged as code, or as prose when it has no code characters. */
+    if (p->repeat.cls[cls].max_period && chars > p->repeat.cls[cls].max_period)
+        cls = code ? GR_CODE : GR_NORMAL;
+    {
+        if (p->repeat.cls[cls].min_repeats > reps) reps = p->repeat.cls[cls].min_repeats;
+        if (p->repeat.cls[cls].min_bytes > minb) minb = p->repeat.cls[cls].min_bytes;
+    }
+    if (g->in_fence) {
+        reps *= p->repeat.fence_factor;
+        minb = (uint32_t)(minb * p->repeat.fence_factor);
+    }
+    return guard_need_for(c->period, reps, minb);
+}
+
+/* Trips "repeat" for a tail periodic in `period` that ends at `end`: reports the smallest
+ * period that divides it and where the periodic stretch began (bounded by the history). */
+static void repeat_trip(guard *g, uint32_t period, uint64_t end)
+{
+    const unsigned char *u = g->buf + (end - period - g->base);
+    uint32_t q = period;
+    for (uint32_t d = 1; d < period; d++) {
+        if (period % d) continue;
+        uint32_t i;
+        for (i = d; i < period && u[i] == u[i - d]; i++)
+            ;
+        if (i == period) {
+            q = d;
+            break;
+        }
+    }
+    uint64_t j = end - 1;
+    while (j >= g->base + q && guard_at(g, j) == guard_at(g, j - q))
+        j--;
+    uint64_t loop_start = j + 1 - q;
+    guard_set_unit(g, loop_start, loop_start + q);
+    guard_trip(g, "repeat", loop_start, end, (unsigned)((end - loop_start) / q));
+}
+
+/* The offset at which candidate c, its run starting at c->start, reaches c->need. */
+static inline uint64_t cand_ready_at(const gcand *c)
+{
+    uint64_t over = (uint64_t)c->need > (uint64_t)c->period + 1 ? c->need - c->period - 1 : 0;
+    return c->start + over;
+}
+
+/* The first offset k in [from, to) with buf[k] != buf[k - period], or `to`. Every byte read
+ * is in the history: from - period ≥ base, to ≤ the bytes held. */
+static uint64_t period_break(const guard *g, uint32_t period, uint64_t from, uint64_t to)
+{
+    const unsigned char *s = g->buf + (from - g->base), *t = s - period;
+    size_t n = (size_t)(to - from), i = 0;
+#ifdef __SSE2__
+    for (; i + 16 <= n; i += 16) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
+        __m128i y = _mm_loadu_si128((const __m128i *)(const void *)(t + i));
+        unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, y)) ^ 0xFFFF;
+        if (m) return from + i + (unsigned)__builtin_ctz(m);
+    }
+    /* A last block under 16 bytes: the 16 bytes that end it, when both lie in the history,
+     * with the bytes before it masked off. */
+    size_t rest = n - i;
+    if (rest && (size_t)(t + n - g->buf) >= 16) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + n - 16));
+        __m128i y = _mm_loadu_si128((const __m128i *)(const void *)(t + n - 16));
+        unsigned m = ((unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, y)) ^ 0xFFFF) >> (16 - rest);
+        return m ? from + i + (unsigned)__builtin_ctz(m) : to;
+    }
+#endif
+    while (i < n && s[i] == t[i])
+        i++;
+    return from + i;
+}
+
+/* The 8 bytes ending at pos also end at pos - d, inside the history (the caller compared
+ * them): tracks period d, unless it is live already, when a slot is free or holds a
+ * shorter run. The live candidates are those of the caller's list at pos. */
+static void cand_add(guard *g, uint64_t pos, uint32_t d, uint64_t end)
+{
+    for (unsigned i = 0; i < g->ncand; i++)
+        if (g->cand[i].period == d) return;
+    /* Measure the run by walking back from those 8 bytes: O(run), and a run only starts
+     * being tracked once, so this is amortised O(1). */
+    uint64_t j = pos - 8;
+    while (j >= g->base + d && guard_at(g, j) == guard_at(g, j - d))
+        j--;
+    unsigned slot = g->ncand;
+    if (slot == GUARD_NCAND) { /* replace the shortest run, the latest start */
+        slot = 0;
+        for (unsigned i = 1; i < GUARD_NCAND; i++)
+            if (g->cand[i].start > g->cand[slot].start) slot = i;
+        if (g->cand[slot].start <= j + 1) return;
+    } else {
+        g->ncand++;
+    }
+    gcand *c = &g->cand[slot];
+    c->start = j + 1;
+    c->period = d;
+    c->need = g->p->repeat.base_need[d];
+    c->judged = false;
+    c->ready_at = cand_ready_at(c);
+    c->breaks = period_break(g, d, pos + 1, end);
+}
+
+/* At offset pos, the byte of a piece that ends at `end`: drops the candidates whose period
+ * broke by now, tracks period d (0: none), judges (once) the candidates whose run reached
+ * their threshold and trips when one still holds. Returns true on a trip; else *next is
+ * the offset of the next candidate that will reach its threshold before its period breaks
+ * (UINT64_MAX: none). RARE_PATH. */
+RARE_PATH static bool cand_event(guard *g, uint64_t pos, uint32_t d, uint64_t end, uint64_t *next)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < g->ncand; i++) /* the list keeps its order */
+        if (g->cand[i].breaks > pos) g->cand[n++] = g->cand[i];
+    g->ncand = n;
+    if (d) cand_add(g, pos, d, end);
+    *next = UINT64_MAX;
+    for (unsigned i = 0; i < g->ncand; i++) {
+        gcand *c = &g->cand[i];
+        if (pos >= c->ready_at && !c->judged) {
+            c->judged = true;
+            c->need = judge(g, c, pos + 1);
+            c->ready_at = cand_ready_at(c);
+        }
+        if (pos >= c->ready_at) {
+            repeat_trip(g, c->period, pos + 1);
+            return true;
+        }
+        if (c->ready_at < c->breaks && c->ready_at < *next) *next = c->ready_at;
+    }
+    return false;
+}
+
+/* The 8 bytes of history ending at offset end (≥ base + 7) as the repeat detector's gram:
+ * the byte at end lowest. */
+static inline uint64_t gram_at(const guard *g, uint64_t end)
+{
+    uint64_t v;
+    memcpy(&v, g->buf + (end - 7 - g->base), sizeof v);
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+/* Records the 8-gram ending at offset pos and returns the period it shows that is not live
+ * yet, or 0. Every 8-gram is recorded, but looked up only at every fourth offset: a new
+ * period is noticed at most 3 bytes later (its run is measured exactly anyway), and the
+ * unpredictable "seen before?" branch runs a quarter as often. The candidates' `breaks`
+ * must be past pos for those still live. */
+/* The 8-gram table slot of gram. */
+static inline uint32_t gram_slot(uint64_t gram)
+{
+    return (uint32_t)((gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
+}
+
+static inline uint32_t gram_period(guard *g, uint16_t *gtab, uint64_t gram, uint64_t pos)
+{
+    uint32_t h = gram_slot(gram);
+    uint16_t last = gtab[h];
+    gtab[h] = (uint16_t)(pos + 1);
+    if ((pos & 3) != 0 || !last) return 0;
+    /* A slot may hold another 8-gram, or an old one: only a real match is a period, and
+     * comparing the 8 bytes is cheaper than cand_add finding out. */
+    uint32_t d = (uint16_t)((uint16_t)(pos + 1) - last);
+    if (!(d >= 1 && d <= g->p->repeat.max_period && pos >= d + g->base + 7 &&
+          gram_at(g, pos - d) == gram))
+        return 0;
+    /* Most periods found are live already (a loop finds its own every 4 bytes). */
+    for (unsigned k = 0; k < g->ncand; k++)
+        if (g->cand[k].period == d && g->cand[k].breaks > pos) return 0;
+    return d;
+}
+
+/* The repeat detector over a run of bytes s[0..lim) at offset fed0 with one fence state
+ * (see repeat_pass). The live candidates are not advanced
+ * byte by byte: where each one's period breaks in the piece is found first, 16 bytes at a
+ * time, and the per-byte loop only records 8-grams, looks for new periods and stops where
+ * something happens (cand_event). */
+/* The repeat detector for byte b of a short piece at offset pos (gram: the 8 bytes ending
+ * there), with the result of repeat_pass over that one byte: for a byte or two a compare
+ * per candidate costs less than finding where its period breaks. Returns true on a trip. */
+static inline bool repeat_byte(guard *g, uint64_t gram, unsigned char b, uint64_t pos)
+{
+    const unsigned char *now = g->buf + (pos - g->base);
+    bool due = false, died = false;
+    for (unsigned k = 0; k < g->ncand; k++) {
+        gcand *c = &g->cand[k];
+        bool holds = now[-(ptrdiff_t)c->period] == b;
+        c->breaks = holds ? pos + 1 : pos;
+        died |= !holds;
+        due |= holds && pos >= c->ready_at;
+    }
+    if (died) {
+        unsigned n = 0;
+        for (unsigned k = 0; k < g->ncand; k++)
+            if (g->cand[k].breaks > pos) g->cand[n++] = g->cand[k];
+        g->ncand = n;
+    }
+    uint32_t d = gram_period(g, g->gtab, gram, pos);
+    uint64_t next;
+    return (d || due) && cand_event(g, pos, d, pos + 1, &next);
+}
+
+static size_t repeat_run(guard *g, const unsigned char *s, size_t lim, uint64_t fed0)
+{
+    uint16_t *const gtab = g->gtab;
+    const uint64_t end = fed0 + lim;
+    uint64_t gram = g->gram, next = UINT64_MAX;
+    for (unsigned k = 0; k < g->ncand; k++) {
+        gcand *c = &g->cand[k];
+        c->breaks = period_break(g, c->period, fed0, end);
+        if (c->ready_at < c->breaks && c->ready_at < next) next = c->ready_at;
+    }
+    size_t i = 0;
+    while (i < lim) {
+        uint64_t pos = fed0 + i;
+        /* Three bytes that are only recorded, then the one looked up: when no candidate
+         * comes due among them, they need no test at all. */
+        if ((pos & 3) == 1 && lim - i >= 4 && next > pos + 2) {
+            gram = gram << 8 | s[i];
+            gtab[gram_slot(gram)] = (uint16_t)(pos + 1);
+            gram = gram << 8 | s[i + 1];
+            gtab[gram_slot(gram)] = (uint16_t)(pos + 2);
+            gram = gram << 8 | s[i + 2];
+            gtab[gram_slot(gram)] = (uint16_t)(pos + 3);
+            i += 3;
+            pos += 3;
+        }
+        gram = gram << 8 | s[i];
+        uint32_t d = gram_period(g, gtab, gram, pos);
+        if ((d || pos >= next) && cand_event(g, pos, d, end, &next)) break;
+        i++;
+    }
+    g->gram = gram;
+    if (i == lim) { /* drop the candidates whose period broke in the piece */
+        unsigned n = 0;
+        for (unsigned k = 0; k < g->ncand; k++)
+            if (g->cand[k].breaks == end) g->cand[n++] = g->cand[k];
+        g->ncand = n;
+    }
+    return i;
+}
+
+/* ---- code fences ------------------------------------------------------------------- */
+
+/* A run of ≥ 3 backticks or tildes at the head of a line opens a fence, or closes the
+ * open one when it uses the same character and is at least as long. */
+static void fence_run_end(guard *g)
+{
+    if (g->frun < 3) return;
+    if (!g->in_fence) {
+        g->in_fence = true;
+        g->open_ch = g->fch;
+        g->open_len = g->frun;
+    } else if (g->fch == g->open_ch && g->frun >= g->open_len) {
+        g->in_fence = false;
+    }
+}
+
+static void fence_step(guard *g, unsigned char b)
+{
+    if (b == '\n') {
+        if (g->fstate == 1) fence_run_end(g);
+        g->fstate = 0;
+        g->fcol = 0;
+        return;
+    }
+    switch (g->fstate) {
+    case 0:
+        if (b == ' ' && g->fcol < 3) {
+            g->fcol++;
+        } else if (b == '`' || b == '~') {
+            g->fstate = 1;
+            g->fch = b;
+            g->frun = 1;
+        } else {
+            g->fstate = 2;
+        }
+        break;
+    case 1:
+        if (b == g->fch) {
+            g->frun++;
+        } else {
+            fence_run_end(g);
+            g->fstate = 2;
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+/* Does byte b end a run of fence characters that opens or closes a fence? */
+static bool fence_toggles(const guard *g, unsigned char b)
+{
+    if (g->fstate != 1 || b == g->fch || g->frun < 3) return false;
+    return !g->in_fence || (g->fch == g->open_ch && g->frun >= g->open_len);
+}
+
+/* Follows code fences over s[0..n) and returns how many of those bytes the next run takes:
+ * all, or those before a byte (not the first) that opens or closes a fence. The repeat
+ * detector thus reads one fence state for a whole run. */
+static size_t fence_pass(guard *g, const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (g->fstate == 2) { /* the rest of a line: nothing happens before its end */
+            const unsigned char *nl = memchr(s + i, '\n', n - i);
+            if (!nl) break;
+            i = (size_t)(nl - s);
+        }
+        if (i > 0 && fence_toggles(g, s[i])) return i;
+        fence_step(g, s[i]);
+    }
+    return n;
+}
+
+/* The repeat detector's pass (guard_detector). A short piece (a token or so) goes byte
+ * after byte: there a compare per candidate costs less than finding where each period
+ * breaks. A longer one goes in runs between the bytes that open or close a code fence, so
+ * that each run is judged with one fence state. */
+static size_t repeat_pass(guard *g, size_t lim, uint64_t fed0)
+{
+    const unsigned char *s = g->buf + (size_t)(fed0 - g->base);
+    if (lim < GUARD_SHORT) {
+        for (size_t i = 0; i < lim; i++) {
+            unsigned char b = s[i];
+            if (g->fstate != 2 || b == '\n') fence_step(g, b); /* as fence_pass */
+            g->gram = g->gram << 8 | b;
+            if (repeat_byte(g, g->gram, b, fed0 + i)) return i;
+        }
+        return lim;
+    }
+    for (size_t i = 0; i < lim;) {
+        size_t n = fence_pass(g, s + i, lim - i);
+        size_t k = repeat_run(g, s + i, n, fed0 + i);
+        if (k < n) return i + k;
+        i += n;
+    }
+    return lim;
+}
+
+/* ---- the detector ------------------------------------------------------------------ */
+
+static void repeat_init(guard *g)
+{
+    g->gtab = guard_xcalloc((size_t)1 << GUARD_GTAB_BITS, sizeof(*g->gtab));
+}
+
+static void repeat_release(guard *g)
+{
+    free(g->gtab);
+}
+
+/* The bytes from the start of the longest live candidate's run: a loop's second copy is
+ * held from the moment its period is seen. */
+static size_t repeat_suspect(const guard *g)
+{
+    size_t s = 0;
+    for (unsigned i = 0; i < g->ncand; i++)
+        if (g->fed - g->cand[i].start > s) s = (size_t)(g->fed - g->cand[i].start);
+    return s;
+}
+
+static bool repeat_on(const guard_params *p)
+{
+    return p->repeat.enabled;
+}
+
+const guard_detector guard_det_repeat = {
+    .name = "repeat",
+    .on = repeat_on,
+    .init = repeat_init,
+    .release = repeat_release,
+    .pass = repeat_pass,
+    .suspect = repeat_suspect,
+};

@@ -1,0 +1,128 @@
+/* g_rules.c — operator rules: a PCRE2 pattern from the configuration matched the text.
+ *
+ * The rules are checked at every multiple of GUARD_RULE_STEP bytes fed (absolute offsets, so
+ * the verdict does not depend on the chunking) over a window of rule_max_match_bytes +
+ * GUARD_RULE_STEP, JIT-compiled, hard-partial so that a match still in progress is held back;
+ * and once more, complete, at the end of the text. Each byte is scanned about once per rule. */
+#include <stdlib.h>
+
+#include "guard/guard_int.h"
+
+static void rules_init(guard *g)
+{
+    const guard_params *p = g->p;
+    size_t ovec = 1;
+    for (size_t i = 0; i < p->n_rules; i++) {
+        uint32_t n = 0;
+        pcre2_pattern_info(p->rules[i].re, PCRE2_INFO_CAPTURECOUNT, &n);
+        if (n + 1 > ovec) ovec = n + 1;
+    }
+    g->md = pcre2_match_data_create((uint32_t)ovec, NULL);
+    if (!g->md) abort();
+    g->rule_from = guard_xcalloc(p->n_rules, sizeof(*g->rule_from));
+}
+
+static void rules_release(guard *g)
+{
+    pcre2_match_data_free(g->md);
+    free(g->rule_from);
+}
+
+/* Matches rule i against history up to `to`, trying only starts from rule_from[i] on
+ * (the subject itself begins up to rule_max_match_bytes + GUARD_RULE_STEP earlier, so
+ * lookbehinds and \b see real context). Hard-partial unless `final`. Returns PCRE2's code;
+ * on a complete or partial match [*ms, *me) is where it lies. Advances rule_from[i] past
+ * every start that failed. Each byte is thus scanned about once, not once per check. */
+static int rule_match(const guard *g, size_t i, uint64_t to, bool final, uint64_t *ms, uint64_t *me)
+{
+    const guard_params *p = g->p;
+    uint64_t span = (uint64_t)p->rule_max_match_bytes + GUARD_RULE_STEP;
+    uint64_t lo = to > span ? to - span : 0;
+    if (lo < g->base) lo = g->base;
+    uint64_t from = g->rule_from[i] > lo ? g->rule_from[i] : lo;
+    const guard_rule *r = &p->rules[i];
+    if (r->has_first) { /* skip to a byte that can start a match: most calls end here */
+        while (from < to && !(r->first[guard_at(g, from) >> 3] & (1u << (guard_at(g, from) & 7))))
+            from++;
+        if (from >= to) {
+            g->rule_from[i] = to;
+            return PCRE2_ERROR_NOMATCH;
+        }
+    }
+    if (from >= to && !final) return PCRE2_ERROR_NOMATCH;
+    uint32_t opt = (final ? 0 : PCRE2_PARTIAL_HARD) | (lo ? PCRE2_NOTBOL : 0);
+    int rc = pcre2_match(r->re, g->buf + (lo - g->base), (PCRE2_SIZE)(to - lo),
+                         (PCRE2_SIZE)(from - lo), opt, g->md, NULL);
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(g->md);
+    if (rc > 0 || rc == PCRE2_ERROR_PARTIAL) {
+        *ms = lo + ov[0];
+        *me = lo + ov[1];
+        g->rule_from[i] = *ms;
+    } else {
+        g->rule_from[i] = to;
+    }
+    return rc;
+}
+
+/* The rules check at offset `to` (a multiple of GUARD_RULE_STEP, or the end of the text
+ * when `final`). Trips on the first complete match, reported at `to`. Returns true on a
+ * trip. */
+static bool rules_run(guard *g, uint64_t to, bool final)
+{
+    const guard_params *p = g->p;
+    for (size_t i = 0; i < p->n_rules; i++) {
+        uint64_t ms, me;
+        int rc = rule_match(g, i, to, final, &ms, &me);
+        if (rc > 0 && me > ms) {
+            guard_set_unit(g, ms, me);
+            guard_trip(g, p->rules[i].detector, ms, to, 1);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The rules over a piece (guard_detector): they run at every multiple of GUARD_RULE_STEP
+ * bytes fed. */
+static size_t rules_pass(guard *g, size_t lim, uint64_t fed0)
+{
+    for (uint64_t to = (fed0 / GUARD_RULE_STEP + 1) * GUARD_RULE_STEP; to <= fed0 + lim;
+         to += GUARD_RULE_STEP)
+        if (rules_run(g, to, false)) return (size_t)(to - fed0 - 1);
+    return lim;
+}
+
+static bool rules_finish(guard *g)
+{
+    return rules_run(g, g->fed, true);
+}
+
+/* Bytes from the start of a complete or partial rule match still in progress. Amortised
+ * O(new bytes) per rule, plus one pcre2_match call per rule. */
+static size_t rules_suspect(const guard *g)
+{
+    const guard_params *p = g->p;
+    size_t best = 0;
+    for (size_t i = 0; i < p->n_rules; i++) {
+        uint64_t ms, me;
+        int rc = rule_match(g, i, g->fed, false, &ms, &me);
+        if ((rc > 0 || rc == PCRE2_ERROR_PARTIAL) && g->fed - ms > best)
+            best = (size_t)(g->fed - ms);
+    }
+    return best;
+}
+
+static bool rules_on(const guard_params *p)
+{
+    return p->n_rules > 0;
+}
+
+const guard_detector guard_det_rules = {
+    .name = "rules",
+    .on = rules_on,
+    .init = rules_init,
+    .release = rules_release,
+    .pass = rules_pass,
+    .finish = rules_finish,
+    .suspect = rules_suspect,
+};

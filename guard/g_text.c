@@ -1,0 +1,371 @@
+/* g_text.c — words and segments: cuts the text into words and into segments (lines and
+ * sentences), and hands each completed segment to the lines detector (g_lines.c) and its
+ * words to the novelty detector (g_novelty.c). One pass serves both: their per-byte work is
+ * the same (hashing words and segments, judging whether a segment is prose).
+ *
+ * Words are runs of ASCII letters, digits and '_', and of non-ASCII letters; each CJK
+ * character is a word of its own. A segment ends at a newline, at a space after . ! ?, or
+ * at a CJK stop. Runs of ASCII letters and digits, most of the text, are hashed 16 bytes at a
+ * time (alnum_run); every other byte goes through words_step and lines_step. */
+#include <stdlib.h>
+#include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+#include "guard/guard_int.h"
+
+/* Byte classes for judging whether a segment is prose. */
+enum { BC_LETTER = 1, BC_CODE = 2 };
+#define BIT(c) (1ull << ((c)&63))
+static inline unsigned char byte_class(unsigned char c)
+{
+    /* Code characters as two 64-bit masks: = ; < > and @ [ \ ] _ ` { | }. */
+    static const uint64_t code[2] = {
+        BIT(';') | BIT('<') | BIT('=') | BIT('>'),
+        BIT('@') | BIT('[') | BIT('\\') | BIT(']') | BIT('_') | BIT('`') | BIT('{') | BIT('|') |
+            BIT('}'),
+    };
+    if (((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c >= 0x80) return BC_LETTER;
+    return c < 0x80 && (code[c >> 6] >> (c & 63) & 1) ? BC_CODE : 0;
+}
+#undef BIT
+
+static inline uint64_t fnv(uint64_t h, unsigned char c)
+{
+    return (h ^ c) * 0x100000001B3ull;
+}
+
+/* A segment (line or sentence) [seg_start, end) is complete when `now` bytes have been
+ * fed: hands it to the lines and novelty detectors. Returns true on a trip. RARE_PATH. */
+RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now)
+{
+    const guard_params *p = g->p;
+    uint32_t len = g->seg_len;
+    /* Prose: no code characters, mostly letters, at least three words. Only a prose
+     * sentence (ending in . ! ? or a CJK stop) can trigger the lines detector. */
+    bool prose = len && !g->seg_code && g->seg_alpha * 100 >= len * 85 &&
+                 (g->seg_words >= 3 || g->seg_wide >= 9);
+    unsigned char e = g->seg_lastc;
+    bool sentence = prose && (e == '.' || e == '!' || e == '?' || e == 0x82 || e == 0x81 ||
+                              e == 0x9F || e == 0xA6);
+    bool ok = g->seg_alpha > 0;
+    uint64_t h = g->seg_hash, start = g->seg_start;
+    unsigned nw = g->nsw;
+    g->seg_hash = 0xCBF29CE484222325ull;
+    g->seg_len = g->seg_alpha = g->seg_code = g->seg_words = g->seg_wide = 0;
+    g->seg_gap = false;
+    g->nsw = 0;
+    if (p->lines.enabled && ok &&
+        guard_lines_segment(g, h, start, end, sentence && len >= p->lines.min_segment_bytes, prose,
+                            now))
+        return true;
+    if (p->novelty.enabled)
+        for (unsigned i = 0; i < nw; i++)
+            if (guard_novelty_word(g, g->sw[i].hash, g->sw[i].start, g->sw[i].alpha, prose, now))
+                return true;
+    return false;
+}
+
+/* A non-space byte joins the current segment (one space stands for each gap). */
+static inline void seg_add(guard *g, unsigned char b, uint64_t pos)
+{
+    /* Branch-free on the gap: word boundaries are too frequent to predict. */
+    uint64_t spaced = fnv(g->seg_hash, ' ');
+    g->seg_hash = g->seg_gap ? spaced : g->seg_hash;
+    g->seg_words += g->seg_gap;
+    if (!g->seg_len) {
+        g->seg_start = pos;
+        g->seg_words = 1;
+    }
+    g->seg_gap = false;
+    g->seg_lastc = b;
+    g->seg_hash = fnv(g->seg_hash, b);
+    g->seg_len++;
+}
+
+/* Per byte b at offset pos, for the lines and novelty detectors. Returns true on a trip. */
+static bool lines_step(guard *g, unsigned char b, uint64_t pos)
+{
+    unsigned char p1 = g->prev, p2 = g->prev2;
+    g->prev2 = p1;
+    g->prev = b;
+    if (b == '\n') return seg_end(g, pos, pos + 1);
+    if (b == ' ' || b == '\t' || b == '\r') {
+        if ((p1 == '.' || p1 == '!' || p1 == '?') && g->seg_len) return seg_end(g, pos, pos + 1);
+        g->seg_gap = g->seg_len > 0;
+        return false;
+    }
+    seg_add(g, b, pos);
+    unsigned char bc = byte_class(b);
+    g->seg_alpha += bc == BC_LETTER;
+    g->seg_code += bc == BC_CODE;
+    g->seg_wide += b >= 0x80;
+    /* CJK sentence ends: 。 (E3 80 82), ！ (EF BC 81), ？ (EF BC 9F). */
+    if ((p2 == 0xE3 && p1 == 0x80 && b == 0x82) ||
+        (p2 == 0xEF && p1 == 0xBC && (b == 0x81 || b == 0x9F)))
+        return seg_end(g, pos + 1, pos + 1);
+    return false;
+}
+
+/* ---- words ------------------------------------------------------------------------- */
+
+/* A word ended: it joins the current segment's word list (judged at the segment's end). */
+static void word_end(guard *g)
+{
+    if (!g->w_len) return;
+    if (g->nsw < GUARD_SEG_WORDS) {
+        g->sw[g->nsw].hash = g->w_hash;
+        g->sw[g->nsw].start = g->w_start;
+        g->sw[g->nsw].alpha = g->w_alpha;
+        g->nsw++;
+    }
+    g->w_len = 0;
+    g->w_hash = 0xCBF29CE484222325ull;
+}
+
+static bool is_cjk(uint32_t cp)
+{
+    return (cp >= 0x2E80 && cp <= 0x2FFF) || (cp >= 0x3040 && cp <= 0x9FFF) ||
+           (cp >= 0xAC00 && cp <= 0xD7AF) || (cp >= 0xF900 && cp <= 0xFAFF) ||
+           (cp >= 0x20000 && cp <= 0x3FFFF);
+}
+
+static bool is_sep_cp(uint32_t cp)
+{
+    return (cp >= 0x2000 && cp <= 0x2BFF) || (cp >= 0x3000 && cp <= 0x303F) ||
+           (cp >= 0xFF00 && cp <= 0xFF20) || cp == 0xA0;
+}
+
+static void word_add(guard *g, unsigned char c, uint64_t pos, bool letter)
+{
+    if (!g->w_len) {
+        g->w_start = pos;
+        g->w_alpha = letter;
+    }
+    g->w_len++;
+    g->w_hash = fnv(g->w_hash, c >= 'A' && c <= 'Z' ? c | 0x20 : c);
+}
+
+/* Splits the stream into words: runs of ASCII letters, digits and '_', and of non-ASCII
+ * letters; each CJK character is a word of its own. Must run before lines_step for the
+ * same byte, so that a word is in its segment's list when the segment ends. b is the byte
+ * at offset pos. */
+static void words_step(guard *g, unsigned char b, uint64_t pos)
+{
+    if (b < 0x80) {
+        g->cp_need = 0;
+        bool alpha = ((b | 0x20) >= 'a' && (b | 0x20) <= 'z') || b == '_';
+        if (alpha || (b >= '0' && b <= '9'))
+            word_add(g, b, pos, alpha);
+        else
+            word_end(g);
+        return;
+    }
+    if (b >= 0xC0) {
+        g->cp_need = b >= 0xF0 ? 3 : b >= 0xE0 ? 2 : 1;
+        g->cp = b & (b >= 0xF0 ? 0x07 : b >= 0xE0 ? 0x0F : 0x1F);
+        g->cp_start = pos;
+        return;
+    }
+    if (!g->cp_need) { /* a stray continuation byte: a separator */
+        word_end(g);
+        return;
+    }
+    g->cp = (g->cp << 6) | (b & 0x3F);
+    if (--g->cp_need) return;
+    if (is_sep_cp(g->cp)) {
+        word_end(g);
+        return;
+    }
+    bool cjk = is_cjk(g->cp);
+    if (cjk) /* scripts without spaces: every character is a word */
+        word_end(g);
+    for (uint64_t o = g->cp_start; o <= pos; o++)
+        word_add(g, guard_at(g, o), g->cp_start, true);
+    if (cjk) word_end(g);
+}
+
+/* ASCII letters (2) and digits (1); every other byte 0. */
+static const unsigned char alnum_class[256] = {
+    ['0' ... '9'] = 1, ['A' ... 'Z'] = 2, ['a' ... 'z'] = 2};
+
+#ifdef __SSE2__
+/* The bits set in a 16-bit mask. __builtin_popcount is a call into libgcc on baseline
+ * x86-64 (no POPCNT instruction), once per 16 bytes of a letter run. */
+static inline uint32_t popcount16(unsigned m)
+{
+    m = m - ((m >> 1) & 0x5555u);
+    m = (m & 0x3333u) + ((m >> 2) & 0x3333u);
+    m = (m + (m >> 4)) & 0x0F0Fu;
+    return (m + (m >> 8)) & 0x1Fu;
+}
+#endif
+
+#ifdef __SSE2__
+/* The constants of alnum_masks, made once per call of alnum_span. */
+typedef struct alnum_k {
+    __m128i flip, low, a, zero, nlet, ndig;
+} alnum_k;
+
+/* The ASCII letters and digits among the 16 bytes at p (*in) and the letters (*lm), as
+ * 16-bit masks. (x - lo) < span unsigned is a signed compare once both sides have the top
+ * bit flipped. */
+static inline void alnum_masks(const alnum_k *k, const unsigned char *p, unsigned *in, unsigned *lm)
+{
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)p);
+    __m128i lx = _mm_sub_epi8(_mm_or_si128(x, k->low), k->a);
+    __m128i let = _mm_cmplt_epi8(_mm_xor_si128(lx, k->flip), k->nlet);
+    __m128i dig = _mm_cmplt_epi8(_mm_xor_si128(_mm_sub_epi8(x, k->zero), k->flip), k->ndig);
+    *in = (unsigned)_mm_movemask_epi8(_mm_or_si128(let, dig));
+    *lm = (unsigned)_mm_movemask_epi8(let);
+}
+#endif
+
+/* The length of the run of ASCII letters and digits that starts s[0..n); adds the letters
+ * among them to *letters. Sixteen bytes at a time where SSE2 exists (every x86-64); when
+ * `before` bytes before s may be read (s lies in the guard's history), a last block shorter
+ * than 16 is read as the 16 bytes that end it, with those before it shifted out. */
+static size_t alnum_span(const unsigned char *s, size_t n, size_t before, uint32_t *letters)
+{
+    size_t i = 0;
+#ifdef __SSE2__
+    const alnum_k k = {_mm_set1_epi8((char)0x80),
+                       _mm_set1_epi8(0x20),
+                       _mm_set1_epi8('a'),
+                       _mm_set1_epi8('0'),
+                       _mm_set1_epi8((char)(26 ^ 0x80)),
+                       _mm_set1_epi8((char)(10 ^ 0x80))};
+    unsigned in, lm;
+    for (; i + 16 <= n; i += 16) {
+        alnum_masks(&k, s + i, &in, &lm);
+        if (in != 0xFFFF) {
+            unsigned e = (unsigned)__builtin_ctz(~in);
+            *letters += popcount16(lm & ((1u << e) - 1));
+            return i + e;
+        }
+        *letters += popcount16(lm);
+    }
+    size_t rest = n - i;
+    if (rest && before + n >= 16) {
+        alnum_masks(&k, s + n - 16, &in, &lm);
+        unsigned full = (1u << rest) - 1;
+        in = (in >> (16 - rest)) & full;
+        lm = (lm >> (16 - rest)) & full;
+        unsigned e = (unsigned)__builtin_ctz(~in); /* rest when the whole block is a run */
+        *letters += popcount16(lm & ((1u << e) - 1));
+        return i + e;
+    }
+#else
+    (void)before;
+#endif
+    for (unsigned c; i < n && (c = alnum_class[s[i]]); i++)
+        *letters += c >> 1;
+    return i;
+}
+
+/* The most common bytes, a run of ASCII letters and digits from s[i] (offset fed0 + i) up
+ * to lim: does exactly what words_step and lines_step do with each of them, with the two
+ * hashes in registers. `before` bytes before s may be read (see alnum_span). Returns the
+ * index past the run. */
+static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, uint64_t fed0,
+                        bool words, size_t before)
+{
+    uint64_t pos = fed0 + i;
+    if (g->seg_gap) { /* one space stands for the gap */
+        g->seg_hash = fnv(g->seg_hash, ' ');
+        g->seg_words++;
+        g->seg_gap = false;
+    }
+    if (!g->seg_len) {
+        g->seg_start = pos;
+        g->seg_words = 1;
+    }
+    if (words && !g->w_len) {
+        g->w_start = pos;
+        g->w_alpha = s[i] >= 'A';
+    }
+    uint64_t wh = g->w_hash, sh = g->seg_hash;
+    uint32_t letters = 0;
+    size_t j = i + alnum_span(s + i, lim - i, before + i, &letters);
+    for (size_t k = i; k < j; k++) {
+        wh = fnv(wh, s[k] | 0x20); /* lower case; digits have that bit already */
+        sh = fnv(sh, s[k]);
+    }
+    uint32_t run = (uint32_t)(j - i);
+    if (words) {
+        g->cp_need = 0;
+        g->w_hash = wh;
+        g->w_len += run;
+    }
+    g->seg_hash = sh;
+    g->seg_len += run;
+    g->seg_alpha += letters;
+    g->seg_lastc = s[j - 1];
+    g->prev2 = run > 1 ? s[j - 2] : g->prev;
+    g->prev = s[j - 1];
+    return j;
+}
+
+/* Any other byte, at offset pos, for the words, lines and novelty detectors. Returns true
+ * on a trip. */
+static inline bool text_other(guard *g, unsigned char b, uint64_t pos, bool words)
+{
+    if (words) words_step(g, b, pos);
+    return lines_step(g, b, pos);
+}
+
+/* The words, lines and novelty detectors' pass (guard_detector). Words are only kept when
+ * the novelty detector reads them. */
+static size_t text_pass(guard *g, size_t lim, uint64_t fed0)
+{
+    const bool words = g->p->novelty.enabled;
+    const unsigned char *s = g->buf + (size_t)(fed0 - g->base);
+    size_t before = (size_t)(s - g->buf), i = 0;
+    while (i < lim) {
+        if (alnum_class[s[i]]) {
+            i = alnum_run(g, s, i, lim, fed0, words, before);
+            continue;
+        }
+        if (text_other(g, s[i], fed0 + i, words)) return i;
+        i++;
+    }
+    return lim;
+}
+
+/* ---- the detector ------------------------------------------------------------------ */
+
+static void text_init(guard *g)
+{
+    g->seg_hash = g->w_hash = 0xCBF29CE484222325ull;
+    guard_lines_init(g);
+    guard_novelty_init(g);
+}
+
+static void text_release(guard *g)
+{
+    guard_lines_release(g);
+    guard_novelty_release(g);
+}
+
+/* The last word and the last segment are complete at the end of the text. */
+static bool text_finish(guard *g)
+{
+    const guard_params *p = g->p;
+    if (p->novelty.enabled) word_end(g);
+    return g->seg_len && seg_end(g, g->fed, g->fed);
+}
+
+static bool text_on(const guard_params *p)
+{
+    return p->lines.enabled || p->novelty.enabled;
+}
+
+const guard_detector guard_det_text = {
+    .name = "text",
+    .on = text_on,
+    .init = text_init,
+    .release = text_release,
+    .pass = text_pass,
+    .finish = text_finish,
+};

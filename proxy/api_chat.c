@@ -1,0 +1,442 @@
+/* api_chat.c — the first API module (api.h): OpenAI chat and text completions.
+ *
+ * The upstream speaks the same API as the client, in one of several dialects (dialect.h);
+ * each chunk's reasoning, content and tool-call arguments go to the exchange's channels,
+ * and the client gets the upstream's own bytes whenever nothing is held and nothing needs
+ * reshaping (a clean stream reaches the client byte for byte), else chunks rebuilt from
+ * the upstream's chunk as a template (dl_build_chunk) or from scratch. A server without a
+ * reasoning parser leaves <think> inline in content: the think splitter (think.h) moves it
+ * to the reasoning channel. A whole response is assembled from what was released
+ * (assemble.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proxy/exchange_int.h"
+
+/* The module's per-exchange state. */
+typedef struct chat_state {
+    lg_assembler *as; /* whole responses */
+    /* The client stream's identity, from the first attempt's chunks. */
+    char *c_id, *c_model;
+    long long c_created;
+    lg_buf done_raw;      /* the upstream's own [DONE] event */
+    chunkscan_state scan; /* the fast path's buffers and the stream's chunk frame */
+    int inline_state; /* LG_REASONING_INLINE output: 0 nothing, 1 <think> open, 2 closed */
+} chat_state;
+
+static chat_state *CS(const exchange *ex)
+{
+    return ex->api_state;
+}
+
+static void remember_meta(exchange *ex, const dl_delta *d)
+{
+    if (d->id && !CS(ex)->c_id) CS(ex)->c_id = strdup(d->id);
+    if (d->model && !CS(ex)->c_model) CS(ex)->c_model = strdup(d->model);
+    if (d->has_created && !CS(ex)->c_created) CS(ex)->c_created = d->created;
+}
+
+/* Text for the client in the inline output mode: reasoning wrapped in <think>…</think>. */
+static void inline_wrap(exchange *ex, const char *r, size_t rn, const char *c, size_t cn,
+                        lg_buf *outc)
+{
+    if (rn) {
+        if (CS(ex)->inline_state == 0) lg_buf_append_str(outc, "<think>");
+        CS(ex)->inline_state = 1;
+        lg_buf_append(outc, r, rn);
+    }
+    if (cn) {
+        if (CS(ex)->inline_state == 1) lg_buf_append_str(outc, "</think>\n\n");
+        CS(ex)->inline_state = 2;
+        lg_buf_append(outc, c, cn);
+    }
+}
+
+static void emit_chunk(exchange *ex, const dl_delta *tmpl, const char *r, size_t rn, const char *c,
+                   size_t cn, const char *finish)
+{
+    lg_buf inl = LG_BUF_INIT;
+    const char *rr = r, *cc = c;
+    size_t rrn = rn, ccn = cn;
+    if (ex->mode == LG_REASONING_INLINE && ex->req.chat) {
+        inline_wrap(ex, r, rn, c, cn, &inl);
+        rr = NULL, rrn = 0;
+        cc = inl.len ? inl.p : NULL, ccn = inl.len;
+    }
+    if (!rrn) rr = NULL;
+    if (!ccn) cc = NULL;
+    char *json = tmpl ? dl_build_chunk(tmpl, rr, rrn, cc, ccn, (int)ex->mode, true, finish)
+                      : dl_build_synthetic(ex->req.chat, CS(ex)->c_id ? CS(ex)->c_id : ex->id,
+                                           CS(ex)->c_model ? CS(ex)->c_model : "", CS(ex)->c_created, rr,
+                                           rrn, cc, ccn, (int)ex->mode, finish);
+    if (json) ex_out_event(ex, json);
+    free(json);
+    lg_buf_free(&inl);
+}
+
+static void flush_held(exchange *ex)
+{
+    lg_buf r = LG_BUF_INIT, c = LG_BUF_INIT;
+    ex_release(ex, LG_CH_REASONING, ex->at.ch[LG_CH_REASONING].held.len, &r);
+    ex_release(ex, LG_CH_CONTENT, ex->at.ch[LG_CH_CONTENT].held.len, &c);
+    ex_release(ex, LG_CH_TOOL_ARGS, ex->at.ch[LG_CH_TOOL_ARGS].held.len, NULL);
+    if (r.len || c.len) emit_chunk(ex, NULL, r.p, r.len, c.p, c.len, NULL);
+    lg_buf_free(&r);
+    lg_buf_free(&c);
+}
+
+/* True when the event can go to the client as the upstream's own bytes, provided that
+ * releasing it leaves nothing held (the caller's check). */
+static bool raw_ok(const exchange *ex, const dl_delta *d, bool held_before)
+{
+    if (held_before || ex->at.think || !ex->req.client_stream) return false;
+    if (ex->mode == LG_REASONING_INLINE && CS(ex)->inline_state == 1 && d->content_len) return false;
+    if (!d->reasoning_len) return true;
+    switch (ex->mode) {
+    case LG_REASONING_CONTENT:
+        return d->reasoning_keys == DL_KEY_REASONING_CONTENT;
+    case LG_REASONING_FIELD:
+        return d->reasoning_keys == DL_KEY_REASONING;
+    default:
+        return false;
+    }
+}
+
+/* How many bytes of s[i..n) after leading whitespace match "<think>" (0–7). */
+static size_t open_tag_match(const char *s, size_t n, size_t *rest)
+{
+    size_t i = 0;
+    while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
+    size_t k = 0;
+    while (k < 7 && i + k < n && s[i + k] == "<think>"[k]) k++;
+    *rest = n - i;
+    return k;
+}
+
+/* True when content starting with `s` could open a <think> block (whitespace, then a
+ * prefix of the tag): a tag split across deltas is only recognised if we look now. */
+static bool may_open_think(const char *s, size_t n)
+{
+    size_t rest, k = open_tag_match(s, n, &rest);
+    return k == (rest < 7 ? rest : 7);
+}
+
+static bool starts_with_open_tag(const char *s, size_t n)
+{
+    size_t rest;
+    return open_tag_match(s, n, &rest) == 7;
+}
+
+/* End of a whole response read in hindsight mode: with no </think> (and no explicit
+ * <think>), what looked like reasoning was the answer. */
+static void settle_hindsight(exchange *ex)
+{
+    ex->at.think_hindsight = false;
+    if (!ex->at.think || think_closed(ex->at.think) || ex->at.think_explicit) return;
+    chan *r = &ex->at.ch[LG_CH_REASONING], *c = &ex->at.ch[LG_CH_CONTENT];
+    lg_buf *rsent = &ex->cl.sent[LG_CH_REASONING];
+    lg_buf_append(&c->held, rsent->p, rsent->len);
+    lg_buf_append(&c->held, r->held.p, r->held.len);
+    c->attempt_bytes += r->attempt_bytes;
+    r->attempt_bytes = 0;
+    lg_buf_reset(rsent);
+    lg_buf_reset(&r->held);
+}
+
+static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
+{
+    remember_meta(ex, d);
+    if (CS(ex)->as) asm_meta(CS(ex)->as, d);
+    if (d->n_choices == 0) {
+        /* usage-only chunk: the client sees it only if it asked for usage */
+        if (!ex->req.client_usage) return 0;
+        if (ex->attempt > 1 && CS(ex)->c_id && d->id && strcmp(d->id, CS(ex)->c_id) != 0) {
+            cJSON_ReplaceItemInObjectCaseSensitive(d->root, "id", cJSON_CreateString(CS(ex)->c_id));
+            d->id = CS(ex)->c_id;
+            char *json = cJSON_PrintUnformatted(d->root);
+            if (json) ex_out_event(ex, json);
+            free(json);
+        } else {
+            out_append(ex, ev->raw, ev->raw_len);
+        }
+        return 0;
+    }
+    if (d->choice_index != 0) { /* n > 1: only choice 0 is guarded */
+        out_append(ex, ev->raw, ev->raw_len);
+        return 0;
+    }
+    bool held_before = false;
+    for (int c = 0; c < LG_CH_COUNT; c++) held_before |= ex->at.ch[c].held.len > 0;
+    if (ex->attempt > 1) {
+        /* A retry continues the client's stream: same id, no second opening chunk. */
+        if (d->role && !d->reasoning_len && !d->content_len && !d->n_tools &&
+            !d->finish_reason)
+            return 0;
+        if (CS(ex)->c_id && d->id && strcmp(d->id, CS(ex)->c_id) != 0)
+        {
+            cJSON_ReplaceItemInObjectCaseSensitive(d->root, "id",
+                                                   cJSON_CreateString(CS(ex)->c_id));
+            d->id = CS(ex)->c_id; /* the borrowed string just died */
+        }
+        held_before = true; /* never the retry's raw bytes */
+    }
+
+    /* Split inline <think> out of content (no server-side reasoning parser). */
+    if (d->content_len && ex->req.chat && !ex->at.think && !d->reasoning_len &&
+        ex->at.ch[LG_CH_REASONING].attempt_bytes == 0 && ex->at.ch[LG_CH_CONTENT].attempt_bytes == 0) {
+        /* A whole response can be split in hindsight: read it as reasoning until a
+         * </think> and, if none comes, give it back to the answer (settle_hindsight). */
+        bool hindsight = !ex->req.client_stream && !ex->think_opened &&
+                         (!ex->rule || ex->rule->think_opened != 0) &&
+                         ex->req.enable_thinking != 0;
+        if (ex->think_opened || hindsight || may_open_think(d->content, d->content_len)) {
+            ex->at.think = think_new(ex->think_opened || hindsight);
+            ex->think_inline = true;
+            ex->at.think_hindsight = hindsight;
+            ex->at.think_explicit = starts_with_open_tag(d->content, d->content_len);
+        }
+    }
+    /* The event's text per channel: the delta's own strings, unless the splitter reshapes
+     * them into the per-event buffers. */
+    bool reshaped = ex->at.think != NULL; /* the splitter saw this event */
+    lg_buf r = LG_BUF_INIT, c = LG_BUF_INIT;
+    const char *rs = d->reasoning, *cs = d->content;
+    size_t rn = d->reasoning_len, cn = d->content_len;
+    if (reshaped) {
+        r = ex_text_borrow(ex, EX_TEXT_R), c = ex_text_borrow(ex, EX_TEXT_C);
+        if (d->reasoning_len) lg_buf_append(&r, d->reasoning, d->reasoning_len);
+        think_feed(ex->at.think, d->content, d->content_len, &r, &c);
+        if (d->finish_reason) think_finish(ex->at.think, &r, &c);
+        if (!think_inside(ex->at.think) && !think_closed(ex->at.think) && c.len) {
+            /* decided: no <think> at the start; plain content from here on */
+            think_free(ex->at.think);
+            ex->at.think = NULL;
+            ex->think_inline = false;
+        }
+        rs = r.p, rn = r.len, cs = c.p, cn = c.len;
+    }
+
+    bool text = rn || cn;
+    bool tripped = ex_guard_text(ex, LG_CH_REASONING, rs, rn) || ex_guard_text(ex, LG_CH_CONTENT, cs, cn);
+    for (size_t i = 0; !tripped && i < d->n_tools; i++) {
+        tripped = ex_guard_text(ex, LG_CH_TOOL_ARGS, d->tools[i].args, d->tools[i].args_len);
+        text |= d->tools[i].args_len > 0;
+    }
+    if (reshaped) {
+        ex_text_return(ex, EX_TEXT_R, &r);
+        ex_text_return(ex, EX_TEXT_C, &c);
+    }
+    if (text) ex->at.tokens++;
+    if (tripped) return 1; /* the verdict was taken */
+    if (d->finish_reason) {
+        ex->at.finished_gen = true;
+        if (ex->at.think_hindsight) settle_hindsight(ex);
+        if (ex_end_checks(ex, strcmp(d->finish_reason, "length") != 0)) return 1;
+    }
+
+    /* Release: everything at the end of the generation, else what the guard cleared. Tool
+     * arguments are guarded but never held (they are forwarded in their own deltas). */
+    bool all = d->finish_reason != NULL;
+    const chan *hr = &ex->at.ch[LG_CH_REASONING], *hc = &ex->at.ch[LG_CH_CONTENT];
+    size_t nr = all ? hr->held.len : ex_releasable(ex, LG_CH_REASONING);
+    size_t nc = all ? hc->held.len : ex_releasable(ex, LG_CH_CONTENT);
+    /* The upstream's own bytes go out when nothing stays held; the released text is then
+     * not needed apart from `sent`. */
+    bool raw = !reshaped && nr == hr->held.len && nc == hc->held.len && raw_ok(ex, d, held_before);
+    lg_buf rel_r = ex_text_borrow(ex, EX_TEXT_R), rel_c = ex_text_borrow(ex, EX_TEXT_C);
+    ex_release(ex, LG_CH_TOOL_ARGS, ex->at.ch[LG_CH_TOOL_ARGS].held.len, NULL);
+    ex_release(ex, LG_CH_REASONING, nr, raw ? NULL : &rel_r);
+    ex_release(ex, LG_CH_CONTENT, nc, raw ? NULL : &rel_c);
+    if (raw) {
+        out_append(ex, ev->raw, ev->raw_len);
+    } else if (ex->req.client_stream) {
+        bool other = d->finish_reason || d->n_tools || d->role || d->usage;
+        bool visible = rel_c.len || (rel_r.len && ex->mode != LG_REASONING_HIDE);
+        if ((visible || other) && d->root) {
+            emit_chunk(ex, d, rel_r.p, rel_r.len, rel_c.p, rel_c.len, d->finish_reason);
+        } else if (visible || other) { /* scanned on the fast path: the template needs a tree */
+            dl_delta full;
+            dl_parse(ev->data, ev->data_len, &full);
+            emit_chunk(ex, &full, rel_r.p, rel_r.len, rel_c.p, rel_c.len, full.finish_reason);
+            dl_delta_clear(&full);
+        }
+    }
+    ex_text_return(ex, EX_TEXT_R, &rel_r);
+    ex_text_return(ex, EX_TEXT_C, &rel_c);
+    return 0;
+}
+
+static int chat_on_event(exchange *ex, const sse_event *ev)
+{
+    dl_delta d;
+    /* The fast path once the stream's identity is known; whole responses and retries need
+     * the full tree (assembler, id rewriting). */
+    bool fast = ex->req.client_stream && CS(ex)->c_id && ex->attempt == 1 &&
+                chunkscan(ev->data, ev->data_len, &CS(ex)->scan, &d);
+    if (!fast) dl_parse(ev->data, ev->data_len, &d);
+    int rc = 0;
+    switch (d.kind) {
+    case DL_DONE:
+        ex->at.saw_done = true;
+        lg_buf_reset(&CS(ex)->done_raw);
+        lg_buf_append(&CS(ex)->done_raw, ev->raw, ev->raw_len);
+        break;
+    case DL_ERROR:
+        metrics_upstream_error(ex->base.w->metrics, ex->replica, "protocol");
+        ex_set_outcome(ex, "upstream_error");
+        if (ex_streaming_started(ex)) {
+            flush_held(ex);
+            out_append(ex, ev->raw, ev->raw_len);
+            ex->at.finished_gen = true; /* the stream ends with [DONE] after the error */
+        } else {
+            ex_fail_whole(ex, d.error_code >= 400 && d.error_code < 600 ? d.error_code : 502,
+                          dl_json_print_free(dl_json_must(cJSON_Duplicate(d.root, 1))));
+        }
+        break;
+    case DL_CHUNK:
+        rc = on_chunk(ex, ev, &d);
+        break;
+    case DL_OTHER:
+        out_append(ex, ev->raw, ev->raw_len);
+        break;
+    }
+    if (!fast) dl_delta_clear(&d); /* chunkscan's delta owns nothing */
+    return rc;
+}
+
+/* ---- the module's hooks ------------------------------------------------------------- */
+
+static int chat_parse(exchange *ex, const char *body, size_t len, rw_error *err)
+{
+    if (rw_parse(body, len, ex->api == &api_chat, &ex->req, err) != 0) return -1;
+    chat_state *cs = calloc(1, sizeof *cs);
+    if (!cs) abort();
+    ex->api_state = cs;
+    if (!ex->req.client_stream) cs->as = asm_new(ex->req.chat);
+    return 0;
+}
+
+static char *chat_build(exchange *ex, const rw_opts *o, rw_error *err)
+{
+    return rw_build_upstream(&ex->req, o, err);
+}
+
+static cJSON *chat_sampling(const exchange *ex, const rw_opts *o)
+{
+    return rw_sampling_json(&ex->req, o);
+}
+
+static cJSON *chat_prompt(const exchange *ex, bool full)
+{
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(ex->req.root,
+                                                      ex->req.chat ? "messages" : "prompt");
+    if (full) return cJSON_Duplicate(p, 1);
+    const char *text = NULL;
+    if (cJSON_IsString(p)) text = p->valuestring;
+    for (const cJSON *m = cJSON_IsArray(p) ? p->child : NULL; m; m = m->next) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (cJSON_IsString(role) && strcmp(role->valuestring, "user") == 0 &&
+            cJSON_IsString(content))
+            text = content->valuestring;
+    }
+    return text ? cJSON_CreateString(text) : NULL;
+}
+
+static void chat_attempt_begins(exchange *ex, bool restart)
+{
+    if (!restart) return;
+    asm_free(CS(ex)->as);
+    CS(ex)->as = asm_new(ex->req.chat);
+}
+
+/* The stream's last event: the upstream's own [DONE] on a clean stream. */
+static void chat_end_stream(exchange *ex)
+{
+    chat_state *cs = CS(ex);
+    if (cs->done_raw.len && !ex->rec.trips)
+        ex_end_stream(ex, cs->done_raw.p, cs->done_raw.len);
+    else
+        ex_end_stream(ex, "data: [DONE]\n\n", 14);
+}
+
+static void chat_finish(exchange *ex)
+{
+    chat_state *cs = CS(ex);
+    if (ex->req.client_stream) {
+        if (ex->mode == LG_REASONING_INLINE && cs->inline_state == 1 && ex->req.chat) {
+            static const char close[] = "</think>\n\n";
+            char *json = dl_build_synthetic(ex->req.chat, cs->c_id ? cs->c_id : ex->id,
+                                            cs->c_model ? cs->c_model : "", cs->c_created,
+                                            NULL, 0, close, sizeof close - 1, (int)ex->mode,
+                                            NULL);
+            ex_out_event(ex, json);
+            free(json);
+        }
+        chat_end_stream(ex);
+        return;
+    }
+    for (int c = LG_CH_REASONING; c <= LG_CH_CONTENT; c++)
+        asm_text(cs->as, c, ex->cl.sent[c].p, ex->cl.sent[c].len);
+    ex->cl.final_status = 200;
+    ex->cl.final_body = asm_render(cs->as, (int)ex->mode);
+}
+
+/* OpenAI's own word for an answer withheld by a filter. */
+static void chat_withheld(exchange *ex)
+{
+    if (ex->req.client_stream)
+        emit_chunk(ex, NULL, NULL, 0, NULL, 0, "content_filter");
+    else
+        asm_set_finish(CS(ex)->as, "content_filter");
+}
+
+static void chat_stream_error(exchange *ex, int status, const char *message, const char *type,
+                              const char *code)
+{
+    char *json = dl_error_json(message, type, code, status);
+    ex_out_event(ex, json);
+    free(json);
+    chat_end_stream(ex);
+}
+
+static char *chat_error_body(int status, const char *message, const char *type, const char *code)
+{
+    return dl_error_json(message, type, code, status);
+}
+
+static void chat_destroy(exchange *ex)
+{
+    chat_state *cs = CS(ex);
+    if (!cs) return;
+    asm_free(cs->as);
+    free(cs->c_id);
+    free(cs->c_model);
+    lg_buf_free(&cs->done_raw);
+    chunkscan_free(&cs->scan);
+    free(cs);
+    ex->api_state = NULL;
+}
+
+#define CHAT_HOOKS                                                                          \
+    .parse = chat_parse, .build = chat_build, .sampling = chat_sampling, \
+    .prompt = chat_prompt, .attempt_begins = chat_attempt_begins, .on_event = chat_on_event, \
+    .finish = chat_finish, .withheld = chat_withheld, .stream_error = chat_stream_error,     \
+    .error_body = chat_error_body, .destroy = chat_destroy, .can_continue = true, .takes_rid = true
+
+const lg_api api_chat = {
+    .route = "/v1/chat/completions",
+    .upstream_path = "/v1/chat/completions",
+    .endpoint = LG_EP_CHAT,
+    .templated = true,
+    CHAT_HOOKS,
+};
+
+const lg_api api_completions = {
+    .route = "/v1/completions",
+    .upstream_path = "/v1/completions",
+    .endpoint = LG_EP_COMPLETIONS,
+    .templated = false,
+    CHAT_HOOKS,
+};
