@@ -370,7 +370,7 @@ describe('stalls and memory (one worker)', () => {
         const body = Buffer.from(`{"messages":[{"role":"user","content":"hi"}],${parts.join('')}"z":0}`);
         const t0 = performance.now();
         const hostile = post(body);
-        const probe = await request(lg.url + '/loopguard/health');
+        const probe = await request(lg.url + '/loopguard/health', { timeout: 60000 * SLACK });
         const r = await hostile;
         const ms = performance.now() - t0;
         assert.equal(probe.status, 200);
