@@ -5,7 +5,8 @@
 # `make demo` (the README's two commands) first run `make setup`, which installs what is
 # missing (Debian packages when root, the npm test clients) and says what it installs.
 # `make test` runs every test twice: once on the plain build and once on the
-# AddressSanitizer+UndefinedBehaviorSanitizer build (build/san).
+# AddressSanitizer+UndefinedBehaviorSanitizer build (build/san); the threaded suites also on
+# the ThreadSanitizer build (build/tsan).
 #
 # Nothing here forces parallelism: `make -j2` builds on two cores (.ci/run does).
 #
@@ -64,7 +65,7 @@ BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/%)
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 C_FILES   := $(wildcard guard/*.[ch] config/*.[ch] proxy/*.[ch] tests/*/*.[ch])
 
-.PHONY: all deps setup test-deps test check unit e2e bench demo run install fuzz \
+.PHONY: all deps setup test-deps test check unit e2e tsan bench demo run install fuzz \
         fuzz-smoke soak clean format format-check valgrind
 
 all: $(BUILD)/loopguard $(BUILD)/fake_upstream $(BENCH_BIN)
@@ -138,21 +139,29 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(BUILD)/libloopguard.a | test-dep
 check: all $(UNIT_BIN)
 	@BUILD=$(BUILD) tests/run.sh
 
-# Every test: plain, under ASan+UBSan, the guarded e2e suites under valgrind memcheck, and a
-# short smoke of each fuzz target. Each pass adds its counts to build/test-summary; the last
-# line is the total.
+# Every test: plain, under ASan+UBSan, the threaded suites under ThreadSanitizer, the guarded
+# e2e suites under valgrind memcheck, and a short smoke of each fuzz target (a target is a
+# suite and a case). Each pass adds its counts to build/test-summary; the last line is the
+# total of cases, "N passed, N failed".
 test:
-	@echo "make test: every suite on the plain and ASan+UBSan builds, valgrind, fuzz smoke:"
-	@echo "about 10-15 minutes on 2 cores (make -j2 test builds on both)."
+	@echo "make test: every suite on the plain, ASan+UBSan and TSan builds, valgrind, fuzz"
+	@echo "smoke: about 10-15 minutes on 2 cores (make -j2 test builds on both)."
 	@$(MAKE) setup
 	@mkdir -p build; rm -f build/test-summary; st=0; \
 	$(MAKE) check SAN=0 || st=1; \
 	$(MAKE) check SAN=1 || st=1; \
+	$(MAKE) tsan || st=1; \
 	$(MAKE) valgrind || st=1; \
-	if $(MAKE) fuzz-smoke; then f="$(words $(FUZZ_BIN)) 0"; \
-	else st=1; f="0 1"; fi; echo "$$f" >> build/test-summary; \
-	awk '{p += $$1; f += $$2} END {printf "%d passed, %d failed\n", p, f}' build/test-summary; \
+	if $(MAKE) fuzz-smoke; then f="$(words $(FUZZ_BIN))"; f="$$f 0 $$f 0"; \
+	else st=1; f="0 1 0 1"; fi; echo "$$f" >> build/test-summary; \
+	tests/run.sh --total build/test-summary || st=1; \
 	exit $$st
+
+# The exchange, upstream and fault e2e suites on the ThreadSanitizer build (clang) with
+# four workers, so that requests, health checks and ejections cross threads.
+tsan:
+	@$(MAKE) SAN=tsan all
+	@BUILD=build/tsan SUITES=tsan tests/run.sh
 
 # The guarded-exchange, normalisation, fault and shutdown e2e suites with loopguard under
 # valgrind memcheck.

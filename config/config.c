@@ -14,6 +14,7 @@
  * Loading is not thread-safe and happens once, in main(), before the workers start; the
  * loaded config is then read-only, and config_model_rule() may be called from any thread. */
 #include "config/config.h"
+#include "proxy/xalloc.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -119,20 +120,6 @@ static bool near_miss(const char *typed, const char *known)
     return d > 0 && d <= (strlen(known) >= 6 ? 2u : 1u);
 }
 
-static char *xstrdup(const char *s)
-{
-    char *d = strdup(s);
-    if (!d) abort();
-    return d;
-}
-
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size);
-    if (!p) abort();
-    return p;
-}
-
 /* ------------------------------------------------------------------------------------- */
 /* Enumerations: names are the JSON spellings, the index is the enum value.              */
 
@@ -221,10 +208,14 @@ static int parse_hostport(const char *s, char **host, int *port, const char *pat
         if (!isdigit((unsigned char)*p) || (v = v * 10 + (*p - '0')) > 65535)
             return fail(err, errlen, path, "port must be 0..65535 in \"%s\"", s);
     }
-    *host = strndup(h, hlen);
-    if (!*host) abort();
+    *host = lg_xcheck(strndup(h, hlen));
     *port = (int)v;
     return 0;
+}
+
+int config_split_hostport(const char *hostport, char **host, int *port, char *err, size_t errlen)
+{
+    return parse_hostport(hostport, host, port, "address", err, errlen);
 }
 
 /* Checks an upstream base URL and returns a malloc'd copy without trailing slashes. Only
@@ -260,9 +251,7 @@ static char *parse_upstream_url(const char *s, const char *path, char *err, size
     size_t len = strlen(s);
     while (len > skip + hostlen && s[len - 1] == '/')
         len--;
-    char *d = strndup(s, len);
-    if (!d) abort();
-    return d;
+    return lg_xcheck(strndup(s, len));
 }
 
 static void free_strv(char **v, size_t n)
@@ -469,7 +458,7 @@ static int apply_value(load_ctx *c, void *base, const key_spec *k, const cJSON *
                         k->nullable ? "expected a string or null" : "expected a string");
         if (k->apply && k->apply(c, base, k, v, path) < 0) return -1;
         free(*(char **)field);
-        *(char **)field = xstrdup(v->valuestring);
+        *(char **)field = lg_xstrdup(v->valuestring);
         return 0;
     case K_CUSTOM:
         return k->apply(c, base, k, v, path);
@@ -570,7 +559,7 @@ static int apply_upstream(load_ctx *c, void *base, const key_spec *k, const cJSO
     size_t n = one ? 1 : (size_t)cJSON_GetArraySize(v);
     if (n == 0) return fail(c->err, c->errlen, path, "needs at least one URL");
     if (n > MAX_UPSTREAMS) return fail(c->err, c->errlen, path, "at most %d URLs", MAX_UPSTREAMS);
-    char **urls = xcalloc(n, sizeof *urls);
+    char **urls = lg_xcalloc(n, sizeof *urls);
     size_t i = 0;
     for (const cJSON *e = one ? v : v->child; i < n; e = e->next, i++) {
         if (one)
@@ -623,7 +612,7 @@ static int apply_model_pattern(load_ctx *c, void *base, const key_spec *k, const
     pcre2_code_free(r->re);
     free(r->pattern);
     r->re = re;
-    r->pattern = xstrdup(v->valuestring);
+    r->pattern = lg_xstrdup(v->valuestring);
     return 0;
 }
 
@@ -686,7 +675,7 @@ static int apply_array_of_objects(load_ctx *c, const array_kind *ak, const cJSON
     if (!cJSON_IsArray(v)) return fail(c->err, c->errlen, path, "expected an array");
     size_t n = (size_t)cJSON_GetArraySize(v);
     if (n > ak->max) return fail(c->err, c->errlen, path, "at most %zu entries", ak->max);
-    char *elems = xcalloc(n, ak->elem_size);
+    char *elems = lg_xcalloc(n, ak->elem_size);
     size_t i = 0;
     for (const cJSON *e = v->child; e; e = e->next, i++) {
         void *el = elems + i * ak->elem_size;
@@ -778,7 +767,7 @@ static int apply_string_list(load_ctx *c, const cJSON *v, const char *path, size
     if (!cJSON_IsArray(v)) return fail(c->err, c->errlen, path, "expected an array of strings");
     size_t n = (size_t)cJSON_GetArraySize(v), i = 0;
     if (n > max) return fail(c->err, c->errlen, path, "at most %zu entries", max);
-    char **strs = xcalloc(n, sizeof *strs);
+    char **strs = lg_xcalloc(n, sizeof *strs);
     for (const cJSON *e = v->child; e; e = e->next, i++) {
         snprintf(ip, sizeof ip, "%s[%zu]", path, i);
         if (!cJSON_IsString(e) || !e->valuestring[0]) {
@@ -789,7 +778,7 @@ static int apply_string_list(load_ctx *c, const cJSON *v, const char *path, size
             free_strv(strs, n);
             return fail(c->err, c->errlen, ip, "expected a path starting with '/' (or \"*\")");
         }
-        strs[i] = xstrdup(e->valuestring);
+        strs[i] = lg_xstrdup(e->valuestring);
     }
     free_strv(*dst, *n_dst);
     *dst = n ? strs : NULL;
@@ -922,11 +911,11 @@ static const key_spec config_keys[] = {
 
 lg_config *config_new_defaults(void)
 {
-    lg_config *cfg = xcalloc(1, sizeof *cfg);
-    cfg->listen_host = xstrdup("127.0.0.1");
+    lg_config *cfg = lg_xcalloc(1, sizeof *cfg);
+    cfg->listen_host = lg_xstrdup("127.0.0.1");
     cfg->listen_port = 8000;
-    cfg->upstreams = xcalloc(1, sizeof *cfg->upstreams);
-    cfg->upstreams[0] = xstrdup("http://127.0.0.1:30000");
+    cfg->upstreams = lg_xcalloc(1, sizeof *cfg->upstreams);
+    cfg->upstreams[0] = lg_xstrdup("http://127.0.0.1:30000");
     cfg->n_upstreams = 1;
     cfg->upstream_kind = LG_UPSTREAM_AUTO;
     cfg->workers = 0;
@@ -960,7 +949,7 @@ lg_config *config_new_defaults(void)
     cfg->retry.elsewhere = LG_ELSEWHERE_AUTO;
     /* Whisper's temperature fallback (+0.2 per step) and Qwen's advice to raise
      * presence_penalty (1.0, then 1.5) against endless repetition, each with a fresh seed. */
-    cfg->retry.ladder = xcalloc(2, sizeof *cfg->retry.ladder);
+    cfg->retry.ladder = lg_xcalloc(2, sizeof *cfg->retry.ladder);
     cfg->retry.n_ladder = 2;
     cfg->retry.ladder[0] = (lg_sampling_step){.temperature_add = 0.2,
                                               .has_presence_penalty = true,
@@ -976,7 +965,7 @@ lg_config *config_new_defaults(void)
     cfg->incidents.capture = LG_CAPTURE_EXCERPT;
     cfg->incidents.max_record_bytes = 65536;
     cfg->incidents.recent = 100;
-    cfg->health.path = xstrdup("/health");
+    cfg->health.path = lg_xstrdup("/health");
     cfg->health.interval_ms = 5000;
     cfg->health.unhealthy_after = 2;
     cfg->health.healthy_after = 2;
@@ -1035,9 +1024,7 @@ static char *read_file(const char *path, char *err, size_t errlen)
                 snprintf(err, errlen, "larger than %u bytes", MAX_FILE_BYTES);
                 goto error;
             }
-            char *nb = realloc(buf, cap);
-            if (!nb) abort();
-            buf = nb;
+            buf = lg_xrealloc(buf, cap);
         }
         size_t n = fread(buf + len, 1, cap - len - 1, f);
         len += n;
@@ -1212,7 +1199,7 @@ int config_apply_env(lg_config *cfg, char *const *envp, char *err, size_t errlen
     if (!n) return 0;
     /* Sorted, so that LOOPGUARD_GUARD applies before LOOPGUARD_GUARD__ENABLED whatever the
      * order of the environment. */
-    char **vars = xcalloc(n, sizeof *vars);
+    char **vars = lg_xcalloc(n, sizeof *vars);
     for (size_t i = 0; envp[i]; i++)
         if (strncmp(envp[i], ENV_PREFIX, strlen(ENV_PREFIX)) == 0) vars[m++] = envp[i];
     qsort(vars, m, sizeof *vars, env_cmp);

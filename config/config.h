@@ -194,6 +194,11 @@ int config_set_listen(lg_config *cfg, const char *hostport, char *err, size_t er
 int config_set_upstream(lg_config *cfg, const char *url, char *err, size_t errlen);
 int config_set_upstream_kind(lg_config *cfg, const char *kind, char *err, size_t errlen);
 
+/* Splits a "HOST:PORT" or "[V6]:PORT" the way listen and admin.listen are read: *host is
+ * malloc'd (the caller frees it), *port 0..65535. Returns 0 or -1 with err. */
+int config_split_hostport(const char *hostport, char **host, int *port, char *err,
+                          size_t errlen);
+
 /* Cross-field checks after everything is applied (e.g. at least one upstream).
  * Returns 0 or -1 with err. */
 int config_validate(const lg_config *cfg, char *err, size_t errlen);

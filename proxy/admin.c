@@ -11,6 +11,7 @@
 #include "proxy/http.h"
 #include "proxy/httphead.h"
 #include "proxy/upstream.h"
+#include "proxy/xalloc.h"
 
 /* With admin.token, its bearer (compared in constant time). Without one, the endpoints are
  * open only when clients need no key either: with api_keys set they would otherwise hand
@@ -29,8 +30,7 @@ static char *extra_metrics(lg_server *srv)
     incident_stats st = {0};
     char *buf = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (!f) abort();
+    FILE *f = lg_xcheck(open_memstream(&buf, &len));
     if (srv->incidents) incident_log_stats(srv->incidents, &st);
     fprintf(f, "# HELP loopguard_incidents_total Incident records by fate.\n"
                "# TYPE loopguard_incidents_total counter\n"
@@ -89,7 +89,7 @@ enum MHD_Result admin_handle(lg_worker *w, struct MHD_Connection *conn, const ch
         free(extra);
         rc = http_respond_text(conn, 200, "text/plain; version=0.0.4; charset=utf-8", body);
     } else if (strcmp(url, "/loopguard/incidents") == 0) {
-        body = srv->incidents ? incident_log_recent_json(srv->incidents) : strdup("[]");
+        body = srv->incidents ? incident_log_recent_json(srv->incidents) : lg_xstrdup("[]");
         rc = http_respond_json(conn, 200, body);
     } else if (strcmp(url, "/loopguard/upstreams") == 0) {
         body = pool_json(srv->pool);

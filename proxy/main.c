@@ -29,6 +29,9 @@
 #include "proxy/scan.h"
 #include "proxy/upstream.h"
 #include "proxy/worker.h"
+#include "proxy/xalloc.h"
+
+#include <cJSON.h>
 
 extern char **environ;
 
@@ -48,13 +51,10 @@ static void on_pool_event(void *ud, size_t replica, const char *event, const cha
     gmtime_r(&now.tv_sec, &tm);
     size_t k = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
     snprintf(ts + k, sizeof ts - k, ".%03ldZ", now.tv_nsec / 1000000);
-    size_t n = strlen(base) + (json ? strlen(json) : 4) + 200;
-    char *line = malloc(n);
-    if (!line) abort();
-    snprintf(line, n, "{\"ts\":\"%s\",\"id\":\"up-%lx-%u\",\"kind\":\"upstream\","
-                      "\"event\":\"%s\",\"upstream\":\"%s\",\"detail\":%s}",
-             ts, (unsigned long)now.tv_sec, atomic_fetch_add(&seq, 1), event, base,
-             json ? json : "null");
+    char *line = lg_xasprintf("{\"ts\":\"%s\",\"id\":\"up-%lx-%u\",\"kind\":\"upstream\","
+                              "\"event\":\"%s\",\"upstream\":\"%s\",\"detail\":%s}",
+                              ts, (unsigned long)now.tv_sec, atomic_fetch_add(&seq, 1), event,
+                              base, json ? json : "null");
     incident_log_submit(srv->incidents, line);
 }
 
@@ -197,16 +197,13 @@ static bool all_joined(lg_server *srv, bool *joined)
 /* Starts the worker of the separate admin listener (admin.listen). Returns 0 or -1. */
 static int start_admin(lg_server *srv, char *err, size_t errlen)
 {
-    const char *spec = srv->cfg->admin.listen, *colon = strrchr(spec, ':');
-    char host[256];
-    int hlen = (int)(colon - spec);
-    if (spec[0] == '[' && hlen >= 2 && spec[hlen - 1] == ']') /* "[::1]:9001" */
-        snprintf(host, sizeof host, "%.*s", hlen - 2, spec + 1);
-    else
-        snprintf(host, sizeof host, "%.*s", hlen, spec);
-    int port = atoi(colon + 1);
-    if (port != 0 && worker_address_free(host, port, err, errlen) != 0) return -1;
-    int fd = worker_listen_socket(host, port, err, errlen);
+    char *host;
+    int port;
+    if (config_split_hostport(srv->cfg->admin.listen, &host, &port, err, errlen) != 0) return -1;
+    int fd = -1;
+    if (port == 0 || worker_address_free(host, port, err, errlen) == 0)
+        fd = worker_listen_socket(host, port, err, errlen);
+    free(host);
     if (fd < 0) return -1;
     srv->admin = worker_new(srv, (int)srv->n_workers, &fd, 1, err, errlen);
     if (!srv->admin) return -1;
@@ -224,9 +221,8 @@ static int start_admin(lg_server *srv, char *err, size_t errlen)
 /* Signal loop: returns when every worker has stopped. */
 static void serve_signals(lg_server *srv, const sigset_t *set)
 {
-    bool *joined = calloc(srv->n_workers, sizeof *joined);
+    bool *joined = lg_xcalloc(srv->n_workers, sizeof *joined);
     uint64_t deadline = 0;
-    if (!joined) abort();
     for (;;) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         int sig = sigtimedwait(set, NULL, &ts);
@@ -277,13 +273,17 @@ int main(int argc, char **argv)
 
     raise_nofile(cfg->rlimit_nofile);
     keep_freed_memory();
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+    /* The libraries allocate through the one OOM policy too (xalloc.h): their results are
+     * never NULL for want of memory. */
+    cJSON_InitHooks(&(cJSON_Hooks){.malloc_fn = lg_xmalloc, .free_fn = free});
+    if (curl_global_init_mem(CURL_GLOBAL_DEFAULT, lg_xmalloc, free, lg_xrealloc, lg_xstrdup,
+                             lg_xcalloc) != CURLE_OK) {
         fprintf(stderr, "loopguard: curl_global_init failed\n");
         return 1;
     }
     lg_server srv = {.cfg = cfg, .started_ns = lg_now_ns()};
-    srv.n_workers = cfg->workers > 0 ? (size_t)cfg->workers : (size_t)sysconf(_SC_NPROCESSORS_ONLN);
-    if (srv.n_workers < 1) srv.n_workers = 1;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN); /* -1 when unknown */
+    srv.n_workers = cfg->workers > 0 ? (size_t)cfg->workers : cores > 0 ? (size_t)cores : 1;
     srv.incidents = incident_log_open(cfg->incidents.path, cfg->incidents.recent,
                                       cfg->incidents.max_record_bytes, err, sizeof err);
     if (!srv.incidents) {
@@ -291,8 +291,9 @@ int main(int argc, char **argv)
         return 1;
     }
     srv.pool = pool_new(cfg);
-    srv.workers = calloc(srv.n_workers, sizeof *srv.workers);
-    if (!srv.workers) abort();
+    /* Before any thread that could report an event starts. */
+    pool_set_event_hook(srv.pool, on_pool_event, &srv);
+    srv.workers = lg_xcalloc(srv.n_workers, sizeof *srv.workers);
 
     int rc = 1;
     size_t started = 0;
@@ -323,7 +324,6 @@ int main(int argc, char **argv)
             snprintf(err, sizeof err, "cannot start worker threads: %s", strerror(errno));
             goto out;
         }
-    pool_set_event_hook(srv.pool, on_pool_event, &srv);
     if (pool_start(srv.pool) != 0) {
         snprintf(err, sizeof err, "cannot start the health checker");
         goto out;

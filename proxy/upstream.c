@@ -3,7 +3,12 @@
  * Hot path (pool_acquire/pool_release, once per attempt) touches only atomics. The
  * degeneration record is a ring of time buckets per replica under one pool mutex, taken once
  * per finished generation (not per token); the ejection decision is made there, O(replicas).
- * The health checker is one background thread doing blocking GETs with short timeouts. */
+ * The health checker is one background thread doing blocking GETs with short timeouts.
+ *
+ * The event hook is foreign code (main.c's writes stderr and takes the incident log's
+ * mutex), so it is never called with p->mu held: what happens under the lock is noted in a
+ * pool_event and delivered after the unlock. The ejection fields read without the lock
+ * (rank_of) are written with atomic stores under it. */
 #include "proxy/upstream.h"
 
 #include <math.h>
@@ -17,6 +22,8 @@
 #include <cJSON.h>
 #include <curl/curl.h>
 
+#include "proxy/xalloc.h"
+
 #define BUCKETS 12
 
 typedef struct lg_replica {
@@ -29,8 +36,8 @@ typedef struct lg_replica {
     /* guarded by pool->mu */
     uint32_t gens[BUCKETS], trips[BUCKETS];
     uint64_t bucket_epoch[BUCKETS];
-    uint64_t ejected_until_ms; /* 0: not ejected */
-    uint64_t returned_at_ms;   /* end of the last ejection: ramp-up starts here */
+    uint64_t ejected_until_ms; /* 0: not ejected; stored atomically (read without the lock) */
+    uint64_t returned_at_ms;   /* end of the last ejection: ramp-up starts here; ditto */
     unsigned ejections;
 } lg_replica;
 
@@ -63,17 +70,17 @@ static size_t discard(char *p, size_t sz, size_t n, void *ud)
 /* Blocking GET of base+path; returns the HTTP status or 0 when unreachable. */
 static long probe_get(const char *base, const char *path, long timeout_ms)
 {
-    char url[2048];
     long status = 0;
-    snprintf(url, sizeof url, "%s%s", base, path);
     CURL *c = curl_easy_init();
     if (!c) return 0;
+    char *url = lg_xasprintf("%s%s", base, path);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, discard);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
     curl_easy_cleanup(c);
+    free(url);
     return status;
 }
 
@@ -89,18 +96,15 @@ static lg_upstream_kind probe_kind(const char *base)
 
 lg_pool *pool_new(const lg_config *cfg)
 {
-    lg_pool *p = calloc(1, sizeof *p);
-    if (!p) abort();
+    lg_pool *p = lg_xcalloc(1, sizeof *p);
     p->cfg = cfg;
     p->n = cfg->n_upstreams;
-    p->r = calloc(p->n, sizeof *p->r);
-    if (!p->r) abort();
+    p->r = lg_xcalloc(p->n, sizeof *p->r);
     pthread_mutex_init(&p->mu, NULL);
     atomic_store(&p->seed, 0x9e3779b9u ^ (unsigned)now_ms());
     for (size_t i = 0; i < p->n; i++) {
         lg_replica *r = &p->r[i];
-        r->base = strdup(cfg->upstreams[i]);
-        if (!r->base) abort();
+        r->base = lg_xstrdup(cfg->upstreams[i]);
         lg_upstream_kind k = cfg->upstream_kind;
         if (k == LG_UPSTREAM_AUTO) k = probe_kind(r->base);
         atomic_store(&r->kind, (int)k);
@@ -137,8 +141,22 @@ void pool_set_event_hook(lg_pool *p, pool_event_fn fn, void *ud)
     p->hook_ud = ud;
 }
 
+/* What changed for a replica, noted while p->mu is held and given to the hook after it is
+ * released. */
+typedef struct pool_event {
+    const char *name; /* "ejected", "returned"; NULL: nothing happened */
+    char json[192];   /* details for the hook: four bounded numbers (see maybe_eject) */
+} pool_event;
+
+static void deliver(lg_pool *p, size_t i, const pool_event *ev)
+{
+    if (ev->name && p->hook) p->hook(p->hook_ud, i, ev->name, ev->json[0] ? ev->json : NULL);
+}
+
 /* ---- health ------------------------------------------------------------------------ */
 
+/* A health result from the checker thread or a worker. The transition is an exchange on
+ * `healthy`, so that two reporters crossing the threshold at once announce it once. */
 static void health_result(lg_pool *p, size_t i, bool ok)
 {
     lg_replica *r = &p->r[i];
@@ -146,17 +164,15 @@ static void health_result(lg_pool *p, size_t i, bool ok)
     if (ok) {
         atomic_store(&r->fails, 0);
         unsigned oks = atomic_fetch_add(&r->oks, 1) + 1;
-        if (!atomic_load(&r->healthy) && oks >= cfg->health.healthy_after) {
-            atomic_store(&r->healthy, true);
-            if (p->hook) p->hook(p->hook_ud, i, "healthy", NULL);
-        }
+        if (oks >= cfg->health.healthy_after && !atomic_load(&r->healthy) &&
+            !atomic_exchange(&r->healthy, true) && p->hook)
+            p->hook(p->hook_ud, i, "healthy", NULL);
     } else {
         atomic_store(&r->oks, 0);
         unsigned fails = atomic_fetch_add(&r->fails, 1) + 1;
-        if (atomic_load(&r->healthy) && fails >= cfg->health.unhealthy_after) {
-            atomic_store(&r->healthy, false);
-            if (p->hook) p->hook(p->hook_ud, i, "unhealthy", NULL);
-        }
+        if (fails >= cfg->health.unhealthy_after && atomic_load(&r->healthy) &&
+            atomic_exchange(&r->healthy, false) && p->hook)
+            p->hook(p->hook_ud, i, "unhealthy", NULL);
     }
 }
 
@@ -223,8 +239,9 @@ static bool is_ejected(const lg_replica *r, uint64_t now)
     return r->ejected_until_ms && now < r->ejected_until_ms;
 }
 
-/* Decides whether replica i is an outlier and ejects it. Caller holds p->mu. */
-static void maybe_eject(lg_pool *p, size_t i, uint64_t now)
+/* Decides whether replica i is an outlier and ejects it, noting that in *ev. Caller holds
+ * p->mu. */
+static void maybe_eject(lg_pool *p, size_t i, uint64_t now, pool_event *ev)
 {
     const lg_config *cfg = p->cfg;
     lg_replica *r = &p->r[i];
@@ -247,18 +264,17 @@ static void maybe_eject(lg_pool *p, size_t i, uint64_t now)
     /* Exponential back-off on repeat offenders, capped at 16x. */
     unsigned shift = r->ejections < 4 ? r->ejections : 4;
     uint64_t backoff = (uint64_t)cfg->eject.backoff_ms << shift;
-    r->ejected_until_ms = now + backoff;
+    __atomic_store_n(&r->ejected_until_ms, now + backoff, __ATOMIC_RELAXED);
     r->ejections++;
     memset(r->gens, 0, sizeof r->gens);
     memset(r->trips, 0, sizeof r->trips);
-    if (p->hook) {
-        char json[256];
-        snprintf(json, sizeof json,
-                 "{\"trip_rate\":%.3f,\"others_trip_rate\":%.3f,\"generations\":%llu,"
-                 "\"backoff_ms\":%llu}",
-                 rate, others, (unsigned long long)g, (unsigned long long)backoff);
-        p->hook(p->hook_ud, i, "ejected", json);
-    }
+    /* Rates are in [0, 1] (others: at most the number of trips), the counts 20 digits at
+     * most: under 120 bytes. */
+    ev->name = "ejected";
+    snprintf(ev->json, sizeof ev->json,
+             "{\"trip_rate\":%.3f,\"others_trip_rate\":%.3f,\"generations\":%llu,"
+             "\"backoff_ms\":%llu}",
+             rate, others, (unsigned long long)g, (unsigned long long)backoff);
 }
 
 bool pool_report_generation(lg_pool *p, size_t i, bool tripped)
@@ -266,6 +282,7 @@ bool pool_report_generation(lg_pool *p, size_t i, bool tripped)
     lg_replica *r = &p->r[i];
     uint64_t now = now_ms(), epoch = now / bucket_ms(p->cfg);
     int b = (int)(epoch % BUCKETS);
+    pool_event returned = {0}, ejected = {0};
     pthread_mutex_lock(&p->mu);
     if (r->bucket_epoch[b] != epoch) {
         r->bucket_epoch[b] = epoch;
@@ -274,15 +291,15 @@ bool pool_report_generation(lg_pool *p, size_t i, bool tripped)
     r->gens[b]++;
     r->trips[b] += tripped;
     if (r->ejected_until_ms && now >= r->ejected_until_ms) {
-        r->returned_at_ms = r->ejected_until_ms;
-        r->ejected_until_ms = 0;
-        if (p->hook) p->hook(p->hook_ud, i, "returned", NULL);
+        __atomic_store_n(&r->returned_at_ms, r->ejected_until_ms, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->ejected_until_ms, 0, __ATOMIC_RELAXED);
+        returned.name = "returned";
     }
-    unsigned before = r->ejections;
-    if (tripped) maybe_eject(p, i, now);
-    bool ejected = r->ejections != before;
+    if (tripped) maybe_eject(p, i, now, &ejected);
     pthread_mutex_unlock(&p->mu);
-    return ejected;
+    deliver(p, i, &returned);
+    deliver(p, i, &ejected);
+    return ejected.name != NULL;
 }
 
 /* ---- balancing --------------------------------------------------------------------- */
@@ -367,9 +384,8 @@ char *pool_json(lg_pool *p)
         cJSON_AddItemToArray(arr, o);
     }
     pthread_mutex_unlock(&p->mu);
-    char *s = cJSON_PrintUnformatted(arr);
+    char *s = lg_xcheck(cJSON_PrintUnformatted(arr));
     cJSON_Delete(arr);
-    if (!s) abort();
     return s;
 }
 
@@ -378,8 +394,7 @@ char *pool_metrics_text(lg_pool *p)
     uint64_t now = now_ms();
     char *buf = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (!f) abort();
+    FILE *f = lg_xcheck(open_memstream(&buf, &len));
     static const char *const names[] = {"healthy", "ejected", "ejections_total"};
     static const char *const help[] = {"1 when the replica passes health checks.",
                                        "1 while the replica is ejected.",

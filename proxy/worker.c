@@ -27,6 +27,7 @@
 #include "proxy/edge.h"
 #include "proxy/http.h"
 #include "proxy/route.h"
+#include "proxy/xalloc.h"
 
 enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT };
 
@@ -129,7 +130,6 @@ static void list_push(lg_req *head, lg_req *r)
 void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops,
                      struct MHD_Connection *conn)
 {
-    static uint32_t gen_counter;
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
 
@@ -142,7 +142,7 @@ void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops,
         if (w->shards[i].mhd == di->daemon) r->shard = &w->shards[i];
     r->conn = conn;
     r->client_fd = ci ? ci->connect_fd : -1;
-    r->gen = ++gen_counter; /* per-thread use only: workers never share requests */
+    r->gen = ++w->last_gen;
     r->start_ns = w->now_ns ? w->now_ns : lg_now_ns();
     list_push(&w->live, r);
     w->n_live++;
@@ -413,12 +413,36 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
         return 0;
     }
     uint32_t ev = (what & CURL_POLL_IN ? EPOLLIN : 0) | (what & CURL_POLL_OUT ? EPOLLOUT : 0);
+    uint64_t data = ev_pack(TAG_CURL_SOCK, 0, s);
     int op = socketp ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
-    if (ep_ctl(w, op, s, ev, ev_pack(TAG_CURL_SOCK, 0, s)) != 0 && op == EPOLL_CTL_ADD &&
-        errno == EEXIST)
-        (void)ep_ctl(w, EPOLL_CTL_MOD, s, ev, ev_pack(TAG_CURL_SOCK, 0, s));
+    /* The fd may already be (ADD: EEXIST) or no longer be (MOD: ENOENT) in the set. */
+    if (ep_ctl(w, op, s, ev, data) != 0 &&
+        (errno != (op == EPOLL_CTL_ADD ? EEXIST : ENOENT) ||
+         ep_ctl(w, op == EPOLL_CTL_ADD ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, s, ev, data) != 0)) {
+        /* Not watched (ENOMEM, ENOSPC: fs.epoll.max_user_watches), the transfer would wait
+         * for its timeout: it fails now instead (fail_unwatched). Returning -1 would make
+         * libcurl fail every transfer of the worker. */
+        fprintf(stderr, "loopguard: worker %d: cannot watch an upstream socket: %s\n", w->id,
+                strerror(errno));
+        if (easy) {
+            w->unwatched = lg_xrealloc(w->unwatched, (w->n_unwatched + 1) * sizeof *w->unwatched);
+            w->unwatched[w->n_unwatched++] = easy;
+        }
+        return 0;
+    }
     curl_multi_assign(w->multi, s, (void *)1);
     return 0;
+}
+
+/* Ends the transfers whose socket could not be watched (on_curl_socket) as failed. */
+static void fail_unwatched(lg_worker *w)
+{
+    while (w->n_unwatched) {
+        CURL *easy = w->unwatched[--w->n_unwatched];
+        lg_xfer *x = NULL;
+        curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+        if (x && x->done) x->done(x, CURLE_ABORTED_BY_CALLBACK);
+    }
 }
 
 static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp)
@@ -449,6 +473,7 @@ static void drain_curl_messages(lg_worker *w)
 {
     CURLMsg *msg;
     int left;
+    fail_unwatched(w);
     while ((msg = curl_multi_info_read(w->multi, &left))) {
         if (msg->msg != CURLMSG_DONE) continue;
         lg_xfer *x = NULL;
@@ -466,6 +491,11 @@ int worker_add_xfer(lg_worker *w, CURL *easy)
 
 void worker_remove_xfer(lg_worker *w, CURL *easy)
 {
+    for (size_t i = 0; i < w->n_unwatched;)
+        if (w->unwatched[i] == easy)
+            w->unwatched[i] = w->unwatched[--w->n_unwatched];
+        else
+            i++;
     curl_multi_remove_handle(w->multi, easy);
 }
 
@@ -509,14 +539,12 @@ static void detached_done(lg_xfer *x, CURLcode rc)
 
 void worker_post_detached(lg_worker *w, const char *url, const char *json)
 {
-    lg_detached *d = calloc(1, sizeof *d);
-    if (!d) abort();
+    lg_detached *d = lg_xcalloc(1, sizeof *d);
     d->w = w;
     d->xfer = (lg_xfer){.done = detached_done, .owner = d};
-    d->body = strdup(json);
-    d->headers = curl_slist_append(NULL, "Content-Type: application/json");
-    d->easy = curl_easy_init();
-    if (!d->body || !d->headers || !d->easy) abort();
+    d->body = lg_xstrdup(json);
+    d->headers = lg_xcheck(curl_slist_append(NULL, "Content-Type: application/json"));
+    d->easy = lg_xcheck(curl_easy_init());
     curl_easy_setopt(d->easy, CURLOPT_URL, url);
     curl_easy_setopt(d->easy, CURLOPT_PRIVATE, &d->xfer);
     curl_easy_setopt(d->easy, CURLOPT_HTTPHEADER, d->headers);
@@ -750,8 +778,7 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
 {
     const lg_config *cfg = srv->cfg;
     size_t taken = 0; /* fds[0..taken) are the shards' or closed */
-    lg_worker *w = calloc(1, sizeof *w);
-    if (!w) abort();
+    lg_worker *w = lg_xcalloc(1, sizeof *w);
     w->srv = srv;
     w->id = id;
     w->live.prev = w->live.next = &w->live;
@@ -830,6 +857,7 @@ void worker_free(lg_worker *w)
     if (w->curl_timerfd >= 0) close(w->curl_timerfd);
     if (w->wake_fd >= 0) close(w->wake_fd);
     metrics_free(w->metrics);
+    free(w->unwatched);
     free(w->fdmap);
     free(w);
 }

@@ -140,6 +140,9 @@ struct lg_worker {
     lg_metrics *metrics;
     struct lg_fdslot *fdmap; /* indexed by client fd */
     size_t fdmap_len;
+    uint32_t last_gen; /* the last lg_req.gen handed out: the worker's own fd map's */
+    CURL **unwatched;  /* transfers whose socket epoll refused, to be failed */
+    size_t n_unwatched;
     lg_req live;      /* sentinel of the circular list of live requests */
     lg_req graveyard; /* sentinel: retired, destroyed at the end of the iteration */
     size_t n_live;

@@ -43,6 +43,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "proxy/num.h"
+#include "tests/bench/chunked.h"
+
 #define MAX_WATCH    16
 #define READ_BUF     65536
 #define MAX_LINE     (1 << 20)
@@ -145,15 +148,6 @@ static bool in_window(uint64_t t)
 /* ---- one connection ---- */
 
 typedef enum { C_WAIT, C_CONNECTING, C_HEAD, C_BODY } conn_state;
-typedef enum {
-    B_CHUNK_SIZE,
-    B_CHUNK_EXT,
-    B_CHUNK_DATA,
-    B_CHUNK_END,
-    B_TRAILER,
-    B_LENGTH,
-    B_CLOSE
-} body_state;
 
 typedef struct conn {
     int fd;
@@ -164,10 +158,11 @@ typedef struct conn {
     /* response head */
     int status;
     bool keep_alive;
-    /* body framing */
-    body_state body;
-    uint64_t left; /* chunk or Content-Length bytes remaining */
-    size_t trailer_line;
+    /* body framing: from the head, then the decoder */
+    body_framing framing;
+    uint64_t length; /* Content-Length */
+    body_decoder body;
+    uint64_t t_read; /* when the bytes being decoded were read */
     bool saw_done, got_first;
     /* partial line (head lines and SSE lines share it) */
     char *line;
@@ -226,8 +221,8 @@ static void conn_start_request(conn *c, uint64_t now)
     c->state = C_HEAD;
     c->status = 0;
     c->keep_alive = true;
-    c->body = B_CLOSE;
-    c->left = 0;
+    c->framing = BODY_CLOSE;
+    c->length = 0;
     c->saw_done = c->got_first = false;
     c->llen = 0;
     if (conn_send(c, now) < 0) conn_fail(c, &cnt.err_io, now);
@@ -392,100 +387,21 @@ static int head_line(conn *c, const char *p, size_t n)
         return 1;
     }
     if (n > 15 && strncasecmp(p, "content-length:", 15) == 0) {
-        c->body = B_LENGTH;
-        c->left = strtoull(p + 15, NULL, 10);
+        c->framing = BODY_LENGTH;
+        c->length = strtoull(p + 15, NULL, 10);
     } else if (n > 18 && strncasecmp(p, "transfer-encoding:", 18) == 0) {
-        if (memmem(p, n, "chunked", 7)) c->body = B_CHUNK_SIZE, c->left = 0;
+        if (memmem(p, n, "chunked", 7)) c->framing = BODY_CHUNKED;
     } else if (n > 11 && strncasecmp(p, "connection:", 11) == 0) {
         if (memmem(p, n, "close", 5)) c->keep_alive = false;
     }
     return 0;
 }
 
-/* Passes at most c->left of the n bytes at p to the SSE splitter and counts them off.
- * Returns the bytes used, or -1 on a runaway line. */
-static ssize_t feed_counted(conn *c, const char *p, size_t n, uint64_t t_read)
+/* Body bytes from the decoder to the SSE splitter (body_data_fn). */
+static int body_data(void *ud, const char *p, size_t n)
 {
-    size_t k = n < c->left ? n : (size_t)c->left;
-    if (sse_feed(c, p, k, t_read) < 0) return -1;
-    c->left -= k;
-    return (ssize_t)k;
-}
-
-/* The chunk-size line ended: data follows, or the trailer after the last chunk. */
-static void chunk_size_done(conn *c)
-{
-    c->body = c->left ? B_CHUNK_DATA : B_TRAILER;
-    c->trailer_line = 0;
-}
-
-/* Decodes body bytes per framing. Returns bytes consumed (the rest belongs to nothing: we
- * never pipeline), or -1 on a framing error. Sets *done when the response ended. */
-static ssize_t body_feed(conn *c, const char *p, size_t n, uint64_t t_read, bool *done)
-{
-    size_t i = 0;
-    while (i < n && !*done) {
-        switch (c->body) {
-        case B_CLOSE:
-            if (sse_feed(c, p + i, n - i, t_read) < 0) return -1;
-            i = n;
-            break;
-        case B_LENGTH: {
-            ssize_t k = feed_counted(c, p + i, n - i, t_read);
-            if (k < 0) return -1;
-            i += (size_t)k;
-            if (c->left == 0) *done = true;
-            break;
-        }
-        case B_CHUNK_SIZE: {
-            char ch = p[i++];
-            int d = ch >= '0' && ch <= '9'   ? ch - '0'
-                    : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-                    : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
-                                             : -1;
-            if (d >= 0) {
-                if (c->left >> 56) return -1;
-                c->left = c->left * 16 + (uint64_t)d;
-            } else if (ch == ';' || ch == ' ' || ch == '\t') {
-                c->body = B_CHUNK_EXT;
-            } else if (ch == '\n') {
-                chunk_size_done(c);
-            } else if (ch != '\r') {
-                return -1;
-            }
-            break;
-        }
-        case B_CHUNK_EXT:
-            if (p[i++] == '\n') chunk_size_done(c);
-            break;
-        case B_CHUNK_DATA: {
-            ssize_t k = feed_counted(c, p + i, n - i, t_read);
-            if (k < 0) return -1;
-            i += (size_t)k;
-            if (c->left == 0) c->body = B_CHUNK_END;
-            break;
-        }
-        case B_CHUNK_END: {
-            char ch = p[i++];
-            if (ch == '\n')
-                c->body = B_CHUNK_SIZE;
-            else if (ch != '\r')
-                return -1;
-            break;
-        }
-        case B_TRAILER: {
-            char ch = p[i++];
-            if (ch == '\n') {
-                if (c->trailer_line == 0) *done = true;
-                c->trailer_line = 0;
-            } else if (ch != '\r') {
-                c->trailer_line++;
-            }
-            break;
-        }
-        }
-    }
-    return (ssize_t)i;
+    conn *c = ud;
+    return sse_feed(c, p, n, c->t_read);
 }
 
 /* Processes bytes read from a connection in C_HEAD or C_BODY. */
@@ -503,18 +419,18 @@ static void conn_input(conn *c, const char *p, size_t n, uint64_t t_read)
             if (r < 0) goto bad;
             if (r == 1) {
                 c->state = C_BODY;
-                if (c->body == B_CLOSE) c->keep_alive = false;
-                if (c->body == B_LENGTH && c->left == 0) {
+                if (c->framing == BODY_CLOSE) c->keep_alive = false;
+                body_start(&c->body, c->framing, c->length);
+                if (body_done(&c->body)) {
                     response_done(c, t_read);
                     return;
                 }
             }
             continue;
         }
-        bool done = false;
-        ssize_t used = body_feed(c, p, n, t_read, &done);
-        if (used < 0) goto bad;
-        if (done) {
+        c->t_read = t_read;
+        if (body_decode(&c->body, p, n, body_data, c) < 0) goto bad;
+        if (body_done(&c->body)) {
             response_done(c, t_read);
             return; /* we never pipeline, so nothing can follow the response */
         }
@@ -554,7 +470,7 @@ static void conn_event(conn *c, uint32_t events, char *buf)
         return;
     }
     if (n == 0) {
-        if (c->state == C_BODY && c->body == B_CLOSE) {
+        if (c->state == C_BODY && c->framing == BODY_CLOSE) {
             c->keep_alive = false;
             response_done(c, now);
         } else if (c->state == C_HEAD && c->status == 0 && c->llen == 0 && c->sent == 0) {
@@ -694,7 +610,7 @@ static cpu_sample cpu_now(void)
 
 /* ---- setup ---- */
 
-static void usage(void)
+_Noreturn static void usage(void)
 {
     fprintf(stderr,
             "usage: loadgen --url http://127.0.0.1:PORT/PATH [--streams N] [--duration S]\n"
@@ -733,13 +649,15 @@ static void parse_args(int argc, char **argv)
     bool have_url = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long long n;
         if (!v) usage();
         i++;
         if (!strcmp(a, "--url")) {
             if (parse_url(v) < 0) usage();
             have_url = true;
         } else if (!strcmp(a, "--streams")) {
-            opt.streams = atoi(v);
+            if (!lg_parse_ll(v, 1, 1000000, &n)) usage();
+            opt.streams = (int)n;
         } else if (!strcmp(a, "--duration")) {
             opt.duration_s = atof(v);
         } else if (!strcmp(a, "--warmup")) {
@@ -747,7 +665,8 @@ static void parse_args(int argc, char **argv)
         } else if (!strcmp(a, "--ramp")) {
             opt.ramp_s = atof(v);
         } else if (!strcmp(a, "--max-tokens")) {
-            opt.max_tokens = atoi(v);
+            if (!lg_parse_ll(v, 1, 1000000, &n)) usage();
+            opt.max_tokens = (int)n;
         } else if (!strcmp(a, "--label")) {
             opt.label = v;
         } else if (!strcmp(a, "--header")) {
@@ -756,10 +675,11 @@ static void parse_args(int argc, char **argv)
             if (k < 0 || (size_t)k >= sizeof opt.headers - opt.headers_len) usage();
             opt.headers_len += (size_t)k;
         } else if (!strcmp(a, "--upstream-pid")) {
-            opt.upstream_pid = atoi(v);
+            if (!lg_parse_ll(v, 1, INT32_MAX, &n)) usage();
+            opt.upstream_pid = (int)n;
         } else if (!strcmp(a, "--watch-pid")) {
-            if (opt.nwatch == MAX_WATCH) usage();
-            opt.watch[opt.nwatch++] = atoi(v);
+            if (opt.nwatch == MAX_WATCH || !lg_parse_ll(v, 1, INT32_MAX, &n)) usage();
+            opt.watch[opt.nwatch++] = (int)n;
         } else {
             usage();
         }

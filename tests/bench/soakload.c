@@ -41,6 +41,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "proxy/num.h"
+#include "tests/bench/chunked.h"
+
 #include <cJSON.h>
 
 #define READ_BUF   65536
@@ -151,19 +154,6 @@ static void bytes_clear(bytes *b)
 /* ---- one connection ---------------------------------------------------------------- */
 
 typedef enum { S_IDLE, S_CONNECTING, S_SENDING, S_HEAD, S_BODY } conn_state;
-/* Body framing: chunk size line, its extension, chunk data, the CR LF after data, the
- * trailer; Content-Length; until close. */
-typedef enum {
-    B_SIZE,
-    B_EXT,
-    B_SIZE_LF,
-    B_DATA,
-    B_DATA_CR,
-    B_DATA_LF,
-    B_TRAILER,
-    B_LENGTH,
-    B_CLOSE
-} body_state;
 
 typedef struct conn {
     int fd;
@@ -182,8 +172,9 @@ typedef struct conn {
     int status;
     char ctype[128];
     bool keep_alive;
-    body_state bs;
-    uint64_t left, trailer_line;
+    body_framing framing;
+    uint64_t length; /* Content-Length */
+    body_decoder dec;
     size_t raw_body; /* body bytes received on the wire (for the hang-up point) */
 } conn;
 
@@ -468,8 +459,8 @@ static void parse_head(conn *c)
     c->status = 0;
     c->ctype[0] = '\0';
     c->keep_alive = true;
-    c->bs = B_CLOSE;
-    c->left = 0;
+    c->framing = BODY_CLOSE;
+    c->length = 0;
     char *save = NULL;
     for (char *line = strtok_r(c->head.p, "\r\n", &save); line;
          line = strtok_r(NULL, "\r\n", &save)) {
@@ -479,86 +470,35 @@ static void parse_head(conn *c)
             continue;
         }
         if (!strncasecmp(line, "content-length:", 15)) {
-            c->bs = B_LENGTH;
-            c->left = strtoull(line + 15, NULL, 10);
+            c->framing = BODY_LENGTH;
+            c->length = strtoull(line + 15, NULL, 10);
         } else if (!strncasecmp(line, "transfer-encoding:", 18) && strstr(line, "chunked")) {
-            c->bs = B_SIZE;
+            c->framing = BODY_CHUNKED;
         } else if (!strncasecmp(line, "content-type:", 13)) {
             snprintf(c->ctype, sizeof c->ctype, "%s", line + 13);
         } else if (!strncasecmp(line, "connection:", 11) && strcasestr(line, "close")) {
             c->keep_alive = false;
         }
     }
-    if (c->bs == B_CLOSE) c->keep_alive = false;
+    if (c->framing == BODY_CLOSE) c->keep_alive = false;
+    body_start(&c->dec, c->framing, c->length);
+}
+
+/* Body bytes from the decoder into c->body (body_data_fn). */
+static int body_data(void *ud, const char *p, size_t n)
+{
+    conn *c = ud;
+    return bytes_add(&c->body, p, n, BODY_MAX);
 }
 
 /* Decodes body bytes into c->body. Returns 1 when the answer is complete, 0 when more is
- * needed, -1 on a framing error. */
+ * needed, -1 on a framing error (bytes after the end of the body included: nothing is
+ * pipelined). */
 static int body_feed(conn *c, const char *p, size_t n)
 {
-    for (size_t i = 0; i < n;) {
-        char ch = p[i];
-        switch (c->bs) {
-        case B_SIZE: {
-            int d = ch >= '0' && ch <= '9'   ? ch - '0'
-                    : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-                    : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
-                                             : -1;
-            i++;
-            if (d >= 0 && !(c->left >> 40))
-                c->left = c->left * 16 + (uint64_t)d;
-            else if (ch == ';')
-                c->bs = B_EXT;
-            else if (ch == '\r')
-                c->bs = B_SIZE_LF;
-            else
-                return -1;
-            break;
-        }
-        case B_EXT:
-            i++;
-            if (ch == '\r') c->bs = B_SIZE_LF;
-            break;
-        case B_SIZE_LF:
-            i++;
-            if (ch != '\n') return -1;
-            c->bs = c->left ? B_DATA : B_TRAILER;
-            c->trailer_line = 0;
-            break;
-        case B_DATA:
-        case B_LENGTH: {
-            size_t k = n - i < c->left ? n - i : (size_t)c->left;
-            if (bytes_add(&c->body, p + i, k, BODY_MAX) < 0) return -1;
-            i += k;
-            c->left -= k;
-            if (c->left == 0) {
-                if (c->bs == B_LENGTH) return 1;
-                c->bs = B_DATA_CR;
-            }
-            break;
-        }
-        case B_DATA_CR:
-        case B_DATA_LF:
-            i++;
-            if (ch != (c->bs == B_DATA_CR ? '\r' : '\n')) return -1;
-            c->bs = c->bs == B_DATA_CR ? B_DATA_LF : B_SIZE;
-            break;
-        case B_TRAILER:
-            i++;
-            if (ch == '\n') {
-                if (c->trailer_line == 0) return i == n ? 1 : -1; /* nothing may follow */
-                c->trailer_line = 0;
-            } else if (ch != '\r') {
-                c->trailer_line++;
-            }
-            break;
-        case B_CLOSE:
-            if (bytes_add(&c->body, p + i, n - i, BODY_MAX) < 0) return -1;
-            i = n;
-            break;
-        }
-    }
-    return c->bs == B_LENGTH && c->left == 0 ? 1 : 0;
+    ssize_t used = body_decode(&c->dec, p, n, body_data, c);
+    if (used < 0 || (size_t)used < n) return -1;
+    return body_done(&c->dec);
 }
 
 /* The client hangs up (the planned disconnect): by RST or FIN, at random. */
@@ -606,7 +546,7 @@ static void on_input(conn *c, const char *p, size_t n, uint64_t now)
         c->raw_body = 0;
         p += head_len - before;
         n -= head_len - before;
-        if (c->bs == B_LENGTH && c->left == 0) {
+        if (body_done(&c->dec)) {
             answer_done(c, now);
             return;
         }
@@ -636,7 +576,7 @@ static void on_eof(conn *c, uint64_t now, bool error)
         st.started--;
         return;
     }
-    if (c->state == S_BODY && c->bs == B_CLOSE && !error) {
+    if (c->state == S_BODY && c->framing == BODY_CLOSE && !error) {
         answer_done(c, now);
         return;
     }
@@ -749,7 +689,7 @@ static void on_event(conn *c, uint32_t events, char *buf, uint64_t now)
 
 /* ---- setup and main loop --------------------------------------------------------------- */
 
-static void usage(void)
+_Noreturn static void usage(void)
 {
     fprintf(
         stderr,
@@ -789,14 +729,18 @@ static void parse_args(int argc, char **argv)
                     : !strcmp(a, "--hangup")   ? &opt.hangup_pct
                     : !strcmp(a, "--close")    ? &opt.close_pct
                                                : NULL;
+        long long n;
         if (d) {
             *d = atof(v);
         } else if (!strcmp(a, "--streams")) {
-            opt.streams = atoi(v);
+            if (!lg_parse_ll(v, 1, 1000000, &n)) usage();
+            opt.streams = (int)n;
         } else if (!strcmp(a, "--max-tokens")) {
-            opt.max_tokens = atoi(v);
+            if (!lg_parse_ll(v, 1, 1000000, &n)) usage();
+            opt.max_tokens = (int)n;
         } else if (!strcmp(a, "--seed")) {
-            opt.seed = (unsigned)strtoul(v, NULL, 10);
+            if (!lg_parse_ll(v, 0, UINT32_MAX, &n)) usage();
+            opt.seed = (unsigned)n;
         } else if (!strcmp(a, "--url")) {
             unsigned port = 0;
             char host[32];

@@ -341,7 +341,11 @@ describe('least-outstanding balancing', () => {
             assert.ok(Math.abs(nx - ny) <= 2, `per-replica requests ${nx} / ${ny}`);
             const peak = samples.reduce((m, s) => Math.max(m, s[0] + s[1]), 0);
             assert.ok(peak >= 10, `streams overlapped (peak outstanding ${peak})`);
-            for (const s of samples) assert.ok(Math.abs(s[0] - s[1]) <= 2, `outstanding stays balanced: ${JSON.stringify(samples)}`);
+            // The balancer decides as streams start: balanced up to the peak. How they
+            // finish is the streams' own pace (several slow workers under TSan end one
+            // replica's streams before the other's).
+            const rising = samples.slice(0, samples.findIndex((s) => s[0] + s[1] === peak) + 1);
+            for (const s of rising) assert.ok(Math.abs(s[0] - s[1]) <= 2, `outstanding stays balanced while streams start: ${JSON.stringify(samples)}`);
         } finally {
             await lg.stop();
             await Promise.all([x.stop(), y.stop()]);
