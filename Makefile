@@ -81,7 +81,8 @@ deps:
 # fails are installed: a machine whose Node.js came from elsewhere (NodeSource's nodejs
 # bundles npm and conflicts with Debian's npm) keeps it.
 TEST_TOOLS := nginx:nginx-light wrk:wrk node:nodejs npm:npm clang:clang curl:curl \
-              python3:python3 valgrind:valgrind clang-format:clang-format
+              python3:python3 valgrind:valgrind clang-format:clang-format \
+              chromium:chromium promtool:prometheus
 # The fuzzer and TSan runtimes ship with clang's version-numbered libclang-rt-N-dev.
 CLANG_MAJOR = $(shell clang -dumpversion 2>/dev/null | cut -d. -f1)
 FUZZ_RT     = $(shell clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null)
@@ -108,6 +109,9 @@ setup:
 	@[ -d tests/client/node_modules/openai ] && [ -d tests/client/node_modules/@dwmkerr/mock-llm ] || \
 	  { echo "setup: installing the npm test clients (npm ci in tests/client)"; \
 	    cd tests/client && npm ci --no-audit --no-fund --loglevel=error; }
+	@[ -d tests/browser/node_modules/puppeteer-core ] || \
+	  { echo "setup: installing puppeteer-core for the status page test (npm ci in tests/browser)"; \
+	    cd tests/browser && npm ci --no-audit --no-fund --loglevel=error; }
 
 # Like deps, for the test tools: names what is missing and stops.
 test-deps: deps
@@ -117,6 +121,9 @@ test-deps: deps
 $(BUILD)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
+
+# The status page's HTML is assembled into this object (.incbin), out of the compiler's sight.
+$(BUILD)/obj/proxy/status_page.o build/fuzz/obj/proxy/status_page.o: proxy/status_page.html
 
 $(BUILD)/libloopguard.a: $(LIB_OBJ)
 	@rm -f $@

@@ -7,9 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "proxy/http.h"
 #include "proxy/httphead.h"
+#include "proxy/series.h"
+#include "proxy/status_page.h"
 #include "proxy/upstream.h"
 #include "proxy/xalloc.h"
 
@@ -51,53 +54,94 @@ static char *extra_metrics(lg_server *srv)
     char *pool = pool_metrics_text(srv->pool);
     fputs(pool, f);
     free(pool);
+    char *models = series_metrics_text(srv->series);
+    fputs(models, f);
+    free(models);
     fclose(f);
     return buf;
+}
+
+/* The status page: static HTML (status_page.h) that only talks to this listener. */
+static enum MHD_Result status_page(struct MHD_Connection *conn)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        strlen(lg_status_page_html), (void *)lg_status_page_html, MHD_RESPMEM_PERSISTENT);
+    if (!resp) lg_oom(0);
+    MHD_add_response_header(resp, "Content-Type", "text/html; charset=utf-8");
+    MHD_add_response_header(resp, "Content-Security-Policy",
+                            "default-src 'none'; script-src 'unsafe-inline'; "
+                            "style-src 'unsafe-inline'; connect-src 'self'; img-src data:; "
+                            "frame-ancestors 'none'");
+    MHD_add_response_header(resp, "Cache-Control", "no-store");
+    enum MHD_Result rc = MHD_queue_response(conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+/* Answers one admin request; returns the status it answered with (for the count). */
+static int admin_answer(lg_worker *w, struct MHD_Connection *conn, const char *url,
+                        const char *method, enum MHD_Result *rc)
+{
+    lg_server *srv = w->srv;
+    char *body = NULL;
+    int status = 200;
+
+    /* Health stays open: probes and load balancers rarely carry a token. So does the status
+     * page, which holds no data: it asks for the token and sends it on every fetch. */
+    bool health = strcmp(url, "/loopguard/health") == 0;
+    bool page = strcmp(url, "/loopguard/") == 0 || strcmp(url, "/loopguard") == 0;
+    if (!health && !page && !admin_authorized(srv->cfg, conn)) {
+        *rc = http_respond_error(conn, 401,
+                                 srv->cfg->admin.token
+                                     ? "admin token required"
+                                     : "admin endpoints are closed: api_keys is set and "
+                                       "admin.token is not",
+                                 "authentication_error", "invalid_admin_token");
+        return 401;
+    }
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        *rc = http_respond_error(conn, 405, "admin endpoints answer GET only",
+                                 "invalid_request_error", "method_not_allowed");
+        return 405;
+    }
+    if (health) {
+        bool draining = atomic_load(&srv->draining);
+        status = draining ? 503 : 200;
+        *rc = http_respond_json(conn, status,
+                                draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}");
+    } else if (strcmp(url, "/loopguard/metrics") == 0) {
+        lg_metrics **ms = lg_xcalloc(srv->n_workers, sizeof *ms);
+        for (size_t i = 0; i < srv->n_workers; i++) ms[i] = srv->workers[i]->metrics;
+        char *extra = extra_metrics(srv);
+        body = metrics_render(ms, srv->n_workers, pool_names(srv->pool), pool_size(srv->pool),
+                              extra);
+        free(extra);
+        free(ms);
+        *rc = http_respond_text(conn, 200, "text/plain; version=0.0.4; charset=utf-8", body);
+    } else if (strcmp(url, "/loopguard/incidents") == 0) {
+        body = srv->incidents ? incident_log_recent_json(srv->incidents) : lg_xstrdup("[]");
+        *rc = http_respond_json(conn, 200, body);
+    } else if (strcmp(url, "/loopguard/upstreams") == 0) {
+        body = pool_json(srv->pool);
+        *rc = http_respond_json(conn, 200, body);
+    } else if (strcmp(url, "/loopguard/series") == 0) {
+        body = series_json(srv->series, (uint64_t)time(NULL));
+        *rc = http_respond_json(conn, 200, body);
+    } else if (page) {
+        *rc = status_page(conn);
+    } else {
+        status = 404;
+        *rc = http_respond_error(conn, 404, "no such loopguard endpoint",
+                                 "invalid_request_error", "not_found");
+    }
+    free(body);
+    return status;
 }
 
 enum MHD_Result admin_handle(lg_worker *w, struct MHD_Connection *conn, const char *url,
                              const char *method)
 {
-    lg_server *srv = w->srv;
     enum MHD_Result rc;
-    char *body = NULL;
-
-    /* Health stays open: probes and load balancers rarely carry a token. */
-    bool health = strcmp(url, "/loopguard/health") == 0;
-    if (!health && !admin_authorized(srv->cfg, conn))
-        return http_respond_error(conn, 401,
-                                  srv->cfg->admin.token
-                                      ? "admin token required"
-                                      : "admin endpoints are closed: api_keys is set and "
-                                        "admin.token is not",
-                                  "authentication_error", "invalid_admin_token");
-    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
-        return http_respond_error(conn, 405, "admin endpoints answer GET only",
-                                  "invalid_request_error", "method_not_allowed");
-    metrics_request(w->metrics, LG_EP_ADMIN, 200);
-    if (strcmp(url, "/loopguard/health") == 0) {
-        bool draining = atomic_load(&srv->draining);
-        return http_respond_json(conn, draining ? 503 : 200,
-                                 draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}");
-    }
-    if (strcmp(url, "/loopguard/metrics") == 0) {
-        lg_metrics *ms[256];
-        size_t n = srv->n_workers < 256 ? srv->n_workers : 256;
-        for (size_t i = 0; i < n; i++) ms[i] = srv->workers[i]->metrics;
-        char *extra = extra_metrics(srv);
-        body = metrics_render(ms, n, pool_names(srv->pool), pool_size(srv->pool), extra);
-        free(extra);
-        rc = http_respond_text(conn, 200, "text/plain; version=0.0.4; charset=utf-8", body);
-    } else if (strcmp(url, "/loopguard/incidents") == 0) {
-        body = srv->incidents ? incident_log_recent_json(srv->incidents) : lg_xstrdup("[]");
-        rc = http_respond_json(conn, 200, body);
-    } else if (strcmp(url, "/loopguard/upstreams") == 0) {
-        body = pool_json(srv->pool);
-        rc = http_respond_json(conn, 200, body);
-    } else {
-        rc = http_respond_error(conn, 404, "no such loopguard endpoint",
-                                "invalid_request_error", "not_found");
-    }
-    free(body);
+    metrics_request(w->metrics, LG_EP_ADMIN, admin_answer(w, conn, url, method, &rc));
     return rc;
 }

@@ -277,8 +277,8 @@ static enum MHD_Result refuse(struct MHD_Connection *conn, int status, const cha
     return http_respond_error_close(conn, status, message, "invalid_request_error", code);
 }
 
-bool edge_admit(lg_worker *w, struct MHD_Connection *conn, const char *url, const char *method,
-                const char *version, char **path, enum MHD_Result *rc)
+int edge_admit(lg_worker *w, struct MHD_Connection *conn, const char *url, const char *method,
+               const char *version, char **path, enum MHD_Result *rc)
 {
     edge_conn *e = edge_of(conn);
     bool too_many_args = e && e->too_many_args;
@@ -298,10 +298,12 @@ bool edge_admit(lg_worker *w, struct MHD_Connection *conn, const char *url, cons
     free(l.f);
     if (st) {
         *rc = refuse(conn, st, v.message, v.code);
-        return false;
+        return st;
     }
-    if (too_many_args)
-        return *rc = refuse(conn, 414, "too many query arguments", "uri_too_long"), false;
+    if (too_many_args) {
+        *rc = refuse(conn, 414, "too many query arguments", "uri_too_long");
+        return 414;
+    }
     bool args_ok = true;
     MHD_get_connection_values_n(conn, MHD_GET_ARGUMENT_KIND, check_arg, &args_ok);
     if (!args_ok || hh_path_normalize(url, path) != 0) {
@@ -309,9 +311,9 @@ bool edge_admit(lg_worker *w, struct MHD_Connection *conn, const char *url, cons
                      "malformed request target (control bytes, spaces, '#', dot segments, "
                      "encoded '/' or a bad escape)",
                      "bad_target");
-        return false;
+        return 400;
     }
-    return true;
+    return 0;
 }
 
 /* ---- the pass-through allow-list ------------------------------------------------------- */
@@ -327,8 +329,8 @@ bool edge_route_match(const char *pattern, const char *path)
  * API that SGLang, vLLM and llama.cpp serve) and the SGLang/vLLM routes that read state
  * or compute without changing the server. Administrative routes (SGLang's /abort_request,
  * /flush_cache, /update_weights*, /start_profile, ...; vLLM's /v1/load_lora_adapter,
- * /reset_prefix_cache, /sleep, ...) and SGLang's native /generate (unguarded here) are
- * absent: an operator opens them with passthrough.allow. */
+ * /reset_prefix_cache, /sleep, ...) are absent: an operator opens them with
+ * passthrough.allow. The guarded routes (route.h) never reach this list. */
 static const struct {
     const char *method; /* "GET" also admits HEAD */
     const char *path;

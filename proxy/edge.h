@@ -37,12 +37,12 @@ void edge_connection(void *cls, struct MHD_Connection *conn, void **socket_conte
  * NULL (no request context). */
 void *edge_uri(void *cls, const char *uri, struct MHD_Connection *conn);
 
-/* First access-handler call of a request. Returns true when the request may be routed,
- * with *path the normalised path to route on and forward (malloc'd; the caller frees it).
- * Otherwise an error response (400, 501 or 505, with Connection: close) was queued and
- * *rc holds libmicrohttpd's result. */
-bool edge_admit(lg_worker *w, struct MHD_Connection *conn, const char *url, const char *method,
-                const char *version, char **path, enum MHD_Result *rc);
+/* First access-handler call of a request. Returns 0 when the request may be routed, with
+ * *path the normalised path to route on and forward (malloc'd; the caller frees it).
+ * Otherwise returns the status of the error response it queued (400, 414, 501 or 505,
+ * with Connection: close), and *rc holds libmicrohttpd's result. */
+int edge_admit(lg_worker *w, struct MHD_Connection *conn, const char *url, const char *method,
+               const char *version, char **path, enum MHD_Result *rc);
 
 /* A later access-handler call: `upload_size` body bytes arrived (0: the body is complete). */
 void edge_body(struct MHD_Connection *conn, size_t upload_size);

@@ -21,8 +21,10 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "proxy/accesslog.h"
 #include "proxy/exchange_int.h"
 #include "proxy/jsonguard.h"
+#include "proxy/upfail.h"
 
 /* libmicrohttpd reads a chunked (HTTP/1.1) stream straight into the connection's write
  * buffer, which lives in its per-connection pool (max_header_bytes); the response's own
@@ -117,10 +119,13 @@ void ex_set_outcome(exchange *ex, const char *outcome)
 static void send_sglang_abort(exchange *ex)
 {
     lg_worker *w = ex->base.w;
-    char url[2048], body[64];
-    snprintf(body, sizeof body, "{\"rid\":\"%s\"}", ex->at.rid);
+    char url[2048];
+    cJSON *o = dl_json_must(cJSON_CreateObject());
+    dl_json_set(o, "rid", cJSON_CreateString(ex->at.rid));
+    char *body = dl_json_print_free(o);
     snprintf(url, sizeof url, "%s/abort_request", pool_base(w->srv->pool, ex->replica));
     worker_post_detached(w, url, body);
+    free(body);
 }
 
 /* Closes the current attempt's transfer (if any) and frees its per-attempt state. Safe
@@ -273,6 +278,7 @@ static void after_trip(exchange *ex)
     ex->rec.trips++;
     metrics_trip(w->metrics, ex->replica, ex->at.verdict_detector, (int)v->channel);
     metrics_aborted_tokens(w->metrics, ex->at.tokens);
+    ex->rec.cut_tokens += ex->at.tokens;
     if (pool_report_generation(w->srv->pool, ex->replica, true))
         metrics_ejection(w->metrics, ex->replica);
     if (!ex->rec.excerpt) {
@@ -300,6 +306,14 @@ static void attempt_failed(exchange *ex, CURLcode rc)
 {
     lg_worker *w = ex->base.w;
     size_t replica = ex->replica;
+    /* The cause, for the log now and for the client's message below. */
+    char why[400];
+    if (ex->at.head.complete && ex->at.head.status != 200 && !ex->at.timed_out)
+        upf_report_status(pool_base(w->srv->pool, replica), ex->at.head.status);
+    else
+        upf_report(why, sizeof why, pool_base(w->srv->pool, replica),
+                   &(upf_state){rc, ex->xfer.os_errno, ex->at.timed_out, ex->at.connected,
+                                ex->at.first_byte, ex->at.not_sse});
     if (!ex->at.head.complete && rc != CURLE_OK && rc != CURLE_FAILED_INIT && !ex->at.timed_out &&
         ex->connect_retries + 1 < pool_size(w->srv->pool)) {
         /* The replica never answered: the client must not see a 502 while another one
@@ -332,8 +346,7 @@ static void attempt_failed(exchange *ex, CURLcode rc)
     }
     if (ex->at.not_sse) {
         metrics_upstream_error(w->metrics, replica, "protocol");
-        ex_fail(ex, 502, "the upstream did not answer with an event stream", "upstream_error",
-                "bad_upstream");
+        ex_fail(ex, 502, why, "upstream_error", "bad_upstream");
         return;
     }
     bool timeout = ex->at.timed_out || rc == CURLE_OPERATION_TIMEDOUT;
@@ -344,11 +357,11 @@ static void attempt_failed(exchange *ex, CURLcode rc)
                                                 : "reset");
     pool_report_health(w->srv->pool, replica, false);
     if (timeout)
-        ex_fail(ex, 504, "upstream timed out", "upstream_error", "upstream_timeout");
+        ex_fail(ex, 504, why, "upstream_error", "upstream_timeout");
     else if (!ex->at.head.complete)
-        ex_fail(ex, 502, "upstream unreachable", "upstream_error", "upstream_unreachable");
+        ex_fail(ex, 502, why, "upstream_error", "upstream_unreachable");
     else
-        ex_fail(ex, 502, "upstream stream ended early", "upstream_error", "upstream_truncated");
+        ex_fail(ex, 502, why, "upstream_error", "upstream_truncated");
 }
 
 /* The attempt's transfer ended (completed, failed, or failed on purpose after a trip). */
@@ -371,6 +384,17 @@ static void on_done(lg_xfer *x, CURLcode rc)
         return;
     }
     if (ex->base.client_gone || ex->phase == PHASE_DONE) return;
+    if (ex->at.raw_body && rc == CURLE_OK && !ex->at.timed_out) { /* passthrough, whole */
+        pool_report_generation(w->srv->pool, replica, false);
+        ex_conclude(ex);
+        ex->cl.final_status = 200;
+        ex->cl.final_body = lg_buf_steal(&ex->at.errbody);
+        if (ex->at.head.content_type && !(ex->cl.final_ctype = strdup(ex->at.head.content_type)))
+            abort();
+        ex->cl.stream_ready = false;
+        worker_resume(&ex->base);
+        return;
+    }
     if ((ex->at.head.complete && ex->at.head.status != 200) || ex->at.not_sse || rc != CURLE_OK ||
         ex->at.timed_out ||
         !(ex->at.finished_gen || ex->at.saw_done)) {
@@ -565,7 +589,7 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
     if (ex->base.client_gone) return MHD_CONTENT_READER_END_WITH_ERROR;
     /* Until the stream ends its output goes out by direct writes, not through a copy into
      * libmicrohttpd's buffer; the end ([DONE] and the last chunk) goes through it. */
-    if (!ex->cl.ended && worker_go_direct(&ex->base)) {
+    if (!ex->cl.ended && worker_go_direct(&ex->base, buf, max)) {
         if (lg_fifo_len(&ex->cl.out)) worker_output(&ex->base);
         return 0;
     }
@@ -776,6 +800,7 @@ static void ex_destroy(lg_req *base)
 {
     exchange *ex = (exchange *)base;
     write_incident(ex);
+    accesslog_exchange(ex);
     attempt_reset(ex);
     if (ex->cl.counted_stream) metrics_streams(ex->base.w->metrics, -1);
     for (int c = 0; c < LG_CH_COUNT; c++) lg_buf_free(&ex->cl.sent[c]);

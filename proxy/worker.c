@@ -12,10 +12,12 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
@@ -222,10 +224,23 @@ static void watch_writable(lg_req *r, bool on)
                  ev_pack(TAG_CLIENT, r->gen, r->client_fd));
 }
 
-bool worker_go_direct(lg_req *r)
+/* The whole pages of buf[0..n) go back to the kernel: a stream's connection pool is
+ * mostly this buffer (max_header_bytes, 16 KiB by default), and between its head and its
+ * end a directly written stream never uses it. madvise(MADV_DONTNEED) on private anonymous
+ * memory (the heap) makes the pages read as zeros when next touched. */
+static void release_pages(char *buf, size_t n)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)buf + page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)buf + n) & ~(uintptr_t)(page - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+bool worker_go_direct(lg_req *r, char *buf, size_t max)
 {
     if (r->client_gone || r->retired || !watched(r)) return false;
     worker_suspend(r);
+    release_pages(buf, max);
     if (!r->nodelay) { /* a token must not wait for the client's delayed ACK */
         int one = 1;
         (void)setsockopt(r->client_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -348,6 +363,25 @@ static bool is_admin_path(const char *url)
     return strncmp(url, "/loopguard/", 11) == 0 || strcmp(url, "/loopguard") == 0;
 }
 
+/* Counts a request answered before any handler took it, as the handlers count theirs:
+ * under the endpoint its path would have reached. */
+static void count_early(lg_worker *w, const char *method, const char *url, int status)
+{
+    const lg_api *api = route_api(method, url);
+    metrics_request(w->metrics,
+                    is_admin_path(url) ? LG_EP_ADMIN : api ? api->endpoint : LG_EP_PASSTHROUGH,
+                    status);
+}
+
+/* Answers a request refused before any handler took it (counted by count_early). */
+static enum MHD_Result reject(lg_worker *w, struct MHD_Connection *conn, const char *method,
+                              const char *url, int status, const char *message,
+                              const char *type, const char *code)
+{
+    count_early(w, method, url, status);
+    return http_respond_error(conn, status, message, type, code);
+}
+
 /* Chooses the request's handler for `url` (normalised) and registers it in *con_cls. */
 static enum MHD_Result route(lg_worker *w, struct MHD_Connection *conn, const char *url,
                              const char *method, void **con_cls)
@@ -358,17 +392,18 @@ static enum MHD_Result route(lg_worker *w, struct MHD_Connection *conn, const ch
     if (is_admin_path(url) && (!split || w->admin_only))
         return admin_handle(w, conn, url, method);
     if (w->admin_only || is_admin_path(url))
-        return http_respond_error(conn, 404, "not found", "invalid_request_error",
-                                  "not_found");
+        return reject(w, conn, method, url, 404, "not found", "invalid_request_error",
+                      "not_found");
     if (!http_client_authorized(w->srv->cfg, conn))
-        return http_respond_error(conn, 401, "missing or invalid API key",
-                                  "authentication_error", "invalid_api_key");
+        return reject(w, conn, method, url, 401, "missing or invalid API key",
+                      "authentication_error", "invalid_api_key");
 
     /* What no guarded API takes is relayed only from the allow-list (edge.h). */
     if (!route_api(method, url) && !edge_passthrough_allowed(w->srv->cfg, method, url))
-        return http_respond_error(conn, 404, "no such route (loopguard relays only its "
-                                             "allow-list; see passthrough.allow)",
-                                  "invalid_request_error", "route_not_allowed");
+        return reject(w, conn, method, url, 404,
+                      "no such route (loopguard relays only its allow-list; see "
+                      "passthrough.allow)",
+                      "invalid_request_error", "route_not_allowed");
     r = route_request(w, conn, method, url);
     if (!r) return MHD_NO;
     *con_cls = r;
@@ -388,19 +423,61 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         return r->ops->access(r, upload, upload_size);
     }
     if (atomic_load(&w->srv->stopping))
-        return http_respond_error(conn, 503, "loopguard is shutting down", "server_error",
-                                  "shutting_down");
+        return reject(w, conn, method, url, 503, "loopguard is shutting down", "server_error",
+                      "shutting_down");
     /* The head is judged before anything is routed; from here on `url` is the normalised
      * path (origin-form only: an absolute-form target must never choose the upstream). */
     char *path;
     enum MHD_Result rc;
-    if (!edge_admit(w, conn, url, method, version, &path, &rc)) return rc;
+    int refused = edge_admit(w, conn, url, method, version, &path, &rc);
+    if (refused) {
+        count_early(w, method, url, refused);
+        return rc;
+    }
     rc = route(w, conn, path, method, con_cls);
     free(path);
     return rc;
 }
 
 /* ---- libcurl glue ------------------------------------------------------------------ */
+
+/* libcurl's readiness poll. libcurl 7.88 reads a transfer's socket and then, before it
+ * leaves its read loop, asks poll(fd, 0 ms) whether more is pending (transfer.c,
+ * data_pending): at a decode pace one system call per token, as many as the reads. After
+ * a short read the answer is known: a stream socket's recv returns less than it was asked
+ * for only when it took all the socket held. So the executable defines recv and poll,
+ * which take the C library's place for libcurl (an executable's symbols come first):
+ * while the worker runs libcurl for a readable socket, recv notes a short read of that
+ * socket, and the zero-timeout read check that follows is answered "nothing pending"
+ * without a system call. Data that arrives in between is not lost: the worker's epoll is
+ * level-triggered and reports the socket again. Everything else (full reads, other
+ * sockets, writability, libcurl's liveness check of a pooled connection, any call outside
+ * that socket action, other libraries) goes to the kernel as before. Both are defined
+ * under their assembler names because <sys/socket.h> and <poll.h> declare their buffers
+ * write-only, which a definition that reads fds[0] would contradict. */
+static _Thread_local int curl_read_fd = -1; /* the socket of this thread's socket action */
+static _Thread_local bool curl_drained;    /* its last recv was short */
+
+ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags) __asm__("recv");
+ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
+{
+    ssize_t n = recvfrom(fd, buf, len, flags, NULL, NULL);
+    if (fd == curl_read_fd) curl_drained = n > 0 && (size_t)n < len;
+    return n;
+}
+
+int curl_aware_poll(struct pollfd *fds, nfds_t n, int timeout_ms) __asm__("poll");
+int curl_aware_poll(struct pollfd *fds, nfds_t n, int timeout_ms)
+{
+    if (n == 1 && timeout_ms == 0 && curl_drained && fds[0].fd == curl_read_fd &&
+        !(fds[0].events & POLLOUT)) {
+        curl_drained = false;
+        fds[0].revents = 0;
+        return 0;
+    }
+    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+    return ppoll(fds, n, timeout_ms < 0 ? NULL : &ts, NULL);
+}
 
 static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 {
@@ -480,8 +557,34 @@ static void drain_curl_messages(lg_worker *w)
         CURL *easy = msg->easy_handle;
         CURLcode rc = msg->data.result;
         curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+        if (x) curl_easy_getinfo(easy, CURLINFO_OS_ERRNO, &x->os_errno);
         if (x && x->done) x->done(x, rc);
     }
+}
+
+/* A transfer's handle is reused rather than made anew: curl_easy_init allocates and sets
+ * up about 5 KiB, and the first transfer on it its read buffer; a kept handle has both.
+ * curl_easy_reset returns its options to libcurl's defaults, so a kept handle starts a
+ * transfer exactly as a new one would. */
+CURL *worker_easy_get(lg_worker *w)
+{
+    CURL *e;
+    if (w->n_spare) {
+        e = w->spare[--w->n_spare];
+        curl_easy_reset(e);
+    } else {
+        e = curl_easy_init();
+        if (!e) abort();
+    }
+    return e;
+}
+
+void worker_easy_put(lg_worker *w, CURL *easy)
+{
+    if (w->n_spare < WORKER_SPARE_EASY)
+        w->spare[w->n_spare++] = easy;
+    else
+        curl_easy_cleanup(easy);
 }
 
 int worker_add_xfer(lg_worker *w, CURL *easy)
@@ -694,7 +797,10 @@ static void *worker_main(void *arg)
                 int flags = (evs[i].events & EPOLLIN ? CURL_CSELECT_IN : 0) |
                             (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
                             (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
+                curl_read_fd = flags & CURL_CSELECT_IN ? fd : -1;
                 curl_multi_socket_action(w->multi, fd, flags, &running);
+                curl_read_fd = -1;
+                curl_drained = false;
                 break;
             }
             case TAG_CLIENT: {
@@ -852,6 +958,7 @@ void worker_free(lg_worker *w)
     for (size_t i = 0; i < w->n_shards; i++) MHD_stop_daemon(w->shards[i].mhd);
     bury_the_dead(w);
     while (w->detached) detached_free(w->detached);
+    while (w->n_spare) curl_easy_cleanup(w->spare[--w->n_spare]);
     if (w->multi) curl_multi_cleanup(w->multi);
     if (w->epfd >= 0) close(w->epfd);
     if (w->curl_timerfd >= 0) close(w->curl_timerfd);

@@ -54,10 +54,15 @@ typedef struct lg_pool lg_pool;
 /* libmicrohttpd daemons per worker (see above). */
 #define WORKER_SHARDS 8
 
+/* libcurl easy handles a worker keeps for reuse (worker_easy_get). */
+#define WORKER_SPARE_EASY 64
+
 /* State shared by all workers; read-only after start except the atomics. */
 typedef struct lg_server {
     const lg_config *cfg;
     incident_log *incidents;
+    incident_log *access; /* log.access (accesslog.h); NULL when off */
+    struct series *series; /* the status page's per-minute counts (series.h) */
     lg_pool *pool;
     lg_worker **workers;
     size_t n_workers;
@@ -116,6 +121,7 @@ struct lg_req {
 typedef struct lg_xfer {
     void (*done)(struct lg_xfer *x, CURLcode rc);
     void *owner;
+    long os_errno; /* CURLINFO_OS_ERRNO when the transfer ended: why a connect failed */
 } lg_xfer;
 
 /* One libmicrohttpd daemon of a worker. */
@@ -147,6 +153,8 @@ struct lg_worker {
     lg_req graveyard; /* sentinel: retired, destroyed at the end of the iteration */
     size_t n_live;
     struct lg_detached *detached; /* pending fire-and-forget transfers */
+    CURL *spare[WORKER_SPARE_EASY]; /* easy handles kept for the next transfers */
+    size_t n_spare;
     bool mhd_dirty;   /* some shard is ready: run MHD again this iteration */
     lg_req *flush_head, *flush_tail; /* requests with output for a direct write */
     struct edge_conn *edge_conns;    /* every client connection's limits (edge.c) */
@@ -182,10 +190,14 @@ void worker_resume(lg_req *r);
 /* From the content reader, which then returns 0: suspends the connection and arms direct
  * writes. libmicrohttpd asks for body data only with its write buffer empty (after it sent
  * the response head, and after it sent all the reader gave it), so the worker may write
- * the socket from here on. Returns false, and does nothing, when direct writes are not
- * possible (the client left, or its socket is not watched); the reader must then give
- * its data to libmicrohttpd. */
-bool worker_go_direct(lg_req *r);
+ * the socket from here on. buf[0..max) is the reader's buffer (for a chunked response,
+ * libmicrohttpd's write buffer in the connection's pool), which the reader may fill with
+ * anything and which nothing reads while the stream is direct: its whole pages are given
+ * back to the kernel (they read as zeros, and are touched again only when the stream
+ * ends). Returns false, and does nothing, when direct writes are not possible (the client
+ * left, or its socket is not watched); the reader must then give its data to
+ * libmicrohttpd. */
+bool worker_go_direct(lg_req *r, char *buf, size_t max);
 /* The request queued output for the client: with direct writes armed, its ops->flush runs
  * after the event being handled; otherwise MHD is resumed to call the content reader. */
 void worker_output(lg_req *r);
@@ -193,6 +205,12 @@ void worker_output(lg_req *r);
  * socket does not take is kept and sent before anything else. A client that is gone is
  * handled as a hang-up. */
 void worker_write_chunk(lg_req *r, const char *p, size_t n);
+/* A libcurl easy handle with libcurl's defaults: a kept one (curl_easy_reset) or a new one.
+ * Aborts when libcurl cannot allocate one. */
+CURL *worker_easy_get(lg_worker *w);
+/* Takes back a handle from worker_easy_get that is not on the multi handle (removed, or
+ * never added): kept for the next transfer, or cleaned up when enough are kept. */
+void worker_easy_put(lg_worker *w, CURL *easy);
 /* Adds/removes a libcurl easy handle on the worker's multi handle. */
 int worker_add_xfer(lg_worker *w, CURL *easy);
 void worker_remove_xfer(lg_worker *w, CURL *easy);

@@ -18,6 +18,10 @@
 #   saturation  100 and 1,000 streams [100 only], no pacing, 500 tokens per request: events/s
 #               and the target's CPU seconds per million events; two interleaved passes over
 #               the targets [one], the best pass counts
+#   requests    (in each saturation pass) 10 streams of 2-token requests, no pacing: the
+#               target's CPU and system calls per request
+# Every run also counts the target's system calls in its measured window (perf stat on
+# raw_syscalls:sys_enter, when perf is there), for system calls per event and per request.
 #   looping     one request with max_tokens 2000 [1000] to a fake that loops whatever the sampling:
 #               tokens the upstream generated without loopguard, and per attempt with it
 # Windows: 4 s measured after a warm-up (1 s saturation; paced: the connection ramp + 1 s);
@@ -58,6 +62,7 @@ else
     LOOP_MAX_TOKENS=2000
 fi
 SAT_TOKENS=500
+REQ_STREAMS=10 REQ_TOKENS=2 # what a request costs apart from its events
 PACED_TOKENS=60
 PACE_MS=33
 LOOP_SCENARIO=tests/fake/scenarios/always_loop.json
@@ -249,15 +254,40 @@ stop_target() {
     T_MAIN=
 }
 
+# syscalls_start PIDS WARMUP — counts the system calls of PIDS (perf stat on the
+# raw_syscalls:sys_enter tracepoint) over the loadgen's measured window, which starts after
+# WARMUP seconds and lasts $DURATION; the count lands in $OUT/syscalls. Nothing when perf
+# or the tracepoint is not available (then the report shows no system-call figures).
+syscalls_start() {
+    SYSC_PID=
+    rm -f "$OUT/syscalls"
+    command -v perf >/dev/null || return 0
+    local pids
+    pids=$(echo "$1" | tr -s ' ' ',' | sed 's/^,//; s/,$//')
+    (
+        sleep "$2"
+        perf stat -x, -e raw_syscalls:sys_enter -p "$pids" -- sleep "$DURATION" \
+            2>"$OUT/syscalls.perf" >/dev/null &&
+            awk -F, '$3 ~ /sys_enter/ && $1 ~ /^[0-9]+$/ {print $1}' "$OUT/syscalls.perf" \
+                >"$OUT/syscalls"
+    ) &
+    SYSC_PID=$!
+}
+
 # run_load TARGET SCENARIO STREAMS MAX_TOKENS WARMUP RAMP — one loadgen run, its JSON line
-# appended to $RESULTS and summarised on stderr.
+# (with target_syscalls, the system calls the target made in the measured window, when
+# perf could count them) appended to $RESULTS and summarised on stderr.
 run_load() {
-    local target=$1 scen=$2 streams=$3 tokens=$4 warmup=$5 ramp=$6 pid watch=() line
+    local target=$1 scen=$2 streams=$3 tokens=$4 warmup=$5 ramp=$6 pid watch=() line n
     for pid in $T_PIDS; do watch+=(--watch-pid "$pid"); done
     [ "$target" = direct ] || watch+=(--upstream-pid "$FAKE_PID")
+    syscalls_start "$T_PIDS" "$warmup"
     line=$(timeout 120 "$LOADGEN" --url "$T_URL" --streams "$streams" --max-tokens "$tokens" \
         --warmup "$warmup" --ramp "$ramp" --duration "$DURATION" --label "$target:$scen" \
         "${T_HDRS[@]}" "${watch[@]}") || die "loadgen failed on $target:$scen"
+    [ -n "$SYSC_PID" ] && wait "$SYSC_PID"
+    n=$(cat "$OUT/syscalls" 2>/dev/null)
+    [ -n "$n" ] && line="${line%\}},\"target_syscalls\":$n}"
     echo "$line" >>"$RESULTS"
     python3 tests/bench/report.py line "$line" >&2
     check_alive fake "$FAKE_PID"
@@ -357,6 +387,7 @@ for round in $(seq "$SAT_ROUNDS"); do
         for n in $SAT_STREAMS; do
             run_load "$target" "sat$n" "$n" "$SAT_TOKENS" "$SAT_WARMUP" 0
         done
+        run_load "$target" "req$REQ_STREAMS" "$REQ_STREAMS" "$REQ_TOKENS" "$SAT_WARMUP" 0
         perf_stop
         PERF_PID=
         stop_target
