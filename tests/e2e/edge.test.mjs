@@ -179,6 +179,8 @@ for (const start of [startC, startLenient]) {
         });
 
         it('targets libcurl would refuse never count against the replica (6)', T, async () => {
+            // A replica is healthy once it answered (upstream.h): one real request first.
+            assert.equal((await request(lg.url + '/v1/models', { headers: { authorization: `Bearer ${KEY_A}` } })).status, 200);
             for (let i = 0; i < 6; i++) {
                 assert.equal((await raw(lg.port, `GET /a b HTTP/1.1\r\nHost: x\r\n${auth}\r\n`)).status, 400);
                 assert.equal((await raw(lg.port, `GET /v1/models#frag HTTP/1.1\r\nHost: x\r\n${auth}\r\n`)).status, 400);
