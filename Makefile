@@ -106,7 +106,8 @@ setup:
 	  echo "setup: installing Debian packages:$$missing"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null || exit 1; \
 	done
-	@[ -d tests/client/node_modules/openai ] && [ -d tests/client/node_modules/@dwmkerr/mock-llm ] || \
+	@[ -d tests/client/node_modules/openai ] && [ -d tests/client/node_modules/@dwmkerr/mock-llm ] && \
+	   [ -d tests/client/node_modules/@anthropic-ai/sdk ] || \
 	  { echo "setup: installing the npm test clients (npm ci in tests/client)"; \
 	    cd tests/client && npm ci --no-audit --no-fund --loglevel=error; }
 	@[ -d tests/browser/node_modules/puppeteer-core ] || \
@@ -142,8 +143,11 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(BUILD)/libloopguard.a | test-dep
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcmocka
 
-# One pass of every suite on one build; tests/run.sh prints the summary line.
-check: all $(UNIT_BIN)
+# One pass of every suite on one build; tests/run.sh prints the summary line. With
+# FORMAT_CHECK=1 it first checks the C files' formatting (off until the tree has been
+# formatted once with `make format`).
+FORMAT_CHECK ?= 0
+check: all $(UNIT_BIN) $(if $(filter 1,$(FORMAT_CHECK)),format-check)
 	@BUILD=$(BUILD) tests/run.sh
 
 # Every test: plain, under ASan+UBSan, the threaded suites under ThreadSanitizer, the guarded
@@ -225,9 +229,12 @@ install: deps $(BUILD)/loopguard
 format:
 	clang-format -i $(C_FILES)
 
-# Fails, naming the files, when a C file differs from what `make format` would write.
+# Fails, naming the places, when a C file differs from what `make format` would write
+# (.clang-format; clang-format 14 as Debian 12 ships it).
 format-check: test-deps
-	@clang-format --dry-run --Werror $(C_FILES)
+	@out=$$(clang-format --dry-run --Werror $(C_FILES) 2>&1); st=$$?; \
+	printf '%s\n' "$$out" | sed -n 's/: error: .*/: not formatted (make format)/p'; \
+	[ $$st = 0 ] && echo "format-check: OK"
 
 clean:
 	rm -rf build

@@ -110,11 +110,13 @@ static int admin_answer(lg_worker *w, struct MHD_Connection *conn, const char *u
         *rc = http_respond_json(conn, status,
                                 draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}");
     } else if (strcmp(url, "/loopguard/metrics") == 0) {
-        lg_metrics **ms = lg_xcalloc(srv->n_workers, sizeof *ms);
+        /* The workers' counters and the admin listener's (its own answers). */
+        size_t n = srv->n_workers + (srv->admin != NULL);
+        lg_metrics **ms = lg_xcalloc(n, sizeof *ms);
         for (size_t i = 0; i < srv->n_workers; i++) ms[i] = srv->workers[i]->metrics;
+        if (srv->admin) ms[srv->n_workers] = srv->admin->metrics;
         char *extra = extra_metrics(srv);
-        body = metrics_render(ms, srv->n_workers, pool_names(srv->pool), pool_size(srv->pool),
-                              extra);
+        body = metrics_render(ms, n, pool_names(srv->pool), pool_size(srv->pool), extra);
         free(extra);
         free(ms);
         *rc = http_respond_text(conn, 200, "text/plain; version=0.0.4; charset=utf-8", body);
