@@ -13,6 +13,8 @@
 
 #include <cJSON.h>
 
+#include "proxy/xalloc.h"
+
 /* The numeric form of a peer address ("127.0.0.1", "::1"). Returns getnameinfo's result. */
 static int getnameinfo_numeric(const struct sockaddr *sa, char *host, size_t hostlen)
 {
@@ -161,9 +163,9 @@ struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_e
     }
     const char *xff = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Forwarded-For");
     if (xff || *addr) {
-        char buf[1024];
-        snprintf(buf, sizeof buf, "%s%s%s", xff ? xff : "", xff && *addr ? ", " : "", addr);
-        c.list = append_header(c.list, "X-Forwarded-For", buf);
+        char *v = lg_xasprintf("%s%s%s", xff ? xff : "", xff && *addr ? ", " : "", addr);
+        c.list = append_header(c.list, "X-Forwarded-For", v);
+        free(v);
     }
     /* "Expect:" with no value stops libcurl from adding its own Expect: 100-continue. */
     c.list = curl_slist_append(c.list, "Expect:");
