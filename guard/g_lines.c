@@ -28,7 +28,7 @@ void guard_lines_release(guard *g)
  * of min_segment_bytes can trigger, because code repeats lines on purpose. `now` is the
  * number of bytes fed when it is decided. Returns true on a trip. */
 bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, bool trigger,
-                         bool prose, uint64_t now)
+                         bool prose, bool plain, uint64_t now)
 {
     const guard_params *p = g->p;
     unsigned w = p->lines.window, m = g->seg_mask;
@@ -54,17 +54,38 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
     s->seen = nocc > 0;
     s->prose = prose;
     g->nsegs++;
-    if (!trigger || nocc < need) return false;
-    /* The span from the oldest of those occurrences to now must be made of returns, and
-     * of prose at least half: doctests repeat their error messages between code. */
-    uint64_t from = occ[need - 1];
-    unsigned seen = 0, prosy = 0, total = 0;
-    for (uint64_t k = from; k < g->nsegs; k++) {
-        total++;
-        seen += g->segs[k & m].seen;
-        prosy += g->segs[k & m].prose;
+    /* The run of returns: segments in a row that each came back (a chorus is a short one,
+     * a list that cycles a long one), and how many of them are text. A run trips when it is
+     * long and covers the cycle of this segment (the distance to its last occurrence) twice:
+     * code that repeats a block once, a chorus sung again, are runs of one cycle. One plain
+     * line (no bullet, no indentation: "Thank you.") that comes back min_repeats - 1 times
+     * in a row, nothing between, is a run too. */
+    g->lines_run = s->seen ? g->lines_run + 1 : 0;
+    g->lines_run_text = s->seen ? g->lines_run_text + prose : 0;
+    if (!trigger) return false;
+    uint64_t from, cycle = nocc ? g->nsegs - 1 - occ[0] : UINT64_MAX / 2;
+    bool run = g->lines_run >= p->lines.min_run && g->lines_run >= 2 * cycle;
+    bool same = plain && cycle == 1 && g->lines_run >= need;
+    if (s->seen && (run || same) && g->lines_run_text * 2 >= g->lines_run) {
+        from = g->nsegs - g->lines_run; /* the first return */
+    } else {
+        if (nocc < need) return false;
+        /* The span from the oldest of those occurrences to now must be made of returns, and
+         * of prose at least half: doctests repeat their error messages between code. */
+        from = occ[need - 1];
+        unsigned seen = 0, prosy = 0, total = 0;
+        for (uint64_t k = from; k < g->nsegs; k++) {
+            total++;
+            seen += g->segs[k & m].seen;
+            prosy += g->segs[k & m].prose;
+        }
+        if ((double)seen < p->lines.min_repeat_ratio * total || prosy * 2 < total) return false;
     }
-    if ((double)seen < p->lines.min_repeat_ratio * total || prosy * 2 < total) return false;
+    /* A segment the prompt asks for, or holds, may come back that many times. */
+    if (start >= g->base) {
+        uint32_t slack = guard_prompt_slack(g, g->buf + (start - g->base), (size_t)(end - start));
+        if (nocc + 1 <= slack) return false;
+    }
     guard_set_unit(g, start, end);
     guard_trip(g, "lines", g->segs[from & m].start, now, nocc + 1);
     return true;

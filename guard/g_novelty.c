@@ -64,6 +64,11 @@ bool guard_novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool p
     g->novel += novel;
     g->ntri++;
     if (g->ntri < w || g->novel >= p->novelty.min_ratio * w) return false;
+    /* Repetition the prompt asks for, or the words of a trigram it holds, are no paraphrase
+     * loop (g_prompt.c). */
+    if (g->ws[0] >= g->base && g->ws[0] < now &&
+        guard_prompt_slack(g, g->buf + (g->ws[0] - g->base), (size_t)(now - g->ws[0])))
+        return false;
     uint64_t from = g->tri_start[g->ntri % w];
     guard_set_unit(g, from, now);
     guard_trip(g, "novelty", from, now, w - g->novel);

@@ -17,12 +17,13 @@
 
 #include "guard/guard_int.h"
 
-/* Classifies the unit u[0..n) (any rotation gives the same answer). O(n); runs once per
- * candidate, when its tail first reaches the plain threshold. */
-static guard_rclass classify(const unsigned char *u, size_t n, bool *codep)
+/* Classifies the unit u[0..n) (any rotation gives the same answer) of a channel's text
+ * (`reasoning`: the reasoning channel). O(n); runs once per candidate, when its tail first
+ * reaches the plain threshold. */
+static guard_rclass classify(const unsigned char *u, size_t n, bool reasoning, bool *codep)
 {
     size_t letters = 0, hexletters = 0, digits = 0, spaces = 0, nl = 0, commas = 0, pipes = 0;
-    size_t code = 0, loud = 0, wide = 0, words = 0, prose_end = 0;
+    size_t code = 0, loud = 0, wide = 0, words = 0, prose_end = 0, latex = 0, quotes = 0;
     bool in_word = false;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = u[i];
@@ -39,23 +40,28 @@ static guard_rclass classify(const unsigned char *u, size_t n, bool *codep)
         } else if (c == '\n') {
             nl++;
             unsigned char b = u[(i + n - 1) % n];
-            if (b == '.' || b == '!' || b == '?' || b == ':') prose_end++;
+            if (b == '.' || b == '!' || b == '?' || b == ':' || b == '\n') prose_end++;
         } else if (c == ',') {
             commas++;
         } else if (c == '|') {
             pipes++;
         } else if (c == '!' || c == '?') {
             loud++;
+        } else if (c == '"' || c == '\'') {
+            quotes++;
         } else if (c >= 0xC0) {
             /* Box drawing and block elements (U+2500–U+259F: E2 94..96) are rules, and
-             * so is U+FFFD (EF BF BD), the filler of decoded binary tables; everything
+             * so are U+FFFD (EF BF BD), the filler of decoded binary tables, and the blank
+             * Braille pattern U+2800 (E2 A0 80), the canvas of Braille art; everything
              * else outside ASCII counts as text. */
             unsigned char c1 = u[(i + 1) % n], c2 = u[(i + 2) % n];
             if (!(c == 0xE2 && c1 >= 0x94 && c1 <= 0x96) &&
-                !(c == 0xEF && c1 == 0xBF && c2 == 0xBD))
+                !(c == 0xEF && c1 == 0xBF && c2 == 0xBD) &&
+                !(c == 0xE2 && c1 == 0xA0 && c2 == 0x80))
                 wide++;
         } else if (strchr("=(){}[]<>;_\\`&@", c)) {
             code++;
+            latex += c == '\\';
         } else if (c == '.' && ((u[(i + 1) % n] | 0x20) >= 'a' && (u[(i + 1) % n] | 0x20) <= 'z')) {
             code++; /* member access: "MachineState.START" */
         }
@@ -66,7 +72,12 @@ static guard_rclass classify(const unsigned char *u, size_t n, bool *codep)
     if (pipes) return GR_TABLE;
     if (!letters && !wide) {
         if (digits) return GR_DATA;
-        return loud ? GR_NORMAL : GR_RULE;
+        /* Blank lines, "!!!" and '"""' are no separators: nobody pads with them. */
+        if (loud || quotes || nl == n) return GR_NORMAL;
+        /* A line of code punctuation ("```", "};") is a line; code punctuation alone is
+         * code; spaces, dashes, dots and box drawing are rules. */
+        if (*codep) return nl ? GR_LINE : GR_CODE;
+        return GR_RULE;
     }
     if (!wide && digits && letters == hexletters && letters <= digits) return GR_DATA;
     if (nl) {
@@ -74,7 +85,21 @@ static guard_rclass classify(const unsigned char *u, size_t n, bool *codep)
          * spaces; "The user is asking for the result of 2+2.\n" is, code is not. */
         size_t body = n - nl;
         bool prose = prose_end == nl && words >= 3 && (letters + spaces) * 10 >= body * 8;
-        return prose || wide ? GR_NORMAL : GR_LINE;
+        if (prose) return GR_NORMAL;
+        /* A line of words that is no sentence (a list item, a lyric, a valediction) and is
+         * not indented like code is text: a chat answer repeats it far less on purpose than
+         * code repeats a line. In
+         * reasoning a line of three words is text even with a formula in it ("Wait, so
+         * 2+3 = \boxed{5}"). */
+        size_t indent = 0, at = 0;
+        while (u[at] != '\n') /* the line after the unit's first newline: indented is code */
+            at++;
+        while (indent < n && u[(at + 1 + indent) % n] == ' ')
+            indent++;
+        bool text = words >= 1 && indent < 2 &&
+                    (letters + spaces + digits + wide) * 10 >= body * 6 &&
+                    (code <= 1 || (reasoning && words >= 3 && latex));
+        return text || wide ? GR_TEXT : GR_LINE;
     }
     if (*codep) return GR_CODE;
     if (!spaces && !wide && !loud) return GR_BLOB;
@@ -89,7 +114,7 @@ static uint32_t judge(const guard *g, const gcand *c, uint64_t end)
     const guard_params *p = g->p;
     const unsigned char *u = g->buf + (end - c->period - g->base);
     bool code;
-    guard_rclass cls = classify(u, c->period, &code);
+    guard_rclass cls = classify(u, c->period, g->ch == LG_CH_REASONING, &code);
     /* The period table counts characters, not bytes: "。" is one character repeated. */
     uint32_t chars = 0;
     for (uint32_t i = 0; i < c->period; i++)
@@ -104,10 +129,17 @@ static uint32_t judge(const guard *g, const gcand *c, uint64_t end)
         if (p->repeat.cls[cls].min_repeats > reps) reps = p->repeat.cls[cls].min_repeats;
         if (p->repeat.cls[cls].min_bytes > minb) minb = p->repeat.cls[cls].min_bytes;
     }
-    if (g->in_fence) {
+    /* A rule's length counts characters: "═" and the blank Braille cell are 3 bytes. */
+    if (cls == GR_RULE && chars) minb = (uint32_t)((uint64_t)minb * c->period / chars);
+    /* Inside a fence code repeats more; a unit that is itself a fence line ("```") is not
+     * inside one, it toggles it. */
+    if (g->in_fence && !memmem(u, c->period, "``", 2)) {
         reps *= p->repeat.fence_factor;
         minb = (uint32_t)(minb * p->repeat.fence_factor);
     }
+    /* What the prompt asks for or holds may repeat that many copies (g_prompt.c). */
+    uint32_t slack = guard_prompt_slack(g, u, c->period);
+    if (slack + 1.0 > reps) reps = slack + 1.0;
     return guard_need_for(c->period, reps, minb);
 }
 

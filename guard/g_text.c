@@ -38,27 +38,39 @@ static inline uint64_t fnv(uint64_t h, unsigned char c)
 
 /* A segment (line or sentence) [seg_start, end) is complete when `now` bytes have been
  * fed: hands it to the lines and novelty detectors. Returns true on a trip. RARE_PATH. */
-RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now)
+RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
 {
     const guard_params *p = g->p;
     uint32_t len = g->seg_len;
-    /* Prose: no code characters, mostly letters, at least three words. Only a prose
-     * sentence (ending in . ! ? or a CJK stop) can trigger the lines detector. */
+    /* Prose: no code characters, mostly letters, at least three words. A prose sentence
+     * (ending in . ! ? or a CJK stop) can trigger the lines detector, and so can an item: a
+     * whole line of text without code characters ("12. The Wizard of Oz (1939)",
+     * "Sincerely,"), whose digits the segment hash leaves out. */
     bool prose = len && !g->seg_code && g->seg_alpha * 100 >= len * 85 &&
                  (g->seg_words >= 3 || g->seg_wide >= 9);
     unsigned char e = g->seg_lastc;
     bool sentence = prose && (e == '.' || e == '!' || e == '?' || e == 0x82 || e == 0x81 ||
                               e == 0x9F || e == 0xA6);
+    bool item =
+        line && !g->seg_code && g->seg_words >= 2 && g->seg_alpha >= 4 && g->seg_alpha * 2 >= len;
+    /* Plain: a line that starts flush with a letter or a quote, no bullet, no indentation. */
+    uint64_t s0 = g->seg_start;
+    unsigned char first = s0 >= g->base && s0 < end ? guard_at(g, s0) : 0;
+    bool plain =
+        (s0 == 0 || (s0 > g->base && guard_at(g, s0 - 1) == '\n')) &&
+        (((first | 0x20) >= 'a' && (first | 0x20) <= 'z') || first >= 0x80 || first == '"');
     bool ok = g->seg_alpha > 0;
     uint64_t h = g->seg_hash, start = g->seg_start;
     unsigned nw = g->nsw;
     g->seg_hash = 0xCBF29CE484222325ull;
     g->seg_len = g->seg_alpha = g->seg_code = g->seg_words = g->seg_wide = 0;
     g->seg_gap = false;
+    g->seg_lead = true;
     g->nsw = 0;
     if (p->lines.enabled && ok &&
-        guard_lines_segment(g, h, start, end, sentence && len >= p->lines.min_segment_bytes, prose,
-                            now))
+        guard_lines_segment(g, h, start, end,
+                            (sentence && len >= p->lines.min_segment_bytes) || item, prose || item,
+                            plain, now))
         return true;
     if (p->novelty.enabled)
         for (unsigned i = 0; i < nw; i++)
@@ -79,6 +91,7 @@ static inline void seg_add(guard *g, unsigned char b, uint64_t pos)
         g->seg_words = 1;
     }
     g->seg_gap = false;
+    g->seg_lead = false;
     g->seg_lastc = b;
     g->seg_hash = fnv(g->seg_hash, b);
     g->seg_len++;
@@ -90,9 +103,10 @@ static bool lines_step(guard *g, unsigned char b, uint64_t pos)
     unsigned char p1 = g->prev, p2 = g->prev2;
     g->prev2 = p1;
     g->prev = b;
-    if (b == '\n') return seg_end(g, pos, pos + 1);
+    if (b == '\n') return seg_end(g, pos, pos + 1, true);
     if (b == ' ' || b == '\t' || b == '\r') {
-        if ((p1 == '.' || p1 == '!' || p1 == '?') && g->seg_len) return seg_end(g, pos, pos + 1);
+        if ((p1 == '.' || p1 == '!' || p1 == '?') && g->seg_len)
+            return seg_end(g, pos, pos + 1, false);
         g->seg_gap = g->seg_len > 0;
         return false;
     }
@@ -104,7 +118,7 @@ static bool lines_step(guard *g, unsigned char b, uint64_t pos)
     /* CJK sentence ends: 。 (E3 80 82), ！ (EF BC 81), ？ (EF BC 9F). */
     if ((p2 == 0xE3 && p1 == 0x80 && b == 0x82) ||
         (p2 == 0xEF && p1 == 0xBC && (b == 0x81 || b == 0x9F)))
-        return seg_end(g, pos + 1, pos + 1);
+        return seg_end(g, pos + 1, pos + 1, false);
     return false;
 }
 
@@ -288,7 +302,13 @@ static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, 
     uint64_t wh = g->w_hash, sh = g->seg_hash;
     uint32_t letters = 0;
     size_t j = i + alnum_span(s + i, lim - i, before + i, &letters);
-    for (size_t k = i; k < j; k++) {
+    size_t k0 = i;
+    if (g->seg_lead) { /* a number opening the segment is left out: "7. X" is "8. X" */
+        while (k0 < j && s[k0] <= '9')
+            wh = fnv(wh, s[k0++]);
+        g->seg_lead = k0 == j;
+    }
+    for (size_t k = k0; k < j; k++) {
         wh = fnv(wh, s[k] | 0x20); /* lower case; digits have that bit already */
         sh = fnv(sh, s[k]);
     }
@@ -338,6 +358,7 @@ static size_t text_pass(guard *g, size_t lim, uint64_t fed0)
 static void text_init(guard *g)
 {
     g->seg_hash = g->w_hash = 0xCBF29CE484222325ull;
+    g->seg_lead = true;
     guard_lines_init(g);
     guard_novelty_init(g);
 }
@@ -353,7 +374,7 @@ static bool text_finish(guard *g)
 {
     const guard_params *p = g->p;
     if (p->novelty.enabled) word_end(g);
-    return g->seg_len && seg_end(g, g->fed, g->fed);
+    return g->seg_len && seg_end(g, g->fed, g->fed, true);
 }
 
 static bool text_on(const guard_params *p)

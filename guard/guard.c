@@ -67,6 +67,7 @@ void guard_free(guard *g)
     if (!g) return;
     for (unsigned k = 0; k < g->ndet; k++)
         if (g->det[k]->release) g->det[k]->release(g);
+    guard_prompt_release(g);
     free(g->buf);
     free(g);
 }

@@ -69,6 +69,21 @@ bool guard_finish(guard *g);
  * reasoning_bytes is at least their minimum. Returns true when tripped. */
 bool guard_report_empty_answer(guard *content_guard, uint64_t reasoning_bytes);
 
+/* Gives the guard the request's prompt: the text that asked for this generation. Repetition
+ * the prompt asks for ("repeat it 50 times", "a 10x10 grid", "20 rows") or that copies
+ * material the prompt holds (a table to reformat, a file to rewrite) earns slack bounded by
+ * what the prompt holds; without a prompt every unit is judged strictly. The guard copies
+ * what it keeps (the last GUARD_PROMPT_MAX bytes, 32 KiB): the caller's text may go away
+ * after the call. Call before the first feed; calls append (with a newline between).
+ * O(len). */
+void guard_set_prompt(guard *g, const char *text, size_t len);
+
+/* The same from a request or record object: the text of "instruction", "prompt" (a string
+ * or an array of strings), "system" and "instructions", "input", and the "content" of every
+ * message of "messages" (a string, or the "text" of each content part), in that order.
+ * Other keys are ignored; NULL or a non-object adds nothing. */
+void guard_set_prompt_json(guard *g, const cJSON *obj);
+
 /* Turns the leak detector off for this guard: in a text completion the client owns the
  * template, so template tokens in the text are not a leak. Call before the first feed. */
 void guard_disable_leaks(guard *g);

@@ -30,6 +30,7 @@ typedef enum {
     GR_TABLE, /* anything with a '|': "| yes | no |\n", "| --- " */
     GR_BLOB,  /* one token with no spaces: base64 "AAAA", "xxxxxxxx" */
     GR_CODE,  /* code punctuation: "), POINTER(BIGNUM", "<td>&nbsp;</td>", blocks */
+    GR_TEXT,  /* lines of words that are no sentences: "Sincerely,\n\n", "- Smart retail\n" */
     GR_COUNT,
 } guard_rclass;
 
@@ -77,6 +78,7 @@ struct guard_params {
         unsigned window; /* segments remembered */
         unsigned min_segment_bytes;
         double min_repeat_ratio;
+        unsigned min_run; /* returns in a row that trip, text at least half */
     } lines;
 
     struct {
@@ -118,6 +120,7 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 #define GUARD_GTAB_BITS     11
 #define GUARD_NCAND         8
 #define GUARD_MAX_DETECTORS 8
+#define GUARD_PROMPT_COUNTS 8
 #define GUARD_SHORT         9 /* pieces shorter than this (a token) go byte after byte */
 #define GUARD_RULE_STEP     64
 #define GUARD_TTAB_BITS     10
@@ -191,6 +194,7 @@ struct guard {
     uint32_t seg_len, seg_alpha, seg_code, seg_words,
         seg_wide; /* non-space bytes, letters, code chars */
     unsigned char seg_lastc;
+    bool seg_lead; /* only digits so far: a list number, left out of the hash */
     bool seg_gap;
     unsigned char prev, prev2;
     struct {
@@ -210,6 +214,7 @@ struct guard {
     unsigned seg_mask;
     unsigned char seg_count[GUARD_SEG_BUCKETS]; /* window segments per hash bucket */
     uint64_t nsegs;
+    unsigned lines_run, lines_run_text; /* the trailing run of returns, and its text ones */
 
     /* novelty (g_novelty.c) */
     uint64_t wh[3], ws[3];
@@ -236,6 +241,17 @@ struct guard {
     unsigned n_leak_bytes;        /* rest repeat the first), for a 16-byte scan; else 0 */
     size_t leak_maxlen;           /* 0: no leak tokens (none configured, or disabled) */
     uint64_t leak_start;          /* offset + 1 of the last byte that can start a token */
+
+    /* The request's prompt (g_prompt.c): the last bytes of its text, and the largest count
+     * of copies it asks for. */
+    char *prompt;
+    size_t prompt_len, prompt_cap;
+    uint32_t prompt_asked;
+    struct {
+        uint32_t n;
+        char w[16];                   /* lower case */
+    } prompt_of[GUARD_PROMPT_COUNTS]; /* "100 None": n copies of a unit holding word w */
+    unsigned prompt_nof;
 
     /* The detectors that are on, in table order (guard.c). */
     const struct guard_detector *det[GUARD_MAX_DETECTORS];
@@ -300,13 +316,20 @@ void guard_trip(guard *g, const char *detector, uint64_t loop_start, uint64_t at
 /* calloc that aborts on OOM (the guard's contract: never NULL). */
 void *guard_xcalloc(size_t n, size_t sz);
 
+/* Prompt-aware slack (g_prompt.c): how many copies of the unit u[0..n) the prompt allows
+ * (the count it asks for, or how often it holds the unit, plus one); 0 without a prompt or
+ * reason. O(prompt). */
+uint32_t guard_prompt_slack(const guard *g, const unsigned char *u, size_t n);
+void guard_prompt_release(guard *g);
+
 /* The segment consumers of g_text.c's segmenter (g_lines.c, g_novelty.c): */
 void guard_lines_init(guard *g);
 void guard_lines_release(guard *g);
-/* A completed segment with a letter, hashed h, [start, end); `trigger`: it is a prose
- * sentence long enough to trip. Returns true on a trip. */
+/* A completed segment with a letter, hashed h, [start, end); `trigger`: it is a sentence or
+ * an item that may trip; `prose`: it is text; `plain`: a line flush left without a bullet.
+ * Returns true on a trip. */
 bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, bool trigger,
-                         bool prose, uint64_t now);
+                         bool prose, bool plain, uint64_t now);
 void guard_novelty_init(guard *g);
 void guard_novelty_release(guard *g);
 /* One word (hash, first byte, starts with a letter) of a segment that ended. Returns true

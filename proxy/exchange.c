@@ -116,10 +116,13 @@ void ex_set_outcome(exchange *ex, const char *outcome)
 static void send_sglang_abort(exchange *ex)
 {
     lg_worker *w = ex->base.w;
-    char url[2048], body[64];
-    snprintf(body, sizeof body, "{\"rid\":\"%s\"}", ex->at.rid);
+    char url[2048];
+    cJSON *o = dl_json_must(cJSON_CreateObject());
+    dl_json_set(o, "rid", cJSON_CreateString(ex->at.rid));
+    char *body = dl_json_print_free(o);
     snprintf(url, sizeof url, "%s/abort_request", pool_base(w->srv->pool, ex->replica));
     worker_post_detached(w, url, body);
+    free(body);
 }
 
 /* Closes the current attempt's transfer (if any) and frees its per-attempt state. Safe
@@ -370,6 +373,17 @@ static void on_done(lg_xfer *x, CURLcode rc)
         return;
     }
     if (ex->base.client_gone || ex->phase == PHASE_DONE) return;
+    if (ex->at.raw_body && rc == CURLE_OK && !ex->at.timed_out) { /* passthrough, whole */
+        pool_report_generation(w->srv->pool, replica, false);
+        ex_conclude(ex);
+        ex->cl.final_status = 200;
+        ex->cl.final_body = lg_buf_steal(&ex->at.errbody);
+        if (ex->at.head.content_type && !(ex->cl.final_ctype = strdup(ex->at.head.content_type)))
+            abort();
+        ex->cl.stream_ready = false;
+        worker_resume(&ex->base);
+        return;
+    }
     if ((ex->at.head.complete && ex->at.head.status != 200) || ex->at.not_sse || rc != CURLE_OK ||
         ex->at.timed_out ||
         !(ex->at.finished_gen || ex->at.saw_done)) {

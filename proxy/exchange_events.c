@@ -128,6 +128,7 @@ static guard *channel_guard(exchange *ex, lg_channel ch)
     const guard_params *gp = config_guard_params(cfg_of(ex), ex->rule, ch);
     if (!gp || !guard_params_enabled(gp)) return NULL;
     c->g = guard_new(gp, ch);
+    guard_set_prompt_json(c->g, ex->req.root); /* what the request asks for earns slack */
     if (!ex->api->templated) guard_disable_leaks(c->g);
     return c->g;
 }
@@ -206,9 +207,14 @@ size_t ex_on_header(char *line, size_t size, size_t n, void *ud)
 {
     exchange *ex = ud;
     http_head_line(&ex->at.head, line, size * n);
-    if (ex->at.head.complete && ex->at.head.status == 200 && !is_event_stream(&ex->at.head))
-        ex->at.not_sse = true;
-    if (ex->at.head.complete && ex->at.head.status == 200 && !ex->at.not_sse && ex->req.client_stream) {
+    if (ex->at.head.complete && ex->at.head.status == 200 && !is_event_stream(&ex->at.head)) {
+        if (ex->passthrough)
+            ex->at.raw_body = true;
+        else
+            ex->at.not_sse = true;
+    }
+    if (ex->at.head.complete && ex->at.head.status == 200 && !ex->at.not_sse &&
+        !ex->at.raw_body && ex->req.client_stream) {
         ex->cl.stream_ready = true;
         worker_resume(&ex->base);
     }
@@ -225,6 +231,14 @@ size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
         metrics_ttfb(ex->base.w->metrics, ex->replica,
                      seconds_since(ex->at.start_ns, ex->base.w->now_ns));
         pool_report_health(ex->base.w->srv->pool, ex->replica, ex->at.head.status < 500);
+    }
+    if (ex->at.raw_body) { /* a passthrough request's whole answer, kept whole */
+        if (ex->at.errbody.len + len > cfg_of(ex)->max_body_bytes) {
+            ex_fail(ex, 502, "the upstream's answer is too large", "upstream_error", "bad_upstream");
+            return 0;
+        }
+        lg_buf_append(&ex->at.errbody, data, len);
+        return len;
     }
     if (ex->at.head.status != 200 || ex->at.not_sse) {
         if (ex->at.errbody.len < EX_ERRBODY_MAX) lg_buf_append(&ex->at.errbody, data, len);

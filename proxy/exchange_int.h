@@ -59,7 +59,7 @@ typedef struct ex_attempt {
     CURL *easy;
     struct curl_slist *headers;
     char *up_body;
-    char rid[33];
+    char rid[80]; /* SGLang's rid for this attempt ("" when the route takes none) */
     http_head head;
     lg_buf errbody;
     sse_parser *sse;
@@ -78,6 +78,7 @@ typedef struct ex_attempt {
     bool trip_pending;
     bool up_paused; /* the transfer is paused until the client drains `out` */
     bool not_sse;   /* 200 without text/event-stream: a broken upstream */
+    bool raw_body;  /* 200 without text/event-stream to a passthrough request: its answer */
     bool timed_out;
     guard_verdict verdict;
     char verdict_unit[260];
@@ -127,6 +128,9 @@ typedef struct exchange {
     bool guard_on;
     bool think_opened;
     bool think_inline; /* this exchange's upstream sends <think> inside content */
+    /* Set by the module's parse: the request is not guarded and the upstream's answer is
+     * the client's, byte for byte (a whole answer need not be an event stream). */
+    bool passthrough;
     char id[40];
 
     unsigned attempt;         /* attempts started */

@@ -1,4 +1,5 @@
-/* scan.c — `loopguard scan [--config FILE] [--channel C] [--max-bytes N] [--records] FILE...`.
+/* scan.c — `loopguard scan [--config FILE] [--channel C] [--max-bytes N] [--prompt FILE]
+ *                          [--records] FILE...`.
  *
  * Feeds each file through a fresh guard for one channel, in fixed 4 KiB chunks (the
  * verdict does not depend on the chunking), calls guard_finish at the end of the file,
@@ -8,15 +9,18 @@
  * bytes fed (all of the file, or the first --max-bytes). The guard settings come from the
  * config file's `guard.<channel>` (built-in defaults without --config), exactly as the
  * proxy would use them, which makes this the tool for tuning thresholds on saved logs.
+ * --prompt FILE gives every guard that file as the request's prompt (guard_set_prompt), as
+ * the proxy gives each guard its request's: repetition the prompt asks for or holds earns
+ * slack.
  *
  * With --records each FILE holds request/answer records instead of one text: a JSON
  * array of objects (AlpacaEval's model_outputs.json as is) when its first non-space byte
  * is `[`, otherwise JSONL (one object per line, blank lines skipped). A record is
  * {"instruction"|"prompt"|"messages", "output", optional "generator"}; each record's
  * output goes through a fresh guard and gets its own line, which adds "record" (the
- * 0-based index in the file) and "generator" when the record has one. The prompt text
- * (instruction, prompt, or the system and user contents of OpenAI chat messages joined
- * by newlines) is handed to the guard before the output; see scan_guard_prompt. A record
+ * 0-based index in the file) and "generator" when the record has one. The record's prompt
+ * (instruction, prompt, or the contents of its chat messages: guard_set_prompt_json) is
+ * handed to the guard before the output, after --prompt's. A record
  * that is not an object with a string "output" is reported on stderr and skipped (exit
  * status 1); the file's other records are still scanned. */
 #include <cJSON.h>
@@ -93,8 +97,8 @@ static void print_verdict(const char *path, const scan_record_id *rec, guard *g)
     if (v) {
         printf(",\"detector\":");
         put_json_string(stdout, v->detector, strlen(v->detector));
-        printf(",\"at_byte\":%llu,\"loop_start\":%llu,\"unit\":",
-               (unsigned long long)v->at_byte, (unsigned long long)v->loop_start);
+        printf(",\"at_byte\":%llu,\"loop_start\":%llu,\"unit\":", (unsigned long long)v->at_byte,
+               (unsigned long long)v->loop_start);
         put_json_string(stdout, v->unit, v->unit_len);
         printf(",\"repeats\":%u}\n", v->repeats);
     } else {
@@ -104,7 +108,8 @@ static void print_verdict(const char *path, const scan_record_id *rec, guard *g)
 }
 
 /* Scans one file; prints its line. Returns 0, or -1 after an I/O error message. */
-static int scan_file(const char *path, const guard_params *gp, lg_channel ch, uint64_t max)
+static int scan_file(const char *path, const guard_params *gp, lg_channel ch, uint64_t max,
+                     const lg_buf *prompt)
 {
     FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
     if (!f) {
@@ -112,6 +117,7 @@ static int scan_file(const char *path, const guard_params *gp, lg_channel ch, ui
         return -1;
     }
     guard *g = guard_new(gp, ch);
+    guard_set_prompt(g, prompt->p ? prompt->p : "", prompt->len);
     char buf[4096];
     uint64_t total = 0;
     int rc = 0;
@@ -147,59 +153,10 @@ static int read_all(FILE *f, lg_buf *b)
     }
 }
 
-/* Appends the text of one chat message's "content" to `b`: a string, or the "text" of
- * each part of an array of content parts. */
-static void append_content(lg_buf *b, const cJSON *content)
-{
-    if (cJSON_IsString(content)) {
-        lg_buf_append_str(b, content->valuestring);
-        return;
-    }
-    const cJSON *part;
-    cJSON_ArrayForEach(part, content)
-    {
-        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
-        if (cJSON_IsString(text)) lg_buf_append_str(b, text->valuestring);
-    }
-}
-
-/* The record's prompt text into `b` (left empty when the record has none): "instruction",
- * else "prompt", else the contents of the "system" and "user" messages of "messages",
- * joined by newlines. */
-static void record_prompt(const cJSON *rec, lg_buf *b)
-{
-    const cJSON *text = cJSON_GetObjectItemCaseSensitive(rec, "instruction");
-    if (!cJSON_IsString(text)) text = cJSON_GetObjectItemCaseSensitive(rec, "prompt");
-    if (cJSON_IsString(text)) {
-        lg_buf_append_str(b, text->valuestring);
-        return;
-    }
-    const cJSON *msg;
-    cJSON_ArrayForEach(msg, cJSON_GetObjectItemCaseSensitive(rec, "messages"))
-    {
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
-        if (!cJSON_IsString(role) ||
-            (strcmp(role->valuestring, "user") && strcmp(role->valuestring, "system")))
-            continue;
-        if (b->len) lg_buf_append(b, "\n", 1);
-        append_content(b, cJSON_GetObjectItemCaseSensitive(msg, "content"));
-    }
-}
-
-/* The one place a record's prompt reaches the guard, before its output is fed. The guard
- * does not take a prompt yet (prompt-aware slack is the guard's to add), so this only
- * marks the call site. */
-static void scan_guard_prompt(guard *g, const char *prompt, size_t len)
-{
-    (void)g;
-    (void)prompt;
-    (void)len;
-}
-
 /* Scans record `index` of `path` through a fresh guard and prints its line. Returns 0, or
  * -1 after a message when the record is not an object with a string "output". */
-static int scan_record(const char *path, size_t index, const cJSON *rec,
-                       const guard_params *gp, lg_channel ch, uint64_t max)
+static int scan_record(const char *path, size_t index, const cJSON *rec, const guard_params *gp,
+                       lg_channel ch, uint64_t max, const lg_buf *prompt)
 {
     const cJSON *output = cJSON_GetObjectItemCaseSensitive(rec, "output");
     if (!cJSON_IsObject(rec) || !cJSON_IsString(output)) {
@@ -209,10 +166,9 @@ static int scan_record(const char *path, size_t index, const cJSON *rec,
     }
     const cJSON *gen = cJSON_GetObjectItemCaseSensitive(rec, "generator");
     scan_record_id id = {index, cJSON_IsString(gen) ? gen->valuestring : NULL};
-    lg_buf prompt = LG_BUF_INIT;
-    record_prompt(rec, &prompt);
     guard *g = guard_new(gp, ch);
-    scan_guard_prompt(g, prompt.p ? prompt.p : "", prompt.len);
+    guard_set_prompt(g, prompt->p ? prompt->p : "", prompt->len);
+    guard_set_prompt_json(g, rec);
     const char *text = output->valuestring;
     size_t len = strlen(text);
     if (max && len > max) len = (size_t)max;
@@ -223,13 +179,13 @@ static int scan_record(const char *path, size_t index, const cJSON *rec,
     }
     print_verdict(path, &id, g);
     guard_free(g);
-    lg_buf_free(&prompt);
     return 0;
 }
 
 /* Scans every record of a --records file (see the top of this file). Returns 0, or -1
  * after a message when the file could not be read or parsed, or a record was bad. */
-static int scan_records(const char *path, const guard_params *gp, lg_channel ch, uint64_t max)
+static int scan_records(const char *path, const guard_params *gp, lg_channel ch, uint64_t max,
+                        const lg_buf *prompt)
 {
     FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
     if (!f) {
@@ -256,7 +212,7 @@ static int scan_records(const char *path, const guard_params *gp, lg_channel ch,
         size_t index = 0;
         cJSON_ArrayForEach(rec, list)
         {
-            if (scan_record(path, index++, rec, gp, ch, max) < 0) rc = -1;
+            if (scan_record(path, index++, rec, gp, ch, max, prompt) < 0) rc = -1;
         }
         cJSON_Delete(arr);
     } else {
@@ -273,7 +229,7 @@ static int scan_records(const char *path, const guard_params *gp, lg_channel ch,
                     rc = -1;
                     index++;
                 } else {
-                    if (scan_record(path, index++, rec, gp, ch, max) < 0) rc = -1;
+                    if (scan_record(path, index++, rec, gp, ch, max, prompt) < 0) rc = -1;
                     cJSON_Delete(rec);
                 }
             }
@@ -290,7 +246,10 @@ static int usage(const char *what, const char *arg)
 {
     if (what) fprintf(stderr, "loopguard scan: %s%s\n", what, arg ? arg : "");
     fputs("usage: loopguard scan [--config FILE] [--channel content|reasoning|tool_args]\n"
-          "                      [--max-bytes N] [--records] FILE...   (- is stdin)\n"
+          "                      [--max-bytes N] [--prompt FILE] [--records] FILE...\n"
+          "                      (- is stdin)\n"
+          "  --prompt:  FILE is the request's prompt: repetition it asks for or holds earns\n"
+          "             slack\n"
           "  --records: each FILE is a JSON array or JSONL of {instruction|prompt|messages,\n"
           "             output[, generator]} records (AlpacaEval's model_outputs.json as is);\n"
           "             one line per record, with \"record\" (index) and \"generator\"\n",
@@ -304,6 +263,7 @@ int scan_main(int argc, char **argv)
     lg_channel ch = LG_CH_CONTENT;
     uint64_t max = 0;
     bool records = false;
+    const char *prompt_path = NULL;
     int i, status = 0, nfiles = 0;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -324,6 +284,8 @@ int scan_main(int argc, char **argv)
                 return usage("--max-bytes: expected a positive number of bytes, got ", argv[i]);
         } else if (!strcmp(a, "--records")) {
             records = true;
+        } else if (!strcmp(a, "--prompt") && i + 1 < argc) {
+            prompt_path = argv[++i];
         } else if (!strcmp(a, "--") || a[0] != '-' || !strcmp(a, "-")) {
             break;
         } else if (!strcmp(a, "--config") || !strcmp(a, "--channel") || !strcmp(a, "--max-bytes")) {
@@ -344,12 +306,27 @@ int scan_main(int argc, char **argv)
             return 2;
         }
     }
+    lg_buf prompt = LG_BUF_INIT;
+    if (prompt_path) {
+        FILE *f = fopen(prompt_path, "rb");
+        int rc = f ? read_all(f, &prompt) : -1;
+        if (f) fclose(f);
+        if (rc < 0) {
+            fprintf(stderr, "loopguard scan: --prompt %s: %s\n", prompt_path,
+                    f ? "read error" : strerror(errno));
+            lg_buf_free(&prompt);
+            config_free(cfg);
+            return 2;
+        }
+    }
     const guard_params *gp = config_guard_params(cfg, NULL, ch);
     for (; i < argc; i++, nfiles++) {
-        int rc = records ? scan_records(argv[i], gp, ch, max) : scan_file(argv[i], gp, ch, max);
+        int rc = records ? scan_records(argv[i], gp, ch, max, &prompt)
+                         : scan_file(argv[i], gp, ch, max, &prompt);
         if (rc < 0) status = 1;
         fflush(stdout);
     }
+    lg_buf_free(&prompt);
     config_free(cfg);
     return status;
 }

@@ -6,7 +6,8 @@
 #define LG_SCAN_H
 
 /* argv[0] is "scan". Options: --config FILE, --channel content|reasoning|tool_args,
- * --max-bytes N (scan only the first N bytes of each file), --records (each file is a JSON
+ * --max-bytes N (scan only the first N bytes of each file), --prompt FILE (the request's
+ * prompt for every guard), --records (each file is a JSON
  * array or JSONL of {instruction|prompt|messages, output} records, scanned one by one).
  * Arguments: files, "-" for stdin. Prints one JSON object per file (per record with
  * --records) on stdout. Returns the process exit status:

@@ -11,6 +11,7 @@ static int usage(void)
     fprintf(stderr,
             "usage: fake_upstream --listen HOST:PORT [--kind sglang|vllm|openai] [--dialect D]\n"
             "                     [--scenario FILE] [--model NAME] [--stamp] [--pace-ms N]\n"
+            "                     [--incremental-streaming-output]\n"
             "                     [--max-records N]\n");
     return 2;
 }
@@ -30,6 +31,10 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--incremental-streaming-output")) {
+            cfg.incremental = true;
+            continue;
+        }
         if (!strcmp(a, "--stamp")) {
             cfg.stamp = true;
             continue;

@@ -43,6 +43,7 @@
 #include "fake_buf.h"
 #include "fake_dialect.h"
 #include "fake_messages.h"
+#include "fake_responses.h"
 #include "fake_record.h"
 
 #define OUT_HIGH        (256 * 1024)  /* stop producing above this much unsent output */
@@ -92,7 +93,10 @@ typedef struct gen {
     fbuf *args;              /* per tool call */
     char **tool_ids;
     size_t ntools;
-    fake_msg msg; /* /v1/messages: the open block */
+    fake_msg msg;   /* /v1/messages: the open block */
+    fake_rsp resp;  /* /v1/responses: sequence, open item, items done */
+    size_t gen_text_sent; /* /generate: text and tokens sent in earlier events */
+    long gen_ids_sent;
 } gen;
 
 typedef enum {
@@ -456,6 +460,7 @@ static void gen_free(gen *g)
     }
     free(g->args);
     free(g->tool_ids);
+    fake_resp_free(&g->resp);
     free(g);
 }
 
@@ -612,6 +617,7 @@ static gen *gen_new(server *s, conn *c, const cJSON *body, fake_endpoint ep, int
     g->path = ep == FAKE_EP_CHAT         ? "/v1/chat/completions"
               : ep == FAKE_EP_COMPLETION ? "/v1/completions"
               : ep == FAKE_EP_MESSAGES   ? "/v1/messages"
+              : ep == FAKE_EP_RESPONSES  ? "/v1/responses"
                                          : "/generate";
     const fake_resp *r = g->r;
     fake_dialect d = s->dialect;
@@ -623,7 +629,9 @@ static gen *gen_new(server *s, conn *c, const cJSON *body, fake_endpoint ep, int
     const cJSON *reqid = cJSON_GetObjectItemCaseSensitive(body, "request_id");
     char hex[40];
     rand_hex(s, hex, 32);
-    if (ep == FAKE_EP_MESSAGES) /* sglang: msg_<uuid hex>; vllm: the chat chunk's id */
+    if (ep == FAKE_EP_RESPONSES) /* rendered as resp_<hex> */
+        snprintf(g->id, sizeof g->id, "%s", hex);
+    else if (ep == FAKE_EP_MESSAGES) /* sglang: msg_<uuid hex>; vllm: the chat chunk's id */
         snprintf(g->id, sizeof g->id, "%s%s", fake_dialect_is_vllm(d) ? "chatcmpl-" : "msg_",
                  hex);
     else if (fake_dialect_is_sglang(d) || ep == FAKE_EP_GENERATE)
@@ -641,7 +649,8 @@ static gen *gen_new(server *s, conn *c, const cJSON *body, fake_endpoint ep, int
         g->cap = body_long(cJSON_GetObjectItemCaseSensitive(body, "sampling_params"),
                            "max_new_tokens", 0);
     else
-        g->cap = body_long(body, "max_completion_tokens", body_long(body, "max_tokens", 0));
+        g->cap = body_long(body, "max_completion_tokens",
+                           body_long(body, "max_tokens", body_long(body, "max_output_tokens", 0)));
     g->prompt_tokens = r->prompt_tokens >= 0 ? r->prompt_tokens : fake_prompt_tokens(body);
 
     if (fake_plan_init(&g->plan, r, reasoning_mode(d, ep), g->cap, s->cfg.stamp) < 0) {
@@ -716,12 +725,16 @@ static double latency_s(const gen *g)
 }
 
 /* One /generate event: the text so far; finish NULL until the last. */
-static void emit_generate(conn *c, const char *finish)
+static void emit_generate(server *s, conn *c, const char *finish)
 {
     gen *g = c->g;
     fake_usage u = usage_of(g);
+    bool inc = s->cfg.incremental;
     fbuf_reset(&g->ev);
-    fake_render_generate(&g->ev, &g->ctx, &g->content, finish, g->cap, &u, latency_s(g));
+    fake_render_generate(&g->ev, &g->ctx, &g->content, inc ? g->gen_text_sent : 0,
+                         inc ? g->gen_ids_sent : 0, g->sent, finish, g->cap, &u, latency_s(g));
+    g->gen_text_sent = g->content.len;
+    g->gen_ids_sent = g->sent;
     put_event(c, g->ev.p, g->ev.len);
 }
 
@@ -801,7 +814,18 @@ static bool emit_token(server *s, conn *c)
         g->finish_sent = true;
     }
     if (g->ctx.ep == FAKE_EP_GENERATE) {
-        emit_generate(c, d.finish);
+        emit_generate(s, c, d.finish);
+    } else if (g->ctx.ep == FAKE_EP_RESPONSES) {
+        if (merged) {
+            fake_resp_token(&c->out, &g->ev, &g->resp, FAKE_ITEM_REASONING, t.p, t.n, NULL, NULL);
+            t = t2;
+        }
+        bool head = t.ch == FAKE_CH_TOOL_HEAD;
+        fake_item k = t.ch == FAKE_CH_REASONING ? FAKE_ITEM_REASONING
+                      : t.ch == FAKE_CH_CONTENT ? FAKE_ITEM_MESSAGE
+                                                : FAKE_ITEM_CALL;
+        fake_resp_token(&c->out, &g->ev, &g->resp, k, head ? NULL : t.p, head ? 0 : t.n,
+                        head ? g->tool_ids[t.tool] : NULL, head ? t.p : NULL);
     } else if (g->ctx.ep == FAKE_EP_MESSAGES) {
         fake_blk k = t.ch == FAKE_CH_REASONING ? FAKE_BLK_THINKING
                      : t.ch == FAKE_CH_CONTENT ? FAKE_BLK_TEXT
@@ -823,7 +847,8 @@ static bool emit_token(server *s, conn *c)
 static void put_tail(conn *c)
 {
     gen *g = c->g;
-    if (g->ctx.ep == FAKE_EP_MESSAGES) { /* Anthropic streams end with message_stop */
+    if (g->ctx.ep == FAKE_EP_MESSAGES || g->ctx.ep == FAKE_EP_RESPONSES) {
+        /* Anthropic and Responses streams end with their last event, no [DONE] */
         fbuf_puts(&c->out, "0\r\n\r\n");
         return;
     }
@@ -839,11 +864,17 @@ static void put_tail(conn *c)
 
 /* The end of a stream: a separate finish chunk where the dialect has one (or where no
  * token carried the finish), the usage chunk, [DONE] and the last HTTP chunk. */
-static void stream_finish(conn *c)
+static void stream_finish(server *s, conn *c)
 {
     gen *g = c->g;
     if (g->ctx.ep == FAKE_EP_MESSAGES) {
         fake_msg_finish(&c->out, &g->ev, &g->msg, g->finish, g->prompt_tokens, g->sent);
+        put_tail(c);
+        return;
+    }
+    if (g->ctx.ep == FAKE_EP_RESPONSES) {
+        fake_resp_finish(&c->out, &g->ev, &g->resp, &g->ctx, g->finish, g->prompt_tokens, g->sent,
+                         g->reasoning_sent);
         put_tail(c);
         return;
     }
@@ -853,7 +884,7 @@ static void stream_finish(conn *c)
         if (strcmp(g->finish, "stop")) d.matched_stop = "null";
         if (!fake_dialect_separate_finish(g->ctx.d, g->ctx.ep)) d.content = "", d.cn = 0;
         if (g->ctx.ep == FAKE_EP_GENERATE)
-            emit_generate(c, g->finish);
+            emit_generate(s, c, g->finish);
         else
             emit_delta(c, &d);
         g->finish_sent = true;
@@ -885,9 +916,29 @@ static void whole_finish(conn *c)
     };
     fbuf_reset(&g->ev);
     if (g->junk_whole) fbuf_put(&g->ev, junk, sizeof junk - 1);
-    if (g->ctx.ep == FAKE_EP_MESSAGES)
+    if (g->ctx.ep == FAKE_EP_MESSAGES) {
         fake_msg_whole(&g->ev, &g->ctx, &w);
-    else
+    } else if (g->ctx.ep == FAKE_EP_RESPONSES) {
+        /* the items as the stream would have built them */
+        fbuf sink = {0}, scratch = {0};
+        if (g->plan.reasoning_n && g->reasoning.len)
+            fake_resp_token(&sink, &scratch, &g->resp, FAKE_ITEM_REASONING, g->reasoning.p,
+                            g->reasoning.len, NULL, NULL);
+        if (g->content.len)
+            fake_resp_token(&sink, &scratch, &g->resp, FAKE_ITEM_MESSAGE, g->content.p,
+                            g->content.len, NULL, NULL);
+        for (size_t i = 0; i < g->ntools; i++) {
+            fake_resp_token(&sink, &scratch, &g->resp, FAKE_ITEM_CALL, NULL, 0, g->tool_ids[i],
+                            g->r->tools[i].name);
+            fake_resp_token(&sink, &scratch, &g->resp, FAKE_ITEM_CALL, g->args[i].p,
+                            g->args[i].len, NULL, NULL);
+        }
+        fbuf_free(&sink);
+        fbuf_free(&scratch);
+        fake_resp_object(&g->ev, &g->resp, &g->ctx,
+                         strcmp(g->finish, "length") ? "completed" : "incomplete", g->finish,
+                         g->prompt_tokens, g->sent, g->reasoning_sent);
+    } else
         fake_render_whole(&g->ev, &g->ctx, &w);
     respond_json(c, 200, &g->ev);
 }
@@ -965,7 +1016,11 @@ static bool stream_fault(server *s, conn *c, bool *stop)
         return true;
     case FAKE_FAULT_ERROR_EVENT:
         g->finish = NULL;
-        if (g->stream && g->ctx.ep == FAKE_EP_MESSAGES) {
+        if (g->stream && g->ctx.ep == FAKE_EP_RESPONSES) {
+            fake_resp_error(&c->out, &g->ev, &g->resp, fault_message(f));
+            put_tail(c);
+            c->state = C_DONE;
+        } else if (g->stream && g->ctx.ep == FAKE_EP_MESSAGES) {
             fake_msg_error(&c->out, &g->ev, fault_message(f));
             put_tail(c);
             c->state = C_DONE;
@@ -1048,6 +1103,8 @@ static void gen_pump(server *s, conn *c)
             }
             if (g->stream && g->ctx.ep == FAKE_EP_MESSAGES)
                 fake_msg_start(&c->out, &g->ev, &g->ctx, g->prompt_tokens);
+            if (g->stream && g->ctx.ep == FAKE_EP_RESPONSES)
+                fake_resp_start(&c->out, &g->ev, &g->resp, &g->ctx, g->cap);
             if (g->stream && g->ctx.ep == FAKE_EP_CHAT) {
                 fake_delta d = delta_init(g);
                 d.role = true;
@@ -1087,7 +1144,7 @@ static void gen_pump(server *s, conn *c)
             goto out;
         case PH_FINISH:
             if (g->stream) {
-                stream_finish(c);
+                stream_finish(s, c);
                 c->state = C_DONE;
             } else {
                 whole_finish(c);
@@ -1115,7 +1172,7 @@ static bool kind_has(const server *s, const char *path)
         {"/generate", 1},        {"/health", 3},
         {"/metrics", 3},         {"/version", 2},
         {"/v1/models", 7},       {"/v1/chat/completions", 7},
-        {"/v1/completions", 7},  {"/v1/messages", 3},
+        {"/v1/completions", 7},  {"/v1/messages", 3}, {"/v1/responses", 3},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (!strcmp(path, table[i].path)) return table[i].kinds & (1u << s->cfg.kind);
@@ -1332,9 +1389,11 @@ static void dispatch(server *s, conn *c)
     fake_endpoint ep = !strcmp(p, "/v1/chat/completions") ? FAKE_EP_CHAT
                        : !strcmp(p, "/v1/completions")    ? FAKE_EP_COMPLETION
                        : !strcmp(p, "/v1/messages")       ? FAKE_EP_MESSAGES
+                       : !strcmp(p, "/v1/responses")      ? FAKE_EP_RESPONSES
                                                           : FAKE_EP_GENERATE;
     bool gen_path = !strcmp(p, "/v1/chat/completions") || !strcmp(p, "/v1/completions") ||
-                    !strcmp(p, "/generate") || !strcmp(p, "/v1/messages");
+                    !strcmp(p, "/generate") || !strcmp(p, "/v1/messages") ||
+                    !strcmp(p, "/v1/responses");
     bool known = kind_has(s, p);
     int ri = INT_MIN;
     if (known && gen_path && post && cJSON_IsObject(body))

@@ -18,6 +18,8 @@ typedef struct fake_config {
     int dialect;             /* fake_dialect, or -1: from the kind */
     const char *model;       /* default model name */
     bool stamp;              /* content tokens become w<ns> stamps */
+    bool incremental;        /* /generate streams new text only (SGLang's
+                                --incremental-streaming-output), else the text so far */
     long pace_ms;            /* default pace */
     long max_records;        /* record ring size; 0 disables recording */
     fake_scenario *scenario; /* owned reference (the server takes it) */

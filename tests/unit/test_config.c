@@ -67,6 +67,7 @@ static cJSON *guard_settings_json(const guard_params *p)
     cJSON_AddNumberToObject(l, "window", p->lines.window);
     cJSON_AddNumberToObject(l, "min_segment_bytes", p->lines.min_segment_bytes);
     cJSON_AddNumberToObject(l, "min_repeat_ratio", p->lines.min_repeat_ratio);
+    cJSON_AddNumberToObject(l, "min_run", p->lines.min_run);
     cJSON *n = cJSON_AddObjectToObject(o, "novelty");
     cJSON_AddBoolToObject(n, "enabled", p->novelty.enabled);
     cJSON_AddNumberToObject(n, "window", p->novelty.window);

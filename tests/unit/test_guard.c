@@ -207,30 +207,30 @@ static void assert_clean_both(const char *what, const char *s)
     free(t.s);
 }
 
+/* The look-alikes a chat answer legitimately holds, at the sizes answers hold them: a
+ * short list of None, a few asserts, separators, a small zero table, numbered lists whose
+ * items share a prefix, ASCII art, a song with a chorus, a blank sudoku grid, a table padded
+ * with spaces, emphasis. (At machine-file sizes, with nothing in the prompt asking for them,
+ * a hundred identical lines are a loop: see test_prompt_slack.) */
 static void test_traps(void **state)
 {
     (void)state;
     text t = {0};
 
-    tcat(&t, "| option | enabled | default |\n| --- | --- | --- |\n");
-    trep(&t, "| yes | no | yes |\n", 80);
-    assert_clean_both("table rows", t.s);
-
-    t.n = 0;
     tcat(&t, "values = [\n");
-    trep(&t, "    None,\n", 100);
+    trep(&t, "    None,\n", 10);
     tcat(&t, "]\n");
     assert_clean_both("None, lines", t.s);
 
     t.n = 0;
     tcat(&t, "values = [");
-    trep(&t, "None, ", 100);
+    trep(&t, "None, ", 6);
     tcat(&t, "None]\n");
     assert_clean_both("None, inline", t.s);
 
     t.n = 0;
     tcat(&t, "def test_f():\n");
-    trep(&t, "    assert f(1) == 1\n", 60);
+    trep(&t, "    assert f(1) == 1\n", 8);
     assert_clean_both("asserts", t.s);
 
     t.n = 0;
@@ -249,11 +249,11 @@ static void test_traps(void **state)
     assert_clean_both("rules", t.s);
 
     t.n = 0;
-    tcat(&t, "static const unsigned char table[1024] = {\n");
-    for (int i = 0; i < 64; i++)
+    tcat(&t, "static const unsigned char table[64] = {\n");
+    for (int i = 0; i < 4; i++)
         tcat(&t, "    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,\n");
     tcat(&t, "};\nstatic const uint8_t blob[] = {");
-    trep(&t, "0x00, ", 400);
+    trep(&t, "0x00, ", 24);
     tcat(&t, "};\n");
     assert_clean_both("zero arrays", t.s);
 
@@ -263,7 +263,7 @@ static void test_traps(void **state)
     for (int i = 0; i < 30; i++) {
         char line[160];
         snprintf(line, sizeof(line), "%d. Add support for the %s option in the %s parser.\n", i + 1,
-                 items[i % 10], items[(i * 7 + 3) % 10]);
+                 items[i % 10], items[(i * i / 3 + 3) % 10]);
         tcat(&t, line);
     }
     for (int i = 0; i < 20; i++) {
@@ -275,14 +275,48 @@ static void test_traps(void **state)
     assert_clean_both("shared-prefix lists", t.s);
 
     t.n = 0;
-    for (int i = 0; i < 30; i++)
+    for (int i = 0; i < 4; i++)
         tcat(&t, "+--------+--------+--------+\n|  cell  |  cell  |  cell  |\n");
     tcat(&t, "+--------+--------+--------+\n");
-    for (int i = 0; i < 12; i++)
+    for (int i = 0; i < 2; i++)
         tcat(&t, "  /\\_/\\    /\\_/\\    /\\_/\\    /\\_/\\    /\\_/\\\n"
                  " ( o.o )  ( o.o )  ( o.o )  ( o.o )  ( o.o )\n"
                  "  > ^ <    > ^ <    > ^ <    > ^ <    > ^ <\n");
     assert_clean_both("ASCII art", t.s);
+
+    /* A song: the chorus comes back after each verse, and sings its line three times. */
+    t.n = 0;
+    static const char *const verses[] = {
+        "Morning light on the harbour wall\nGulls are calling, the tide is low\n"
+        "Nets are mended, the boats are small\nOut past the breakwater we go\n",
+        "Evening comes with a copper sky\nLanterns swinging along the quay\n"
+        "Hands are weary, the hold is dry\nStill we are singing out to sea\n",
+        "Winter storms on the northern shore\nRopes are frozen and sails are torn\n"
+        "We will sail as we sailed before\nBack to the harbour where we were born\n"};
+    for (int i = 0; i < 3; i++) {
+        tcat(&t, "[Verse]\n");
+        tcat(&t, verses[i]);
+        tcat(&t, "\n[Chorus]\nHeave away, haul away home\nHeave away, haul away home\n"
+                 "The sea is wide and the night is long\nHeave away, haul away home\n\n");
+    }
+    assert_clean_both("song with a chorus", t.s);
+
+    /* A blank sudoku grid and a table padded with spaces. */
+    t.n = 0;
+    for (int r = 0; r < 9; r++) {
+        if (r % 3 == 0) tcat(&t, "+-------+-------+-------+\n");
+        tcat(&t, "|       |       |       |\n");
+    }
+    tcat(&t, "+-------+-------+-------+\n\n");
+    tcat(&t, "| Name                 | Role                 | Since |\n");
+    tcat(&t, "|----------------------|----------------------|-------|\n");
+    static const char *const names[] = {"Ada", "Grace", "Edsger", "Barbara", "Ken", "Dennis"};
+    for (int i = 0; i < 6; i++) {
+        char row[128];
+        snprintf(row, sizeof(row), "| %-20s | %-20s | %5d |\n", names[i], items[i], 1950 + 7 * i);
+        tcat(&t, row);
+    }
+    assert_clean_both("sudoku grid and padded table", t.s);
 
     /* Tool arguments may ask for identical JSON elements. */
     t.n = 0;
@@ -295,6 +329,157 @@ static void test_traps(void **state)
     tcat(&t, "Wow!!! That is great!!!!!! Really?!?! Yes... hahahaha, ok.\n");
     tcat(&t, "The the the end. Zzzzzzz. Hmm, hmm, hmm.\n");
     assert_clean_both("emphasis", t.s);
+    free(t.s);
+}
+
+/* ---- the loops real models make ----------------------------------------------------- */
+
+/* Shapes of loops from public bug reports and degenerate answers, written here: `prefix`
+ * then `unit` `times` times on `ch`. Each must trip no later than `max_after` bytes after
+ * the unit's first copy (the loop's start), and not before that copy. */
+static const struct loop_case {
+    const char *what;
+    lg_channel ch;
+    const char *prefix, *unit;
+    int times;
+    size_t max_after;
+} loop_cases[] = {
+    {"reasoning Wait/boxed two-line cycle", LG_CH_REASONING, "Okay, let me solve it.\n",
+     "Wait, maybe I should double-check: 2 + 3 = 5, so the answer is $\\boxed{5}$.\n"
+     "So the final answer is $\\boxed{5}$.\n",
+     40, 1500},
+    {"reasoning Wait/json line pair", LG_CH_REASONING, "Let me build the call.\n",
+     "Wait, the format should be:\njson{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+     "\"Paris\"}}\n",
+     40, 1500},
+    {"56 exclamation marks", LG_CH_CONTENT, "The answer is", "!", 56, 40},
+    {"Thank you. five times", LG_CH_CONTENT, "I hope this helps.\n\n", "Thank you.\n\n", 5, 60},
+    {"token run without spaces", LG_CH_CONTENT, "The group is known as ", "ISIS-", 300, 600},
+    {"the, 29 times", LG_CH_CONTENT, "Here are the words: ", "the, ", 29, 120},
+    {"code block seven times", LG_CH_CONTENT, "```swift\n",
+     "func greet(name: String) -> String {\n    let greeting = \"Hello, \" + name + \"!\"\n"
+     "    return greeting\n}\nprint(greet(name: \"World\"))\n",
+     7, 1200},
+    {"DNA", LG_CH_CONTENT, "sequence = \"", "ATCG", 1000, 600},
+    {"9r+: six hundred times", LG_CH_CONTENT, "Output: ", "9r+:", 600, 600},
+    {"(1/2) * for kilobytes", LG_CH_CONTENT, "The product is ", "(1/2) * ", 400, 400},
+    {"1..9 cycling", LG_CH_CONTENT, "Counting: ", "1, 2, 3, 4, 5, 6, 7, 8, 9, ", 60, 400},
+    {"rotating valedictions", LG_CH_CONTENT, "Some closings:\n\n",
+     "Affectionately,\n\nRespectfully,\n\nLoyally,\n\n", 20, 400},
+    {"markdown fence line 82 times", LG_CH_CONTENT, "Here is the code:\n", "```\n", 82, 300},
+    {"three-line ingredient cycle", LG_CH_CONTENT, "Ingredients:\n",
+     "- 1 cup of flour\n- 2 eggs\n- 1/2 cup of sugar\n", 40, 400},
+    {"ASCII face 203 times", LG_CH_CONTENT, "Here is a face:\n", "( '.' )\n", 203, 300},
+    {"numbered list of one item", LG_CH_CONTENT, "Rhymes:\n", "1. instruct\n", 20, 200},
+};
+
+static void test_loop_shapes(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof(loop_cases) / sizeof(loop_cases[0]); i++) {
+        const struct loop_case *c = &loop_cases[i];
+        text t = {0};
+        tcat(&t, c->prefix);
+        trep(&t, c->unit, c->times);
+        result r = scan_text(c->ch, t.s);
+        size_t first_copy = strlen(c->prefix) + strlen(c->unit);
+        if (!r.tripped) fail_msg("%s: did not trip", c->what);
+        if (r.at_byte < first_copy) fail_msg("%s: tripped before the loop", c->what);
+        if (r.at_byte - first_copy > c->max_after)
+            fail_msg("%s: tripped %zu bytes into the loop, more than %zu", c->what,
+                     (size_t)(r.at_byte - first_copy), c->max_after);
+        free(t.s);
+    }
+}
+
+/* ---- prompt-aware slack -------------------------------------------------------------- */
+
+static result scan_prompted(lg_channel ch, const char *prompt, const char *s)
+{
+    guard_params *p = guard_params_new(ch);
+    guard *g = guard_new(p, ch);
+    guard_set_prompt(g, prompt, strlen(prompt));
+    guard_feed(g, s, strlen(s));
+    guard_finish(g);
+    result r = snapshot(g);
+    guard_free(g);
+    guard_params_free(p);
+    return r;
+}
+
+/* Repetition the prompt asks for or holds passes up to what the prompt holds; the same
+ * text without a prompt, or beyond the asked count, trips. */
+static void test_prompt_slack(void **state)
+{
+    (void)state;
+    text t = {0};
+
+    /* asked for: "repeat … 50 times" */
+    trep(&t, "I will not talk in class.\n", 50);
+    assert_true(scan_text(LG_CH_CONTENT, t.s).tripped);
+    assert_false(
+        scan_prompted(LG_CH_CONTENT, "Write 'I will not talk in class.' 50 times.", t.s).tripped);
+    trep(&t, "I will not talk in class.\n", 30); /* 80: past what was asked */
+    assert_true(
+        scan_prompted(LG_CH_CONTENT, "Write 'I will not talk in class.' 50 times.", t.s).tripped);
+
+    /* asked for: a 40x10 grid of zeros (a 10x10 one passes anyway: a blank grid) */
+    t.n = 0;
+    trep(&t, "0 0 0 0 0 0 0 0 0 0\n", 10);
+    assert_false(scan_text(LG_CH_CONTENT, t.s).tripped);
+    trep(&t, "0 0 0 0 0 0 0 0 0 0\n", 30);
+    assert_true(scan_text(LG_CH_CONTENT, t.s).tripped);
+    assert_false(scan_prompted(LG_CH_CONTENT, "Print a 40x10 grid of zeros.", t.s).tripped);
+    assert_false(scan_prompted(LG_CH_CONTENT, "Print forty by ten zeros", t.s).tripped);
+
+    /* asked for: 80 rows of a table; a list of a hundred None */
+    t.n = 0;
+    tcat(&t, "| option | enabled | default |\n| --- | --- | --- |\n");
+    trep(&t, "| yes | no | yes |\n", 80);
+    assert_true(scan_text(LG_CH_CONTENT, t.s).tripped);
+    assert_false(
+        scan_prompted(LG_CH_CONTENT, "Make a table with 80 rows of yes/no/yes.", t.s).tripped);
+    t.n = 0;
+    tcat(&t, "values = [\n");
+    trep(&t, "    None,\n", 100);
+    tcat(&t, "]\n");
+    assert_true(scan_text(LG_CH_CONTENT, t.s).tripped);
+    assert_false(
+        scan_prompted(LG_CH_CONTENT, "A Python list of 100 None, one per line", t.s).tripped);
+
+    /* held: the prompt's own table, reformatted */
+    t.n = 0;
+    text pr = {0};
+    tcat(&pr, "Turn this into a Markdown table:\n");
+    trep(&pr, "cell,cell,cell\n", 40);
+    trep(&t, "| cell | cell | cell |\n", 40);
+    assert_true(scan_text(LG_CH_CONTENT, t.s).tripped);
+    pr.n = 0;
+    tcat(&pr, "Reformat, keep the rows:\n");
+    trep(&pr, "| cell | cell | cell |\n", 40);
+    assert_false(scan_prompted(LG_CH_CONTENT, pr.s, t.s).tripped);
+
+    /* A prompt that asks for nothing gives nothing: the seed loop still trips. */
+    t.n = 0;
+    tcat(&t, "You can use the ");
+    trep(&t, "lambda ", 200);
+    assert_true(
+        scan_prompted(LG_CH_CONTENT, "How do I sort a list in Python? Give 3 ways.", t.s).tripped);
+
+    /* A request object: messages' text is the prompt. */
+    cJSON *req = cJSON_Parse("{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":"
+                             "\"Be brief.\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+                             "\"text\":\"Repeat 'ok' 100 times\"}]}]}");
+    guard_params *p = guard_params_new(LG_CH_CONTENT);
+    guard *g = guard_new(p, LG_CH_CONTENT);
+    guard_set_prompt_json(g, req);
+    t.n = 0;
+    trep(&t, "ok ", 100);
+    assert_false(guard_feed(g, t.s, t.n));
+    guard_free(g);
+    guard_params_free(p);
+    cJSON_Delete(req);
+    free(pr.s);
     free(t.s);
 }
 
@@ -728,11 +913,12 @@ static void test_settings(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_seed_cases), cmocka_unit_test(test_traps),
-        cmocka_unit_test(test_loops),      cmocka_unit_test(test_chunking_invariance),
-        cmocka_unit_test(test_suspect),    cmocka_unit_test(test_leak),
-        cmocka_unit_test(test_rules),      cmocka_unit_test(test_budget_and_empty),
-        cmocka_unit_test(test_settings),   cmocka_unit_test(test_fence_closing_in_the_chunk),
+        cmocka_unit_test(test_seed_cases),  cmocka_unit_test(test_traps),
+        cmocka_unit_test(test_loops),       cmocka_unit_test(test_chunking_invariance),
+        cmocka_unit_test(test_suspect),     cmocka_unit_test(test_leak),
+        cmocka_unit_test(test_rules),       cmocka_unit_test(test_budget_and_empty),
+        cmocka_unit_test(test_settings),    cmocka_unit_test(test_fence_closing_in_the_chunk),
+        cmocka_unit_test(test_loop_shapes), cmocka_unit_test(test_prompt_slack),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

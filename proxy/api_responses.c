@@ -1,0 +1,548 @@
+/* api_responses.c — the OpenAI Responses API (/v1/responses) as an API module (api.h).
+ *
+ * vLLM and SGLang stream a response as `event: TYPE` + `data: JSON`, every event carrying
+ * a sequence_number: response.created, response.in_progress; per output item
+ * response.output_item.added, its part (response.content_part.added for a message,
+ * response.reasoning_part.added for reasoning), deltas (response.output_text.delta,
+ * response.reasoning_text.delta, response.reasoning_summary_text.delta,
+ * response.function_call_arguments.delta), the .done events with the item's full text, and
+ * response.output_item.done; then response.completed, or response.incomplete (length cap),
+ * or response.failed / error. Channels: reasoning text and summaries -> reasoning, output
+ * text -> answer, function-call arguments -> tool arguments. An item's held text is
+ * released before its first .done event.
+ *
+ * The client's stream stays valid across a retry: sequence_number is the client's own count
+ * (monotonic over every attempt), a retry closes the client's open item with its .done
+ * events (the text the client has, status "incomplete") and numbers its items after the
+ * client's last (output_index + offset); the final response's output lists every item the
+ * client saw, under the first attempt's response id. While nothing was held or renumbered,
+ * events go out as the upstream's own bytes.
+ *
+ * Retry sampling: temperature (both servers' ResponsesRequest take it; SGLang's has no rid
+ * field, vLLM's request_id is no abort handle), so the cut is the closed connection.
+ * Withheld: response.incomplete with incomplete_details.reason "content_filter" — the
+ * Responses API's own reason for output withheld by a filter. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proxy/exchange_int.h"
+
+typedef struct rsp_state {
+    long seq;          /* the client's next sequence_number */
+    int offset;        /* this attempt: client output_index = upstream's + offset */
+    int next;          /* the client's next output_index */
+    int open;          /* the client's open item (output_index), -1: none */
+    int open_ch;       /* its channel, -1: not text */
+    cJSON *open_item;  /* the open item as added (owned) */
+    lg_buf open_text;  /* text released into the open item */
+    cJSON *delta_tmpl; /* the last delta event of this attempt (owned): released text's shape */
+    int up_ch;         /* channel of the upstream's open item, -1: none */
+    cJSON *response;   /* response.created's response (owned) */
+    cJSON *items;      /* items the client saw done, in order (owned array) */
+    cJSON *end;        /* this attempt's terminal event (completed / incomplete) (owned) */
+    lg_buf end_raw;    /* ... as the upstream's own bytes, when its number is the client's */
+    bool withheld;
+    bool errored;
+} rsp_state;
+
+static rsp_state *RS(const exchange *ex)
+{
+    return ex->api_state;
+}
+
+static const char *str_at(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* ---- client output ----------------------------------------------------------------- */
+
+/* Queues `event: type` with data (taken; type may point into it), numbered with the client's
+ * next sequence. */
+static void out_numbered(exchange *ex, const char *type, cJSON *data)
+{
+    dl_json_set(data, "sequence_number", cJSON_CreateNumber((double)RS(ex)->seq++));
+    out_append(ex, "event: ", 7);
+    out_append(ex, type, strlen(type)); /* type may live in data: written before it is freed */
+    out_append(ex, "\ndata: ", 7);
+    char *json = dl_json_print_free(data);
+    out_append(ex, json, strlen(json));
+    out_append(ex, "\n\n", 2);
+    free(json);
+}
+
+/* An upstream event for the client: its own bytes when its numbers are the client's, else
+ * renumbered (sequence, output_index). */
+static void out_event(exchange *ex, const sse_event *ev, const cJSON *root, const char *type)
+{
+    rsp_state *r = RS(ex);
+    const cJSON *sq = cJSON_GetObjectItemCaseSensitive(root, "sequence_number");
+    if (r->offset == 0 && cJSON_IsNumber(sq) && (long)sq->valuedouble == r->seq) {
+        out_append(ex, ev->raw, ev->raw_len);
+        r->seq++;
+        return;
+    }
+    cJSON *copy = dl_json_must(cJSON_Duplicate(root, 1));
+    const cJSON *oi = cJSON_GetObjectItemCaseSensitive(root, "output_index");
+    if (cJSON_IsNumber(oi))
+        dl_json_set(copy, "output_index", cJSON_CreateNumber(oi->valueint + r->offset));
+    out_numbered(ex, type, copy);
+}
+
+/* Released text of channel ch into the open item: a delta event shaped like the last one. */
+static void put_text(exchange *ex, const char *s, size_t n)
+{
+    rsp_state *r = RS(ex);
+    if (!n) return;
+    lg_buf_append(&r->open_text, s, n);
+    if (!ex->req.client_stream || !r->delta_tmpl) return;
+    cJSON *d = dl_json_must(cJSON_Duplicate(r->delta_tmpl, 1));
+    char *t = strndup(s, n);
+    if (!t) abort();
+    dl_json_set(d, "delta", cJSON_CreateString(t));
+    free(t);
+    const cJSON *oi = cJSON_GetObjectItemCaseSensitive(d, "output_index");
+    dl_json_set(d, "output_index", cJSON_CreateNumber((cJSON_IsNumber(oi) ? oi->valueint : 0) +
+                                                      r->offset));
+    out_numbered(ex, str_at(d, "type"), d);
+}
+
+static void flush_channel(exchange *ex, int ch)
+{
+    if (ch < 0) return;
+    lg_buf b = ex_text_borrow(ex, EX_TEXT_C);
+    ex_release(ex, (lg_channel)ch, ex->at.ch[ch].held.len, &b);
+    put_text(ex, b.p, b.len);
+    ex_text_return(ex, EX_TEXT_C, &b);
+}
+
+static bool anything_held(const exchange *ex)
+{
+    for (int c = 0; c < LG_CH_COUNT; c++)
+        if (ex->at.ch[c].held.len) return true;
+    return false;
+}
+
+/* A synthesized event about the open item: {type, item_id, output_index, ...}. */
+static cJSON *item_event(const rsp_state *r, const char *type)
+{
+    cJSON *o = dl_json_must(cJSON_CreateObject());
+    cJSON_AddStringToObject(o, "type", type);
+    const char *id = str_at(r->open_item, "id");
+    cJSON_AddStringToObject(o, "item_id", id ? id : "");
+    cJSON_AddNumberToObject(o, "output_index", r->open);
+    return o;
+}
+
+/* Ends the client's open item where the client's text ends (a retry, or the withheld
+ * answer): its .done events with that text, status "incomplete". */
+static void close_open_item(exchange *ex)
+{
+    rsp_state *r = RS(ex);
+    if (r->open < 0) return;
+    lg_buf_append(&r->open_text, "", 0);
+    const char *text = r->open_text.p ? r->open_text.p : "";
+    cJSON *item = dl_json_must(cJSON_Duplicate(r->open_item, 1));
+    cJSON *o;
+    if (r->open_ch == LG_CH_TOOL_ARGS) {
+        o = item_event(r, "response.function_call_arguments.done");
+        cJSON_AddStringToObject(o, "arguments", text);
+        out_numbered(ex, "response.function_call_arguments.done", o);
+        dl_json_set(item, "arguments", cJSON_CreateString(text));
+    } else if (r->open_ch >= 0) {
+        bool reason = r->open_ch == LG_CH_REASONING;
+        const char *done = reason ? "response.reasoning_text.done" : "response.output_text.done";
+        const char *pdone = reason ? "response.reasoning_part.done" : "response.content_part.done";
+        o = item_event(r, done);
+        cJSON_AddNumberToObject(o, "content_index", 0);
+        cJSON_AddStringToObject(o, "text", text);
+        out_numbered(ex, done, o);
+        cJSON *part = dl_json_must(cJSON_CreateObject());
+        cJSON_AddStringToObject(part, "type", reason ? "reasoning_text" : "output_text");
+        cJSON_AddStringToObject(part, "text", text);
+        if (!reason) cJSON_AddItemToObject(part, "annotations", cJSON_CreateArray());
+        o = item_event(r, pdone);
+        cJSON_AddNumberToObject(o, "content_index", 0);
+        cJSON_AddItemToObject(o, "part", dl_json_must(cJSON_Duplicate(part, 1)));
+        out_numbered(ex, pdone, o);
+        cJSON *content = dl_json_must(cJSON_CreateArray());
+        cJSON_AddItemToArray(content, part);
+        dl_json_set(item, "content", content);
+    }
+    dl_json_set(item, "status", cJSON_CreateString("incomplete"));
+    o = dl_json_must(cJSON_CreateObject());
+    cJSON_AddStringToObject(o, "type", "response.output_item.done");
+    cJSON_AddNumberToObject(o, "output_index", r->open);
+    cJSON_AddItemToObject(o, "item", dl_json_must(cJSON_Duplicate(item, 1)));
+    out_numbered(ex, "response.output_item.done", o);
+    cJSON_AddItemToArray(r->items, item);
+    r->open = -1;
+}
+
+/* ---- upstream events --------------------------------------------------------------- */
+
+static int item_channel(const char *type)
+{
+    if (!type) return -1;
+    if (!strcmp(type, "reasoning")) return LG_CH_REASONING;
+    if (!strcmp(type, "message")) return LG_CH_CONTENT;
+    if (!strcmp(type, "function_call")) return LG_CH_TOOL_ARGS;
+    return -1;
+}
+
+static int delta_channel(const char *type)
+{
+    if (!strcmp(type, "response.output_text.delta")) return LG_CH_CONTENT;
+    if (!strcmp(type, "response.reasoning_text.delta") ||
+        !strcmp(type, "response.reasoning_summary_text.delta"))
+        return LG_CH_REASONING;
+    if (!strcmp(type, "response.function_call_arguments.delta")) return LG_CH_TOOL_ARGS;
+    return -1;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+static int on_delta(exchange *ex, const sse_event *ev, const cJSON *root, int ch)
+{
+    rsp_state *r = RS(ex);
+    const char *s = str_at(root, "delta");
+    size_t n = s ? strlen(s) : 0;
+    bool held_before = anything_held(ex);
+    cJSON_Delete(r->delta_tmpl);
+    r->delta_tmpl = dl_json_must(cJSON_Duplicate(root, 1));
+    if (ex_guard_text(ex, (lg_channel)ch, s, n)) return 1;
+    if (n) ex->at.tokens++;
+    size_t k = ex_releasable(ex, (lg_channel)ch);
+    const cJSON *sq = cJSON_GetObjectItemCaseSensitive(root, "sequence_number");
+    if (ex->req.client_stream && !held_before && k == ex->at.ch[ch].held.len && r->offset == 0 &&
+        cJSON_IsNumber(sq) && (long)sq->valuedouble == r->seq) {
+        ex_release(ex, (lg_channel)ch, k, NULL);
+        lg_buf_append(&r->open_text, s, n);
+        out_append(ex, ev->raw, ev->raw_len);
+        r->seq++;
+        return 0;
+    }
+    lg_buf b = ex_text_borrow(ex, EX_TEXT_C);
+    ex_release(ex, (lg_channel)ch, k, &b);
+    put_text(ex, b.p, b.len);
+    ex_text_return(ex, EX_TEXT_C, &b);
+    return 0;
+}
+
+/* The upstream failed (response.failed or an error event). */
+static void on_failed(exchange *ex, const sse_event *ev, const cJSON *root, const char *type)
+{
+    rsp_state *r = RS(ex);
+    metrics_upstream_error(ex->base.w->metrics, ex->replica, "protocol");
+    ex_set_outcome(ex, "upstream_error");
+    if (ex_streaming_started(ex)) {
+        for (int c = 0; c < LG_CH_COUNT; c++) flush_channel(ex, c);
+        out_event(ex, ev, root, type);
+        r->errored = true;
+        ex->at.saw_done = true;
+        return;
+    }
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(root, "response"), "error");
+    const char *msg = str_at(err ? err : root, "message");
+    ex_fail_whole(ex, 502, dl_error_json(msg ? msg : "upstream error", "upstream_error",
+                                         str_at(err ? err : root, "code"), 502));
+}
+
+static int rsp_on_event(exchange *ex, const sse_event *ev)
+{
+    rsp_state *r = RS(ex);
+    cJSON *root = cJSON_ParseWithLength(ev->data, ev->data_len);
+    const char *type = str_at(root, "type");
+    bool stream = ex->req.client_stream;
+    int rc = 0, ch;
+    if (!type) {
+        metrics_upstream_error(ex->base.w->metrics, ex->replica, "protocol");
+        ex_set_outcome(ex, "upstream_error");
+        ex_fail(ex, 502, "the upstream sent a malformed event", "upstream_error", "bad_upstream");
+        rc = 1;
+    } else if (!strcmp(type, "response.created") || !strcmp(type, "response.in_progress") ||
+               !strcmp(type, "response.queued")) {
+        if (!r->response) {
+            const cJSON *resp = cJSON_GetObjectItemCaseSensitive(root, "response");
+            r->response = dl_json_must(cJSON_IsObject(resp) ? cJSON_Duplicate(resp, 1)
+                                                            : cJSON_CreateObject());
+        }
+        if (stream && ex->attempt == 1) out_event(ex, ev, root, type);
+    } else if ((ch = delta_channel(type)) >= 0) {
+        rc = on_delta(ex, ev, root, ch);
+    } else if (!strcmp(type, "response.output_item.added")) {
+        const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, "item");
+        const cJSON *oi = cJSON_GetObjectItemCaseSensitive(root, "output_index");
+        r->up_ch = item_channel(str_at(item, "type"));
+        if (stream) {
+            out_event(ex, ev, root, type);
+            r->open = (cJSON_IsNumber(oi) ? oi->valueint : 0) + r->offset;
+            r->open_ch = r->up_ch;
+            cJSON_Delete(r->open_item);
+            r->open_item = dl_json_must(cJSON_Duplicate(item, 1));
+            lg_buf_reset(&r->open_text);
+            r->next = r->open + 1;
+        }
+    } else if (ends_with(type, ".done") && strcmp(type, "response.done") != 0) {
+        flush_channel(ex, r->up_ch); /* the item's text is complete */
+        if (stream) out_event(ex, ev, root, type);
+        if (!strcmp(type, "response.output_item.done")) {
+            const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, "item");
+            if (stream) cJSON_AddItemToArray(r->items, dl_json_must(cJSON_Duplicate(item, 1)));
+            r->open = r->up_ch = -1;
+        }
+    } else if (!strcmp(type, "response.completed") || !strcmp(type, "response.incomplete")) {
+        if (ex_end_checks(ex, !strcmp(type, "response.completed"))) {
+            rc = 1;
+        } else {
+            for (int c = 0; c < LG_CH_COUNT; c++) flush_channel(ex, c);
+            ex->at.finished_gen = ex->at.saw_done = true;
+            cJSON_Delete(r->end);
+            r->end = dl_json_must(cJSON_Duplicate(root, 1));
+            const cJSON *sq = cJSON_GetObjectItemCaseSensitive(root, "sequence_number");
+            lg_buf_reset(&r->end_raw);
+            if (r->offset == 0 && cJSON_IsNumber(sq) && (long)sq->valuedouble == r->seq)
+                lg_buf_append(&r->end_raw, ev->raw, ev->raw_len);
+        }
+    } else if (!strcmp(type, "response.failed") || !strcmp(type, "error")) {
+        on_failed(ex, ev, root, type);
+    } else if (stream) { /* parts added, and types this module does not know */
+        out_event(ex, ev, root, type);
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* ---- the module's hooks ------------------------------------------------------------- */
+
+static int rsp_parse(exchange *ex, const char *body, size_t len, rw_error *err)
+{
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    *err = (rw_error){.status = 400};
+    const cJSON *input = cJSON_GetObjectItemCaseSensitive(root, "input");
+    const cJSON *stream = cJSON_GetObjectItemCaseSensitive(root, "stream");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "temperature");
+    if (!cJSON_IsObject(root)) {
+        err->message = "the request body must be a JSON object";
+    } else if (!cJSON_IsString(input) && !cJSON_IsArray(input)) {
+        err->message = "input: a string or an array is required";
+        err->param = "input";
+    } else if (stream && !cJSON_IsBool(stream) && !cJSON_IsNull(stream)) {
+        err->message = "stream: a boolean is required";
+        err->param = "stream";
+    } else if (t && !cJSON_IsNumber(t) && !cJSON_IsNull(t)) {
+        err->message = "temperature: a number is required";
+        err->param = "temperature";
+    } else {
+        ex->req = (rw_request){.root = root,
+                               .client_stream = cJSON_IsTrue(stream),
+                               .model = str_at(root, "model"),
+                               .n = 1,
+                               .temperature = cJSON_IsNumber(t) ? t->valuedouble : 0,
+                               .has_temperature = cJSON_IsNumber(t),
+                               .enable_thinking = -1};
+        rsp_state *r = calloc(1, sizeof *r);
+        if (!r) abort();
+        r->open = r->open_ch = r->up_ch = -1;
+        r->items = dl_json_must(cJSON_CreateArray());
+        ex->api_state = r;
+        return 0;
+    }
+    cJSON_Delete(root);
+    return -1;
+}
+
+static char *rsp_build(exchange *ex, const rw_opts *o, rw_error *err)
+{
+    (void)err;
+    cJSON *body = dl_json_must(cJSON_Duplicate(ex->req.root, 1));
+    dl_json_set(body, "stream", cJSON_CreateTrue());
+    if (o->step && o->step->temperature_add != 0)
+        dl_json_set(body, "temperature",
+                    cJSON_CreateNumber(rw_step_temperature(&ex->req, o->step)));
+    return dl_json_print_free(body);
+}
+
+static cJSON *rsp_sampling(const exchange *ex, const rw_opts *o)
+{
+    cJSON *obj = dl_json_must(cJSON_CreateObject());
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(ex->req.root, "temperature");
+    if (cJSON_IsNumber(v)) dl_json_set(obj, "temperature", cJSON_CreateNumber(v->valuedouble));
+    v = cJSON_GetObjectItemCaseSensitive(ex->req.root, "top_p");
+    if (cJSON_IsNumber(v)) dl_json_set(obj, "top_p", cJSON_CreateNumber(v->valuedouble));
+    if (o->step && o->step->temperature_add != 0)
+        dl_json_set(obj, "temperature", cJSON_CreateNumber(rw_step_temperature(&ex->req, o->step)));
+    return obj;
+}
+
+/* input as a string, or the last user item's text (a string content or input_text part). */
+static cJSON *rsp_prompt(const exchange *ex, bool full)
+{
+    const cJSON *input = cJSON_GetObjectItemCaseSensitive(ex->req.root, "input");
+    if (full || cJSON_IsString(input)) return cJSON_Duplicate(input, 1);
+    const char *text = NULL;
+    for (const cJSON *m = cJSON_IsArray(input) ? input->child : NULL; m; m = m->next) {
+        const char *role = str_at(m, "role");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!role || strcmp(role, "user")) continue;
+        if (cJSON_IsString(content)) text = content->valuestring;
+        for (const cJSON *p = cJSON_IsArray(content) ? content->child : NULL; p; p = p->next)
+            if (str_at(p, "text")) text = str_at(p, "text");
+    }
+    return text ? cJSON_CreateString(text) : NULL;
+}
+
+static void rsp_attempt_begins(exchange *ex, bool restart)
+{
+    rsp_state *r = RS(ex);
+    (void)restart; /* a whole response is the last attempt's terminal event */
+    r->up_ch = -1;
+    cJSON_Delete(r->delta_tmpl);
+    r->delta_tmpl = NULL;
+    cJSON_Delete(r->end);
+    r->end = NULL;
+    if (ex->attempt > 1 && ex->req.client_stream) {
+        close_open_item(ex);
+        r->offset = r->next;
+    }
+}
+
+/* The final response for the client: the terminal event's (or response.created's) object,
+ * under the first attempt's id, with every item the client saw (streams) and, when every
+ * attempt looped, status incomplete for content_filter. */
+static cJSON *final_response(exchange *ex)
+{
+    rsp_state *r = RS(ex);
+    const cJSON *src = r->end && !r->withheld ? cJSON_GetObjectItemCaseSensitive(r->end, "response")
+                                              : r->response;
+    cJSON *resp = dl_json_must(src ? cJSON_Duplicate(src, 1) : cJSON_CreateObject());
+    const char *id = str_at(r->response, "id");
+    if (id) dl_json_set(resp, "id", cJSON_CreateString(id));
+    if (ex->req.client_stream && (ex->attempt > 1 || r->withheld))
+        dl_json_set(resp, "output", dl_json_must(cJSON_Duplicate(r->items, 1)));
+    if (r->withheld) {
+        dl_json_set(resp, "status", cJSON_CreateString("incomplete"));
+        cJSON *d = dl_json_must(cJSON_CreateObject());
+        cJSON_AddStringToObject(d, "reason", "content_filter");
+        dl_json_set(resp, "incomplete_details", d);
+        if (!ex->req.client_stream) { /* what was released of the last attempt */
+            cJSON *out = dl_json_must(cJSON_CreateArray());
+            const lg_buf *t = &ex->cl.sent[LG_CH_CONTENT];
+            if (t->len) {
+                char *s = strndup(t->p, t->len);
+                if (!s) abort();
+                cJSON *item = dl_json_must(cJSON_CreateObject());
+                cJSON_AddStringToObject(item, "type", "message");
+                cJSON_AddStringToObject(item, "role", "assistant");
+                cJSON_AddStringToObject(item, "status", "incomplete");
+                cJSON *c = dl_json_must(cJSON_AddArrayToObject(item, "content"));
+                cJSON *part = dl_json_must(cJSON_CreateObject());
+                cJSON_AddStringToObject(part, "type", "output_text");
+                cJSON_AddStringToObject(part, "text", s);
+                cJSON_AddItemToObject(part, "annotations", cJSON_CreateArray());
+                cJSON_AddItemToArray(c, part);
+                cJSON_AddItemToArray(out, item);
+                free(s);
+            }
+            dl_json_set(resp, "output", out);
+        }
+    }
+    return resp;
+}
+
+static void rsp_finish(exchange *ex)
+{
+    rsp_state *r = RS(ex);
+    if (!ex->req.client_stream) {
+        ex->cl.final_status = 200;
+        ex->cl.final_body = dl_json_print_free(final_response(ex));
+        return;
+    }
+    if (r->errored) {
+        ex_end_stream(ex, "", 0);
+        return;
+    }
+    if (!r->withheld && r->end_raw.len) { /* a clean first attempt: its own bytes */
+        ex_end_stream(ex, r->end_raw.p, r->end_raw.len);
+        return;
+    }
+    const char *type = r->withheld || !r->end ? "response.incomplete" : str_at(r->end, "type");
+    cJSON *e = dl_json_must(cJSON_CreateObject());
+    cJSON_AddStringToObject(e, "type", type);
+    cJSON_AddItemToObject(e, "response", final_response(ex));
+    dl_json_set(e, "sequence_number", cJSON_CreateNumber((double)r->seq++));
+    char *json = dl_json_print_free(e);
+    lg_buf b = LG_BUF_INIT;
+    lg_buf_printf(&b, "event: %s\ndata: %s\n\n", type, json);
+    free(json);
+    ex_end_stream(ex, b.p, b.len);
+    lg_buf_free(&b);
+}
+
+static void rsp_withheld(exchange *ex)
+{
+    RS(ex)->withheld = true;
+    if (ex->req.client_stream) close_open_item(ex);
+}
+
+static void rsp_stream_error(exchange *ex, int status, const char *message, const char *type,
+                             const char *code)
+{
+    (void)status, (void)type;
+    cJSON *o = dl_json_must(cJSON_CreateObject());
+    cJSON_AddStringToObject(o, "type", "error");
+    if (code)
+        cJSON_AddStringToObject(o, "code", code);
+    else
+        cJSON_AddNullToObject(o, "code");
+    cJSON_AddStringToObject(o, "message", message ? message : "");
+    cJSON_AddNullToObject(o, "param");
+    out_numbered(ex, "error", o);
+    RS(ex)->errored = true;
+    ex_end_stream(ex, "", 0);
+}
+
+static char *rsp_error_body(int status, const char *message, const char *type, const char *code)
+{
+    return dl_error_json(message, type, code, status);
+}
+
+static void rsp_destroy(exchange *ex)
+{
+    rsp_state *r = RS(ex);
+    if (!r) return;
+    cJSON_Delete(r->open_item);
+    cJSON_Delete(r->delta_tmpl);
+    cJSON_Delete(r->response);
+    cJSON_Delete(r->items);
+    cJSON_Delete(r->end);
+    lg_buf_free(&r->open_text);
+    lg_buf_free(&r->end_raw);
+    free(r);
+    ex->api_state = NULL;
+}
+
+const lg_api api_responses = {
+    .route = "/v1/responses",
+    .upstream_path = "/v1/responses",
+    .endpoint = LG_EP_RESPONSES,
+    .templated = true,
+    .parse = rsp_parse,
+    .build = rsp_build,
+    .sampling = rsp_sampling,
+    .prompt = rsp_prompt,
+    .attempt_begins = rsp_attempt_begins,
+    .on_event = rsp_on_event,
+    .finish = rsp_finish,
+    .withheld = rsp_withheld,
+    .stream_error = rsp_stream_error,
+    .error_body = rsp_error_body,
+    .destroy = rsp_destroy,
+};

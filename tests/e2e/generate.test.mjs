@@ -1,0 +1,194 @@
+// End-to-end tests of the guarded SGLang /generate route, through the real loopguard binary
+// and the fake upstream's /generate, once streaming the text so far (SGLang's default) and
+// once streaming new text only (--incremental-streaming-output). Each case checks what the
+// client received (events in the upstream's own mode, no loop text, the last one with
+// meta_info.finish_reason), what reached the upstream (the retry's sampling_params, the
+// abort by rid) and the incident (route, rid).
+import { test, describe, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { startFake, startLoopguard, request, streamUntil, sse, incidents, metrics, metricValue, waitFor, SCENARIOS, DEADLINE } from './lib.mjs';
+
+const MODEL = '/root/models/Qwen3.6-27B';
+const PROMPT = 'Write a Python function that checks if a number is prime. Be concise.';
+// The scenarios match on temperature 0.6 at the top level (chat); /generate carries it in
+// sampling_params, so the loop responses are re-keyed here.
+const body = (extra = {}) => ({ text: PROMPT, sampling_params: { temperature: 0.6, max_new_tokens: 2000 }, ...extra });
+const scenario = (name, pace = 10) => {
+    const s = JSON.parse(fs.readFileSync(path.join(SCENARIOS, name), 'utf8'));
+    for (const r of s.responses) if (r.match?.fields) r.match = { ...r.match, fields: { 'sampling_params.temperature': 0.6 } };
+    return { ...s, pace_ms: pace };
+};
+const CLEAN = { model: MODEL, responses: [{ content: ['The answer is forty two, ', 'as everyone knows.\n', 'Ask again tomorrow.'] }] };
+const post = (url, b) => request(url + '/generate', { method: 'POST', body: b });
+
+// The client's view of a stream in the given mode: the text, the events, the last meta_info.
+function readStream(text, incremental) {
+    const data = sse(text).map((e) => e.data);
+    assert.equal(data.at(-1), '[DONE]', 'the stream ends with [DONE]');
+    const events = data.slice(0, -1).map((d) => JSON.parse(d));
+    let all = '';
+    for (const e of events) {
+        assert.equal(typeof e.text, 'string');
+        if (incremental) {
+            all += e.text;
+        } else {
+            assert.ok(e.text.startsWith(all), 'each event carries the text so far');
+            all = e.text;
+        }
+    }
+    const ids = new Set(events.map((e) => e.meta_info.id));
+    assert.equal(ids.size, 1, 'one meta_info.id throughout');
+    events.slice(0, -1).forEach((e) => assert.equal(e.meta_info.finish_reason, null));
+    return { text: all, last: events.at(-1).meta_info, events };
+}
+
+for (const incremental of [false, true]) {
+    describe(`/generate, ${incremental ? 'incremental' : 'cumulative'} streaming`, DEADLINE, () => {
+        let fake, lg;
+        before(async () => {
+            fake = await startFake({ kind: 'sglang', scenario: CLEAN, args: incremental ? ['--incremental-streaming-output'] : [] });
+            lg = await startLoopguard({ upstream: fake.url, kind: 'sglang' });
+        });
+        after(async () => {
+            await lg?.stop();
+            await fake?.stop();
+        });
+
+        test('a clean stream reaches the client byte for byte', async () => {
+            await fake.setScenario(CLEAN);
+            const via = await post(lg.url, body({ stream: true }));
+            assert.equal(via.status, 200);
+            const sent = (await fake.requests('/generate')).at(-1).body;
+            assert.equal(sent.stream, true);
+            assert.match(sent.rid, /^[0-9a-f]{32}$/, 'loopguard gave the attempt a rid');
+            const direct = await post(fake.url, sent);
+            const norm = (t) => t.replace(/"e2e_latency":[0-9.e-]+/g, '"e2e_latency":0');
+            assert.equal(norm(via.text), norm(direct.text));
+            const m = readStream(via.text, incremental);
+            assert.equal(m.text, 'The answer is forty two, as everyone knows.\nAsk again tomorrow.');
+            assert.equal(m.last.finish_reason.type, 'stop');
+        });
+
+        test('a clean whole answer is the upstream answer', async () => {
+            await fake.setScenario(CLEAN);
+            const r = await post(lg.url, body());
+            assert.equal(r.status, 200, r.text);
+            const j = r.json();
+            assert.equal(j.text, 'The answer is forty two, as everyone knows.\nAsk again tomorrow.');
+            assert.equal(j.meta_info.finish_reason.type, 'stop');
+            assert.equal(j.output_ids.length, j.meta_info.completion_tokens, 'every output id');
+        });
+
+        const loops = [
+            ['seed loop (reasoning in the text)', 'seed_lambda.json', /(lambda ){6}/],
+            ['content loop', 'content_loop.json', /(The function returns True if the number is prime\. ){3}/],
+        ];
+        for (const [name, file, loop] of loops) {
+            for (const stream of [true, false]) {
+                test(`${name}, ${stream ? 'streaming' : 'whole'}: cut at the server, retried, clean answer`, async () => {
+                    await fake.setScenario(scenario(file));
+                    await fake.reset();
+                    const seen = (await incidents(lg.url)).length;
+                    const r = await post(lg.url, body({ stream }));
+                    assert.equal(r.status, 200, r.text);
+                    let text, meta;
+                    if (stream) {
+                        ({ text, last: meta } = readStream(r.text, incremental));
+                        assert.match(r.text, /: X-Loopguard-Trips: 1/);
+                    } else {
+                        ({ text, meta_info: meta } = r.json());
+                        assert.equal(r.headers['x-loopguard-trips'], '1');
+                    }
+                    assert.match(text, /def is_prime/);
+                    assert.doesNotMatch(text, loop, 'the loop never reaches the client');
+                    assert.equal(meta.finish_reason.type, 'stop');
+                    const reqs = await fake.requests('/generate');
+                    assert.equal(reqs.length, 2);
+                    assert.notEqual(reqs[1].body.sampling_params.temperature, 0.6, 'the retry changed the temperature');
+                    assert.notEqual(reqs[1].body.rid, reqs[0].body.rid, 'each attempt has its own rid');
+                    const abort = await fake.waitRecord((x) => x.kind === 'abort');
+                    assert.equal(abort.rid, reqs[0].body.rid, 'the looping attempt was aborted by its rid');
+                    const inc = await waitFor(async () => (await incidents(lg.url)).slice(seen).at(-1));
+                    assert.equal(inc.endpoint, '/generate');
+                    assert.equal(inc.attempts[0].rid, reqs[0].body.rid);
+                    assert.equal(inc.outcome, 'recovered');
+                });
+            }
+        }
+
+        for (const stream of [true, false]) {
+            test(`always looping, ${stream ? 'streaming' : 'whole'}: finish_reason abort, as SGLang reports one`, async () => {
+                await fake.setScenario(scenario('always_loop.json'));
+                const r = await post(lg.url, body({ stream }));
+                assert.equal(r.status, 200);
+                const meta = stream ? readStream(r.text, incremental).last : r.json().meta_info;
+                assert.equal(meta.finish_reason.type, 'abort');
+                assert.match(meta.finish_reason.message, /loop/);
+                assert.equal(r.headers['x-loopguard-attempts'] ?? r.text.match(/X-Loopguard-Attempts: (\d+)/)[1], '3');
+                const inc = (await incidents(lg.url)).at(-1);
+                assert.equal(inc.outcome, 'failed');
+                assert.equal(inc.attempts.length, 3);
+            });
+        }
+
+        test('a client that hangs up ends the generation upstream, by rid', async () => {
+            await fake.setScenario({ model: MODEL, pace_ms: 20, responses: [{ content: [{ varied: -1 }] }] });
+            await fake.reset();
+            const r = await streamUntil(lg.url + '/generate', body({ stream: true }), { until: (t) => (t.match(/data: /g) || []).length >= 3 });
+            assert.equal(r.status, 200);
+            const g = await fake.waitRecord((x) => x.kind === 'generation');
+            assert.ok(g.client_gone || g.aborted, 'the generation stopped');
+            const rid = (await fake.requests('/generate'))[0].body.rid;
+            await fake.waitRecord((x) => x.kind === 'abort' && x.rid === rid);
+        });
+
+        for (const stream of [true, false]) {
+            test(`an upstream error event becomes a well-formed error, ${stream ? 'streaming' : 'whole'}`, async () => {
+                await fake.setScenario({ model: MODEL, responses: [{ content: ['some words here '], fault: { kind: 'error_event', at_token: 2, message: 'boom' } }] });
+                const r = await post(lg.url, body({ stream }));
+                if (stream) {
+                    const data = sse(r.text).map((e) => e.data);
+                    assert.equal(data.at(-1), '[DONE]');
+                    assert.equal(JSON.parse(data.at(-2)).error.message, 'boom');
+                } else {
+                    assert.ok(r.status >= 400, r.text);
+                    assert.equal(r.json().error.message, 'boom');
+                }
+            });
+            test(`a stream cut mid-event becomes a well-formed error, ${stream ? 'streaming' : 'whole'}`, async () => {
+                await fake.setScenario({ model: MODEL, responses: [{ content: ['some words here '], fault: { kind: 'truncated_chunked', at_token: 2 } }] });
+                const r = await post(lg.url, body({ stream }));
+                if (stream) {
+                    const data = sse(r.text).map((e) => e.data);
+                    assert.equal(JSON.parse(data.at(-2)).error.code, 'upstream_truncated');
+                } else {
+                    assert.equal(r.status, 502);
+                    assert.equal(r.json().error.code, 'upstream_truncated');
+                }
+            });
+        }
+
+        test('a batch (a list of prompts) is relayed untouched', async () => {
+            await fake.setScenario(CLEAN);
+            const b = { text: [PROMPT, 'another'], sampling_params: { temperature: 0.6 } };
+            const via = await post(lg.url, b);
+            const sent = (await fake.requests('/generate')).at(-1).body;
+            assert.deepEqual(sent, b, 'the body as the client sent it');
+            const direct = await post(fake.url, b);
+            const norm = (t) => t.replace(/"e2e_latency":[0-9.e-]+/g, '"e2e_latency":0').replace(/"id":"[0-9a-f]+"/g, '"id":"X"');
+            assert.equal(via.status, direct.status);
+            assert.equal(norm(via.text), norm(direct.text));
+        });
+
+        test('a request without text or input_ids gets a 400; metrics count the route', async () => {
+            const r = await post(lg.url, { sampling_params: {} });
+            assert.equal(r.status, 400);
+            assert.match(r.json().error.message, /text or input_ids/);
+            const m = await metrics(lg.url);
+            assert.ok(metricValue(m, 'loopguard_requests_total', { endpoint: 'generate', code: '200' }) > 0);
+            assert.ok(metricValue(m, 'loopguard_requests_total', { endpoint: 'generate', code: '400' }) >= 1);
+        });
+    });
+}
