@@ -81,7 +81,8 @@ deps:
 # fails are installed: a machine whose Node.js came from elsewhere (NodeSource's nodejs
 # bundles npm and conflicts with Debian's npm) keeps it.
 TEST_TOOLS := nginx:nginx-light wrk:wrk node:nodejs npm:npm clang:clang curl:curl \
-              python3:python3 valgrind:valgrind clang-format:clang-format
+              python3:python3 valgrind:valgrind clang-format:clang-format \
+              chromium:chromium promtool:prometheus
 # The fuzzer and TSan runtimes ship with clang's version-numbered libclang-rt-N-dev.
 CLANG_MAJOR = $(shell clang -dumpversion 2>/dev/null | cut -d. -f1)
 FUZZ_RT     = $(shell clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null)
@@ -105,9 +106,13 @@ setup:
 	  echo "setup: installing Debian packages:$$missing"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null || exit 1; \
 	done
-	@[ -d tests/client/node_modules/openai ] && [ -d tests/client/node_modules/@dwmkerr/mock-llm ] || \
+	@[ -d tests/client/node_modules/openai ] && [ -d tests/client/node_modules/@dwmkerr/mock-llm ] && \
+	   [ -d tests/client/node_modules/@anthropic-ai/sdk ] || \
 	  { echo "setup: installing the npm test clients (npm ci in tests/client)"; \
 	    cd tests/client && npm ci --no-audit --no-fund --loglevel=error; }
+	@[ -d tests/browser/node_modules/puppeteer-core ] || \
+	  { echo "setup: installing puppeteer-core for the status page test (npm ci in tests/browser)"; \
+	    cd tests/browser && npm ci --no-audit --no-fund --loglevel=error; }
 
 # Like deps, for the test tools: names what is missing and stops.
 test-deps: deps
@@ -117,6 +122,9 @@ test-deps: deps
 $(BUILD)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
+
+# The status page's HTML is assembled into this object (.incbin), out of the compiler's sight.
+$(BUILD)/obj/proxy/status_page.o build/fuzz/obj/proxy/status_page.o: proxy/status_page.html
 
 $(BUILD)/libloopguard.a: $(LIB_OBJ)
 	@rm -f $@
@@ -135,8 +143,11 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(BUILD)/libloopguard.a | test-dep
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcmocka
 
-# One pass of every suite on one build; tests/run.sh prints the summary line.
-check: all $(UNIT_BIN)
+# One pass of every suite on one build; tests/run.sh prints the summary line. With
+# FORMAT_CHECK=1 it first checks the C files' formatting (off until the tree has been
+# formatted once with `make format`).
+FORMAT_CHECK ?= 0
+check: all $(UNIT_BIN) $(if $(filter 1,$(FORMAT_CHECK)),format-check)
 	@BUILD=$(BUILD) tests/run.sh
 
 # Every test: plain, under ASan+UBSan, the threaded suites under ThreadSanitizer, the guarded
@@ -218,9 +229,12 @@ install: deps $(BUILD)/loopguard
 format:
 	clang-format -i $(C_FILES)
 
-# Fails, naming the files, when a C file differs from what `make format` would write.
+# Fails, naming the places, when a C file differs from what `make format` would write
+# (.clang-format; clang-format 14 as Debian 12 ships it).
 format-check: test-deps
-	@clang-format --dry-run --Werror $(C_FILES)
+	@out=$$(clang-format --dry-run --Werror $(C_FILES) 2>&1); st=$$?; \
+	printf '%s\n' "$$out" | sed -n 's/: error: .*/: not formatted (make format)/p'; \
+	[ $$st = 0 ] && echo "format-check: OK"
 
 clean:
 	rm -rf build

@@ -69,8 +69,7 @@ static void errs_add(errlist *e, const char *prefix, const char *msg)
     for (const char *line = msg;;) {
         size_t n = strcspn(line, "\n");
         size_t need = e->len + (prefix ? strlen(prefix) + 2 : 0) + n + 2;
-        char *t = realloc(e->text, need);
-        if (!t) abort();
+        char *t = lg_xrealloc(e->text, need);
         e->text = t;
         e->len += (size_t)snprintf(t + e->len, need - e->len, "%s%s%s%.*s", e->n ? "\n" : "",
                                    prefix ? prefix : "", prefix ? ": " : "", (int)n, line);
@@ -873,6 +872,8 @@ static const key_spec config_keys[] = {
     C_UINT("eject.min_requests", eject.min_requests, 1, 1000000),
     C_UINT("eject.window_s", eject.window_s, 1, 86400),
     C_UINT("eject.backoff_ms", eject.backoff_ms, 100, MS_DAY),
+    C_OBJ("log"),
+    C_STR("log.access", log.access, true, check_nonempty),
     {0},
 };
 
@@ -1266,6 +1267,7 @@ void config_free(lg_config *cfg)
     free(cfg->incidents.path);
     free(cfg->admin.listen);
     free(cfg->admin.token);
+    free(cfg->log.access);
     free_strv(cfg->api_keys, cfg->n_api_keys);
     free(cfg->health.path);
     free(cfg);

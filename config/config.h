@@ -153,6 +153,10 @@ typedef struct lg_config {
         unsigned window_s;
         unsigned backoff_ms;
     } eject;
+
+    struct {
+        char *access; /* NULL or "off": no access log; "stderr"; else a file path */
+    } log;
 } lg_config;
 
 /* Returns a config holding the built-in defaults; never NULL (aborts on OOM). */

@@ -11,8 +11,9 @@
 #    missing, installs the Makefile's APT_BUILD list with apt-get if we are root, else
 #    prints the apt-get line and fails. The list is read from the Makefile so the two
 #    cannot drift apart.
-# 2. `make all` into --build-dir (default build), then `make install` with PREFIX and
-#    DESTDIR (the binary, the example config, the man page, the systemd unit example).
+# 2. The loopguard binary alone into --build-dir (default build; no test or bench tool),
+#    then `make install` with PREFIX and DESTDIR (the binary, the example config, the man
+#    page, the systemd unit example).
 # 3. --strip strips the installed binary (the image does; the build dir keeps symbols).
 # 4. --deps-out FILE writes the Debian packages the installed binary's shared libraries
 #    come from, one per line (ldd + dpkg -S): the runtime stage installs exactly those.
@@ -45,7 +46,7 @@ apt_build=$(awk '/^APT_BUILD[ \t]*:?=/ { on = 1; sub(/^APT_BUILD[ \t]*:?=[ \t]*/
 
 have_deps() {
     command -v make >/dev/null && command -v cc >/dev/null && command -v pkg-config >/dev/null &&
-        pkg-config --exists libmicrohttpd libcurl libcjson libpcre2-8 cmocka
+        pkg-config --exists libmicrohttpd libcurl libcjson libpcre2-8
 }
 if [ "$want_deps" = 1 ] && ! have_deps; then
     if [ "$(id -u)" = 0 ]; then
@@ -59,7 +60,7 @@ if [ "$want_deps" = 1 ] && ! have_deps; then
     fi
 fi
 
-make -j"$jobs" BUILD="$build_dir" all
+make -j"$jobs" BUILD="$build_dir" "$build_dir/loopguard"
 make BUILD="$build_dir" PREFIX="$prefix" DESTDIR="$destdir" install
 
 bin=$destdir$prefix/bin/loopguard

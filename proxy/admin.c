@@ -7,8 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "proxy/http.h"
+#include "proxy/series.h"
+#include "proxy/status_page.h"
 #include "proxy/upstream.h"
 #include "proxy/xalloc.h"
 
@@ -46,8 +49,28 @@ static char *extra_metrics(lg_server *srv)
     char *pool = pool_metrics_text(srv->pool);
     fputs(pool, f);
     free(pool);
+    char *models = series_metrics_text(srv->series);
+    fputs(models, f);
+    free(models);
     fclose(f);
     return buf;
+}
+
+/* The status page: static HTML (status_page.h) that only talks to this listener. */
+static enum MHD_Result status_page(struct MHD_Connection *conn)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        strlen(lg_status_page_html), (void *)lg_status_page_html, MHD_RESPMEM_PERSISTENT);
+    if (!resp) lg_oom(0);
+    MHD_add_response_header(resp, "Content-Type", "text/html; charset=utf-8");
+    MHD_add_response_header(resp, "Content-Security-Policy",
+                            "default-src 'none'; script-src 'unsafe-inline'; "
+                            "style-src 'unsafe-inline'; connect-src 'self'; img-src data:; "
+                            "frame-ancestors 'none'");
+    MHD_add_response_header(resp, "Cache-Control", "no-store");
+    enum MHD_Result rc = MHD_queue_response(conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rc;
 }
 
 /* Answers one admin request; returns the status it answered with (for the count). */
@@ -58,9 +81,11 @@ static int admin_answer(lg_worker *w, struct MHD_Connection *conn, const char *u
     char *body = NULL;
     int status = 200;
 
-    /* Health stays open: probes and load balancers rarely carry a token. */
+    /* Health stays open: probes and load balancers rarely carry a token. So does the status
+     * page, which holds no data: it asks for the token and sends it on every fetch. */
     bool health = strcmp(url, "/loopguard/health") == 0;
-    if (!health && !admin_authorized(srv->cfg, conn)) {
+    bool page = strcmp(url, "/loopguard/") == 0 || strcmp(url, "/loopguard") == 0;
+    if (!health && !page && !admin_authorized(srv->cfg, conn)) {
         *rc = http_respond_error(conn, 401, "admin token required", "authentication_error",
                                  "invalid_admin_token");
         return 401;
@@ -76,11 +101,13 @@ static int admin_answer(lg_worker *w, struct MHD_Connection *conn, const char *u
         *rc = http_respond_json(conn, status,
                                 draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}");
     } else if (strcmp(url, "/loopguard/metrics") == 0) {
-        lg_metrics **ms = lg_xcalloc(srv->n_workers, sizeof *ms);
+        /* The workers' counters and the admin listener's (its own answers). */
+        size_t n = srv->n_workers + (srv->admin != NULL);
+        lg_metrics **ms = lg_xcalloc(n, sizeof *ms);
         for (size_t i = 0; i < srv->n_workers; i++) ms[i] = srv->workers[i]->metrics;
+        if (srv->admin) ms[srv->n_workers] = srv->admin->metrics;
         char *extra = extra_metrics(srv);
-        body = metrics_render(ms, srv->n_workers, pool_names(srv->pool), pool_size(srv->pool),
-                              extra);
+        body = metrics_render(ms, n, pool_names(srv->pool), pool_size(srv->pool), extra);
         free(extra);
         free(ms);
         *rc = http_respond_text(conn, 200, "text/plain; version=0.0.4; charset=utf-8", body);
@@ -90,6 +117,11 @@ static int admin_answer(lg_worker *w, struct MHD_Connection *conn, const char *u
     } else if (strcmp(url, "/loopguard/upstreams") == 0) {
         body = pool_json(srv->pool);
         *rc = http_respond_json(conn, 200, body);
+    } else if (strcmp(url, "/loopguard/series") == 0) {
+        body = series_json(srv->series, (uint64_t)time(NULL));
+        *rc = http_respond_json(conn, 200, body);
+    } else if (page) {
+        *rc = status_page(conn);
     } else {
         status = 404;
         *rc = http_respond_error(conn, 404, "no such loopguard endpoint",

@@ -16,7 +16,8 @@
  * events (the text the client has, status "incomplete") and numbers its items after the
  * client's last (output_index + offset); the final response's output lists every item the
  * client saw, under the first attempt's response id. While nothing was held or renumbered,
- * events go out as the upstream's own bytes.
+ * events go out as the upstream's own bytes — except vLLM's reasoning_part events, renamed
+ * to OpenAI's content_part events (openai_name).
  *
  * Retry sampling: temperature (both servers' ResponsesRequest take it; SGLang's has no rid
  * field, vLLM's request_id is no abort handle), so the cut is the closed connection.
@@ -79,7 +80,9 @@ static void out_event(exchange *ex, const sse_event *ev, const cJSON *root, cons
 {
     rsp_state *r = RS(ex);
     const cJSON *sq = cJSON_GetObjectItemCaseSensitive(root, "sequence_number");
-    if (r->offset == 0 && cJSON_IsNumber(sq) && (long)sq->valuedouble == r->seq) {
+    bool renamed = ev->event_len && (ev->event_len != strlen(type) ||
+                                     memcmp(ev->event, type, ev->event_len) != 0);
+    if (r->offset == 0 && !renamed && cJSON_IsNumber(sq) && (long)sq->valuedouble == r->seq) {
         out_append(ex, ev->raw, ev->raw_len);
         r->seq++;
         return;
@@ -154,7 +157,7 @@ static void close_open_item(exchange *ex)
     } else if (r->open_ch >= 0) {
         bool reason = r->open_ch == LG_CH_REASONING;
         const char *done = reason ? "response.reasoning_text.done" : "response.output_text.done";
-        const char *pdone = reason ? "response.reasoning_part.done" : "response.content_part.done";
+        const char *pdone = "response.content_part.done"; /* OpenAI's name, see openai_name */
         o = item_event(r, done);
         cJSON_AddNumberToObject(o, "content_index", 0);
         cJSON_AddStringToObject(o, "text", text);
@@ -255,11 +258,26 @@ static void on_failed(exchange *ex, const sse_event *ev, const cJSON *root, cons
                                          str_at(err ? err : root, "code"), 502));
 }
 
+/* vLLM names the part of a reasoning item response.reasoning_part.added / .done, which the
+ * official SDKs do not know (openai-node's stream accumulator throws on them; openai-python
+ * issue 2634): the client gets OpenAI's own names, response.content_part.added / .done,
+ * whose part may be a reasoning_text. */
+static const char *openai_name(cJSON *root, const char *type)
+{
+    const char *to = !strcmp(type, "response.reasoning_part.added")  ? "response.content_part.added"
+                     : !strcmp(type, "response.reasoning_part.done") ? "response.content_part.done"
+                                                                     : NULL;
+    if (!to) return type;
+    dl_json_set(root, "type", cJSON_CreateString(to));
+    return to;
+}
+
 static int rsp_on_event(exchange *ex, const sse_event *ev)
 {
     rsp_state *r = RS(ex);
     cJSON *root = cJSON_ParseWithLength(ev->data, ev->data_len);
     const char *type = str_at(root, "type");
+    if (type) type = openai_name(root, type);
     bool stream = ex->req.client_stream;
     int rc = 0, ch;
     if (!type) {

@@ -21,7 +21,10 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "proxy/accesslog.h"
 #include "proxy/exchange_int.h"
+#include "proxy/exchange_plan.h"
+#include "proxy/upfail.h"
 
 /* libmicrohttpd reads a chunked (HTTP/1.1) stream straight into the connection's write
  * buffer, which lives in its per-connection pool (max_header_bytes); the response's own
@@ -275,6 +278,7 @@ static void after_trip(exchange *ex)
     ex->rec.trips++;
     metrics_trip(w->metrics, ex->replica, ex->at.verdict_detector, (int)v->channel);
     metrics_aborted_tokens(w->metrics, ex->at.tokens);
+    ex->rec.cut_tokens += ex->at.tokens;
     if (pool_report_generation(w->srv->pool, ex->replica, true))
         metrics_ejection(w->metrics, ex->replica);
     if (!ex->rec.excerpt) {
@@ -302,6 +306,14 @@ static void attempt_failed(exchange *ex, CURLcode rc)
 {
     lg_worker *w = ex->base.w;
     size_t replica = ex->replica;
+    /* The cause, for the log now and for the client's message below. */
+    char why[400];
+    if (ex->at.head.complete && ex->at.head.status != 200 && !ex->at.timed_out)
+        upf_report_status(pool_base(w->srv->pool, replica), ex->at.head.status);
+    else
+        upf_report(why, sizeof why, pool_base(w->srv->pool, replica),
+                   &(upf_state){rc, ex->xfer.os_errno, ex->at.timed_out, ex->at.connected,
+                                ex->at.first_byte, ex->at.not_sse});
     if (!ex->at.head.complete && rc != CURLE_OK && rc != CURLE_FAILED_INIT && !ex->at.timed_out &&
         ex->connect_retries + 1 < pool_size(w->srv->pool)) {
         /* The replica never answered: the client must not see a 502 while another one
@@ -334,8 +346,7 @@ static void attempt_failed(exchange *ex, CURLcode rc)
     }
     if (ex->at.not_sse) {
         metrics_upstream_error(w->metrics, replica, "protocol");
-        ex_fail(ex, 502, "the upstream did not answer with an event stream", "upstream_error",
-                "bad_upstream");
+        ex_fail(ex, 502, why, "upstream_error", "bad_upstream");
         return;
     }
     bool timeout = ex->at.timed_out || rc == CURLE_OPERATION_TIMEDOUT;
@@ -346,11 +357,11 @@ static void attempt_failed(exchange *ex, CURLcode rc)
                                                 : "reset");
     pool_report_health(w->srv->pool, replica, false);
     if (timeout)
-        ex_fail(ex, 504, "upstream timed out", "upstream_error", "upstream_timeout");
+        ex_fail(ex, 504, why, "upstream_error", "upstream_timeout");
     else if (!ex->at.head.complete)
-        ex_fail(ex, 502, "upstream unreachable", "upstream_error", "upstream_unreachable");
+        ex_fail(ex, 502, why, "upstream_error", "upstream_unreachable");
     else
-        ex_fail(ex, 502, "upstream stream ended early", "upstream_error", "upstream_truncated");
+        ex_fail(ex, 502, why, "upstream_error", "upstream_truncated");
 }
 
 /* The attempt's transfer ended (completed, failed, or failed on purpose after a trip). */
@@ -465,9 +476,7 @@ static void start_attempt(exchange *ex)
     bool has_prefix = ex->cl.sent[LG_CH_REASONING].len || ex->cl.sent[LG_CH_CONTENT].len;
 
     metrics_attempt(w->metrics, k);
-    size_t avoid = ex->avoid_replica || (k > 1 && cfg->retry.elsewhere == LG_ELSEWHERE_AUTO)
-                       ? ex->replica
-                       : SIZE_MAX;
+    size_t avoid = ex->avoid_replica || ex_plan_elsewhere(cfg, k) ? ex->replica : SIZE_MAX;
     ex->avoid_replica = false;
     ex->replica = pool_acquire(pool, avoid);
     metrics_upstream_request(w->metrics, ex->replica);
@@ -478,28 +487,27 @@ static void start_attempt(exchange *ex)
     rw_opts o = {.upstream_kind = (int)kind,
                  .rid = kind == LG_UPSTREAM_SGLANG && ex->at.rid[0] ? ex->at.rid : NULL,
                  .history = (int)cfg->reasoning.history};
-    if (k > 1 && cfg->retry.n_ladder) {
-        size_t i = k - 2 < cfg->retry.n_ladder ? k - 2 : cfg->retry.n_ladder - 1;
-        o.step = &cfg->retry.ladder[i];
-        o.seed = (unsigned)(next_random() & 0x7fffffff);
-    }
+    ex_plan_in pin = {.attempt = k,
+                      .has_prefix = has_prefix,
+                      .client_stream = ex->req.client_stream,
+                      .upstream_kind = (int)kind,
+                      .api_can_continue = ex->api->can_continue,
+                      .prompt_continuable = ex->req.chat || ex->req.prompt_is_string,
+                      .guard_on = ex->guard_on};
+    ex_plan plan = ex_plan_attempt(cfg, &pin);
+    o.step = plan.step;
+    if (plan.step) o.seed = (unsigned)(next_random() & 0x7fffffff);
     lg_buf prefix = LG_BUF_INIT;
-    /* auto: continue only what a streaming client has already seen; a whole response
-     * has shown nothing yet, so it restarts cleanly. */
-    bool cont = k > 1 && has_prefix && kind != LG_UPSTREAM_OPENAI && ex->api->can_continue &&
-                (ex->req.chat || ex->req.prompt_is_string) &&
-                (cfg->retry.mode == LG_RETRY_CONTINUE ||
-                 (cfg->retry.mode == LG_RETRY_AUTO && ex->req.client_stream));
+    bool cont = plan.cont;
     if (cont) {
         continuation_text(ex, &prefix);
         o.continue_text = prefix.p;
         o.continue_len = prefix.len;
     }
     /* A whole response restarts from scratch: the client has seen nothing. */
-    bool restart = k > 1 && !cont && !ex->req.client_stream;
-    if (restart)
+    if (plan.restart)
         for (int c = 0; c < LG_CH_COUNT; c++) lg_buf_reset(&ex->cl.sent[c]);
-    ex->api->attempt_begins(ex, restart);
+    ex->api->attempt_begins(ex, plan.restart);
     rw_error err = {0};
     ex->at.up_body = ex->api->build(ex, &o, &err);
     if (!ex->at.up_body && cont) { /* this upstream cannot continue: restart instead */
@@ -515,8 +523,7 @@ static void start_attempt(exchange *ex)
     ex->at.sampling = ex->api->sampling(ex, &o);
     lg_buf_free(&prefix);
 
-    ex->at.guarded = ex->guard_on && !(k > 1 && k == cfg->retry.max_attempts &&
-                                            cfg->retry.on_exhausted == LG_EXHAUSTED_PASS_THROUGH);
+    ex->at.guarded = plan.guarded;
     ex->at.sse = sse_parser_new(SSE_DEFAULT_MAX_EVENT, ex_on_event, ex);
     if (cont && ex->think_inline && ex->cl.sent[LG_CH_CONTENT].len == 0)
         ex->at.think = think_new(true);
@@ -778,6 +785,7 @@ static void ex_destroy(lg_req *base)
 {
     exchange *ex = (exchange *)base;
     write_incident(ex);
+    accesslog_exchange(ex);
     attempt_reset(ex);
     if (ex->cl.counted_stream) metrics_streams(ex->base.w->metrics, -1);
     for (int c = 0; c < LG_CH_COUNT; c++) lg_buf_free(&ex->cl.sent[c]);

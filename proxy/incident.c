@@ -182,6 +182,14 @@ static bool backoff_over(const struct timespec *at)
  * line. Read access is only wanted for that check. Returns the fd or -1 (errno set). */
 static int open_log(const char *path, bool *torn)
 {
+    /* The process's own stdout or stderr, duplicated: open(2) on /dev/std* fails where they
+     * are sockets (journald, a container runtime's or node's pipes), and a line written to
+     * them is never torn by this process. */
+    bool out = !strcmp(path, "/dev/stdout"), err = !strcmp(path, "/dev/stderr");
+    if (out || err) {
+        *torn = false;
+        return fcntl(out ? STDOUT_FILENO : STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+    }
     const int flags = O_APPEND | O_CREAT | O_CLOEXEC;
     int fd = open(path, O_RDWR | flags, 0640);
     if (fd < 0 && errno == EACCES) fd = open(path, O_WRONLY | flags, 0640);

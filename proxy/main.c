@@ -25,8 +25,10 @@
 #include <microhttpd.h>
 
 #include "config/config.h"
+#include "proxy/accesslog.h"
 #include "proxy/incident.h"
 #include "proxy/scan.h"
+#include "proxy/series.h"
 #include "proxy/upstream.h"
 #include "proxy/worker.h"
 #include "proxy/xalloc.h"
@@ -226,8 +228,9 @@ static void serve_signals(lg_server *srv, const sigset_t *set)
     for (;;) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         int sig = sigtimedwait(set, NULL, &ts);
-        if (sig == SIGHUP && srv->incidents) {
-            incident_log_reopen(srv->incidents);
+        if (sig == SIGHUP) {
+            if (srv->incidents) incident_log_reopen(srv->incidents);
+            if (srv->access) incident_log_reopen(srv->access);
         } else if (sig == SIGTERM || sig == SIGINT) {
             if (atomic_load(&srv->draining)) {
                 atomic_store(&srv->stopping, true); /* a second signal: stop now */
@@ -290,7 +293,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "loopguard: %s\n", err);
         return 1;
     }
+    if (accesslog_open(cfg->log.access, &srv.access, err, sizeof err) != 0) {
+        fprintf(stderr, "loopguard: %s\n", err);
+        incident_log_close(srv.incidents);
+        return 1;
+    }
     srv.pool = pool_new(cfg);
+    srv.series = series_new();
     /* Before any thread that could report an event starts. */
     pool_set_event_hook(srv.pool, on_pool_event, &srv);
     srv.workers = lg_xcalloc(srv.n_workers, sizeof *srv.workers);
@@ -351,7 +360,9 @@ out:
     for (size_t i = 0; i < srv.n_workers; i++) worker_free(srv.workers[i]);
     free(srv.workers);
     pool_free(srv.pool);
+    series_free(srv.series);
     incident_log_close(srv.incidents);
+    incident_log_close(srv.access);
     curl_global_cleanup();
     config_free(cfg);
     return rc;

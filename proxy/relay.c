@@ -15,6 +15,8 @@
 
 #include "proxy/buf.h"
 #include "proxy/http.h"
+#include "proxy/accesslog.h"
+#include "proxy/upfail.h"
 #include "proxy/upstream.h"
 
 #define RELAY_HIGH (256 * 1024)
@@ -43,6 +45,7 @@ typedef struct relay {
     bool queued;     /* response queued on the client connection */
     bool finished;   /* upstream transfer over */
     CURLcode result;
+    char why[400]; /* the failure's cause for the client (upfail.h), when result != OK */
     int status_for_metrics;
 } relay;
 
@@ -102,6 +105,9 @@ static void on_done(lg_xfer *x, CURLcode rc)
     long status = 0;
     curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
     pool_report_health(pool, r->replica, rc == CURLE_OK && status < 500);
+    if (rc != CURLE_OK)
+        upf_report(r->why, sizeof r->why, pool_base(pool, r->replica),
+                   &(upf_state){rc, x->os_errno, false, false, r->head.complete, false});
     if (rc == CURLE_COULDNT_CONNECT && !r->head.complete && r->up_read == 0 &&
         r->connect_retries + 1 < pool_size(pool) && !r->base.client_gone) {
         /* Nothing reached that replica: the same request goes to another one. */
@@ -151,10 +157,8 @@ static enum MHD_Result queue_response(relay *r)
         bool timeout = r->result == CURLE_OPERATION_TIMEDOUT;
         r->status_for_metrics = timeout ? 504 : 502;
         metrics_request(r->base.w->metrics, LG_EP_PASSTHROUGH, r->status_for_metrics);
-        return http_respond_error(c, r->status_for_metrics,
-                                  timeout ? "upstream timed out" : "upstream unreachable",
-                                  "upstream_error", timeout ? "upstream_timeout"
-                                                            : "upstream_unreachable");
+        return http_respond_error(c, r->status_for_metrics, r->why, "upstream_error",
+                                  timeout ? "upstream_timeout" : "upstream_unreachable");
     }
     uint64_t size = r->head.content_length >= 0 && !r->head.chunked
                         ? (uint64_t)r->head.content_length
@@ -225,6 +229,8 @@ static void relay_tick(lg_req *base, uint64_t now)
     uint64_t since = r->head.complete ? r->last_data_ns : base->start_ns;
     uint64_t limit = r->head.complete ? idle : fb;
     if (r->down_paused || !limit || now <= since || now - since <= limit) return;
+    upf_report(r->why, sizeof r->why, pool_base(base->w->srv->pool, r->replica),
+               &(upf_state){CURLE_OPERATION_TIMEDOUT, 0, true, true, r->head.complete, false});
     relay_stop_transfer(r);
     metrics_upstream_error(base->w->metrics, r->replica, "timeout");
     r->finished = true;
@@ -240,6 +246,17 @@ static void relay_client_gone(lg_req *base)
 static void relay_destroy(lg_req *base)
 {
     relay *r = (relay *)base;
+    uint64_t now = lg_now_ns();
+    accesslog_write(base->w->srv->access,
+                    &(access_entry){
+                        .route = r->target,
+                        .status = r->queued ? r->status_for_metrics : 0,
+                        .upstream = pool_base(base->w->srv->pool, r->replica),
+                        .attempts = 1 + r->connect_retries,
+                        .tokens = -1,
+                        .ttft_us = -1,
+                        .duration_us = now > base->start_ns ? (now - base->start_ns) / 1000 : 0,
+                    });
     relay_stop_transfer(r);
     curl_slist_free_all(r->headers);
     free(r->method);
@@ -256,6 +273,7 @@ static void relay_shutdown(lg_req *base)
     relay_stop_transfer(r);
     r->finished = true;
     r->result = CURLE_ABORTED_BY_CALLBACK;
+    snprintf(r->why, sizeof r->why, "loopguard is shutting down");
     worker_resume(base);
 }
 
@@ -309,6 +327,7 @@ static int relay_start(relay *r, size_t avoid)
     relay_stop_transfer(r);
     r->finished = true;
     r->result = CURLE_FAILED_INIT;
+    snprintf(r->why, sizeof r->why, "cannot start the upstream transfer");
     return -1;
 }
 

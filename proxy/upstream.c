@@ -31,6 +31,7 @@ typedef struct lg_replica {
     atomic_int kind; /* lg_upstream_kind; AUTO until probed */
     atomic_uint outstanding;
     atomic_bool healthy;
+    atomic_bool reached; /* answered once (health check or request): until then not healthy */
     atomic_uint fails, oks; /* consecutive health results (active and passive) */
     atomic_uint_fast64_t requests;
     /* guarded by pool->mu */
@@ -106,7 +107,10 @@ lg_pool *pool_new(const lg_config *cfg)
         lg_replica *r = &p->r[i];
         r->base = lg_xstrdup(cfg->upstreams[i]);
         lg_upstream_kind k = cfg->upstream_kind;
-        if (k == LG_UPSTREAM_AUTO) k = probe_kind(r->base);
+        if (k == LG_UPSTREAM_AUTO) {
+            k = probe_kind(r->base);
+            atomic_store(&r->reached, k != LG_UPSTREAM_AUTO); /* it answered the probe */
+        }
         atomic_store(&r->kind, (int)k);
         atomic_store(&r->healthy, true);
     }
@@ -155,10 +159,18 @@ static void deliver(lg_pool *p, size_t i, const pool_event *ev)
 
 /* ---- health ------------------------------------------------------------------------ */
 
+/* Healthy as reported: up by the counters, and answered at least once (a replica that was
+ * never reached is routed to, since nothing says it is down yet, but not called healthy). */
+static bool reported_healthy(const lg_replica *r)
+{
+    return atomic_load(&r->healthy) && atomic_load(&r->reached);
+}
+
 /* A health result from the checker thread or a worker. The transition is an exchange on
  * `healthy`, so that two reporters crossing the threshold at once announce it once. */
 static void health_result(lg_pool *p, size_t i, bool ok)
 {
+    if (ok) atomic_store(&p->r[i].reached, true);
     lg_replica *r = &p->r[i];
     const lg_config *cfg = p->cfg;
     if (ok) {
@@ -371,7 +383,8 @@ char *pool_json(lg_pool *p)
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "url", r->base);
         cJSON_AddStringToObject(o, "kind", config_upstream_kind_name(pool_kind(p, i)));
-        cJSON_AddBoolToObject(o, "healthy", atomic_load(&r->healthy));
+        cJSON_AddBoolToObject(o, "healthy", reported_healthy(r));
+        cJSON_AddBoolToObject(o, "reached", atomic_load(&r->reached));
         cJSON_AddBoolToObject(o, "ejected", is_ejected(r, now));
         cJSON_AddNumberToObject(o, "ejected_for_ms",
                                 is_ejected(r, now) ? (double)(r->ejected_until_ms - now) : 0);
@@ -406,7 +419,7 @@ char *pool_metrics_text(lg_pool *p)
                 names[m], help[m], names[m], counter ? "counter" : "gauge");
         for (size_t i = 0; i < p->n; i++) {
             lg_replica *r = &p->r[i];
-            unsigned long long v = m == 0   ? atomic_load(&r->healthy)
+            unsigned long long v = m == 0   ? reported_healthy(r)
                                    : m == 1 ? is_ejected(r, now)
                                             : r->ejections;
             fprintf(f, "loopguard_upstream_%s{upstream=\"%s\"} %llu\n", names[m], r->base, v);

@@ -529,6 +529,7 @@ static void drain_curl_messages(lg_worker *w)
         CURL *easy = msg->easy_handle;
         CURLcode rc = msg->data.result;
         curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+        if (x) curl_easy_getinfo(easy, CURLINFO_OS_ERRNO, &x->os_errno);
         if (x && x->done) x->done(x, rc);
     }
 }

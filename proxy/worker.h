@@ -61,6 +61,8 @@ typedef struct lg_pool lg_pool;
 typedef struct lg_server {
     const lg_config *cfg;
     incident_log *incidents;
+    incident_log *access; /* log.access (accesslog.h); NULL when off */
+    struct series *series; /* the status page's per-minute counts (series.h) */
     lg_pool *pool;
     lg_worker **workers;
     size_t n_workers;
@@ -119,6 +121,7 @@ struct lg_req {
 typedef struct lg_xfer {
     void (*done)(struct lg_xfer *x, CURLcode rc);
     void *owner;
+    long os_errno; /* CURLINFO_OS_ERRNO when the transfer ended: why a connect failed */
 } lg_xfer;
 
 /* One libmicrohttpd daemon of a worker. */

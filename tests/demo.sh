@@ -269,4 +269,10 @@ if problems:
 print("demo OK: the loop was cut after %d tokens and the client got a clean answer." %
       (gen_with[0]["tokens_sent"] if gen_with else -1))
 PY
-echo "Next: make run serves 127.0.0.1:8000 in front of SGLang on 127.0.0.1:30000 (Ctrl-C stops it)."
+echo "Status page of this run (incident, trips, upstream): $lg/loopguard/"
+if [ -t 0 ] && [ -t 1 ]; then
+    # Interactive: keep the demo's loopguard up so the page can be opened.
+    read -r -p "Open it now; press Enter to stop the demo. " _ || true
+fi
+echo "Next: make run serves 127.0.0.1:8000 in front of SGLang on 127.0.0.1:30000 (Ctrl-C stops it);"
+echo "      its status page is http://127.0.0.1:8000/loopguard/."

@@ -5,7 +5,7 @@
 # "[  FAILED  ] N test(s)"; a script without cases counts as one). Each suite's line names
 # its counts and seconds; the last line is the case total, "N passed, N failed". The four
 # numbers are also appended to build/test-summary for `make test`'s total.
-# SUITES picks a subset: unit e2e client corpus valgrind tsan.
+# SUITES picks a subset: unit e2e client browser corpus valgrind tsan.
 #
 # tests/run.sh --total FILE prints the totals of a test-summary file the same way.
 set -u
@@ -27,7 +27,7 @@ if [ "${1:-}" = --total ]; then
 fi
 
 BUILD=${BUILD:-build}
-SUITES=${SUITES:-"unit e2e client corpus"}
+SUITES=${SUITES:-"unit e2e client browser corpus"}
 export LOOPGUARD_BIN="$PWD/$BUILD/loopguard" FAKE_BIN="$PWD/$BUILD/fake_upstream" BUILD
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
@@ -83,6 +83,11 @@ for s in $SUITES; do
         for t in tests/client/*.test.mjs; do
             [ -e "$t" ] || continue
             run "client:$(basename "$t")" node_test "$t"
+        done ;;
+    browser)
+        for t in tests/browser/*.test.mjs; do
+            [ -e "$t" ] || continue
+            run "browser:$(basename "$t")" node_test "$t"
         done ;;
     valgrind)
         for t in tests/e2e/exchange.test.mjs tests/e2e/normalise.test.mjs \

@@ -1,11 +1,12 @@
 // Every answer loopguard gives is counted in loopguard_requests_total by the status it
 // really had: its own endpoints' errors (401 without the admin token, 405, 404) under
 // endpoint "admin", and requests refused before any handler took them (401 without an API
-// key, 400 for an absolute-form target) under the endpoint their path would have reached.
+// key, 400 for an absolute-form target) under the endpoint their path would have reached;
+// with a separate admin listener, its own answers too.
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
-import { startFake, startLoopguard, request, chat, metricValue, assertOpenAIError, DEADLINE as T } from './lib.mjs';
+import { startFake, startLoopguard, request, chat, metrics, metricValue, assertOpenAIError, deadPort, DEADLINE as T } from './lib.mjs';
 
 // One raw HTTP/1.1 exchange (for a request target node's http client would not send).
 function raw(port, text) {
@@ -64,5 +65,23 @@ describe('loopguard_requests_total counts every answer by its status', () => {
         assert.equal(count(m, 'passthrough', '400'), 1);
         assert.equal(count(m, 'chat', '200'), 1);
         assert.equal((await fake.requests()).filter((q) => q.path === '/v1/models').length, 0, 'refused requests never reach the upstream');
+    });
+});
+
+describe('with a separate admin listener', () => {
+    it("the admin listener's answers are in its metrics, and admin paths on the main one count as refused", T, async () => {
+        const fake = await startFake({ kind: 'sglang' });
+        const port = await deadPort();
+        const lg = await startLoopguard({ upstream: fake.url, config: { admin: { listen: `127.0.0.1:${port}` } } });
+        try {
+            const adminUrl = `http://127.0.0.1:${port}`;
+            assertOpenAIError(await request(adminUrl + '/loopguard/no-such-thing'), 404);
+            assertOpenAIError(await request(lg.url + '/loopguard/metrics'), 404);
+            const m = await metrics(adminUrl);
+            assert.equal(metricValue(m, 'loopguard_requests_total', { endpoint: 'admin', code: '404' }), 2);
+        } finally {
+            await lg.stop();
+            await fake.stop();
+        }
     });
 });

@@ -1,13 +1,16 @@
 // The operator's side: what a person starting, configuring and watching loopguard sees.
 // One instance per address (a second loopguard, or any other listener, on the same
 // address is refused with a message, whatever SO_REUSEPORT would allow), --version and a
-// complete --help, scan's command-line errors, and configuration errors reported all at
-// once, with the key or variable that was probably meant.
+// complete --help, scan's command-line errors, configuration errors reported all at once
+// with the key or variable that was probably meant, and upstream failures that name their
+// cause and the upstream, to the client and at once on stderr, and the access log.
 
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
-import { startLoopguard, runLoopguard, tmpFile, isSlowBuild } from './lib.mjs';
+import fs from 'node:fs';
+import path from 'node:path';
+import { startLoopguard, startFake, runLoopguard, tmpFile, isSlowBuild, deadPort, chat, request, waitFor, assertOpenAIError, SCENARIOS, SEED_BODY } from './lib.mjs';
 
 const T = { timeout: isSlowBuild ? 60000 : 20000 };
 
@@ -145,5 +148,196 @@ describe('configuration errors, all at once', () => {
         });
         assert.equal(r.code, 2);
         assert.equal(r.stderr, 'loopguard: LOOPGUARD_UPSTREM: no such setting (did you mean LOOPGUARD_UPSTREAM?)\n');
+    });
+});
+
+// A TCP server that accepts and then does `onConn(socket)`; resolves to {port, close()}.
+async function rawServer(onConn) {
+    const socks = new Set();
+    const srv = net.createServer((c) => {
+        socks.add(c);
+        c.on('error', () => {});
+        c.once('data', () => onConn(c));
+    });
+    await new Promise((resolve) => srv.listen(0, '127.0.0.1', resolve));
+    return {
+        port: srv.address().port,
+        close: () => {
+            for (const c of socks) c.destroy();
+            return new Promise((resolve) => srv.close(resolve));
+        },
+    };
+}
+
+const CHAT = { model: 'm', messages: [{ role: 'user', content: 'hi' }], stream: true, max_tokens: 20 };
+
+describe('upstream failures name their cause', () => {
+    // Starts loopguard in front of `upstream`, sends a chat and a relayed request, returns
+    // both error messages and loopguard's stderr once the failure line is there.
+    async function failWith(upstream, config = {}) {
+        const lg = await startLoopguard({ upstream, kind: 'openai', config: { health: { interval_ms: 3600000 }, ...config } });
+        try {
+            const c = await chat(lg.url + '/v1/chat/completions', CHAT);
+            const r = await request(lg.url + '/v1/models');
+            const stderr = await waitFor(() => (lg.stderr().match(/upstream .* failed: /g) || []).length >= 2 && lg.stderr());
+            return { chat: c, relay: r, stderr };
+        } finally {
+            await lg.stop();
+        }
+    }
+
+    it('connection refused: 502 naming HOST:PORT, and a stderr line with the URL at once', T, async () => {
+        const port = await deadPort();
+        const f = await failWith(`http://127.0.0.1:${port}`);
+        for (const r of [f.chat, f.relay]) {
+            const e = assertOpenAIError(r, 502);
+            assert.equal(e.message, `upstream 127.0.0.1:${port}: connection refused`);
+            assert.equal(e.code, 'upstream_unreachable');
+        }
+        assert.match(f.stderr, new RegExp(`loopguard: upstream http://127\\.0\\.0\\.1:${port} failed: connection refused \\(libcurl: Couldn't connect to server; Connection refused\\)\n`));
+    });
+
+    it('DNS: a name that does not resolve', T, async () => {
+        const f = await failWith('http://no-such-host.invalid:30000');
+        assert.equal(assertOpenAIError(f.chat, 502).message, 'upstream no-such-host.invalid:30000: DNS lookup failed');
+        assert.match(f.stderr, /upstream http:\/\/no-such-host\.invalid:30000 failed: DNS lookup failed/);
+    });
+
+    it('TLS: https to a server that speaks plain HTTP', T, async () => {
+        const srv = await rawServer((c) => c.end('HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n'));
+        try {
+            const f = await failWith(`https://127.0.0.1:${srv.port}`);
+            assert.match(assertOpenAIError(f.chat, 502).message, new RegExp(`^upstream 127\\.0\\.0\\.1:${srv.port}: TLS handshake failed \\(`));
+            assert.match(f.stderr, /failed: TLS handshake failed/);
+        } finally {
+            await srv.close();
+        }
+    });
+
+    it('first-byte timeout: 504 naming timeouts.first_byte_ms', T, async () => {
+        const srv = await rawServer(() => {}); // reads the request, never answers
+        try {
+            const f = await failWith(`http://127.0.0.1:${srv.port}`, { timeouts: { first_byte_ms: 300 } });
+            for (const r of [f.chat, f.relay]) {
+                const e = assertOpenAIError(r, 504);
+                assert.equal(e.message, `upstream 127.0.0.1:${srv.port}: no response within timeouts.first_byte_ms`);
+            }
+            assert.match(f.stderr, /failed: no response within timeouts\.first_byte_ms/);
+        } finally {
+            await srv.close();
+        }
+    });
+
+    it('idle timeout: a stream that stops ends with an error event naming timeouts.idle_ms', T, async () => {
+        const event = 'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n';
+        const srv = await rawServer((c) =>
+            c.write('HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n' +
+                `${Buffer.byteLength(event).toString(16)}\r\n${event}\r\n`));
+        const lg = await startLoopguard({ upstream: `http://127.0.0.1:${srv.port}`, kind: 'openai', config: { timeouts: { idle_ms: 300 }, health: { interval_ms: 3600000 } } });
+        try {
+            const r = await chat(lg.url + '/v1/chat/completions', CHAT);
+            assert.equal(r.status, 200);
+            assert.match(r.text, new RegExp(`"message":"upstream 127\\.0\\.0\\.1:${srv.port}: no event within timeouts\\.idle_ms"`));
+            await waitFor(() => /failed: no event within timeouts\.idle_ms/.test(lg.stderr()));
+        } finally {
+            await lg.stop();
+            await srv.close();
+        }
+    });
+
+    it('a replica never reached is not reported healthy', T, async () => {
+        const port = await deadPort();
+        const fake = await startFake({ kind: 'openai' });
+        const lg = await startLoopguard({ upstream: [`http://127.0.0.1:${port}`, fake.url], kind: 'openai' });
+        try {
+            // Relayed requests reach the fake (the dead replica's are sent on to it).
+            for (let i = 0; i < 3; i++) assert.equal((await request(lg.url + '/v1/models')).status, 200);
+            const ups = (await request(lg.url + '/loopguard/upstreams')).json();
+            assert.equal(ups[0].healthy, false, JSON.stringify(ups));
+            assert.equal(ups[0].reached, false);
+            assert.equal(ups[1].healthy, true);
+            const m = (await request(lg.url + '/loopguard/metrics')).text;
+            assert.match(m, new RegExp(`loopguard_upstream_healthy\\{upstream="http://127\\.0\\.0\\.1:${port}"\\} 0\n`));
+        } finally {
+            await lg.stop();
+            await fake.stop();
+        }
+    });
+});
+
+describe('access log', () => {
+    const lines = (file) => (fs.existsSync(file) ? fs.readFileSync(file, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l)) : []);
+
+    it('one JSON line per request, reopened on SIGHUP', T, async () => {
+        const fake = await startFake({ scenario: path.join(SCENARIOS, 'seed_lambda.json') });
+        const file = tmpFile('access.jsonl', '');
+        fs.rmSync(file);
+        const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { log: { access: file } } });
+        try {
+            const c = await chat(lg.url + '/v1/chat/completions', { ...SEED_BODY, stream: true });
+            assert.equal(c.status, 200);
+            assert.equal((await request(lg.url + '/v1/models?key=secret')).status, 200);
+            const [ex, rel] = await waitFor(() => lines(file).length >= 2 && lines(file));
+            assert.equal(ex.route, '/v1/chat/completions');
+            assert.equal(ex.status, 200);
+            assert.equal(ex.model, SEED_BODY.model);
+            assert.equal(ex.upstream, fake.url);
+            assert.equal(ex.attempts, 2);
+            assert.equal(ex.trips, 1);
+            assert.equal(ex.outcome, 'recovered');
+            assert.ok(ex.tokens > 0, JSON.stringify(ex));
+            assert.ok(ex.ttft_ms > 0 && ex.ttft_ms <= ex.duration_ms, JSON.stringify(ex));
+            assert.match(ex.id, /^lg-[0-9a-f]{24}$/);
+            assert.match(ex.ts, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+            // The incident of the same exchange carries the same id.
+            const inc = (await request(lg.url + '/loopguard/incidents')).json();
+            assert.ok(inc.some((i) => i.id === ex.id));
+            assert.deepEqual({ ...rel, ts: 0, duration_ms: 0 }, {
+                ts: 0, id: null, route: '/v1/models', status: 200, model: null, upstream: fake.url,
+                attempts: 1, trips: 0, tokens: null, ttft_ms: null, duration_ms: 0, outcome: null,
+            });
+            // logrotate: rename, SIGHUP, and the next line goes to a new file at the path.
+            fs.renameSync(file, file + '.1');
+            lg.proc.kill('SIGHUP');
+            await waitFor(async () => {
+                await request(lg.url + '/v1/models');
+                return lines(file).length >= 1;
+            });
+            assert.equal(lines(file + '.1').length, 2);
+        } finally {
+            await lg.stop();
+            await fake.stop();
+        }
+    });
+
+    it('log.access "stderr" writes the lines to stderr; a bad value is a config error', T, async () => {
+        const fake = await startFake({ kind: 'openai' });
+        const lg = await startLoopguard({ upstream: fake.url, kind: 'openai', config: { log: { access: 'stderr' } } });
+        try {
+            assert.equal((await request(lg.url + '/v1/models')).status, 200);
+            await waitFor(() => /^\{"ts":"[^"]+","id":null,"route":"\/v1\/models","status":200,/m.test(lg.stderr()));
+        } finally {
+            await lg.stop();
+            await fake.stop();
+        }
+        const r = await runLoopguard(['--check-config', tmpFile('acc.json', '{"log": {"acess": "stderr"}}')], { env: cleanEnv() });
+        assert.match(r.stderr, /log\.acess: unknown key \(did you mean log\.access\?\)/);
+    });
+});
+
+describe('incidents to stdout (containers without a log sidecar)', () => {
+    it('incidents.path /dev/stdout writes each incident as a JSON line on stdout', T, async () => {
+        const fake = await startFake({ scenario: path.join(SCENARIOS, 'seed_lambda.json') });
+        const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { incidents: { path: '/dev/stdout' } } });
+        try {
+            assert.equal((await chat(lg.url + '/v1/chat/completions', { ...SEED_BODY, stream: false })).status, 200);
+            const line = await waitFor(() => lg.stdout().split('\n').find((l) => l.startsWith('{')));
+            const inc = JSON.parse(line);
+            assert.equal(inc.outcome, 'recovered');
+            assert.equal(inc.attempts[0].detector, 'repeat');
+        } finally {
+            await lg.stop();
+            await fake.stop();
+        }
     });
 });

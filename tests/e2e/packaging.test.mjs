@@ -379,6 +379,14 @@ describe('container files', () => {
         assert.ok(ins.some((i) => i.op === 'RUN' && /docker\/build\.sh .*--prefix \/usr/.test(i.args)), 'RUN docker/build.sh');
         const user = ins.filter((i) => i.op === 'USER').pop();
         assert.ok(user && !/^(root|0)(:|$)/.test(user.args), 'runs as a non-root user');
+        assert.match(user.args, /^[1-9]\d*:[1-9]\d*$/, 'USER is numeric (runAsNonRoot can check it)');
+        // The build stage copies only what the binary is built from, and .dockerignore lets
+        // exactly that into the build context.
+        const copied = ins.filter((i) => i.op === 'COPY' && !i.args.startsWith('--from')).map((i) => i.args.split(/\s+/)[0].split('/')[0]);
+        assert.ok(!copied.includes('tests'), 'no test or bench source in the image build');
+        const ignore = fs.readFileSync(path.join(ROOT, '.dockerignore'), 'utf8').split('\n').filter((l) => l && !l.startsWith('#'));
+        assert.equal(ignore[0], '*', '.dockerignore starts by excluding everything');
+        assert.deepEqual(ignore.slice(1).map((l) => l.replace(/^!/, '')).sort(), [...new Set(copied)].sort());
         assert.ok(ins.some((i) => i.op === 'RUN' && /useradd .*loopguard/.test(i.args)), 'the user is created');
         assert.ok(ins.some((i) => i.op === 'ENV' && /LOOPGUARD_LISTEN=0\.0\.0\.0:8000/.test(i.args)));
         assert.ok(ins.some((i) => i.op === 'EXPOSE' && i.args === '8000'));
@@ -504,6 +512,11 @@ describe('container files', () => {
         // Termination: the preStop pause plus the drain fit in the grace period.
         const pre = Number(c.lifecycle.preStop.exec.command[1]);
         assert.ok(pod.spec.terminationGracePeriodSeconds > pre + cfg.shutdown_grace_ms / 1000);
+        // Incidents go to loopguard's own stdout: no sidecar whose PID 1 ignores SIGTERM and
+        // holds the pod for the whole grace period.
+        assert.equal(cfg.incidents.path, '/dev/stdout');
+        for (const x of pod.spec.containers) assert.ok(!JSON.stringify(x.command || []).includes('tail'), `container ${x.name} runs tail`);
+        assert.deepEqual(pod.spec.containers.map((x) => x.name), ['loopguard']);
         // The note on what is per instance.
         const text = fs.readFileSync(path.join(ROOT, 'docker/k8s.yaml'), 'utf8');
         assert.match(text, /per instance/i);
@@ -527,6 +540,7 @@ describe('make demo', () => {
         assert.match(out, /"outcome": "recovered"/);
         assert.match(out, /loopguard_trips_total\{[^}]*\} [1-9]/);
         assert.match(out, /^demo OK/m);
+        assert.match(out, /^Status page of this run .*: http:\/\/127\.0\.0\.1:\d+\/loopguard\/$/m);
         // Readable in a 100-column terminal (the pretty-printed incident aside).
         const prose = out.split('\n').filter((l) => !/^\s*("|[{}\]])/.test(l));
         for (const l of prose) assert.ok([...l].length <= 100, `line over 100 columns: ${l}`);

@@ -99,7 +99,8 @@ for (const kind of ['sglang', 'vllm']) {
 
         test('a clean stream reaches the client byte for byte', async () => {
             const norm = (t) => t.replace(/"id":"[^"]*"/g, '"id":"X"').replace(/"created_at":\d+/g, '"created_at":0');
-            await fake.setScenario(CLEAN);
+            const answer = { model: MODEL, responses: [{ content: CLEAN.responses[0].content }] };
+            await fake.setScenario(answer);
             const direct = await post(fake.url, body({ stream: true }));
             const via = await post(lg.url, body({ stream: true }));
             assert.equal(via.status, 200);
@@ -108,6 +109,22 @@ for (const kind of ['sglang', 'vllm']) {
             const m = readStream(via.text);
             assert.equal(m.final.status, 'completed');
             assert.equal(itemText(m.items, 'message'), 'The answer is forty two, as everyone knows.\nAsk again tomorrow.');
+        });
+
+        test("a clean stream with reasoning: event for event, vLLM's reasoning_part events under OpenAI's names", async () => {
+            const norm = (t) => t.replace(/"id":"[^"]*"/g, '"id":"X"').replace(/"created_at":\d+/g, '"created_at":0');
+            await fake.setScenario(CLEAN);
+            const direct = sse(norm((await post(fake.url, body({ stream: true }))).text));
+            const via = sse(norm((await post(lg.url, body({ stream: true }))).text));
+            assert.equal(via.length, direct.length);
+            via.forEach((e, i) => {
+                const d = JSON.parse(direct[i].data);
+                const want = d.type.replace('response.reasoning_part.', 'response.content_part.');
+                assert.equal(e.event, want);
+                assert.deepEqual(JSON.parse(e.data), { ...d, type: want });
+            });
+            assert.ok(direct.some((e) => e.event === 'response.reasoning_part.added'), 'the upstream sent vLLM names');
+            const m = readStream(via.map((e) => e.raw).join(''));
             assert.equal(itemText(m.items, 'reasoning'), 'First I consider the question. Then I recall the book.');
         });
 
