@@ -134,7 +134,7 @@ static void stop_transfer(exchange *ex)
 {
     if (ex->at.easy) {
         worker_remove_xfer(ex->base.w, ex->at.easy);
-        curl_easy_cleanup(ex->at.easy);
+        worker_easy_put(ex->base.w, ex->at.easy);
         ex->at.easy = NULL;
     }
     if (ex->have_replica) {
@@ -535,8 +535,7 @@ static void start_attempt(exchange *ex)
     char url[2048];
     snprintf(url, sizeof url, "%s%s", pool_base(pool, ex->replica), ex->api->upstream_path);
     ex->at.headers = http_upstream_headers(ex->base.conn, true);
-    CURL *e = ex->at.easy = curl_easy_init();
-    if (!e) abort();
+    CURL *e = ex->at.easy = worker_easy_get(w);
     curl_easy_setopt(e, CURLOPT_URL, url);
     curl_easy_setopt(e, CURLOPT_PRIVATE, &ex->xfer);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, ex->at.headers);
