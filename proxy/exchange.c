@@ -23,6 +23,7 @@
 
 #include "proxy/accesslog.h"
 #include "proxy/exchange_int.h"
+#include "proxy/exchange_plan.h"
 #include "proxy/upfail.h"
 
 /* libmicrohttpd reads a chunked (HTTP/1.1) stream straight into the connection's write
@@ -133,7 +134,7 @@ static void stop_transfer(exchange *ex)
 {
     if (ex->at.easy) {
         worker_remove_xfer(ex->base.w, ex->at.easy);
-        curl_easy_cleanup(ex->at.easy);
+        worker_easy_put(ex->base.w, ex->at.easy);
         ex->at.easy = NULL;
     }
     if (ex->have_replica) {
@@ -475,9 +476,7 @@ static void start_attempt(exchange *ex)
     bool has_prefix = ex->cl.sent[LG_CH_REASONING].len || ex->cl.sent[LG_CH_CONTENT].len;
 
     metrics_attempt(w->metrics, k);
-    size_t avoid = ex->avoid_replica || (k > 1 && cfg->retry.elsewhere == LG_ELSEWHERE_AUTO)
-                       ? ex->replica
-                       : SIZE_MAX;
+    size_t avoid = ex->avoid_replica || ex_plan_elsewhere(cfg, k) ? ex->replica : SIZE_MAX;
     ex->avoid_replica = false;
     ex->replica = pool_acquire(pool, avoid);
     metrics_upstream_request(w->metrics, ex->replica);
@@ -488,28 +487,27 @@ static void start_attempt(exchange *ex)
     rw_opts o = {.upstream_kind = (int)kind,
                  .rid = kind == LG_UPSTREAM_SGLANG && ex->at.rid[0] ? ex->at.rid : NULL,
                  .history = (int)cfg->reasoning.history};
-    if (k > 1 && cfg->retry.n_ladder) {
-        size_t i = k - 2 < cfg->retry.n_ladder ? k - 2 : cfg->retry.n_ladder - 1;
-        o.step = &cfg->retry.ladder[i];
-        o.seed = (unsigned)(next_random() & 0x7fffffff);
-    }
+    ex_plan_in pin = {.attempt = k,
+                      .has_prefix = has_prefix,
+                      .client_stream = ex->req.client_stream,
+                      .upstream_kind = (int)kind,
+                      .api_can_continue = ex->api->can_continue,
+                      .prompt_continuable = ex->req.chat || ex->req.prompt_is_string,
+                      .guard_on = ex->guard_on};
+    ex_plan plan = ex_plan_attempt(cfg, &pin);
+    o.step = plan.step;
+    if (plan.step) o.seed = (unsigned)(next_random() & 0x7fffffff);
     lg_buf prefix = LG_BUF_INIT;
-    /* auto: continue only what a streaming client has already seen; a whole response
-     * has shown nothing yet, so it restarts cleanly. */
-    bool cont = k > 1 && has_prefix && kind != LG_UPSTREAM_OPENAI && ex->api->can_continue &&
-                (ex->req.chat || ex->req.prompt_is_string) &&
-                (cfg->retry.mode == LG_RETRY_CONTINUE ||
-                 (cfg->retry.mode == LG_RETRY_AUTO && ex->req.client_stream));
+    bool cont = plan.cont;
     if (cont) {
         continuation_text(ex, &prefix);
         o.continue_text = prefix.p;
         o.continue_len = prefix.len;
     }
     /* A whole response restarts from scratch: the client has seen nothing. */
-    bool restart = k > 1 && !cont && !ex->req.client_stream;
-    if (restart)
+    if (plan.restart)
         for (int c = 0; c < LG_CH_COUNT; c++) lg_buf_reset(&ex->cl.sent[c]);
-    ex->api->attempt_begins(ex, restart);
+    ex->api->attempt_begins(ex, plan.restart);
     rw_error err = {0};
     ex->at.up_body = ex->api->build(ex, &o, &err);
     if (!ex->at.up_body && cont) { /* this upstream cannot continue: restart instead */
@@ -525,8 +523,7 @@ static void start_attempt(exchange *ex)
     ex->at.sampling = ex->api->sampling(ex, &o);
     lg_buf_free(&prefix);
 
-    ex->at.guarded = ex->guard_on && !(k > 1 && k == cfg->retry.max_attempts &&
-                                            cfg->retry.on_exhausted == LG_EXHAUSTED_PASS_THROUGH);
+    ex->at.guarded = plan.guarded;
     ex->at.sse = sse_parser_new(SSE_DEFAULT_MAX_EVENT, ex_on_event, ex);
     if (cont && ex->think_inline && ex->cl.sent[LG_CH_CONTENT].len == 0)
         ex->at.think = think_new(true);
@@ -537,8 +534,7 @@ static void start_attempt(exchange *ex)
 
     char *url = pool_url(pool, ex->replica, ex->api->upstream_path);
     ex->at.headers = http_upstream_headers(ex->base.conn, true);
-    CURL *e = ex->at.easy = curl_easy_init();
-    if (!e) abort();
+    CURL *e = ex->at.easy = worker_easy_get(w);
     curl_easy_setopt(e, CURLOPT_URL, url); /* libcurl keeps a copy */
     free(url);
     curl_easy_setopt(e, CURLOPT_PRIVATE, &ex->xfer);

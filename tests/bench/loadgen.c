@@ -326,10 +326,17 @@ static void sse_line(conn *c, const char *p, size_t n, uint64_t t_read)
         if (win) cnt.err_event++;
         return;
     }
-    static const char key[] = "\"content\":\"";
+    /* Anthropic Messages: the text is a text_delta's "text"; message_stop ends the stream. */
+    static const char key[] = "\"content\":\"", akey[] = "\"text\":\"";
+    static const char stop[] = "\"type\":\"message_stop\"";
     const char *q = memmem(p, n, key, sizeof key - 1);
-    if (!q) return;
-    if (scan_stamps(q + sizeof key - 1, end, t_read, c) && win) cnt.events++;
+    size_t klen = sizeof key - 1;
+    if (!q && (q = memmem(p, n, akey, sizeof akey - 1))) klen = sizeof akey - 1;
+    if (!q) {
+        if (memmem(p, n, stop, sizeof stop - 1)) c->saw_done = true;
+        return;
+    }
+    if (scan_stamps(q + klen, end, t_read, c) && win) cnt.events++;
 }
 
 /* Feeds body bytes to the SSE splitter. Returns 0, or -1 on a runaway line. */

@@ -14,7 +14,8 @@
 # Scenarios (full run; QUICK=1 in brackets):
 #   paced       1,000 and 5,000 streams [1,000 only] at 30 tokens/s (pace 33 ms), 60 tokens per
 #               request: added latency per event and added TTFT against direct, RSS per stream
-#               from the target's VmRSS at the largest paced load over its idle VmRSS
+#               from the target's VmRSS at the largest paced load over its idle VmRSS; loopguard
+#               also at the smallest paced load on /v1/messages (loopguard_messages)
 #   saturation  100 and 1,000 streams [100 only], no pacing, 500 tokens per request: events/s
 #               and the target's CPU seconds per million events; two interleaved passes over
 #               the targets [one], the best pass counts
@@ -371,6 +372,14 @@ for target in $TARGETS; do
         warm=$(awk -v r="$ramp" -v e="$PACED_EXTRA" 'BEGIN { print r + e }')
         run_load "$target" "paced$n" "$n" "$PACED_TOKENS" "$warm" "$ramp"
     done
+    if [ "$target" = loopguard ]; then
+        # The same paced load on /v1/messages (the Anthropic module): its cost per event
+        # beside chat completions', as target loopguard_messages in the report.
+        n=${PACED_STREAMS%% *} chat_url=$T_URL
+        T_URL=${T_URL%/v1/chat/completions}/v1/messages
+        run_load loopguard_messages "paced$n" "$n" "$PACED_TOKENS" "$(awk -v e="$PACED_EXTRA" 'BEGIN { print 1 + e }')" 1
+        T_URL=$chat_url
+    fi
     stop_target
 done
 stop_pid "$FAKE_PID"
