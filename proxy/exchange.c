@@ -120,12 +120,12 @@ void ex_set_outcome(exchange *ex, const char *outcome)
 static void send_sglang_abort(exchange *ex)
 {
     lg_worker *w = ex->base.w;
-    char url[2048];
     cJSON *o = dl_json_must(cJSON_CreateObject());
     dl_json_set(o, "rid", cJSON_CreateString(ex->at.rid));
     char *body = dl_json_print_free(o);
-    snprintf(url, sizeof url, "%s/abort_request", pool_base(w->srv->pool, ex->replica));
+    char *url = pool_url(w->srv->pool, ex->replica, "/abort_request");
     worker_post_detached(w, url, body);
+    free(url);
     free(body);
 }
 
@@ -135,7 +135,7 @@ static void stop_transfer(exchange *ex)
 {
     if (ex->at.easy) {
         worker_remove_xfer(ex->base.w, ex->at.easy);
-        curl_easy_cleanup(ex->at.easy);
+        worker_easy_put(ex->base.w, ex->at.easy);
         ex->at.easy = NULL;
     }
     if (ex->have_replica) {
@@ -533,12 +533,11 @@ static void start_attempt(exchange *ex)
     ex->at.not_sse = ex->at.connected = false;
     ex->at.start_ns = ex->at.last_event_ns = w->now_ns;
 
-    char url[2048];
-    snprintf(url, sizeof url, "%s%s", pool_base(pool, ex->replica), ex->api->upstream_path);
+    char *url = pool_url(pool, ex->replica, ex->api->upstream_path);
     ex->at.headers = http_upstream_headers(ex->base.conn, true);
-    CURL *e = ex->at.easy = curl_easy_init();
-    if (!e) abort();
-    curl_easy_setopt(e, CURLOPT_URL, url);
+    CURL *e = ex->at.easy = worker_easy_get(w);
+    curl_easy_setopt(e, CURLOPT_URL, url); /* libcurl keeps a copy */
+    free(url);
     curl_easy_setopt(e, CURLOPT_PRIVATE, &ex->xfer);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, ex->at.headers);
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, ex->at.up_body);

@@ -389,6 +389,13 @@ describe('pass-through', () => {
         assert.doesNotMatch(lg.stderr(), /sk-secret-123/, 'Authorization never logged');
     });
 
+    it("X-Forwarded-For: the client's list, however long, then the peer address", T, async () => {
+        const list = Array.from({ length: 200 }, (_, i) => `10.0.${i >> 8}.${i & 255}`).join(', '); // ~2.5 KB
+        const r = await request(lg.url + '/_fake/echo', { headers: { 'X-Forwarded-For': list } });
+        assert.equal(r.status, 200, r.text);
+        assert.equal(r.json().headers['x-forwarded-for'], `${list}, 127.0.0.1`);
+    });
+
     it('an 8 MiB chunked request body streams to the upstream intact', T, async () => {
         const size = 8 << 20;
         const block = Buffer.alloc(65536);
