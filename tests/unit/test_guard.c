@@ -504,6 +504,103 @@ static void assert_loop(const char *what, lg_channel ch, const char *prefix, con
     free(t.s);
 }
 
+/* ---- templated lines ------------------------------------------------------------------ */
+
+/* Lines `head` slot `tail`, `times` lines after a short opening. The slot counts up from 1
+ * when the first slot is a digit; otherwise it is slots[i % 8], followed from the ninth line
+ * on by slots[i / 8 % 8], so that no two lines are equal (verbatim returns are the other
+ * detectors'). Loops must trip the template detector; look-alikes must not trip at all. */
+static const struct template_case {
+    const char *what;
+    const char *head, *tail;
+    const char *slots[8];
+    int times;
+    bool loop;
+} template_cases[] = {
+    {"topic list past its end",
+     "- Machine learning applied to robotics for ",
+     "\n",
+     {"farming", "mining", "shipping", "banking", "retail", "schools", "hospitals", "ports"},
+     40,
+     true},
+    {"the same template for sixteen items",
+     "- Machine learning applied to robotics for ",
+     "\n",
+     {"farming", "mining", "shipping", "banking", "retail", "schools", "hospitals", "ports"},
+     16,
+     false},
+    {"a short recipe list",
+     "* 2 tablespoons of chopped ",
+     "\n",
+     {"basil", "mint", "dill", "chives", "sage", "thyme", "parsley", "oregano"},
+     12,
+     false},
+    {"numbered data in the slot",
+     "The value of the counter after step ",
+     " is checked again.\n",
+     {"11", "12", "13", "14", "15", "16", "17", "18"},
+     40,
+     false},
+    {"code lines on one template",
+     "    config_",
+     " = load_setting(\"default\")\n",
+     {"alpha", "beta", "gamma", "delta", "eta", "theta", "iota", "kappa"},
+     40,
+     false},
+    {"a shared opening, most of the line new",
+     "- The committee reviewed ",
+     "\n",
+     {"the budget for the new harbour wall and its repairs",
+      "complaints about noise from the night ferry service",
+      "a proposal to plant oaks along the river promenade",
+      "how the school buses could avoid the market square",
+      "whether the old cinema should become a library",
+      "plans for a cycling lane between the two bridges",
+      "the cost of heating the swimming pool in winter",
+      "letters from farmers worried about the drought"},
+     20,
+     false},
+};
+
+static void template_text(text *t, const struct template_case *c)
+{
+    tcat(t, "Here is the list you asked for:\n\n");
+    for (int i = 0; i < c->times; i++) {
+        char num[16];
+        snprintf(num, sizeof(num), "%d", i + 1);
+        tcat(t, c->head);
+        bool numbered = c->slots[0][0] >= '0' && c->slots[0][0] <= '9';
+        tcat(t, numbered ? num : c->slots[i % 8]);
+        if (!numbered && i >= 8) {
+            tcat(t, " ");
+            tcat(t, c->slots[i / 8 % 8]);
+        }
+        tcat(t, c->tail);
+    }
+}
+
+static void test_template(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof(template_cases) / sizeof(template_cases[0]); i++) {
+        const struct template_case *c = &template_cases[i];
+        text t = {0};
+        template_text(&t, c);
+        if (c->loop)
+            assert_trips(c->what, LG_CH_CONTENT, t.s, "template");
+        else
+            assert_clean_both(c->what, t.s);
+        free(t.s);
+    }
+    /* The same loop passes when the prompt asks for that many lines, and never trips in
+     * tool arguments (JSON arrays of objects are templated by design). */
+    text t = {0};
+    template_text(&t, &template_cases[0]);
+    assert_false(scan_prompted(LG_CH_CONTENT, "Write 60 lines about robots at work.", t.s).tripped);
+    assert_false(scan_text(LG_CH_TOOL_ARGS, t.s).tripped);
+    free(t.s);
+}
+
 static void test_loops(void **state)
 {
     (void)state;
@@ -919,6 +1016,7 @@ int main(void)
         cmocka_unit_test(test_rules),       cmocka_unit_test(test_budget_and_empty),
         cmocka_unit_test(test_settings),    cmocka_unit_test(test_fence_closing_in_the_chunk),
         cmocka_unit_test(test_loop_shapes), cmocka_unit_test(test_prompt_slack),
+        cmocka_unit_test(test_template),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
