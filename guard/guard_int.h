@@ -31,6 +31,7 @@ typedef enum {
     GR_BLOB,  /* one token with no spaces: base64 "AAAA", "xxxxxxxx" */
     GR_CODE,  /* code punctuation: "), POINTER(BIGNUM", "<td>&nbsp;</td>", blocks */
     GR_TEXT,  /* lines of words that are no sentences: "Sincerely,\n\n", "- Smart retail\n" */
+    GR_ART,   /* lines without a letter or digit: " _____\n", ".-..-.\n", a blank Braille row */
     GR_COUNT,
 } guard_rclass;
 

@@ -34,7 +34,7 @@ static char *xstrdup(const char *s)
 const char *guard_rclass_name(guard_rclass c)
 {
     static const char *const names[GR_COUNT] = {"normal", "rule", "data", "item", "line",
-                                                "table",  "blob", "code", "text"};
+                                                "table",  "blob", "code", "text", "art"};
     return c < GR_COUNT ? names[c] : "?";
 }
 
@@ -98,6 +98,7 @@ guard_params *guard_params_new(lg_channel ch)
         [GR_NORMAL] = {0, 0, 0},  [GR_RULE] = {1024, 0, 0},   [GR_DATA] = {256, 4, 0},
         [GR_ITEM] = {96, 8, 0},   [GR_LINE] = {256, 12, 160}, [GR_TABLE] = {384, 12, 160},
         [GR_BLOB] = {512, 16, 0}, [GR_CODE] = {192, 5, 0},    [GR_TEXT] = {0, 6, 160},
+        [GR_ART] = {64, 12, 160},
     };
     guard_params *p = xcalloc(1, sizeof(*p));
     p->ch = ch;

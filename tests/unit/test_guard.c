@@ -284,6 +284,14 @@ static void test_traps(void **state)
                  "  > ^ <    > ^ <    > ^ <    > ^ <    > ^ <\n");
     assert_clean_both("ASCII art", t.s);
 
+    /* A drawing with a stretch of identical lines (a tower's wall, 10 rows): art lines
+     * need 12 copies. */
+    t.n = 0;
+    tcat(&t, "Here is a tower:\n     /\\\n    /  \\\n");
+    trep(&t, "   *    *\n", 10);
+    tcat(&t, "   ******\n");
+    assert_clean_both("tower with ten wall rows", t.s);
+
     /* A song: the chorus comes back after each verse, and sings its line three times. */
     t.n = 0;
     static const char *const verses[] = {
@@ -370,6 +378,8 @@ static const struct loop_case {
     {"three-line ingredient cycle", LG_CH_CONTENT, "Ingredients:\n",
      "- 1 cup of flour\n- 2 eggs\n- 1/2 cup of sugar\n", 40, 400},
     {"ASCII face 203 times", LG_CH_CONTENT, "Here is a face:\n", "( '.' )\n", 203, 300},
+    {"an art line of underscores", LG_CH_CONTENT, "Here is a box:\n", "  ______\n", 30, 150},
+    {"an art line of dots and dashes", LG_CH_CONTENT, "Pattern:\n", ".-.-..-.-.\n", 25, 150},
     {"numbered list of one item", LG_CH_CONTENT, "Rhymes:\n", "1. instruct\n", 20, 200},
 };
 
