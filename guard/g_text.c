@@ -105,7 +105,7 @@ static bool lines_step(guard *g, unsigned char b, uint64_t pos)
     g->prev = b;
     if (b == '\n') return seg_end(g, pos, pos + 1, true);
     if (b == ' ' || b == '\t' || b == '\r') {
-        if ((p1 == '.' || p1 == '!' || p1 == '?') && g->seg_len)
+        if ((p1 == '.' || p1 == '!' || p1 == '?') && g->seg_alpha) /* not "12. " */
             return seg_end(g, pos, pos + 1, false);
         g->seg_gap = g->seg_len > 0;
         return false;

@@ -88,8 +88,8 @@ guard_params *guard_params_new(lg_channel ch)
     static const struct {
         uint32_t max_period;
         double repeats;
-    } steps[] = {{1, 20}, {2, 16},   {4, 12},  {8, 10},    {16, 8},
-                 {32, 5}, {64, 3.5}, {192, 3}, {2048, 2.5}};
+    } steps[] = {{1, 20}, {2, 16},   {4, 12},    {8, 10},  {16, 8},
+                 {32, 5}, {64, 3.5}, {192, 2.5}, {2048, 2}};
     static const struct {
         uint32_t min_bytes;
         double min_repeats;

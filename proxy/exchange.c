@@ -24,6 +24,7 @@
 #include "proxy/accesslog.h"
 #include "proxy/exchange_int.h"
 #include "proxy/exchange_plan.h"
+#include "proxy/jsonguard.h"
 #include "proxy/upfail.h"
 
 /* libmicrohttpd reads a chunked (HTTP/1.1) stream straight into the connection's write
@@ -119,12 +120,12 @@ void ex_set_outcome(exchange *ex, const char *outcome)
 static void send_sglang_abort(exchange *ex)
 {
     lg_worker *w = ex->base.w;
-    char url[2048];
     cJSON *o = dl_json_must(cJSON_CreateObject());
     dl_json_set(o, "rid", cJSON_CreateString(ex->at.rid));
     char *body = dl_json_print_free(o);
-    snprintf(url, sizeof url, "%s/abort_request", pool_base(req_pool(&ex->base), ex->replica));
+    char *url = pool_url(req_pool(&ex->base), ex->replica, "/abort_request");
     worker_post_detached(w, url, body);
+    free(url);
     free(body);
 }
 
@@ -134,7 +135,7 @@ static void stop_transfer(exchange *ex)
 {
     if (ex->at.easy) {
         worker_remove_xfer(ex->base.w, ex->at.easy);
-        curl_easy_cleanup(ex->at.easy);
+        worker_easy_put(ex->base.w, ex->at.easy);
         ex->at.easy = NULL;
     }
     if (ex->have_replica) {
@@ -529,12 +530,11 @@ static void start_attempt(exchange *ex)
     ex->at.not_sse = ex->at.connected = false;
     ex->at.start_ns = ex->at.last_event_ns = req_now(&ex->base);
 
-    char url[2048];
-    snprintf(url, sizeof url, "%s%s", pool_base(pool, ex->replica), ex->api->upstream_path);
+    char *url = pool_url(pool, ex->replica, ex->api->upstream_path);
     ex->at.headers = http_upstream_headers(ex->base.conn, true);
-    CURL *e = ex->at.easy = curl_easy_init();
-    if (!e) abort();
-    curl_easy_setopt(e, CURLOPT_URL, url);
+    CURL *e = ex->at.easy = worker_easy_get(w);
+    curl_easy_setopt(e, CURLOPT_URL, url); /* libcurl keeps a copy */
+    free(url);
     curl_easy_setopt(e, CURLOPT_PRIVATE, &ex->xfer);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, ex->at.headers);
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, ex->at.up_body);
@@ -663,6 +663,16 @@ static bool begin(exchange *ex)
         ex->cl.final_status = 413;
         ex->cl.final_body = ex->api->error_body(413, "request body too large",
                                                 "invalid_request_error", "body_too_large");
+        return false;
+    }
+    /* Before any tree is built: one value, no repeated key, within the node and depth
+     * budget (jsonguard.h), so the body costs at most its budget and the upstream reads
+     * what the guard reads. */
+    char why[200];
+    const jg_limits lim = {cfg->limits.max_json_nodes, cfg->limits.max_json_depth};
+    if (jsonguard_check(ex->body.p ? ex->body.p : "", ex->body.len, &lim, why, sizeof why)) {
+        ex->cl.final_status = 400;
+        ex->cl.final_body = ex->api->error_body(400, why, "invalid_request_error", "invalid_json");
         return false;
     }
     if (ex->api->parse(ex, ex->body.p ? ex->body.p : "", ex->body.len, &err) != 0) {

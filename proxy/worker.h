@@ -157,6 +157,7 @@ struct lg_worker {
     size_t n_spare;
     bool mhd_dirty;   /* some shard is ready: run MHD again this iteration */
     lg_req *flush_head, *flush_tail; /* requests with output for a direct write */
+    struct edge_conn *edge_conns;    /* every client connection's limits (edge.c) */
     uint64_t now_ns;  /* cached loop time */
 };
 
