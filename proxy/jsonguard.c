@@ -5,6 +5,8 @@
  * duplicate check, whose key bytes live in one growing arena. */
 #include "proxy/jsonguard.h"
 
+#include "proxy/buf.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,8 +26,7 @@ typedef struct jg {
     size_t nodes, objects;
     key_slot *slots;
     size_t cap, used;
-    char *arena;
-    size_t alen, acap;
+    lg_buf arena; /* the unescaped keys, one after another */
     char *err;
     size_t errlen;
 } jg;
@@ -41,38 +42,6 @@ static void skip_ws(jg *g)
     while (g->i < g->n &&
            (g->s[g->i] == ' ' || g->s[g->i] == '\t' || g->s[g->i] == '\n' || g->s[g->i] == '\r'))
         g->i++;
-}
-
-/* Appends p[0..k); the arena exists after the first call, even with k == 0 (an empty key). */
-static void arena_put(jg *g, const char *p, size_t k)
-{
-    if (g->alen + k > g->acap || !g->arena) {
-        size_t cap = g->acap ? g->acap : 256;
-        while (cap < g->alen + k) cap *= 2;
-        g->arena = realloc(g->arena, cap);
-        if (!g->arena) abort();
-        g->acap = cap;
-    }
-    if (k) memcpy(g->arena + g->alen, p, k);
-    g->alen += k;
-}
-
-static void arena_utf8(jg *g, uint32_t cp)
-{
-    char b[4];
-    size_t k;
-    if (cp < 0x80) {
-        b[0] = (char)cp, k = 1;
-    } else if (cp < 0x800) {
-        b[0] = (char)(0xc0 | cp >> 6), b[1] = (char)(0x80 | (cp & 0x3f)), k = 2;
-    } else if (cp < 0x10000) {
-        b[0] = (char)(0xe0 | cp >> 12), b[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        b[2] = (char)(0x80 | (cp & 0x3f)), k = 3;
-    } else {
-        b[0] = (char)(0xf0 | cp >> 18), b[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-        b[2] = (char)(0x80 | ((cp >> 6) & 0x3f)), b[3] = (char)(0x80 | (cp & 0x3f)), k = 4;
-    }
-    arena_put(g, b, k);
 }
 
 static int hex4(jg *g, uint32_t *out)
@@ -101,7 +70,7 @@ static int parse_string(jg *g, bool keep)
         while (g->i < g->n && g->s[g->i] != '"' && g->s[g->i] != '\\' &&
                (unsigned char)g->s[g->i] >= 0x20)
             g->i++;
-        if (keep) arena_put(g, g->s + b, g->i - b);
+        if (keep) lg_buf_append(&g->arena, g->s + b, g->i - b);
         if (g->i >= g->n) return fail(g, "unterminated string");
         char c = g->s[g->i];
         if (c == '"') {
@@ -115,7 +84,7 @@ static int parse_string(jg *g, bool keep)
         const char *simple = strchr("\"\\/bfnrt", e);
         if (e && simple) {
             static const char map[] = "\"\\/\b\f\n\r\t";
-            if (keep) arena_put(g, &map[simple - "\"\\/bfnrt"], 1);
+            if (keep) lg_buf_append(&g->arena, &map[simple - "\"\\/bfnrt"], 1);
             continue;
         }
         if (e != 'u') return fail(g, "bad escape in a string");
@@ -132,7 +101,7 @@ static int parse_string(jg *g, bool keep)
             cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
         }
         if (cp == 0) return fail(g, "\\u0000 in a string");
-        if (keep) arena_utf8(g, cp);
+        if (keep) lg_buf_append_utf8(&g->arena, cp);
     }
 }
 
@@ -187,18 +156,18 @@ static void slots_grow(jg *g)
     g->cap = cap;
 }
 
-/* Records the key arena[off..alen) of object `obj`. Returns -1 when that object already
- * has it (the key's bytes are dropped from the arena either way on a duplicate). */
+/* Records the key arena.p[off..arena.len) of object `obj`. Returns -1 when that object
+ * already has it. */
 static int key_add(jg *g, size_t obj, size_t off)
 {
-    size_t len = g->alen - off;
-    const char *k = g->arena + off;
+    size_t len = g->arena.len - off;
+    const char *k = g->arena.p + off;
     if ((g->used + 1) * 2 > g->cap) slots_grow(g);
     uint64_t h = hash_key(obj, k, len);
     size_t j = h & (g->cap - 1);
     for (; g->slots[j].hash; j = (j + 1) & (g->cap - 1)) {
         key_slot *s = &g->slots[j];
-        if (s->hash == h && s->obj == obj && s->len == len && memcmp(g->arena + s->off, k, len) == 0)
+        if (s->hash == h && s->obj == obj && s->len == len && memcmp(g->arena.p + s->off, k, len) == 0)
             return -1;
     }
     g->slots[j] = (key_slot){.hash = h, .obj = obj, .off = off, .len = len};
@@ -231,12 +200,12 @@ static int parse_key(jg *g, size_t obj)
 {
     skip_ws(g);
     if (g->i >= g->n || g->s[g->i] != '"') return fail(g, "expected a string key");
-    size_t off = g->alen, at = g->i;
+    size_t off = g->arena.len, at = g->i;
     if (parse_string(g, true)) return -1;
     if (key_add(g, obj, off)) {
-        size_t len = g->alen - off;
+        size_t len = g->arena.len - off;
         snprintf(g->err, g->errlen, "duplicate key \"%.*s\" in a JSON object at byte %zu",
-                 (int)(len > 64 ? 64 : len), g->arena + off, at);
+                 (int)(len > 64 ? 64 : len), g->arena.p + off, at);
         return -1;
     }
     skip_ws(g);
@@ -302,12 +271,12 @@ static int run(jg *g, frame *stack)
 
 int jsonguard_check(const char *s, size_t n, const jg_limits *lim, char *err, size_t errlen)
 {
-    jg g = {.s = s, .n = n, .lim = lim, .err = err, .errlen = errlen};
+    jg g = {.s = s, .n = n, .lim = lim, .arena = LG_BUF_INIT, .err = err, .errlen = errlen};
     frame *stack = malloc(((size_t)lim->max_depth + 1) * sizeof *stack);
     if (!stack) abort();
     int rc = run(&g, stack);
     free(stack);
     free(g.slots);
-    free(g.arena);
+    lg_buf_free(&g.arena);
     return rc;
 }
