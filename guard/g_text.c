@@ -104,6 +104,9 @@ static bool lines_step(guard *g, unsigned char b, uint64_t pos)
     unsigned char p1 = g->prev, p2 = g->prev2;
     g->prev2 = p1;
     g->prev = b;
+    if (p1 >= '0' && p1 <= '9' && g->p->lines.enabled && g->p->lines.count_run &&
+        guard_count_number(g, pos, pos + 1))
+        return true;
     if (b == '\n') {
         uint64_t ls = g->line_start;
         g->line_start = pos + 1;

@@ -85,6 +85,9 @@ struct guard_params {
         unsigned template_run;
         unsigned template_bytes;
         double template_share;
+        /* The counting detector (g_count.c): numbers in a row that count up with the same
+         * text between them that trip (0: off). */
+        unsigned count_run;
     } lines;
 
     struct {
@@ -229,6 +232,11 @@ struct guard {
     unsigned tpl_run;
     bool tpl_valid;
 
+    /* count (g_count.c): the last number, the hash and length of the text before it, the
+     * offset where the count began and how many numbers in a row counted up. */
+    uint64_t cnt_value, cnt_gap_hash, cnt_from, cnt_last_end;
+    unsigned cnt_run;
+
     /* novelty (g_novelty.c) */
     uint64_t wh[3], ws[3];
     unsigned char walpha; /* bit i: word i of the trigram starts with a letter */
@@ -265,6 +273,7 @@ struct guard {
         char w[16];                   /* lower case */
     } prompt_of[GUARD_PROMPT_COUNTS]; /* "100 None": n copies of a unit holding word w */
     unsigned prompt_nof;
+    uint32_t prompt_number; /* the largest number in the prompt (g_count.c's slack) */
 
     /* The detectors that are on, in table order (guard.c). */
     const struct guard_detector *det[GUARD_MAX_DETECTORS];
@@ -346,6 +355,9 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
 /* A completed line [start, end) (without its newline), for the template detector. Returns
  * true on a trip. */
 bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
+/* A number ended at `end` (the byte there is neither a letter nor a digit), for the
+ * counting detector. Returns true on a trip. */
+bool guard_count_number(guard *g, uint64_t end, uint64_t now);
 void guard_novelty_init(guard *g);
 void guard_novelty_release(guard *g);
 /* One word (hash, first byte, starts with a letter) of a segment that ended. Returns true

@@ -139,6 +139,11 @@ guard_params *guard_params_new(lg_channel ch)
     p->lines.template_run = ch == LG_CH_TOOL_ARGS ? 0 : 16;
     p->lines.template_bytes = 16;
     p->lines.template_share = 0.6;
+    /* Counting: 33 numbers in a row, each 1-3 above the last with the same text between
+     * ("column7, column8, ", "21. 22. 23."). On AlpacaEval it caught 2 of the 4 counting
+     * loops with no false trip (16 still had none; 32 leaves room for the held-out sets).
+     * Off in tool arguments, where ids count up by design. */
+    p->lines.count_run = ch == LG_CH_TOOL_ARGS ? 0 : 32;
 
     /* Paraphrase loops: fewer than min_ratio of the last `window` word trigrams are new. In
      * answers 0.1 over 160 catches 3 more of the AlpacaEval loops than 0.03 with no new false
@@ -437,6 +442,7 @@ static const jfield lines_fields[] = {
     F_U32("template_run", lines.template_run, 0, 1024),
     F_U32("template_bytes", lines.template_bytes, 1, 4096),
     F_DBL("template_share", lines.template_share, 0, 1),
+    F_U32("count_run", lines.count_run, 0, 100000),
 };
 static const jfield novelty_fields[] = {
     F_BOOL("enabled", novelty.enabled),

@@ -514,6 +514,68 @@ static void assert_loop(const char *what, lg_channel ch, const char *prefix, con
     free(t.s);
 }
 
+/* ---- counting ------------------------------------------------------------------------ */
+
+/* Numbers from `from`, `step` apart, `n` of them, each written `head` number `tail`, a
+ * newline after every `per_line`; with `prompt` when not NULL. */
+static const struct count_case {
+    const char *what;
+    const char *head, *tail;
+    int from, step, n, per_line;
+    const char *prompt;
+    bool loop;
+} count_cases[] = {
+    {"columns counted to the limit", "field", ", ", 1, 1, 80, 0, NULL, true},
+    {"a numbered grid that keeps going", "", ". ", 11, 1, 200, 8, NULL, true},
+    {"a count the prompt asks for", "", " ", 1, 1, 100, 0, "Count from 1 to 100, please.", false},
+    {"twenty numbers", "item", ", ", 1, 1, 20, 0, NULL, false},
+    {"even numbers only far apart", "", ", ", 0, 10, 60, 0, NULL, false},
+};
+
+static void count_text(text *t, const struct count_case *c)
+{
+    tcat(t, "Here it is:\n");
+    for (int i = 0; i < c->n; i++) {
+        char num[16];
+        snprintf(num, sizeof(num), "%d", c->from + i * c->step);
+        tcat(t, c->head);
+        tcat(t, num);
+        tcat(t, c->tail);
+        if (c->per_line && i % c->per_line == c->per_line - 1) tcat(t, "\n");
+    }
+}
+
+static void test_count(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof(count_cases) / sizeof(count_cases[0]); i++) {
+        const struct count_case *c = &count_cases[i];
+        text t = {0};
+        count_text(&t, c);
+        result r = c->prompt ? scan_prompted(LG_CH_CONTENT, c->prompt, t.s)
+                             : scan_text(LG_CH_CONTENT, t.s);
+        if (c->loop && (!r.tripped || strcmp(r.detector, "count")))
+            fail_msg("%s: expected a count trip, got %s", c->what, r.tripped ? r.detector : "none");
+        if (!c->loop && r.tripped) fail_msg("%s tripped %s", c->what, r.detector);
+        result ta = scan_text(LG_CH_TOOL_ARGS, t.s); /* counting is off in tool arguments */
+        if (ta.tripped && !strcmp(ta.detector, "count"))
+            fail_msg("%s: count in tool_args", c->what);
+        free(t.s);
+    }
+    /* A numbered list counts too, but its items differ: no count. */
+    text t = {0};
+    static const char *const items[] = {"apples", "pears", "plums", "figs", "dates", "limes"};
+    for (int i = 0; i < 60; i++) {
+        char line[96];
+        snprintf(line, sizeof(line), "%d. Buy %s for the market stall number %s\n", i + 1,
+                 items[i % 6], items[(i / 6) % 6]);
+        tcat(&t, line);
+    }
+    result r = scan_text(LG_CH_CONTENT, t.s);
+    if (r.tripped && !strcmp(r.detector, "count")) fail_msg("numbered list tripped count");
+    free(t.s);
+}
+
 /* ---- templated lines ------------------------------------------------------------------ */
 
 /* Lines `head` slot `tail`, `times` lines after a short opening. The slot counts up from 1
@@ -1026,7 +1088,7 @@ int main(void)
         cmocka_unit_test(test_rules),       cmocka_unit_test(test_budget_and_empty),
         cmocka_unit_test(test_settings),    cmocka_unit_test(test_fence_closing_in_the_chunk),
         cmocka_unit_test(test_loop_shapes), cmocka_unit_test(test_prompt_slack),
-        cmocka_unit_test(test_template),
+        cmocka_unit_test(test_template),    cmocka_unit_test(test_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
