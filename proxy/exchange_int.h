@@ -1,11 +1,16 @@
-/* exchange_int.h — the guarded exchange's state, shared by its two halves and private to them:
+/* exchange_int.h — the guarded exchange's state, shared by its halves and the API modules
+ * (api.h) and private to them:
  *
- *   exchange.c         a request's life: the body, the attempts and the retry ladder, the
- *                      incident record, the client side (streamed or whole), timeouts;
- *   exchange_events.c  the upstream's events: SSE and dialect parsing, the think splitter, the
- *                      guard per channel, holdback and release, the chunks for the client.
+ *   exchange.c         a request's life: the body, the attempts (exchange_plan.c decides
+ *                      each one), the incident record, the client side (streamed or whole),
+ *                      timeouts;
+ *   exchange_events.c  libcurl's callbacks, the guard per channel, the token-run check,
+ *                      holdback and release;
+ *   api_*.c            one API each: its request, its events to the channels and back.
  *
- * Memory: everything an exchange owns is freed in one place, exchange.c's ex_destroy. */
+ * The state is split by lifetime: ex_attempt (one upstream attempt, reset in one place),
+ * ex_client (the client side), ex_record (the incident). Memory: everything an exchange
+ * owns is freed in one place, exchange.c's ex_destroy (the module's state by api->destroy). */
 #ifndef LG_EXCHANGE_INT_H
 #define LG_EXCHANGE_INT_H
 
