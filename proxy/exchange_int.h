@@ -194,6 +194,11 @@ void ex_release(exchange *ex, lg_channel ch, size_t n, lg_buf *into);
 /* The generation of this attempt ended: the guards' last checks (and the empty-answer
  * check when answer_expected and the API is templated). True when one tripped. */
 bool ex_end_checks(exchange *ex, bool answer_expected);
+/* True when any channel holds text back. */
+bool ex_held_any(const exchange *ex);
+/* OpenAI's error body {"error":{"message","type","param","code"}}: api.h's error_body for
+ * the routes that answer errors in OpenAI's shape. */
+char *ex_openai_error_body(int status, const char *message, const char *type, const char *code);
 /* The per-event text buffers (EX_TEXT_R, EX_TEXT_C), lent empty and taken back. */
 lg_buf ex_text_borrow(exchange *ex, int i);
 void ex_text_return(exchange *ex, int i, lg_buf *b);
