@@ -49,6 +49,7 @@ static bool same_template(const guard *g, uint64_t a, uint64_t ae, uint64_t b, u
 {
     const guard_params *p = g->p;
     uint64_t la = ae - a, lb = be - b, n = la < lb ? la : lb, pre = 0, suf = 0;
+    if (n < p->lines.template_bytes) return false; /* prefix + suffix <= the shorter line */
     while (pre < n && guard_at(g, a + pre) == guard_at(g, b + pre))
         pre++;
     if (pre == la && la == lb) return false; /* the same line: the lines detector's */
