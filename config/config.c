@@ -757,28 +757,49 @@ static int apply_ladder(load_ctx *c, void *base, const key_spec *k, const cJSON 
                                   &c->cfg->retry.n_ladder);
 }
 
+/* Replaces *dst (n_dst entries) with the array of non-empty strings `v` (at most `max`).
+ * With `paths`, each must start with '/' or be "*". */
+static int apply_string_list(load_ctx *c, const cJSON *v, const char *path, size_t max,
+                             bool paths, char ***dst, size_t *n_dst)
+{
+    char ip[MAX_PATH_LEN];
+    if (!cJSON_IsArray(v)) return fail(c->err, c->errlen, path, "expected an array of strings");
+    size_t n = (size_t)cJSON_GetArraySize(v), i = 0;
+    if (n > max) return fail(c->err, c->errlen, path, "at most %zu entries", max);
+    char **strs = lg_xcalloc(n, sizeof *strs);
+    for (const cJSON *e = v->child; e; e = e->next, i++) {
+        snprintf(ip, sizeof ip, "%s[%zu]", path, i);
+        if (!cJSON_IsString(e) || !e->valuestring[0]) {
+            free_strv(strs, n);
+            return fail(c->err, c->errlen, ip, "expected a non-empty string");
+        }
+        if (paths && e->valuestring[0] != '/' && strcmp(e->valuestring, "*") != 0) {
+            free_strv(strs, n);
+            return fail(c->err, c->errlen, ip, "expected a path starting with '/' (or \"*\")");
+        }
+        strs[i] = lg_xstrdup(e->valuestring);
+    }
+    free_strv(*dst, *n_dst);
+    *dst = n ? strs : NULL;
+    *n_dst = n;
+    if (!n) free(strs);
+    return 0;
+}
+
 static int apply_api_keys(load_ctx *c, void *base, const key_spec *k, const cJSON *v,
                           const char *path)
 {
     (void)base, (void)k;
-    char ip[MAX_PATH_LEN];
-    if (!cJSON_IsArray(v)) return fail(c->err, c->errlen, path, "expected an array of strings");
-    size_t n = (size_t)cJSON_GetArraySize(v), i = 0;
-    if (n > MAX_API_KEYS) return fail(c->err, c->errlen, path, "at most %d keys", MAX_API_KEYS);
-    char **keys = lg_xcalloc(n, sizeof *keys);
-    for (const cJSON *e = v->child; e; e = e->next, i++) {
-        snprintf(ip, sizeof ip, "%s[%zu]", path, i);
-        if (!cJSON_IsString(e) || !e->valuestring[0]) {
-            free_strv(keys, n);
-            return fail(c->err, c->errlen, ip, "expected a non-empty string");
-        }
-        keys[i] = lg_xstrdup(e->valuestring);
-    }
-    free_strv(c->cfg->api_keys, c->cfg->n_api_keys);
-    c->cfg->api_keys = n ? keys : NULL;
-    c->cfg->n_api_keys = n;
-    if (!n) free(keys);
-    return 0;
+    return apply_string_list(c, v, path, MAX_API_KEYS, false, &c->cfg->api_keys,
+                             &c->cfg->n_api_keys);
+}
+
+static int apply_passthrough_allow(load_ctx *c, void *base, const key_spec *k, const cJSON *v,
+                                   const char *path)
+{
+    (void)base, (void)k;
+    return apply_string_list(c, v, path, MAX_API_KEYS, true, &c->cfg->passthrough.allow,
+                             &c->cfg->passthrough.n_allow);
 }
 
 static int check_hostport(load_ctx *c, void *base, const key_spec *k, const cJSON *v,
@@ -861,6 +882,15 @@ static const key_spec config_keys[] = {
     C_STR("admin.listen", admin.listen, true, check_hostport),
     C_STR("admin.token", admin.token, true, check_nonempty),
     C_LIST("api_keys", apply_api_keys),
+    C_OBJ("limits"),
+    C_UINT("limits.header_timeout_ms", limits.header_timeout_ms, 0, MS_HOUR),
+    C_UINT("limits.body_timeout_ms", limits.body_timeout_ms, 0, MS_HOUR),
+    C_UINT("limits.body_min_rate", limits.body_min_rate, 0, 1 << 30),
+    C_UINT("limits.max_conns_per_ip", limits.max_conns_per_ip, 0, 1000000),
+    C_UINT("limits.max_json_nodes", limits.max_json_nodes, 16, 100000000),
+    C_UINT("limits.max_json_depth", limits.max_json_depth, 2, 1000),
+    C_OBJ("passthrough"),
+    C_LIST("passthrough.allow", apply_passthrough_allow),
     C_OBJ("health"),
     C_STR("health.path", health.path, false, check_abs_path),
     C_UINT("health.interval_ms", health.interval_ms, 100, MS_HOUR),
@@ -895,6 +925,12 @@ lg_config *config_new_defaults(void)
     cfg->max_body_bytes = 32u << 20;
     cfg->max_header_bytes = 16u << 10; /* libmicrohttpd keeps (and clears) it per connection */
     cfg->client_timeout_s = 60;
+    cfg->limits.header_timeout_ms = 10000;
+    cfg->limits.body_timeout_ms = 20000;
+    cfg->limits.body_min_rate = 500;
+    cfg->limits.max_conns_per_ip = 256;
+    cfg->limits.max_json_nodes = 200000;
+    cfg->limits.max_json_depth = 64;
     cfg->shutdown_grace_ms = 10000;
     cfg->timeouts.connect_ms = 5000;
     cfg->timeouts.first_byte_ms = 120000;
@@ -1269,6 +1305,7 @@ void config_free(lg_config *cfg)
     free(cfg->admin.token);
     free(cfg->log.access);
     free_strv(cfg->api_keys, cfg->n_api_keys);
+    free_strv(cfg->passthrough.allow, cfg->passthrough.n_allow);
     free(cfg->health.path);
     free(cfg);
 }

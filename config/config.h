@@ -139,6 +139,24 @@ typedef struct lg_config {
     char **api_keys; /* inbound keys clients must present; NULL/0: open */
     size_t n_api_keys;
 
+    /* What one client may cost before a request reaches a route (proxy/edge.c); 0 turns
+     * a time or count limit off. */
+    struct {
+        unsigned header_timeout_ms; /* the request head must be complete within this */
+        unsigned body_timeout_ms;   /* the body gets this long, plus 1 s per body_min_rate bytes */
+        unsigned body_min_rate;     /* bytes per second */
+        unsigned max_conns_per_ip;  /* open connections per client address */
+        size_t max_json_nodes;      /* values in a guarded request's JSON body */
+        unsigned max_json_depth;    /* nesting of that body */
+    } limits;
+
+    /* Extra routes the relay may forward besides the built-in allow-list (edge.h): exact
+     * paths, or prefixes ending with '*' ("*" opens every path). */
+    struct {
+        char **allow;
+        size_t n_allow;
+    } passthrough;
+
     struct {
         char *path;
         unsigned interval_ms;

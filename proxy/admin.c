@@ -10,16 +10,21 @@
 #include <time.h>
 
 #include "proxy/http.h"
+#include "proxy/httphead.h"
 #include "proxy/series.h"
 #include "proxy/status_page.h"
 #include "proxy/upstream.h"
 #include "proxy/xalloc.h"
 
+/* With admin.token, its bearer (compared in constant time). Without one, the endpoints are
+ * open only when clients need no key either: with api_keys set they would otherwise hand
+ * every user's prompts (incidents) to anyone. */
 static bool admin_authorized(const lg_config *cfg, struct MHD_Connection *conn)
 {
-    if (!cfg->admin.token) return true;
+    if (!cfg->admin.token) return cfg->n_api_keys == 0;
     const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    return auth && strncasecmp(auth, "Bearer ", 7) == 0 && strcmp(auth + 7, cfg->admin.token) == 0;
+    return auth && strncasecmp(auth, "Bearer ", 7) == 0 &&
+           hh_secret_equal(auth + 7, cfg->admin.token);
 }
 
 /* Gauges that live outside the per-worker counters, in Prometheus text. */
@@ -86,8 +91,12 @@ static int admin_answer(lg_worker *w, struct MHD_Connection *conn, const char *u
     bool health = strcmp(url, "/loopguard/health") == 0;
     bool page = strcmp(url, "/loopguard/") == 0 || strcmp(url, "/loopguard") == 0;
     if (!health && !page && !admin_authorized(srv->cfg, conn)) {
-        *rc = http_respond_error(conn, 401, "admin token required", "authentication_error",
-                                 "invalid_admin_token");
+        *rc = http_respond_error(conn, 401,
+                                 srv->cfg->admin.token
+                                     ? "admin token required"
+                                     : "admin endpoints are closed: api_keys is set and "
+                                       "admin.token is not",
+                                 "authentication_error", "invalid_admin_token");
         return 401;
     }
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {

@@ -283,7 +283,7 @@ static int chat_on_event(exchange *ex, const sse_event *ev)
         lg_buf_append(&CS(ex)->done_raw, ev->raw, ev->raw_len);
         break;
     case DL_ERROR:
-        metrics_upstream_error(ex->base.w->metrics, ex->replica, "protocol");
+        metrics_upstream_error(req_metrics(&ex->base), ex->replica, "protocol");
         ex_set_outcome(ex, "upstream_error");
         if (ex_streaming_started(ex)) {
             flush_held(ex);

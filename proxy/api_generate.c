@@ -184,7 +184,7 @@ static int gen_on_event(exchange *ex, const sse_event *ev)
     cJSON *root = cJSON_ParseWithLength(ev->data, ev->data_len);
     int rc = 0;
     if (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(root, "error"))) {
-        metrics_upstream_error(ex->base.w->metrics, ex->replica, "protocol");
+        metrics_upstream_error(req_metrics(&ex->base), ex->replica, "protocol");
         ex_set_outcome(ex, "upstream_error");
         if (ex_streaming_started(ex)) {
             lg_buf b = ex_text_borrow(ex, EX_TEXT_C);
@@ -197,7 +197,7 @@ static int gen_on_event(exchange *ex, const sse_event *ev)
             ex_fail_whole(ex, 502, dl_json_print_free(dl_json_must(cJSON_Duplicate(root, 1))));
         }
     } else if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "text"))) {
-        metrics_upstream_error(ex->base.w->metrics, ex->replica, "protocol");
+        metrics_upstream_error(req_metrics(&ex->base), ex->replica, "protocol");
         ex_set_outcome(ex, "upstream_error");
         ex_fail(ex, 502, "the upstream sent a malformed event", "upstream_error", "bad_upstream");
         rc = 1;

@@ -269,7 +269,7 @@ static int on_message_delta(exchange *ex, const sse_event *ev, cJSON *root)
 static void on_error_event(exchange *ex, const sse_event *ev, cJSON *root)
 {
     msg_state *m = MS(ex);
-    metrics_upstream_error(ex->base.w->metrics, ex->replica, "protocol");
+    metrics_upstream_error(req_metrics(&ex->base), ex->replica, "protocol");
     ex_set_outcome(ex, "upstream_error");
     if (ex_streaming_started(ex)) {
         for (int c = 0; c < LG_CH_COUNT; c++) flush_channel(ex, c);
@@ -290,7 +290,7 @@ static int msg_on_event(exchange *ex, const sse_event *ev)
     const char *type = str_at(root, "type");
     int rc = 0;
     if (!type) {
-        metrics_upstream_error(ex->base.w->metrics, ex->replica, "protocol");
+        metrics_upstream_error(req_metrics(&ex->base), ex->replica, "protocol");
         ex_set_outcome(ex, "upstream_error");
         ex_fail(ex, 502, "the upstream sent a malformed event", "upstream_error", "bad_upstream");
         rc = 1;

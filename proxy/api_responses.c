@@ -242,7 +242,7 @@ static int on_delta(exchange *ex, const sse_event *ev, const cJSON *root, int ch
 static void on_failed(exchange *ex, const sse_event *ev, const cJSON *root, const char *type)
 {
     rsp_state *r = RS(ex);
-    metrics_upstream_error(ex->base.w->metrics, ex->replica, "protocol");
+    metrics_upstream_error(req_metrics(&ex->base), ex->replica, "protocol");
     ex_set_outcome(ex, "upstream_error");
     if (ex_streaming_started(ex)) {
         for (int c = 0; c < LG_CH_COUNT; c++) flush_channel(ex, c);
@@ -281,7 +281,7 @@ static int rsp_on_event(exchange *ex, const sse_event *ev)
     bool stream = ex->req.client_stream;
     int rc = 0, ch;
     if (!type) {
-        metrics_upstream_error(ex->base.w->metrics, ex->replica, "protocol");
+        metrics_upstream_error(req_metrics(&ex->base), ex->replica, "protocol");
         ex_set_outcome(ex, "upstream_error");
         ex_fail(ex, 502, "the upstream sent a malformed event", "upstream_error", "bad_upstream");
         rc = 1;

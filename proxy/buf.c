@@ -39,6 +39,24 @@ void lg_buf_append_str(lg_buf *b, const char *s)
     lg_buf_append(b, s, strlen(s));
 }
 
+void lg_buf_append_utf8(lg_buf *b, unsigned cp)
+{
+    char u[4];
+    size_t n;
+    if (cp < 0x80) {
+        u[0] = (char)cp, n = 1;
+    } else if (cp < 0x800) {
+        u[0] = (char)(0xc0 | cp >> 6), u[1] = (char)(0x80 | (cp & 0x3f)), n = 2;
+    } else if (cp < 0x10000) {
+        u[0] = (char)(0xe0 | cp >> 12), u[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
+        u[2] = (char)(0x80 | (cp & 0x3f)), n = 3;
+    } else {
+        u[0] = (char)(0xf0 | cp >> 18), u[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
+        u[2] = (char)(0x80 | ((cp >> 6) & 0x3f)), u[3] = (char)(0x80 | (cp & 0x3f)), n = 4;
+    }
+    lg_buf_append(b, u, n);
+}
+
 void lg_buf_printf(lg_buf *b, const char *fmt, ...)
 {
     va_list ap, ap2;

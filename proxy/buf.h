@@ -29,6 +29,8 @@ void lg_buf_reserve(lg_buf *b, size_t extra);
 void lg_buf_append(lg_buf *b, const void *s, size_t n);
 /* Appends a NUL-terminated string. */
 void lg_buf_append_str(lg_buf *b, const char *s);
+/* Appends the code point cp (at most U+10FFFF) in UTF-8. */
+void lg_buf_append_utf8(lg_buf *b, unsigned cp);
 /* Appends printf-formatted text. */
 void lg_buf_printf(lg_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Drops the first n bytes (all of them when n >= len). O(len - n): the rest is moved to the

@@ -76,24 +76,6 @@ static bool hex4(scan *c, unsigned *out)
     return true;
 }
 
-static void put_utf8(lg_buf *b, unsigned cp)
-{
-    char u[4];
-    size_t n;
-    if (cp < 0x80) {
-        u[0] = (char)cp, n = 1;
-    } else if (cp < 0x800) {
-        u[0] = (char)(0xc0 | cp >> 6), u[1] = (char)(0x80 | (cp & 0x3f)), n = 2;
-    } else if (cp < 0x10000) {
-        u[0] = (char)(0xe0 | cp >> 12), u[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        u[2] = (char)(0x80 | (cp & 0x3f)), n = 3;
-    } else {
-        u[0] = (char)(0xf0 | cp >> 18), u[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-        u[2] = (char)(0x80 | ((cp >> 6) & 0x3f)), u[3] = (char)(0x80 | (cp & 0x3f)), n = 4;
-    }
-    lg_buf_append(b, u, n);
-}
-
 static bool string_stop(char ch)
 {
     return ch == '"' || ch == '\\' || (unsigned char)ch < 0x20;
@@ -145,7 +127,7 @@ static bool escape(scan *c)
             if (!hex4(c, &lo) || lo < 0xdc00 || lo > 0xdfff) return false;
             cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
         }
-        put_utf8(c->scratch, cp);
+        lg_buf_append_utf8(c->scratch, cp);
         return true;
     }
     default:

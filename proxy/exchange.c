@@ -24,6 +24,7 @@
 #include "proxy/accesslog.h"
 #include "proxy/exchange_int.h"
 #include "proxy/exchange_plan.h"
+#include "proxy/jsonguard.h"
 #include "proxy/upfail.h"
 
 /* libmicrohttpd reads a chunked (HTTP/1.1) stream straight into the connection's write
@@ -74,8 +75,8 @@ static cJSON *prompt_capture(const exchange *ex)
 
 static void write_incident(exchange *ex)
 {
-    lg_server *srv = ex->base.w->srv;
-    if (ex->rec.trips == 0 || !srv->incidents || ex->rec.written) return; /* once */
+    incident_log *log = req_incidents(&ex->base);
+    if (ex->rec.trips == 0 || !log || ex->rec.written) return; /* once */
     ex->rec.written = true;
     char ts[40];
     iso_now(ts, sizeof ts);
@@ -97,7 +98,7 @@ static void write_incident(exchange *ex)
     if (prompt) cJSON_AddItemToObject(o, "prompt", prompt);
     char *line = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    if (line) incident_log_submit(srv->incidents, line);
+    if (line) incident_log_submit(log, line);
 }
 
 void ex_conclude(exchange *ex)
@@ -110,7 +111,7 @@ void ex_set_outcome(exchange *ex, const char *outcome)
 {
     if (ex->rec.outcome) return;
     ex->rec.outcome = outcome;
-    if (ex->rec.trips) metrics_outcome(ex->base.w->metrics, outcome);
+    if (ex->rec.trips) metrics_outcome(req_metrics(&ex->base), outcome);
 }
 
 /* ---- attempts ---------------------------------------------------------------------- */
@@ -120,12 +121,12 @@ void ex_set_outcome(exchange *ex, const char *outcome)
 static void send_sglang_abort(exchange *ex)
 {
     lg_worker *w = ex->base.w;
-    char url[2048];
     cJSON *o = dl_json_must(cJSON_CreateObject());
     dl_json_set(o, "rid", cJSON_CreateString(ex->at.rid));
     char *body = dl_json_print_free(o);
-    snprintf(url, sizeof url, "%s/abort_request", pool_base(w->srv->pool, ex->replica));
+    char *url = pool_url(req_pool(&ex->base), ex->replica, "/abort_request");
     worker_post_detached(w, url, body);
+    free(url);
     free(body);
 }
 
@@ -139,7 +140,7 @@ static void stop_transfer(exchange *ex)
         ex->at.easy = NULL;
     }
     if (ex->have_replica) {
-        pool_release(ex->base.w->srv->pool, ex->replica);
+        pool_release(req_pool(&ex->base), ex->replica);
         ex->have_replica = false;
     }
     curl_slist_free_all(ex->at.headers);
@@ -153,7 +154,7 @@ static void abort_attempt(exchange *ex)
 {
     bool was_running = ex->at.easy != NULL;
     stop_transfer(ex);
-    if (was_running && pool_kind(ex->base.w->srv->pool, ex->replica) == LG_UPSTREAM_SGLANG &&
+    if (was_running && pool_kind(req_pool(&ex->base), ex->replica) == LG_UPSTREAM_SGLANG &&
         ex->at.rid[0])
         send_sglang_abort(ex);
 }
@@ -182,7 +183,7 @@ void ex_record_attempt(exchange *ex, const guard_verdict *v)
     cJSON *a = dl_json_must(cJSON_CreateObject());
     cJSON_AddNumberToObject(a, "attempt", ex->attempt);
     cJSON_AddStringToObject(a, "rid", ex->at.rid);
-    cJSON_AddStringToObject(a, "upstream", pool_base(ex->base.w->srv->pool, ex->replica));
+    cJSON_AddStringToObject(a, "upstream", pool_base(req_pool(&ex->base), ex->replica));
     if (v) {
         cJSON_AddStringToObject(a, "detector", ex->at.verdict_detector);
         cJSON_AddStringToObject(a, "channel", guard_channel_name(v->channel));
@@ -198,7 +199,7 @@ void ex_record_attempt(exchange *ex, const guard_verdict *v)
     cJSON_AddItemToObject(a, "sampling", ex->at.sampling ? ex->at.sampling : cJSON_CreateObject());
     ex->at.sampling = NULL;
     cJSON_AddNumberToObject(a, "ms",
-                            (double)((ex->base.w->now_ns - ex->at.start_ns) / 1000000));
+                            (double)((req_now(&ex->base) - ex->at.start_ns) / 1000000));
     cJSON_AddBoolToObject(a, "guarded", ex->at.guarded);
     cJSON_AddItemToArray(ex->rec.attempts, a);
 }
@@ -274,14 +275,13 @@ static void exhausted(exchange *ex)
 /* The guard tripped in the current attempt (its transfer is already closed). */
 static void after_trip(exchange *ex)
 {
-    lg_worker *w = ex->base.w;
     const guard_verdict *v = &ex->at.verdict;
     ex->rec.trips++;
-    metrics_trip(w->metrics, ex->replica, ex->at.verdict_detector, (int)v->channel);
-    metrics_aborted_tokens(w->metrics, ex->at.tokens);
+    metrics_trip(req_metrics(&ex->base), ex->replica, ex->at.verdict_detector, (int)v->channel);
+    metrics_aborted_tokens(req_metrics(&ex->base), ex->at.tokens);
     ex->rec.cut_tokens += ex->at.tokens;
-    if (pool_report_generation(w->srv->pool, ex->replica, true))
-        metrics_ejection(w->metrics, ex->replica);
+    if (pool_report_generation(req_pool(&ex->base), ex->replica, true))
+        metrics_ejection(req_metrics(&ex->base), ex->replica);
     if (!ex->rec.excerpt) {
         /* What the model was producing: the released tail plus the held loop. */
         const chan *c = &ex->at.ch[v->channel];
@@ -305,23 +305,22 @@ static void after_trip(exchange *ex)
  * upstream's own error on, or map the failure to 502/504 (an error event once streaming). */
 static void attempt_failed(exchange *ex, CURLcode rc)
 {
-    lg_worker *w = ex->base.w;
     size_t replica = ex->replica;
     /* The cause, for the log now and for the client's message below. */
     char why[400];
     if (ex->at.head.complete && ex->at.head.status != 200 && !ex->at.timed_out)
-        upf_report_status(pool_base(w->srv->pool, replica), ex->at.head.status);
+        upf_report_status(pool_base(req_pool(&ex->base), replica), ex->at.head.status);
     else
-        upf_report(why, sizeof why, pool_base(w->srv->pool, replica),
+        upf_report(why, sizeof why, pool_base(req_pool(&ex->base), replica),
                    &(upf_state){rc, ex->xfer.os_errno, ex->at.timed_out, ex->at.connected,
                                 ex->at.first_byte, ex->at.not_sse});
     if (!ex->at.head.complete && rc != CURLE_OK && rc != CURLE_FAILED_INIT && !ex->at.timed_out &&
-        ex->connect_retries + 1 < pool_size(w->srv->pool)) {
+        ex->connect_retries + 1 < pool_size(req_pool(&ex->base))) {
         /* The replica never answered: the client must not see a 502 while another one
          * may be healthy. Same attempt, same sampling, another replica. */
         ex->connect_retries++;
-        metrics_upstream_error(w->metrics, replica, "connect");
-        pool_report_health(w->srv->pool, replica, false);
+        metrics_upstream_error(req_metrics(&ex->base), replica, "connect");
+        pool_report_health(req_pool(&ex->base), replica, false);
         attempt_reset(ex);
         ex->attempt--;
         ex->avoid_replica = true;
@@ -331,8 +330,8 @@ static void attempt_failed(exchange *ex, CURLcode rc)
     ex_set_outcome(ex, "upstream_error");
     if (ex->rec.trips) ex_record_attempt(ex, NULL);
     if (ex->at.head.complete && ex->at.head.status != 200 && !ex->at.timed_out) {
-        pool_report_health(w->srv->pool, replica, ex->at.head.status < 500);
-        if (ex->at.head.status >= 500) metrics_upstream_error(w->metrics, replica, "http_5xx");
+        pool_report_health(req_pool(&ex->base), replica, ex->at.head.status < 500);
+        if (ex->at.head.status >= 500) metrics_upstream_error(req_metrics(&ex->base), replica, "http_5xx");
         if (ex->cl.queued) {
             ex_fail(ex, ex->at.head.status, "upstream error", "upstream_error", NULL);
             return;
@@ -346,17 +345,17 @@ static void attempt_failed(exchange *ex, CURLcode rc)
         return;
     }
     if (ex->at.not_sse) {
-        metrics_upstream_error(w->metrics, replica, "protocol");
+        metrics_upstream_error(req_metrics(&ex->base), replica, "protocol");
         ex_fail(ex, 502, why, "upstream_error", "bad_upstream");
         return;
     }
     bool timeout = ex->at.timed_out || rc == CURLE_OPERATION_TIMEDOUT;
-    metrics_upstream_error(w->metrics, replica,
+    metrics_upstream_error(req_metrics(&ex->base), replica,
                            timeout              ? "timeout"
                            : rc == CURLE_OK     ? "protocol"
                            : !ex->at.head.complete ? "connect"
                                                 : "reset");
-    pool_report_health(w->srv->pool, replica, false);
+    pool_report_health(req_pool(&ex->base), replica, false);
     if (timeout)
         ex_fail(ex, 504, why, "upstream_error", "upstream_timeout");
     else if (!ex->at.head.complete)
@@ -369,9 +368,8 @@ static void attempt_failed(exchange *ex, CURLcode rc)
 static void on_done(lg_xfer *x, CURLcode rc)
 {
     exchange *ex = x->owner;
-    lg_worker *w = ex->base.w;
     size_t replica = ex->replica;
-    bool sglang = pool_kind(w->srv->pool, replica) == LG_UPSTREAM_SGLANG;
+    bool sglang = pool_kind(req_pool(&ex->base), replica) == LG_UPSTREAM_SGLANG;
     stop_transfer(ex);
     /* An event whose last line ended in a bare CR at the very end is complete now (it may
      * still trip the guard). */
@@ -386,7 +384,7 @@ static void on_done(lg_xfer *x, CURLcode rc)
     }
     if (ex->base.client_gone || ex->phase == PHASE_DONE) return;
     if (ex->at.raw_body && rc == CURLE_OK && !ex->at.timed_out) { /* passthrough, whole */
-        pool_report_generation(w->srv->pool, replica, false);
+        pool_report_generation(req_pool(&ex->base), replica, false);
         ex_conclude(ex);
         ex->cl.final_status = 200;
         ex->cl.final_body = lg_buf_steal(&ex->at.errbody);
@@ -402,12 +400,12 @@ static void on_done(lg_xfer *x, CURLcode rc)
         attempt_failed(ex, rc);
         return;
     }
-    pool_report_generation(w->srv->pool, replica, false);
+    pool_report_generation(req_pool(&ex->base), replica, false);
     /* The last attempt ran unguarded because attempts ran out: not a recovery. */
     if (ex->rec.trips && !ex->at.guarded) ex_set_outcome(ex, "failed");
     if (ex->rec.trips) {
         ex_record_attempt(ex, NULL);
-        metrics_retry_latency(w->metrics, seconds_since(ex->rec.trip_ns, w->now_ns));
+        metrics_retry_latency(req_metrics(&ex->base), seconds_since(ex->rec.trip_ns, req_now(&ex->base)));
     }
     finish_exchange(ex);
 }
@@ -472,15 +470,15 @@ static void start_attempt(exchange *ex)
 {
     lg_worker *w = ex->base.w;
     const lg_config *cfg = cfg_of(ex);
-    lg_pool *pool = w->srv->pool;
+    lg_pool *pool = req_pool(&ex->base);
     unsigned k = ++ex->attempt;
     bool has_prefix = ex->cl.sent[LG_CH_REASONING].len || ex->cl.sent[LG_CH_CONTENT].len;
 
-    metrics_attempt(w->metrics, k);
+    metrics_attempt(req_metrics(&ex->base), k);
     size_t avoid = ex->avoid_replica || ex_plan_elsewhere(cfg, k) ? ex->replica : SIZE_MAX;
     ex->avoid_replica = false;
     ex->replica = pool_acquire(pool, avoid);
-    metrics_upstream_request(w->metrics, ex->replica);
+    metrics_upstream_request(req_metrics(&ex->base), ex->replica);
     ex->have_replica = true;
     lg_upstream_kind kind = pool_kind(pool, ex->replica);
     if (ex->api->takes_rid) ex_random_hex(ex->at.rid, 16);
@@ -531,13 +529,13 @@ static void start_attempt(exchange *ex)
     ex->at.tokens = ex->at.tokens_after_trip = 0;
     ex->at.first_byte = ex->at.finished_gen = ex->at.saw_done = ex->at.timed_out = ex->at.up_paused = false;
     ex->at.not_sse = ex->at.connected = false;
-    ex->at.start_ns = ex->at.last_event_ns = w->now_ns;
+    ex->at.start_ns = ex->at.last_event_ns = req_now(&ex->base);
 
-    char url[2048];
-    snprintf(url, sizeof url, "%s%s", pool_base(pool, ex->replica), ex->api->upstream_path);
+    char *url = pool_url(pool, ex->replica, ex->api->upstream_path);
     ex->at.headers = http_upstream_headers(ex->base.conn, true);
     CURL *e = ex->at.easy = worker_easy_get(w);
-    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_URL, url); /* libcurl keeps a copy */
+    free(url);
     curl_easy_setopt(e, CURLOPT_PRIVATE, &ex->xfer);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, ex->at.headers);
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, ex->at.up_body);
@@ -566,14 +564,13 @@ static void start_attempt(exchange *ex)
  * figure, and the upstream resumes once a slow client has drained half of it. */
 static void output_taken(exchange *ex)
 {
-    lg_worker *w = ex->base.w;
     uint64_t now = lg_now_ns();
-    metrics_added_latency(w->metrics, seconds_since(ex->cl.out_since_ns, now));
+    metrics_added_latency(req_metrics(&ex->base), seconds_since(ex->cl.out_since_ns, now));
     ex->cl.out_since_ns = now;
     ex->cl.last_out_ns = now;
     if (ex->at.up_paused && lg_fifo_len(&ex->cl.out) < EX_OUT_HIGH / 2 && ex->at.easy) {
         ex->at.up_paused = false;
-        ex->at.last_event_ns = w->now_ns;             /* time paused for the client is not idle time */
+        ex->at.last_event_ns = req_now(&ex->base);             /* time paused for the client is not idle time */
         curl_easy_pause(ex->at.easy, CURLPAUSE_CONT); /* may deliver data right here */
     }
 }
@@ -632,7 +629,7 @@ static enum MHD_Result queue_final(exchange *ex)
                             ex->cl.final_ctype ? ex->cl.final_ctype : "application/json");
     add_loopguard_headers(ex, resp);
     ex->cl.queued = true;
-    metrics_request(ex->base.w->metrics, ex->api->endpoint, ex->cl.final_status);
+    metrics_request(req_metrics(&ex->base), ex->api->endpoint, ex->cl.final_status);
     enum MHD_Result rc = MHD_queue_response(ex->base.conn, (unsigned)ex->cl.final_status, resp);
     MHD_destroy_response(resp);
     return rc;
@@ -648,8 +645,8 @@ static enum MHD_Result queue_stream(exchange *ex)
     else
         MHD_add_response_header(resp, "Content-Type", "text/event-stream; charset=utf-8");
     ex->cl.queued = true;
-    ex->cl.last_out_ns = ex->base.w->now_ns;
-    metrics_request(ex->base.w->metrics, ex->api->endpoint, 200);
+    ex->cl.last_out_ns = req_now(&ex->base);
+    metrics_request(req_metrics(&ex->base), ex->api->endpoint, 200);
     enum MHD_Result rc = MHD_queue_response(ex->base.conn, 200, resp);
     MHD_destroy_response(resp);
     return rc;
@@ -659,7 +656,6 @@ static enum MHD_Result queue_stream(exchange *ex)
  * final (error) response is ready instead. */
 static bool begin(exchange *ex)
 {
-    lg_worker *w = ex->base.w;
     const lg_config *cfg = cfg_of(ex);
     struct MHD_Connection *conn = ex->base.conn;
     rw_error err = {0};
@@ -668,6 +664,16 @@ static bool begin(exchange *ex)
         ex->cl.final_status = 413;
         ex->cl.final_body = ex->api->error_body(413, "request body too large",
                                                 "invalid_request_error", "body_too_large");
+        return false;
+    }
+    /* Before any tree is built: one value, no repeated key, within the node and depth
+     * budget (jsonguard.h), so the body costs at most its budget and the upstream reads
+     * what the guard reads. */
+    char why[200];
+    const jg_limits lim = {cfg->limits.max_json_nodes, cfg->limits.max_json_depth};
+    if (jsonguard_check(ex->body.p ? ex->body.p : "", ex->body.len, &lim, why, sizeof why)) {
+        ex->cl.final_status = 400;
+        ex->cl.final_body = ex->api->error_body(400, why, "invalid_request_error", "invalid_json");
         return false;
     }
     if (ex->api->parse(ex, ex->body.p ? ex->body.p : "", ex->body.len, &err) != 0) {
@@ -696,7 +702,7 @@ static bool begin(exchange *ex)
     if (off && strcasecmp(off, "off") == 0 && cfg->guard.allow_client_off) ex->guard_on = false;
     ex->think_opened = ex->rule && ex->rule->think_opened == 1 && ex->req.enable_thinking != 0;
     if (ex->req.client_stream) {
-        metrics_streams(w->metrics, 1);
+        metrics_streams(req_metrics(&ex->base), 1);
         ex->cl.counted_stream = true;
     }
     ex->phase = PHASE_RUNNING;
@@ -788,7 +794,7 @@ static void ex_destroy(lg_req *base)
     write_incident(ex);
     accesslog_exchange(ex);
     attempt_reset(ex);
-    if (ex->cl.counted_stream) metrics_streams(ex->base.w->metrics, -1);
+    if (ex->cl.counted_stream) metrics_streams(req_metrics(&ex->base), -1);
     for (int c = 0; c < LG_CH_COUNT; c++) lg_buf_free(&ex->cl.sent[c]);
     rw_request_clear(&ex->req);
     ex->api->destroy(ex);

@@ -113,7 +113,7 @@ static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
     snprintf(ex->at.verdict_detector, sizeof ex->at.verdict_detector, "token_repeat");
     snprintf(ex->at.verdict_unit, sizeof ex->at.verdict_unit, "%.*s", (int)n, s);
     ex->at.trip_pending = true;
-    ex->rec.trip_ns = ex->base.w->now_ns;
+    ex->rec.trip_ns = req_now(&ex->base);
     return true;
 }
 
@@ -160,7 +160,7 @@ static void take_verdict(exchange *ex, const guard *g)
     ex->at.verdict.unit = ex->at.verdict_unit;
     ex->at.verdict.detector = ex->at.verdict_detector;
     ex->at.trip_pending = true;
-    ex->rec.trip_ns = ex->base.w->now_ns;
+    ex->rec.trip_ns = req_now(&ex->base);
 }
 
 /* End of generation for this attempt: last checks before the text is released. Returns
@@ -190,7 +190,7 @@ bool ex_end_checks(exchange *ex, bool answer_expected)
 int ex_on_event(void *ud, const sse_event *ev)
 {
     exchange *ex = ud;
-    ex->at.last_event_ns = ex->base.w->now_ns;
+    ex->at.last_event_ns = req_now(&ex->base);
     if (ex->at.trip_pending) { /* already decided: count what the upstream still produced */
         ex->at.tokens_after_trip++;
         return 1;
@@ -228,9 +228,9 @@ size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
     if (ex->base.client_gone || ex->phase == PHASE_DONE) return 0;
     if (!ex->at.first_byte) {
         ex->at.first_byte = true;
-        metrics_ttfb(ex->base.w->metrics, ex->replica,
-                     seconds_since(ex->at.start_ns, ex->base.w->now_ns));
-        pool_report_health(ex->base.w->srv->pool, ex->replica, ex->at.head.status < 500);
+        metrics_ttfb(req_metrics(&ex->base), ex->replica,
+                     seconds_since(ex->at.start_ns, req_now(&ex->base)));
+        pool_report_health(req_pool(&ex->base), ex->replica, ex->at.head.status < 500);
     }
     if (ex->at.raw_body) { /* a passthrough request's whole answer, kept whole */
         if (ex->at.errbody.len + len > cfg_of(ex)->max_body_bytes) {

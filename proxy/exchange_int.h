@@ -151,7 +151,7 @@ enum { EX_TEXT_R, EX_TEXT_C };
 
 static inline const lg_config *cfg_of(const exchange *ex)
 {
-    return ex->base.w->srv->cfg;
+    return req_config(&ex->base);
 }
 
 static inline double seconds_since(uint64_t then, uint64_t now)
@@ -163,8 +163,8 @@ static inline double seconds_since(uint64_t then, uint64_t now)
 static inline void out_append(exchange *ex, const char *s, size_t n)
 {
     if (!ex->req.client_stream || ex->cl.ended) return;
-    if (lg_fifo_len(&ex->cl.out) == 0) ex->cl.out_since_ns = ex->base.w->now_ns;
-    if (!ex->cl.first_out_ns) ex->cl.first_out_ns = ex->base.w->now_ns;
+    if (lg_fifo_len(&ex->cl.out) == 0) ex->cl.out_since_ns = req_now(&ex->base);
+    if (!ex->cl.first_out_ns) ex->cl.first_out_ns = req_now(&ex->base);
     lg_fifo_append(&ex->cl.out, s, n);
     worker_output(&ex->base);
 }

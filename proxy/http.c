@@ -13,6 +13,8 @@
 
 #include <cJSON.h>
 
+#include "proxy/httphead.h"
+
 /* The numeric form of a peer address ("127.0.0.1", "::1"). Returns getnameinfo's result. */
 static int getnameinfo_numeric(const struct sockaddr *sa, char *host, size_t hostlen)
 {
@@ -21,16 +23,23 @@ static int getnameinfo_numeric(const struct sockaddr *sa, char *host, size_t hos
     return getnameinfo(sa, len, host, (socklen_t)hostlen, NULL, 0, NI_NUMERICHOST);
 }
 
-static enum MHD_Result respond(struct MHD_Connection *conn, int status, const char *ctype,
-                               const char *body)
+static enum MHD_Result respond_ex(struct MHD_Connection *conn, int status, const char *ctype,
+                                  const char *body, bool close)
 {
     struct MHD_Response *resp = MHD_create_response_from_buffer(
         strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, "Content-Type", ctype);
+    if (close) MHD_add_response_header(resp, "Connection", "close");
     enum MHD_Result rc = MHD_queue_response(conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     return rc;
+}
+
+static enum MHD_Result respond(struct MHD_Connection *conn, int status, const char *ctype,
+                               const char *body)
+{
+    return respond_ex(conn, status, ctype, body, false);
 }
 
 enum MHD_Result http_respond_text(struct MHD_Connection *conn, int status, const char *ctype,
@@ -44,8 +53,9 @@ enum MHD_Result http_respond_json(struct MHD_Connection *conn, int status, const
     return respond(conn, status, "application/json", body);
 }
 
-enum MHD_Result http_respond_error(struct MHD_Connection *conn, int status, const char *message,
-                                   const char *type, const char *code)
+static enum MHD_Result respond_error(struct MHD_Connection *conn, int status,
+                                     const char *message, const char *type, const char *code,
+                                     bool close)
 {
     cJSON *root = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(root, "error");
     cJSON_AddStringToObject(e, "message", message);
@@ -57,9 +67,22 @@ enum MHD_Result http_respond_error(struct MHD_Connection *conn, int status, cons
     char *body = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!body) abort();
-    enum MHD_Result rc = respond(conn, status, "application/json", body);
+    enum MHD_Result rc = respond_ex(conn, status, "application/json", body, close);
     free(body);
     return rc;
+}
+
+enum MHD_Result http_respond_error(struct MHD_Connection *conn, int status, const char *message,
+                                   const char *type, const char *code)
+{
+    return respond_error(conn, status, message, type, code, false);
+}
+
+enum MHD_Result http_respond_error_close(struct MHD_Connection *conn, int status,
+                                         const char *message, const char *type,
+                                         const char *code)
+{
+    return respond_error(conn, status, message, type, code, true);
 }
 
 bool http_client_authorized(const lg_config *cfg, struct MHD_Connection *conn)
@@ -70,9 +93,9 @@ bool http_client_authorized(const lg_config *cfg, struct MHD_Connection *conn)
     const char *key = xkey;
     if (auth && strncasecmp(auth, "Bearer ", 7) == 0) key = auth + 7;
     if (!key) return false;
-    for (size_t i = 0; i < cfg->n_api_keys; i++)
-        if (strcmp(cfg->api_keys[i], key) == 0) return true;
-    return false;
+    bool ok = false; /* every key is compared, each in constant time */
+    for (size_t i = 0; i < cfg->n_api_keys; i++) ok |= hh_secret_equal(key, cfg->api_keys[i]);
+    return ok;
 }
 
 /* True when the comma-separated token list `list` contains `name` (case-insensitive). */
@@ -102,11 +125,38 @@ bool http_is_hop_header(const char *name, const char *connection_value)
     return connection_value && token_listed(connection_value, name);
 }
 
+bool http_forward_header(const char *name, const char *connection_value, bool for_exchange)
+{
+    /* Framing and routing are loopguard's own: libcurl writes Host, Content-Length or
+     * Transfer-Encoding for the body it sends, and X-Forwarded-For is re-built. */
+    static const char *const own[] = {"host", "content-length", "expect", "x-forwarded-for"};
+    for (size_t i = 0; i < sizeof own / sizeof *own; i++)
+        if (strcasecmp(name, own[i]) == 0) return false;
+    if (http_is_hop_header(name, connection_value)) return false;
+    if (for_exchange &&
+        (strcasecmp(name, "Accept-Encoding") == 0 || strcasecmp(name, "Content-Type") == 0 ||
+         strncasecmp(name, "X-Loopguard", 11) == 0))
+        return false;
+    return true;
+}
+
+char *http_xff(const char *client_xff, const char *peer)
+{
+    lg_buf b = LG_BUF_INIT;
+    if (client_xff && *client_xff) lg_buf_append_str(&b, client_xff);
+    if (client_xff && *client_xff && peer && *peer) lg_buf_append_str(&b, ", ");
+    if (peer) lg_buf_append_str(&b, peer);
+    if (!b.len) {
+        lg_buf_free(&b);
+        return NULL;
+    }
+    return lg_buf_steal(&b);
+}
+
 typedef struct hdr_ctx {
     struct curl_slist *list;
     const char *connection;
     bool for_exchange;
-    bool have_xff;
 } hdr_ctx;
 
 static struct curl_slist *append_header(struct curl_slist *l, const char *name, const char *value)
@@ -130,16 +180,8 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const 
 {
     hdr_ctx *c = cls;
     (void)kind;
-    if (!value) value = "";
-    if (http_is_hop_header(key, c->connection) || strcasecmp(key, "Host") == 0 ||
-        strcasecmp(key, "Content-Length") == 0 || strcasecmp(key, "Expect") == 0)
-        return MHD_YES;
-    if (c->for_exchange &&
-        (strcasecmp(key, "Accept-Encoding") == 0 || strcasecmp(key, "Content-Type") == 0 ||
-         strncasecmp(key, "X-Loopguard", 11) == 0))
-        return MHD_YES;
-    if (strcasecmp(key, "X-Forwarded-For") == 0) return MHD_YES; /* re-added below */
-    c->list = append_header(c->list, key, value);
+    if (http_forward_header(key, c->connection, c->for_exchange))
+        c->list = append_header(c->list, key, value ? value : "");
     return MHD_YES;
 }
 
@@ -159,12 +201,10 @@ struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_e
         if (getnameinfo_numeric(ci->client_addr, host, sizeof host) == 0)
             snprintf(addr, sizeof addr, "%s", host);
     }
-    const char *xff = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Forwarded-For");
-    if (xff || *addr) {
-        char buf[1024];
-        snprintf(buf, sizeof buf, "%s%s%s", xff ? xff : "", xff && *addr ? ", " : "", addr);
-        c.list = append_header(c.list, "X-Forwarded-For", buf);
-    }
+    char *xff = http_xff(MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Forwarded-For"),
+                         addr);
+    if (xff) c.list = append_header(c.list, "X-Forwarded-For", xff);
+    free(xff);
     /* "Expect:" with no value stops libcurl from adding its own Expect: 100-continue. */
     c.list = curl_slist_append(c.list, "Expect:");
     if (!c.list) abort();

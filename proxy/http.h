@@ -16,6 +16,12 @@
 enum MHD_Result http_respond_error(struct MHD_Connection *conn, int status, const char *message,
                                    const char *type, const char *code);
 
+/* Same, with Connection: close: for a request whose head was refused, so that nothing
+ * after it on the connection is read as another request. */
+enum MHD_Result http_respond_error_close(struct MHD_Connection *conn, int status,
+                                         const char *message, const char *type,
+                                         const char *code);
+
 /* Queues `body` (copied) as application/json with `status`. */
 enum MHD_Result http_respond_json(struct MHD_Connection *conn, int status, const char *body);
 
@@ -24,15 +30,25 @@ enum MHD_Result http_respond_text(struct MHD_Connection *conn, int status, const
                                   const char *body);
 
 /* True when the request carries one of cfg->api_keys (Authorization: Bearer or x-api-key),
- * or when no keys are configured. */
+ * or when no keys are configured. Keys are compared in constant time. */
 bool http_client_authorized(const lg_config *cfg, struct MHD_Connection *conn);
 
 /* True for headers a proxy must not forward: the RFC 9110 hop-by-hop set, plus any header
  * named in `connection_value` (the message's Connection header, may be NULL). */
 bool http_is_hop_header(const char *name, const char *connection_value);
 
-/* Builds the upstream request headers from the client's: end-to-end headers kept (Authorization
- * included), hop-by-hop, Host, Content-Length and Expect dropped, X-Forwarded-For appended.
+/* Whether a client header named `name` is forwarded upstream: never the hop-by-hop set
+ * (Connection, Transfer-Encoding, TE, ... and what Connection names), Host,
+ * Content-Length, Expect or X-Forwarded-For, which loopguard writes itself; with
+ * `for_exchange`, not Accept-Encoding, Content-Type or X-Loopguard-* either. */
+bool http_forward_header(const char *name, const char *connection_value, bool for_exchange);
+
+/* The X-Forwarded-For value to send: the client's list (may be NULL) with the peer address
+ * appended, at any length. malloc'd (caller frees); NULL when both are empty. */
+char *http_xff(const char *client_xff, const char *peer);
+
+/* Builds the upstream request headers from the client's (http_forward_header decides),
+ * X-Forwarded-For appended.
  * With `for_exchange`, Accept-Encoding is dropped too (loopguard must read the stream) and
  * Content-Type is set to application/json. Returns a list the caller frees with
  * curl_slist_free_all (NULL only when empty). */

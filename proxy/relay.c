@@ -98,14 +98,36 @@ static size_t on_write(char *data, size_t size, size_t n, void *ud)
 
 static int relay_start(relay *r, size_t avoid);
 
+/* True for transfer results the replica caused (it refused, reset, timed out or sent
+ * something that is not HTTP). A request libcurl would not send, a client that left or
+ * a body the client stopped sending are never held against the replica. */
+static bool replica_fault(CURLcode rc)
+{
+    switch (rc) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_GOT_NOTHING:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_WEIRD_SERVER_REPLY:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_SSL_CONNECT_ERROR:
+        return true;
+    default:
+        return false;
+    }
+}
+
 static void on_done(lg_xfer *x, CURLcode rc)
 {
     relay *r = x->owner;
     lg_pool *pool = r->base.w->srv->pool;
     long status = 0;
     curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
-    pool_report_health(pool, r->replica, rc == CURLE_OK && status < 500);
-    if (rc != CURLE_OK)
+    if (rc == CURLE_OK || replica_fault(rc))
+        pool_report_health(pool, r->replica, rc == CURLE_OK && status < 500);
+    if (replica_fault(rc))
         upf_report(r->why, sizeof r->why, pool_base(pool, r->replica),
                    &(upf_state){rc, x->os_errno, false, false, r->head.complete, false});
     if (rc == CURLE_COULDNT_CONNECT && !r->head.complete && r->up_read == 0 &&
@@ -121,7 +143,7 @@ static void on_done(lg_xfer *x, CURLcode rc)
     }
     r->finished = true;
     r->result = rc;
-    if (rc != CURLE_OK)
+    if (replica_fault(rc))
         metrics_upstream_error(r->base.w->metrics, r->replica,
                                rc == CURLE_OPERATION_TIMEDOUT ? "timeout" : "connect");
     relay_stop_transfer(r);
@@ -152,6 +174,13 @@ static enum MHD_Result queue_response(relay *r)
 {
     struct MHD_Connection *c = r->base.conn;
     r->queued = true;
+    if (!r->head.complete && r->result == CURLE_URL_MALFORMAT) {
+        /* The edge admits only targets libcurl takes; should one slip through, it is the
+         * client's error and never the replica's. */
+        metrics_request(r->base.w->metrics, LG_EP_PASSTHROUGH, 400);
+        return http_respond_error(c, 400, "request target the upstream cannot be sent",
+                                  "invalid_request_error", "bad_target");
+    }
     if (!r->head.complete) {
         /* The upstream never answered: map the transport error. */
         bool timeout = r->result == CURLE_OPERATION_TIMEDOUT;
@@ -302,6 +331,8 @@ static int relay_start(relay *r, size_t avoid)
     if (!e) abort();
     curl_easy_setopt(e, CURLOPT_URL, url.p);
     lg_buf_free(&url);
+    /* The path was normalised and routed by the edge: libcurl must send it as it is. */
+    curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
     curl_easy_setopt(e, CURLOPT_PRIVATE, &r->xfer);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->headers);
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
@@ -339,9 +370,13 @@ lg_req *relay_new(lg_worker *w, struct MHD_Connection *conn, const char *method,
     worker_req_init(w, &r->base, &relay_ops, conn);
     r->xfer = (lg_xfer){.done = on_done, .owner = r};
 
+    /* The edge admitted either one valid Content-Length or Transfer-Encoding: chunked,
+     * never both. libcurl frames the upload itself: with the length when the client gave
+     * one (libmicrohttpd enforces it), chunked otherwise; the client's framing headers are
+     * never forwarded (http_forward_header). */
     const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
     const char *te = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Transfer-Encoding");
-    r->content_length = cl ? atoll(cl) : -1;
+    r->content_length = cl && !te ? atoll(cl) : -1;
     r->has_body = r->content_length > 0 || te;
     if (!r->has_body) r->up_done = true;
 

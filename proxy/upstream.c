@@ -127,6 +127,11 @@ const char *pool_base(const lg_pool *p, size_t i)
     return p->r[i].base;
 }
 
+char *pool_url(const lg_pool *p, size_t i, const char *path)
+{
+    return lg_xasprintf("%s%s", p->r[i].base, path);
+}
+
 lg_upstream_kind pool_kind(const lg_pool *p, size_t i)
 {
     int k = atomic_load(&p->r[i].kind);

@@ -27,6 +27,8 @@ int pool_start(lg_pool *p);
 
 size_t pool_size(const lg_pool *p);
 const char *pool_base(const lg_pool *p, size_t i);
+/* Replica i's base URL + path, malloc'd (the caller frees it); never NULL. */
+char *pool_url(const lg_pool *p, size_t i, const char *path);
 lg_upstream_kind pool_kind(const lg_pool *p, size_t i);
 const char *const *pool_names(const lg_pool *p);
 

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "proxy/admin.h"
+#include "proxy/edge.h"
 #include "proxy/http.h"
 #include "proxy/route.h"
 #include "proxy/xalloc.h"
@@ -331,8 +332,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 {
     lg_worker *w = cls;
     lg_req *r = *con_cls;
-    (void)conn;
 
+    edge_request_done(w, conn);
     if (!r) return;
     *con_cls = NULL;
     unwatch_client(w, r);
@@ -362,38 +363,30 @@ static bool is_admin_path(const char *url)
     return strncmp(url, "/loopguard/", 11) == 0 || strcmp(url, "/loopguard") == 0;
 }
 
-/* Answers a request refused before any handler took it, counted as the handlers count
- * theirs: under the endpoint its path would have reached. */
-static enum MHD_Result reject(lg_worker *w, struct MHD_Connection *conn, const char *method,
-                              const char *url, int status, const char *message,
-                              const char *type, const char *code)
+/* Counts a request answered before any handler took it, as the handlers count theirs:
+ * under the endpoint its path would have reached. */
+static void count_early(lg_worker *w, const char *method, const char *url, int status)
 {
     const lg_api *api = route_api(method, url);
     metrics_request(w->metrics,
                     is_admin_path(url) ? LG_EP_ADMIN : api ? api->endpoint : LG_EP_PASSTHROUGH,
                     status);
+}
+
+/* Answers a request refused before any handler took it (counted by count_early). */
+static enum MHD_Result reject(lg_worker *w, struct MHD_Connection *conn, const char *method,
+                              const char *url, int status, const char *message,
+                              const char *type, const char *code)
+{
+    count_early(w, method, url, status);
     return http_respond_error(conn, status, message, type, code);
 }
 
-static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
-                                 const char *method, const char *version, const char *upload,
-                                 size_t *upload_size, void **con_cls)
+/* Chooses the request's handler for `url` (normalised) and registers it in *con_cls. */
+static enum MHD_Result route(lg_worker *w, struct MHD_Connection *conn, const char *url,
+                             const char *method, void **con_cls)
 {
-    lg_worker *w = cls;
-    lg_req *r = *con_cls;
-    (void)version;
-
-    if (r) {
-        if (r->client_gone) return MHD_NO;
-        return r->ops->access(r, upload, upload_size);
-    }
-    if (atomic_load(&w->srv->stopping))
-        return reject(w, conn, method, url, 503, "loopguard is shutting down", "server_error",
-                      "shutting_down");
-    /* Only origin-form targets: an absolute-form target must never choose the upstream. */
-    if (url[0] != '/')
-        return reject(w, conn, method, url, 400, "request target must be a path",
-                      "invalid_request_error", "bad_target");
+    lg_req *r;
     /* With a separate admin listener, each listener answers only its own paths. */
     bool split = w->srv->admin != NULL;
     if (is_admin_path(url) && (!split || w->admin_only))
@@ -405,10 +398,45 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         return reject(w, conn, method, url, 401, "missing or invalid API key",
                       "authentication_error", "invalid_api_key");
 
+    /* What no guarded API takes is relayed only from the allow-list (edge.h). */
+    if (!route_api(method, url) && !edge_passthrough_allowed(w->srv->cfg, method, url))
+        return reject(w, conn, method, url, 404,
+                      "no such route (loopguard relays only its allow-list; see "
+                      "passthrough.allow)",
+                      "invalid_request_error", "route_not_allowed");
     r = route_request(w, conn, method, url);
     if (!r) return MHD_NO;
     *con_cls = r;
     return MHD_YES;
+}
+
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
+                                 const char *method, const char *version, const char *upload,
+                                 size_t *upload_size, void **con_cls)
+{
+    lg_worker *w = cls;
+    lg_req *r = *con_cls;
+
+    if (r) {
+        if (r->client_gone) return MHD_NO;
+        edge_body(conn, *upload_size);
+        return r->ops->access(r, upload, upload_size);
+    }
+    if (atomic_load(&w->srv->stopping))
+        return reject(w, conn, method, url, 503, "loopguard is shutting down", "server_error",
+                      "shutting_down");
+    /* The head is judged before anything is routed; from here on `url` is the normalised
+     * path (origin-form only: an absolute-form target must never choose the upstream). */
+    char *path;
+    enum MHD_Result rc;
+    int refused = edge_admit(w, conn, url, method, version, &path, &rc);
+    if (refused) {
+        count_early(w, method, url, refused);
+        return rc;
+    }
+    rc = route(w, conn, path, method, con_cls);
+    free(path);
+    return rc;
 }
 
 /* ---- libcurl glue ------------------------------------------------------------------ */
@@ -793,6 +821,7 @@ static void *worker_main(void *arg)
         if (w->now_ns >= next_tick) {
             next_tick = w->now_ns + TICK_NS;
             tick_all(w);
+            edge_tick(w);
             run_pending(w);
         }
         flush_all(w); /* before the dead are freed: nothing on the list may outlive them */
@@ -828,8 +857,10 @@ static int shard_start(lg_worker *w, size_t i, int fd, unsigned limit, char *err
     s->mhd = MHD_start_daemon(
         MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_SUPPRESS_DATE_NO_CLOCK |
             MHD_USE_TURBO,
-        0, NULL, NULL, on_access, w, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, w, MHD_OPTION_CONNECTION_LIMIT, limit,
+        0, edge_accept, w, on_access, w, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, w, MHD_OPTION_NOTIFY_CONNECTION,
+        edge_connection, w, MHD_OPTION_URI_LOG_CALLBACK, edge_uri, w,
+        MHD_OPTION_CONNECTION_LIMIT, limit,
         MHD_OPTION_CONNECTION_TIMEOUT, cfg->client_timeout_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, cfg->max_header_bytes,
         MHD_OPTION_UNESCAPE_CALLBACK, http_keep_escaped, NULL, MHD_OPTION_END);

@@ -157,8 +157,33 @@ struct lg_worker {
     size_t n_spare;
     bool mhd_dirty;   /* some shard is ready: run MHD again this iteration */
     lg_req *flush_head, *flush_tail; /* requests with output for a direct write */
+    struct edge_conn *edge_conns;    /* every client connection's limits (edge.c) */
     uint64_t now_ns;  /* cached loop time */
 };
+
+/* What a request handler uses of the worker it lives on; handlers reach nothing else of
+ * lg_worker or lg_server (inline: these are on the per-token path). */
+static inline const lg_config *req_config(const lg_req *r)
+{
+    return r->w->srv->cfg;
+}
+static inline lg_pool *req_pool(const lg_req *r)
+{
+    return r->w->srv->pool;
+}
+static inline lg_metrics *req_metrics(const lg_req *r)
+{
+    return r->w->metrics;
+}
+static inline incident_log *req_incidents(const lg_req *r)
+{
+    return r->w->srv->incidents;
+}
+/* The worker loop's time (monotonic ns), taken once per loop iteration. */
+static inline uint64_t req_now(const lg_req *r)
+{
+    return r->w->now_ns;
+}
 
 /* Creates the listening socket bound to cfg->listen_host:port (port 0 = pick). Returns the
  * socket, or -1 with err. Each worker calls it with the same port (SO_REUSEPORT). */

@@ -96,6 +96,7 @@ cat >"$OUT/loopguard.json" <<EOF
  "upstream_kind": "sglang",
  "timeouts": {"connect_ms": 2000, "first_byte_ms": 10000, "idle_ms": ${SOAK_IDLE_MS:-10000}},
  "health": {"interval_ms": 1000},
+ "limits": {"max_conns_per_ip": 0},
  "shutdown_grace_ms": 2000,
  "incidents": {"path": "$OUT/incidents.jsonl"}
 }

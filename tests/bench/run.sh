@@ -229,10 +229,10 @@ start_target() {
         T_URL=http://127.0.0.1:$port/v1/chat/completions
         ;;
     loopguard_guard_off)
-        start_loopguard "$name" '{"guard":{"enabled":false}}'
+        start_loopguard "$name" '{"guard":{"enabled":false},"limits":{"max_conns_per_ip":0}}'
         ;;
     loopguard)
-        start_loopguard "$name" '{}'
+        start_loopguard "$name" '{"limits":{"max_conns_per_ip":0}}'
         ;;
     portkey)
         port=$(free_port)

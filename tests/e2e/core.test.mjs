@@ -252,7 +252,8 @@ describe('an independent SSE server', () => {
             });
         });
         await new Promise((r) => srv.listen(0, '127.0.0.1', r));
-        lg = await startLoopguard({ upstream: `http://127.0.0.1:${srv.address().port}` });
+        // /slow and /upload are this server's own routes, outside the built-in allow-list.
+        lg = await startLoopguard({ upstream: `http://127.0.0.1:${srv.address().port}`, config: { passthrough: { allow: ['/slow', '/upload'] } } });
     });
     after(async () => {
         await lg?.stop();
@@ -327,7 +328,10 @@ describe('an independent SSE server', () => {
 
 describe('pass-through', () => {
     let fake, lg;
-    usePair({ fake: { kind: 'sglang' } }, (f, l) => ([fake, lg] = [f, l]));
+    // The fake's own routes and SGLang's native /generate are outside the built-in
+    // allow-list (tests/e2e/edge.test.mjs shows them closed by default).
+    const allow = ['/_fake/*', '/nope/*', '/generate'];
+    usePair({ fake: { kind: 'sglang' }, lg: { config: { passthrough: { allow } } } }, (f, l) => ([fake, lg] = [f, l]));
 
     for (const p of ['/v1/models', '/health', '/metrics', '/get_model_info', '/get_server_info', '/nope/not-here']) {
         it(`GET ${p} arrives as the upstream sent it`, T, async () => {
@@ -383,6 +387,13 @@ describe('pass-through', () => {
             assert.equal(e.headers[h], undefined, `hop-by-hop header ${h} forwarded`);
         assert.ok(!/x-hop/i.test(e.headers.connection || ''), 'Connection tokens forwarded');
         assert.doesNotMatch(lg.stderr(), /sk-secret-123/, 'Authorization never logged');
+    });
+
+    it("X-Forwarded-For: the client's list, however long, then the peer address", T, async () => {
+        const list = Array.from({ length: 200 }, (_, i) => `10.0.${i >> 8}.${i & 255}`).join(', '); // ~2.5 KB
+        const r = await request(lg.url + '/_fake/echo', { headers: { 'X-Forwarded-For': list } });
+        assert.equal(r.status, 200, r.text);
+        assert.equal(r.json().headers['x-forwarded-for'], `${list}, 127.0.0.1`);
     });
 
     it('an 8 MiB chunked request body streams to the upstream intact', T, async () => {

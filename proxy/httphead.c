@@ -1,0 +1,215 @@
+/* httphead.c — see httphead.h. */
+#include "proxy/httphead.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* RFC 9110 §5.6.2 tchar. */
+static bool is_tchar(unsigned char c)
+{
+    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return true;
+    return c && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+static bool is_token(const char *s, size_t n)
+{
+    if (n == 0) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!is_tchar((unsigned char)s[i])) return false;
+    return true;
+}
+
+/* RFC 9110 §5.5: field-vchar / SP / HTAB; obs-text (0x80-0xff) is kept as nginx and
+ * HAProxy keep it. CR, LF, NUL and every other control byte are refused. */
+static bool value_ok(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if ((c < 0x20 && c != '\t') || c == 0x7f) return false;
+    }
+    return true;
+}
+
+static bool name_is(const hh_field *f, const char *name)
+{
+    return f->name_len == strlen(name) && strncasecmp(f->name, name, f->name_len) == 0;
+}
+
+static int reject(hh_verdict *v, int status, const char *message, const char *code)
+{
+    v->status = status;
+    v->message = message;
+    v->code = code;
+    return status;
+}
+
+/* Content-Length = 1*DIGIT (RFC 9110 §8.6); at most 18 digits so it fits a long long. */
+static bool parse_length(const char *s, size_t n, long long *out)
+{
+    if (n == 0 || n > 18) return false;
+    long long x = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return false;
+        x = x * 10 + (s[i] - '0');
+    }
+    *out = x;
+    return true;
+}
+
+/* Walks the comma-separated codings of one Transfer-Encoding value. Counts "chunked"
+ * (case-insensitive, no parameters) in *chunked and anything else in *other; an empty
+ * element counts as other. Returns whether "chunked" was the last element. */
+static bool scan_codings(const char *s, size_t n, unsigned *chunked, unsigned *other)
+{
+    bool last_chunked = false;
+    size_t i = 0;
+    for (;;) {
+        while (i < n && (s[i] == ' ' || s[i] == '\t')) i++;
+        size_t b = i;
+        while (i < n && s[i] != ',') i++;
+        size_t e = i;
+        while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t')) e--;
+        last_chunked = e - b == 7 && strncasecmp(s + b, "chunked", 7) == 0;
+        if (last_chunked)
+            (*chunked)++;
+        else
+            (*other)++;
+        if (i >= n) break;
+        i++; /* the comma */
+    }
+    return last_chunked;
+}
+
+int hh_check(const hh_request *req, hh_verdict *v)
+{
+    *v = (hh_verdict){.content_length = -1};
+    if (!is_token(req->method, strlen(req->method)))
+        return reject(v, 400, "malformed request method", "bad_request_line");
+    bool http11 = strcmp(req->version, "HTTP/1.1") == 0;
+    if (!http11 && strcmp(req->version, "HTTP/1.0") != 0)
+        return reject(v, 505, "only HTTP/1.0 and HTTP/1.1 are served", "http_version");
+
+    unsigned hosts = 0, lengths = 0, te_fields = 0, chunked = 0, other = 0;
+    bool chunked_last = false;
+    for (size_t i = 0; i < req->n_fields; i++) {
+        const hh_field *f = &req->fields[i];
+        if (!is_token(f->name, f->name_len))
+            return reject(v, 400, "malformed header field name", "bad_header");
+        if (!value_ok(f->value, f->value_len))
+            return reject(v, 400, "header field value holds a control character (CR, LF, NUL)",
+                          "bad_header");
+        if (name_is(f, "Host")) {
+            hosts++;
+        } else if (name_is(f, "Content-Length")) {
+            if (++lengths > 1)
+                return reject(v, 400, "more than one Content-Length", "bad_framing");
+            if (!parse_length(f->value, f->value_len, &v->content_length))
+                return reject(v, 400, "malformed Content-Length", "bad_framing");
+        } else if (name_is(f, "Transfer-Encoding")) {
+            te_fields++;
+            chunked_last = scan_codings(f->value, f->value_len, &chunked, &other);
+        }
+    }
+    if (hosts > 1) return reject(v, 400, "more than one Host header", "bad_header");
+    if (http11 && hosts == 0) return reject(v, 400, "HTTP/1.1 request without Host", "bad_header");
+    if (te_fields) {
+        if (!http11)
+            return reject(v, 400, "Transfer-Encoding in an HTTP/1.0 request", "bad_framing");
+        if (lengths)
+            return reject(v, 400, "both Content-Length and Transfer-Encoding", "bad_framing");
+        if (other)
+            return reject(v, 501, "unsupported transfer coding (only chunked is accepted)",
+                          "unsupported_transfer_coding");
+        if (chunked != 1 || !chunked_last)
+            return reject(v, 400, "chunked must be applied exactly once", "bad_framing");
+        v->chunked = true;
+    }
+    return 0;
+}
+
+/* Bytes RFC 3986 allows in a path segment besides '%' escapes (pchar) and '/'. */
+static bool is_path_char(unsigned char c)
+{
+    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return true;
+    return c && strchr("-._~!$&'()*+,;=:@/", c) != NULL;
+}
+
+static bool is_unreserved(unsigned char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           c == '-' || c == '.' || c == '_' || c == '~';
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+bool hh_query_piece_ok(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c <= 0x20 || c >= 0x7f || c == '#') return false;
+    }
+    return true;
+}
+
+int hh_path_normalize(const char *path, char **out)
+{
+    size_t n = strlen(path);
+    if (n == 0 || path[0] != '/') return -1;
+    char *p = malloc(n + 1);
+    if (!p) abort();
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)path[i];
+        if (c == '%') {
+            if (i + 2 >= n) goto bad;
+            int hi = hexval(path[i + 1]), lo = hexval(path[i + 2]);
+            if (hi < 0 || lo < 0) goto bad;
+            unsigned char d = (unsigned char)(hi * 16 + lo);
+            if (d == '/' || d == '\\' || d < 0x20 || d == 0x7f) goto bad;
+            if (is_unreserved(d)) {
+                p[k++] = (char)d;
+            } else {
+                memcpy(p + k, path + i, 3);
+                k += 3;
+            }
+            i += 2;
+            continue;
+        }
+        if (!is_path_char(c)) goto bad;
+        p[k++] = (char)c;
+    }
+    p[k] = '\0';
+    /* No "." or ".." segment: the upstream (or libcurl) would resolve it and serve a path
+     * other than the one routed. */
+    for (const char *s = p; *s;) {
+        const char *seg = s + 1, *e = strchr(seg, '/');
+        size_t len = e ? (size_t)(e - seg) : strlen(seg);
+        if ((len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.'))
+            goto bad;
+        if (!e) break;
+        s = e;
+    }
+    *out = p;
+    return 0;
+bad:
+    free(p);
+    return -1;
+}
+
+bool hh_secret_equal(const char *given, const char *secret)
+{
+    if (!given || !secret) return false;
+    size_t gl = strlen(given), sl = strlen(secret);
+    volatile unsigned char d = gl != sl;
+    for (size_t i = 0; i < gl; i++)
+        d |= (unsigned char)(given[i] ^ secret[sl ? i % sl : 0]);
+    return d == 0;
+}

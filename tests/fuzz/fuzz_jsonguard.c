@@ -1,0 +1,52 @@
+/* fuzz_jsonguard.c — libFuzzer target for the JSON body guard (proxy/jsonguard.c).
+ *
+ * The first input byte picks the budgets (nodes 1-256, depth 1-16); the rest is the body.
+ * Properties checked (abort on violation):
+ *  1. a body the guard accepts is one JSON value that cJSON parses to its last byte
+ *     (whitespace aside), with no more values than the node budget and no deeper nesting
+ *     than the depth budget, and no object in it has two members with the same key;
+ *  2. a refusal always comes with a reason. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cJSON.h>
+
+#include "proxy/jsonguard.h"
+
+/* Counts values and checks the depth and duplicate keys of a parsed tree. */
+static size_t walk(const cJSON *j, unsigned depth, unsigned max_depth)
+{
+    size_t n = 1;
+    bool container = cJSON_IsArray(j) || cJSON_IsObject(j);
+    if (container && depth > max_depth) abort();
+    for (const cJSON *c = container ? j->child : NULL; c; c = c->next) {
+        if (cJSON_IsObject(j))
+            for (const cJSON *d = c->next; d; d = d->next)
+                if (strcmp(c->string, d->string) == 0) abort();
+        n += walk(c, depth + 1, max_depth);
+    }
+    return n;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
+{
+    if (len < 1) return 0;
+    jg_limits lim = {(size_t)(data[0] & 0xff) + 1, (unsigned)(data[0] >> 4) + 1};
+    const char *s = (const char *)data + 1;
+    size_t n = len - 1;
+    char err[200] = "";
+    if (jsonguard_check(s, n, &lim, err, sizeof err) != 0) {
+        if (!err[0]) abort();
+        return 0;
+    }
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(s, n, &end, false);
+    if (!j) abort();
+    while (end < s + n && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+    if (end != s + n) abort();
+    if (walk(j, 1, lim.max_depth) > lim.max_nodes) abort();
+    cJSON_Delete(j);
+    return 0;
+}
