@@ -118,7 +118,7 @@ static ptok next_token(const char *s, size_t len, size_t *i)
 }
 
 /* The largest count of copies the text asks for (see the top of this file), or 0; records
- * the "number word" pairs in g. O(len). */
+ * the "number word" pairs and the largest number (prompt_number) in g. O(len). */
 static uint32_t asked_count(guard *g, const char *s, size_t len)
 {
     bool repeat = false;
@@ -146,6 +146,7 @@ static uint32_t asked_count(guard *g, const char *s, size_t len)
         a = b;
         b = c;
     } while (c.kind != PT_NONE);
+    if (any > g->prompt_number) g->prompt_number = any;
     if (repeat && any > best) best = any;
     return best > GUARD_PROMPT_ASK_MAX ? GUARD_PROMPT_ASK_MAX : best;
 }

@@ -74,9 +74,11 @@ static guard_rclass classify(const unsigned char *u, size_t n, bool reasoning, b
         if (digits) return GR_DATA;
         /* Blank lines, "!!!" and '"""' are no separators: nobody pads with them. */
         if (loud || quotes || nl == n) return GR_NORMAL;
-        /* A line of code punctuation ("```", "};") is a line; code punctuation alone is
-         * code; spaces, dashes, dots and box drawing are rules. */
-        if (*codep) return nl ? GR_LINE : GR_CODE;
+        /* Whole lines of it are art: ASCII art, a rule drawn line after line, a blank
+         * Braille row. Code punctuation alone is code; spaces, dashes, dots and box
+         * drawing are rules. */
+        if (nl) return GR_ART;
+        if (*codep) return GR_CODE;
         return GR_RULE;
     }
     if (!wide && digits && letters == hexletters && letters <= digits) return GR_DATA;

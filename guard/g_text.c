@@ -1,6 +1,7 @@
 /* g_text.c — words and segments: cuts the text into words and into segments (lines and
- * sentences), and hands each completed segment to the lines detector (g_lines.c) and its
- * words to the novelty detector (g_novelty.c). One pass serves both: their per-byte work is
+ * sentences), and hands each completed segment to the lines detector (g_lines.c), each
+ * completed line to the template detector (g_template.c) and the words to the novelty
+ * detector (g_novelty.c). One pass serves both: their per-byte work is
  * the same (hashing words and segments, judging whether a segment is prose).
  *
  * Words are runs of ASCII letters, digits and '_', and of non-ASCII letters; each CJK
@@ -103,7 +104,16 @@ static bool lines_step(guard *g, unsigned char b, uint64_t pos)
     unsigned char p1 = g->prev, p2 = g->prev2;
     g->prev2 = p1;
     g->prev = b;
-    if (b == '\n') return seg_end(g, pos, pos + 1, true);
+    if (p1 >= '0' && p1 <= '9' && g->p->lines.enabled && g->p->lines.count_run &&
+        guard_count_number(g, pos, pos + 1))
+        return true;
+    if (b == '\n') {
+        uint64_t ls = g->line_start;
+        g->line_start = pos + 1;
+        if (seg_end(g, pos, pos + 1, true)) return true;
+        return g->p->lines.enabled && g->p->lines.template_run &&
+               guard_template_line(g, ls, pos, pos + 1);
+    }
     if (b == ' ' || b == '\t' || b == '\r') {
         if ((p1 == '.' || p1 == '!' || p1 == '?') && g->seg_alpha) /* not "12. " */
             return seg_end(g, pos, pos + 1, false);
@@ -374,7 +384,9 @@ static bool text_finish(guard *g)
 {
     const guard_params *p = g->p;
     if (p->novelty.enabled) word_end(g);
-    return g->seg_len && seg_end(g, g->fed, g->fed, true);
+    if (g->seg_len && seg_end(g, g->fed, g->fed, true)) return true;
+    return p->lines.enabled && p->lines.template_run && g->line_start < g->fed &&
+           guard_template_line(g, g->line_start, g->fed, g->fed);
 }
 
 static bool text_on(const guard_params *p)

@@ -11,8 +11,9 @@
  *              of unit (g_repeat.c).
  *   lines    — one line/sentence keeps coming back, and the text between its returns is
  *              itself made of returns (g_lines.c);
+ *   template — many lines in a row on one template, differing in one slot (g_template.c);
  *   novelty  — almost no new word trigrams over a window: a paraphrase loop (g_novelty.c);
- *              both read the words and segments g_text.c cuts the text into.
+ *              the three read the words, lines and segments g_text.c cuts the text into.
  *   budget   — the channel ran past budget_bytes; and the empty answer (g_budget.c).
  *
  * Every detector is a byte-at-a-time state machine, and the heavier work (PCRE2 rules) is

@@ -3,7 +3,7 @@
  *
  * guard.c owns the guard: its history of the bytes fed, the feeding loop, the verdict and
  * the holdback. Each detector lives in a file of its own (g_leak.c, g_rules.c, g_repeat.c,
- * g_text.c with g_lines.c and g_novelty.c, g_budget.c) and is reached only through its
+ * g_text.c with g_lines.c, g_template.c and g_novelty.c, g_budget.c) and is reached only through its
  * guard_detector entry, as Redis reaches t_string.c and t_list.c through one command table:
  * to read or replace one detector, read its file and the part of struct guard marked as its
  * own. guard_params.c holds the defaults, cloning and the JSON settings.
@@ -31,6 +31,7 @@ typedef enum {
     GR_BLOB,  /* one token with no spaces: base64 "AAAA", "xxxxxxxx" */
     GR_CODE,  /* code punctuation: "), POINTER(BIGNUM", "<td>&nbsp;</td>", blocks */
     GR_TEXT,  /* lines of words that are no sentences: "Sincerely,\n\n", "- Smart retail\n" */
+    GR_ART,   /* lines without a letter or digit: " _____\n", ".-..-.\n", a blank Braille row */
     GR_COUNT,
 } guard_rclass;
 
@@ -79,6 +80,14 @@ struct guard_params {
         unsigned min_segment_bytes;
         double min_repeat_ratio;
         unsigned min_run; /* returns in a row that trip, text at least half */
+        /* The template detector (g_template.c): lines in a row on one template that trip
+         * (0: off), and the bytes and share of the longer line the template must hold. */
+        unsigned template_run;
+        unsigned template_bytes;
+        double template_share;
+        /* The counting detector (g_count.c): numbers in a row that count up with the same
+         * text between them that trip (0: off). */
+        unsigned count_run;
     } lines;
 
     struct {
@@ -216,6 +225,18 @@ struct guard {
     uint64_t nsegs;
     unsigned lines_run, lines_run_text; /* the trailing run of returns, and its text ones */
 
+    /* template (g_template.c): the current line's first byte, the previous line's body, the
+     * first body of the run and the run's length. */
+    uint64_t line_start;
+    uint64_t tpl_start, tpl_end, tpl_from;
+    unsigned tpl_run;
+    bool tpl_valid;
+
+    /* count (g_count.c): the last number, the hash and length of the text before it, the
+     * offset where the count began and how many numbers in a row counted up. */
+    uint64_t cnt_value, cnt_gap_hash, cnt_from, cnt_last_end;
+    unsigned cnt_run;
+
     /* novelty (g_novelty.c) */
     uint64_t wh[3], ws[3];
     unsigned char walpha; /* bit i: word i of the trigram starts with a letter */
@@ -252,6 +273,7 @@ struct guard {
         char w[16];                   /* lower case */
     } prompt_of[GUARD_PROMPT_COUNTS]; /* "100 None": n copies of a unit holding word w */
     unsigned prompt_nof;
+    uint32_t prompt_number; /* the largest number in the prompt (g_count.c's slack) */
 
     /* The detectors that are on, in table order (guard.c). */
     const struct guard_detector *det[GUARD_MAX_DETECTORS];
@@ -330,6 +352,12 @@ void guard_lines_release(guard *g);
  * Returns true on a trip. */
 bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, bool trigger,
                          bool prose, bool plain, uint64_t now);
+/* A completed line [start, end) (without its newline), for the template detector. Returns
+ * true on a trip. */
+bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
+/* A number ended at `end` (the byte there is neither a letter nor a digit), for the
+ * counting detector. Returns true on a trip. */
+bool guard_count_number(guard *g, uint64_t end, uint64_t now);
 void guard_novelty_init(guard *g);
 void guard_novelty_release(guard *g);
 /* One word (hash, first byte, starts with a letter) of a segment that ended. Returns true

@@ -401,11 +401,6 @@ static void chat_stream_error(exchange *ex, int status, const char *message, con
     chat_end_stream(ex);
 }
 
-static char *chat_error_body(int status, const char *message, const char *type, const char *code)
-{
-    return dl_error_json(message, type, code, status);
-}
-
 static void chat_destroy(exchange *ex)
 {
     chat_state *cs = CS(ex);
@@ -423,7 +418,7 @@ static void chat_destroy(exchange *ex)
     .parse = chat_parse, .build = chat_build, .sampling = chat_sampling, \
     .prompt = chat_prompt, .attempt_begins = chat_attempt_begins, .on_event = chat_on_event, \
     .finish = chat_finish, .withheld = chat_withheld, .stream_error = chat_stream_error,     \
-    .error_body = chat_error_body, .destroy = chat_destroy, .can_continue = true, .takes_rid = true
+    .error_body = ex_openai_error_body, .destroy = chat_destroy, .can_continue = true, .takes_rid = true
 
 const lg_api api_chat = {
     .route = "/v1/chat/completions",

@@ -394,11 +394,6 @@ static void gen_stream_error(exchange *ex, int status, const char *message, cons
     gen_end_stream(ex);
 }
 
-static char *gen_error_body(int status, const char *message, const char *type, const char *code)
-{
-    return dl_error_json(message, type, code, status);
-}
-
 static void gen_destroy(exchange *ex)
 {
     gen_state *g = GS(ex);
@@ -428,6 +423,6 @@ const lg_api api_generate = {
     .finish = gen_finish,
     .withheld = gen_withheld,
     .stream_error = gen_stream_error,
-    .error_body = gen_error_body,
+    .error_body = ex_openai_error_body,
     .destroy = gen_destroy,
 };

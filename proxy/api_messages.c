@@ -127,13 +127,6 @@ static void flush_channel(exchange *ex, int ch)
     ex_text_return(ex, EX_TEXT_C, &b);
 }
 
-static bool anything_held(const exchange *ex)
-{
-    for (int c = 0; c < LG_CH_COUNT; c++)
-        if (ex->at.ch[c].held.len) return true;
-    return false;
-}
-
 /* The event with its index moved by the attempt's offset (or its own bytes when the
  * offset is 0). */
 static void out_indexed(exchange *ex, const sse_event *ev, cJSON *root, const char *type)
@@ -219,7 +212,7 @@ static int on_block_delta(exchange *ex, const sse_event *ev, cJSON *root)
     }
     const char *s = str_at(d, delta_key(ch));
     size_t n = s ? strlen(s) : 0;
-    bool held_before = anything_held(ex);
+    bool held_before = ex_held_any(ex);
     if (ex_guard_text(ex, (lg_channel)ch, s, n)) return 1;
     if (n) ex->at.tokens++;
     size_t k = ex_releasable(ex, (lg_channel)ch);
@@ -371,12 +364,7 @@ fail:
 static char *msg_build(exchange *ex, const rw_opts *o, rw_error *err)
 {
     (void)err;
-    cJSON *body = dl_json_must(cJSON_Duplicate(ex->req.root, 1));
-    dl_json_set(body, "stream", cJSON_CreateTrue());
-    if (o->step && o->step->temperature_add != 0)
-        dl_json_set(body, "temperature",
-                    cJSON_CreateNumber(rw_step_temperature(&ex->req, o->step)));
-    return dl_json_print_free(body);
+    return rw_build_streamed(&ex->req, o);
 }
 
 static cJSON *msg_sampling(const exchange *ex, const rw_opts *o)

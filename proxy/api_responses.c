@@ -121,13 +121,6 @@ static void flush_channel(exchange *ex, int ch)
     ex_text_return(ex, EX_TEXT_C, &b);
 }
 
-static bool anything_held(const exchange *ex)
-{
-    for (int c = 0; c < LG_CH_COUNT; c++)
-        if (ex->at.ch[c].held.len) return true;
-    return false;
-}
-
 /* A synthesized event about the open item: {type, item_id, output_index, ...}. */
 static cJSON *item_event(const rsp_state *r, const char *type)
 {
@@ -216,7 +209,7 @@ static int on_delta(exchange *ex, const sse_event *ev, const cJSON *root, int ch
     rsp_state *r = RS(ex);
     const char *s = str_at(root, "delta");
     size_t n = s ? strlen(s) : 0;
-    bool held_before = anything_held(ex);
+    bool held_before = ex_held_any(ex);
     cJSON_Delete(r->delta_tmpl);
     r->delta_tmpl = dl_json_must(cJSON_Duplicate(root, 1));
     if (ex_guard_text(ex, (lg_channel)ch, s, n)) return 1;
@@ -380,12 +373,7 @@ static int rsp_parse(exchange *ex, const char *body, size_t len, rw_error *err)
 static char *rsp_build(exchange *ex, const rw_opts *o, rw_error *err)
 {
     (void)err;
-    cJSON *body = dl_json_must(cJSON_Duplicate(ex->req.root, 1));
-    dl_json_set(body, "stream", cJSON_CreateTrue());
-    if (o->step && o->step->temperature_add != 0)
-        dl_json_set(body, "temperature",
-                    cJSON_CreateNumber(rw_step_temperature(&ex->req, o->step)));
-    return dl_json_print_free(body);
+    return rw_build_streamed(&ex->req, o);
 }
 
 static cJSON *rsp_sampling(const exchange *ex, const rw_opts *o)
@@ -527,11 +515,6 @@ static void rsp_stream_error(exchange *ex, int status, const char *message, cons
     ex_end_stream(ex, "", 0);
 }
 
-static char *rsp_error_body(int status, const char *message, const char *type, const char *code)
-{
-    return dl_error_json(message, type, code, status);
-}
-
 static void rsp_destroy(exchange *ex)
 {
     rsp_state *r = RS(ex);
@@ -561,6 +544,6 @@ const lg_api api_responses = {
     .finish = rsp_finish,
     .withheld = rsp_withheld,
     .stream_error = rsp_stream_error,
-    .error_body = rsp_error_body,
+    .error_body = ex_openai_error_body,
     .destroy = rsp_destroy,
 };

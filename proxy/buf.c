@@ -7,11 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proxy/xalloc.h"
+
 void lg_buf_reserve(lg_buf *b, size_t extra)
 {
     if (extra < b->cap - b->len) return; /* strict: one byte stays for the NUL */
     size_t need = b->len + extra + 1;
-    if (need < b->len) abort(); /* size_t overflow */
+    if (need < b->len) lg_oom(SIZE_MAX); /* size_t overflow */
     size_t cap = b->cap ? b->cap : 64;
     while (cap < need) {
         if (cap > SIZE_MAX / 2) {
@@ -20,9 +22,7 @@ void lg_buf_reserve(lg_buf *b, size_t extra)
         }
         cap *= 2;
     }
-    char *p = realloc(b->p, cap);
-    if (!p) abort();
-    b->p = p;
+    b->p = lg_xrealloc(b->p, cap);
     b->cap = cap;
 }
 

@@ -581,7 +581,7 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
     (void)pos;
     if (ex->base.client_gone) return MHD_CONTENT_READER_END_WITH_ERROR;
     /* Until the stream ends its output goes out by direct writes, not through a copy into
-     * libmicrohttpd's buffer; the end ([DONE] and the last chunk) goes through it. */
+     * libmicrohttpd's buffer; the end (the stream's last event and chunk) goes through it. */
     if (!ex->cl.ended && worker_go_direct(&ex->base, buf, max)) {
         if (lg_fifo_len(&ex->cl.out)) worker_output(&ex->base);
         return 0;

@@ -37,6 +37,18 @@ void ex_out_event(exchange *ex, const char *json)
 
 /* Lends the exchange's per-event text buffer i, empty; the caller owns it until
  * text_return. A nested lender would find the slot empty and start from no memory. */
+bool ex_held_any(const exchange *ex)
+{
+    for (int c = 0; c < LG_CH_COUNT; c++)
+        if (ex->at.ch[c].held.len) return true;
+    return false;
+}
+
+char *ex_openai_error_body(int status, const char *message, const char *type, const char *code)
+{
+    return dl_error_json(message, type, code, status);
+}
+
 lg_buf ex_text_borrow(exchange *ex, int i)
 {
     lg_buf b = ex->cl.text[i];

@@ -1,11 +1,16 @@
-/* exchange_int.h — the guarded exchange's state, shared by its two halves and private to them:
+/* exchange_int.h — the guarded exchange's state, shared by its halves and the API modules
+ * (api.h) and private to them:
  *
- *   exchange.c         a request's life: the body, the attempts and the retry ladder, the
- *                      incident record, the client side (streamed or whole), timeouts;
- *   exchange_events.c  the upstream's events: SSE and dialect parsing, the think splitter, the
- *                      guard per channel, holdback and release, the chunks for the client.
+ *   exchange.c         a request's life: the body, the attempts (exchange_plan.c decides
+ *                      each one), the incident record, the client side (streamed or whole),
+ *                      timeouts;
+ *   exchange_events.c  libcurl's callbacks, the guard per channel, the token-run check,
+ *                      holdback and release;
+ *   api_*.c            one API each: its request, its events to the channels and back.
  *
- * Memory: everything an exchange owns is freed in one place, exchange.c's ex_destroy. */
+ * The state is split by lifetime: ex_attempt (one upstream attempt, reset in one place),
+ * ex_client (the client side), ex_record (the incident). Memory: everything an exchange
+ * owns is freed in one place, exchange.c's ex_destroy (the module's state by api->destroy). */
 #ifndef LG_EXCHANGE_INT_H
 #define LG_EXCHANGE_INT_H
 
@@ -189,6 +194,11 @@ void ex_release(exchange *ex, lg_channel ch, size_t n, lg_buf *into);
 /* The generation of this attempt ended: the guards' last checks (and the empty-answer
  * check when answer_expected and the API is templated). True when one tripped. */
 bool ex_end_checks(exchange *ex, bool answer_expected);
+/* True when any channel holds text back. */
+bool ex_held_any(const exchange *ex);
+/* OpenAI's error body {"error":{"message","type","param","code"}}: api.h's error_body for
+ * the routes that answer errors in OpenAI's shape. */
+char *ex_openai_error_body(int status, const char *message, const char *type, const char *code);
 /* The per-event text buffers (EX_TEXT_R, EX_TEXT_C), lent empty and taken back. */
 lg_buf ex_text_borrow(exchange *ex, int i);
 void ex_text_return(exchange *ex, int i, lg_buf *b);

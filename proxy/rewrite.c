@@ -280,6 +280,15 @@ char *rw_build_upstream(const rw_request *req, const rw_opts *o, rw_error *err)
     return dl_json_print_free(body);
 }
 
+char *rw_build_streamed(const rw_request *req, const rw_opts *o)
+{
+    cJSON *body = dl_json_must(cJSON_Duplicate(req->root, 1));
+    dl_json_set(body, "stream", cJSON_CreateTrue());
+    if (o->step && o->step->temperature_add != 0)
+        dl_json_set(body, "temperature", cJSON_CreateNumber(rw_step_temperature(req, o->step)));
+    return dl_json_print_free(body);
+}
+
 cJSON *rw_sampling_json(const rw_request *req, const rw_opts *o)
 {
     static const char *const keys[] = {

@@ -82,6 +82,11 @@ cJSON *rw_sampling_json(const rw_request *req, const rw_opts *o);
  * [0, 2] and rounded to 6 decimals (0.6 + 0.2 prints as 0.8). */
 double rw_step_temperature(const rw_request *req, const lg_sampling_step *st);
 
+/* The client's body as it came with stream forced on and a retry step's temperature
+ * (rw_step_temperature): the upstream body of the routes whose request takes no other
+ * retry sampling (Anthropic Messages, OpenAI Responses). A malloc'd JSON string. */
+char *rw_build_streamed(const rw_request *req, const rw_opts *o);
+
 /* Frees root and zeroes *r; safe to call twice. */
 void rw_request_clear(rw_request *r);
 

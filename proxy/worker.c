@@ -577,8 +577,7 @@ CURL *worker_easy_get(lg_worker *w)
         e = w->spare[--w->n_spare];
         curl_easy_reset(e);
     } else {
-        e = curl_easy_init();
-        if (!e) abort();
+        e = lg_xcheck(curl_easy_init());
     }
     return e;
 }

@@ -284,6 +284,14 @@ static void test_traps(void **state)
                  "  > ^ <    > ^ <    > ^ <    > ^ <    > ^ <\n");
     assert_clean_both("ASCII art", t.s);
 
+    /* A drawing with a stretch of identical lines (a tower's wall, 10 rows): art lines
+     * need 12 copies. */
+    t.n = 0;
+    tcat(&t, "Here is a tower:\n     /\\\n    /  \\\n");
+    trep(&t, "   *    *\n", 10);
+    tcat(&t, "   ******\n");
+    assert_clean_both("tower with ten wall rows", t.s);
+
     /* A song: the chorus comes back after each verse, and sings its line three times. */
     t.n = 0;
     static const char *const verses[] = {
@@ -370,6 +378,8 @@ static const struct loop_case {
     {"three-line ingredient cycle", LG_CH_CONTENT, "Ingredients:\n",
      "- 1 cup of flour\n- 2 eggs\n- 1/2 cup of sugar\n", 40, 400},
     {"ASCII face 203 times", LG_CH_CONTENT, "Here is a face:\n", "( '.' )\n", 203, 300},
+    {"an art line of underscores", LG_CH_CONTENT, "Here is a box:\n", "  ______\n", 30, 150},
+    {"an art line of dots and dashes", LG_CH_CONTENT, "Pattern:\n", ".-.-..-.-.\n", 25, 150},
     {"numbered list of one item", LG_CH_CONTENT, "Rhymes:\n", "1. instruct\n", 20, 200},
 };
 
@@ -501,6 +511,165 @@ static void assert_loop(const char *what, lg_channel ch, const char *prefix, con
     tcat(&t, prefix);
     trep(&t, unit, times);
     assert_trips(what, ch, t.s, detector);
+    free(t.s);
+}
+
+/* ---- counting ------------------------------------------------------------------------ */
+
+/* Numbers from `from`, `step` apart, `n` of them, each written `head` number `tail`, a
+ * newline after every `per_line`; with `prompt` when not NULL. */
+static const struct count_case {
+    const char *what;
+    const char *head, *tail;
+    int from, step, n, per_line;
+    const char *prompt;
+    bool loop;
+} count_cases[] = {
+    {"columns counted to the limit", "field", ", ", 1, 1, 80, 0, NULL, true},
+    {"a numbered grid that keeps going", "", ". ", 11, 1, 200, 8, NULL, true},
+    {"a count the prompt asks for", "", " ", 1, 1, 100, 0, "Count from 1 to 100, please.", false},
+    {"twenty numbers", "item", ", ", 1, 1, 20, 0, NULL, false},
+    {"even numbers only far apart", "", ", ", 0, 10, 60, 0, NULL, false},
+};
+
+static void count_text(text *t, const struct count_case *c)
+{
+    tcat(t, "Here it is:\n");
+    for (int i = 0; i < c->n; i++) {
+        char num[16];
+        snprintf(num, sizeof(num), "%d", c->from + i * c->step);
+        tcat(t, c->head);
+        tcat(t, num);
+        tcat(t, c->tail);
+        if (c->per_line && i % c->per_line == c->per_line - 1) tcat(t, "\n");
+    }
+}
+
+static void test_count(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof(count_cases) / sizeof(count_cases[0]); i++) {
+        const struct count_case *c = &count_cases[i];
+        text t = {0};
+        count_text(&t, c);
+        result r = c->prompt ? scan_prompted(LG_CH_CONTENT, c->prompt, t.s)
+                             : scan_text(LG_CH_CONTENT, t.s);
+        if (c->loop && (!r.tripped || strcmp(r.detector, "count")))
+            fail_msg("%s: expected a count trip, got %s", c->what, r.tripped ? r.detector : "none");
+        if (!c->loop && r.tripped) fail_msg("%s tripped %s", c->what, r.detector);
+        result ta = scan_text(LG_CH_TOOL_ARGS, t.s); /* counting is off in tool arguments */
+        if (ta.tripped && !strcmp(ta.detector, "count"))
+            fail_msg("%s: count in tool_args", c->what);
+        free(t.s);
+    }
+    /* A numbered list counts too, but its items differ: no count. */
+    text t = {0};
+    static const char *const items[] = {"apples", "pears", "plums", "figs", "dates", "limes"};
+    for (int i = 0; i < 60; i++) {
+        char line[96];
+        snprintf(line, sizeof(line), "%d. Buy %s for the market stall number %s\n", i + 1,
+                 items[i % 6], items[(i / 6) % 6]);
+        tcat(&t, line);
+    }
+    result r = scan_text(LG_CH_CONTENT, t.s);
+    if (r.tripped && !strcmp(r.detector, "count")) fail_msg("numbered list tripped count");
+    free(t.s);
+}
+
+/* ---- templated lines ------------------------------------------------------------------ */
+
+/* Lines `head` slot `tail`, `times` lines after a short opening. The slot counts up from 1
+ * when the first slot is a digit; otherwise it is slots[i % 8], followed from the ninth line
+ * on by slots[i / 8 % 8], so that no two lines are equal (verbatim returns are the other
+ * detectors'). Loops must trip the template detector; look-alikes must not trip at all. */
+static const struct template_case {
+    const char *what;
+    const char *head, *tail;
+    const char *slots[8];
+    int times;
+    bool loop;
+} template_cases[] = {
+    {"topic list past its end",
+     "- Machine learning applied to robotics for ",
+     "\n",
+     {"farming", "mining", "shipping", "banking", "retail", "schools", "hospitals", "ports"},
+     40,
+     true},
+    {"the same template for sixteen items",
+     "- Machine learning applied to robotics for ",
+     "\n",
+     {"farming", "mining", "shipping", "banking", "retail", "schools", "hospitals", "ports"},
+     16,
+     false},
+    {"a short recipe list",
+     "* 2 tablespoons of chopped ",
+     "\n",
+     {"basil", "mint", "dill", "chives", "sage", "thyme", "parsley", "oregano"},
+     12,
+     false},
+    {"numbered data in the slot",
+     "The value of the counter after step ",
+     " is checked again.\n",
+     {"11", "12", "13", "14", "15", "16", "17", "18"},
+     40,
+     false},
+    {"code lines on one template",
+     "    config_",
+     " = load_setting(\"default\")\n",
+     {"alpha", "beta", "gamma", "delta", "eta", "theta", "iota", "kappa"},
+     40,
+     false},
+    {"a shared opening, most of the line new",
+     "- The committee reviewed ",
+     "\n",
+     {"the budget for the new harbour wall and its repairs",
+      "complaints about noise from the night ferry service",
+      "a proposal to plant oaks along the river promenade",
+      "how the school buses could avoid the market square",
+      "whether the old cinema should become a library",
+      "plans for a cycling lane between the two bridges",
+      "the cost of heating the swimming pool in winter",
+      "letters from farmers worried about the drought"},
+     20,
+     false},
+};
+
+static void template_text(text *t, const struct template_case *c)
+{
+    tcat(t, "Here is the list you asked for:\n\n");
+    for (int i = 0; i < c->times; i++) {
+        char num[16];
+        snprintf(num, sizeof(num), "%d", i + 1);
+        tcat(t, c->head);
+        bool numbered = c->slots[0][0] >= '0' && c->slots[0][0] <= '9';
+        tcat(t, numbered ? num : c->slots[i % 8]);
+        if (!numbered && i >= 8) {
+            tcat(t, " ");
+            tcat(t, c->slots[i / 8 % 8]);
+        }
+        tcat(t, c->tail);
+    }
+}
+
+static void test_template(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof(template_cases) / sizeof(template_cases[0]); i++) {
+        const struct template_case *c = &template_cases[i];
+        text t = {0};
+        template_text(&t, c);
+        if (c->loop)
+            assert_trips(c->what, LG_CH_CONTENT, t.s, "template");
+        else
+            assert_clean_both(c->what, t.s);
+        free(t.s);
+    }
+    /* The same loop passes when the prompt asks for that many lines, and never trips in
+     * tool arguments (JSON arrays of objects are templated by design). */
+    text t = {0};
+    template_text(&t, &template_cases[0]);
+    assert_false(scan_prompted(LG_CH_CONTENT, "Write 60 lines about robots at work.", t.s).tripped);
+    assert_false(scan_text(LG_CH_TOOL_ARGS, t.s).tripped);
     free(t.s);
 }
 
@@ -919,6 +1088,7 @@ int main(void)
         cmocka_unit_test(test_rules),       cmocka_unit_test(test_budget_and_empty),
         cmocka_unit_test(test_settings),    cmocka_unit_test(test_fence_closing_in_the_chunk),
         cmocka_unit_test(test_loop_shapes), cmocka_unit_test(test_prompt_slack),
+        cmocka_unit_test(test_template),    cmocka_unit_test(test_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

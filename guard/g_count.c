@@ -1,0 +1,64 @@
+/* g_count.c — the counting detector: numbers that count up with the same text between them
+ * ("column7, column8, column9, ", "21. 22. 23. 24."), the loop of a model that enumerates
+ * until it runs out of tokens. Verbatim repeats are the repeat detector's; here every unit
+ * differs in its number.
+ *
+ * g_text.c hands over each number as it ends (a digit followed by a byte that is neither a
+ * letter nor a digit; the digits of "column7" count). A number continues the count when it
+ * is 1 to 3 above the last one (rows of a grid skip a few: "28.\n31.") and the text since
+ * the last number is the same as before it, whitespace folded to one space and at most
+ * GAP_MAX bytes. count_run numbers in a row trip, unless the prompt holds a number at least
+ * as large as the one reached ("count from 1 to 100"). A numbered list passes: its items
+ * are the text between the numbers, and they differ.
+ *
+ * Cost: O(digits + gap) per number, reading the history; memory: four offsets and a count. */
+#include "guard/guard_int.h"
+
+#define GAP_MAX    24 /* bytes of text between two numbers of a count */
+#define DIGITS_MAX 9  /* longer numbers are no count (ids, hashes) */
+#define STEP_MAX   3
+
+static inline bool is_digit(unsigned char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+bool guard_count_number(guard *g, uint64_t end, uint64_t now)
+{
+    uint64_t start = end;
+    while (start > g->base && end - start <= DIGITS_MAX && is_digit(guard_at(g, start - 1)))
+        start--;
+    uint64_t gap_from = g->cnt_last_end;
+    g->cnt_last_end = end;
+    if (end - start > DIGITS_MAX || start == g->base) { /* too long, or history cut it */
+        g->cnt_run = 0;
+        g->cnt_gap_hash = 0;
+        return false;
+    }
+    uint64_t v = 0;
+    for (uint64_t o = start; o < end; o++)
+        v = v * 10 + (guard_at(g, o) - '0');
+    /* The text since the last number, whitespace folded; a gap too long, or older than the
+     * history, hashes to 0, which no count continues. */
+    uint64_t h = 0;
+    if (start - gap_from <= GAP_MAX && gap_from >= g->base) {
+        h = 0xCBF29CE484222325ull;
+        bool space = false;
+        for (uint64_t o = gap_from; o < start; o++) {
+            unsigned char c = guard_at(g, o);
+            bool ws = c == ' ' || c == '\n' || c == '\t' || c == '\r';
+            if (ws && space) continue;
+            space = ws;
+            h = (h ^ (ws ? ' ' : c)) * 0x100000001B3ull;
+        }
+    }
+    bool counts = h && h == g->cnt_gap_hash && v > g->cnt_value && v - g->cnt_value <= STEP_MAX;
+    g->cnt_run = counts ? g->cnt_run + 1 : 0;
+    if (!counts) g->cnt_from = start;
+    g->cnt_gap_hash = h;
+    g->cnt_value = v;
+    if (g->cnt_run < g->p->lines.count_run || g->prompt_number >= v) return false;
+    guard_set_unit(g, gap_from, end);
+    guard_trip(g, "count", g->cnt_from, now, g->cnt_run + 1);
+    return true;
+}
