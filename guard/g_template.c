@@ -15,8 +15,6 @@
  * Legitimate lists share templates too ("- 1 cup of X"), which is why the run is long and
  * the template must be most of the line. Cost: O(line) once per line, over bytes still in
  * the history; memory: three offsets and a count. */
-#include <string.h>
-
 #include "guard/guard_int.h"
 
 /* [*s, *e) without indentation, a list marker (bullet, or digits and '.' or ')') and
@@ -51,6 +49,7 @@ static bool same_template(const guard *g, uint64_t a, uint64_t ae, uint64_t b, u
 {
     const guard_params *p = g->p;
     uint64_t la = ae - a, lb = be - b, n = la < lb ? la : lb, pre = 0, suf = 0;
+    if (n < p->lines.template_bytes) return false; /* prefix + suffix <= the shorter line */
     while (pre < n && guard_at(g, a + pre) == guard_at(g, b + pre))
         pre++;
     if (pre == la && la == lb) return false; /* the same line: the lines detector's */
@@ -66,15 +65,18 @@ static bool same_template(const guard *g, uint64_t a, uint64_t ae, uint64_t b, u
 }
 
 /* Text: three words at least, letters at least half the body, and no code character
- * (= ; < > @ [ \\ ] _ ` { | }). Code and data declare lines on one template by design (imports, tables
- * of constants, dict entries): 25 of the 2,247 machine files tripped when code lines
- * counted. */
+ * (= ; < > @ [ \\ ] _ ` { | }). Code and data declare lines on one template by design
+ * (imports, tables of constants, dict entries): 25 of the 2,247 machine files tripped when
+ * code lines counted. Asked only of a line that follows the template. */
 static bool is_text(const guard *g, uint64_t s, uint64_t e)
 {
+    static const unsigned char code[128] = {
+        ['='] = 1, [';'] = 1, ['<'] = 1, ['>'] = 1, ['@'] = 1, ['['] = 1, ['\\'] = 1,
+        [']'] = 1, ['_'] = 1, ['`'] = 1, ['{'] = 1, ['|'] = 1, ['}'] = 1};
     uint64_t letters = 0, gaps = 0;
     for (uint64_t o = s; o < e; o++) {
         unsigned char c = guard_at(g, o);
-        if (c < 0x80 && c && strchr("=;<>@[\\]_`{|}", c)) return false;
+        if (c < 0x80 && code[c]) return false;
         letters += ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c >= 0x80;
         gaps += c == ' ';
     }
@@ -91,8 +93,8 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     }
     line_body(g, &start, &end);
     if (start == end) return false;
-    bool follows = is_text(g, start, end) && g->tpl_valid && g->tpl_start >= g->base &&
-                   same_template(g, g->tpl_start, g->tpl_end, start, end);
+    bool follows = g->tpl_valid && g->tpl_start >= g->base &&
+                   same_template(g, g->tpl_start, g->tpl_end, start, end) && is_text(g, start, end);
     g->tpl_run = follows ? g->tpl_run + 1 : 0;
     if (!follows) g->tpl_from = start;
     g->tpl_start = start;

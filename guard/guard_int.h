@@ -232,9 +232,10 @@ struct guard {
     unsigned tpl_run;
     bool tpl_valid;
 
-    /* count (g_count.c): the last number, the hash and length of the text before it, the
-     * offset where the count began and how many numbers in a row counted up. */
-    uint64_t cnt_value, cnt_gap_hash, cnt_from, cnt_last_end;
+    /* count (g_count.c): the last number, the text before it (offset, length), the offset
+     * where the count began, the end of the last number and how many numbers in a row
+     * counted up. */
+    uint64_t cnt_value, cnt_gap_from, cnt_gap_len, cnt_from, cnt_last_end;
     unsigned cnt_run;
 
     /* novelty (g_novelty.c) */

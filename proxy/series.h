@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define SERIES_MINUTES 30
-#define SERIES_KEYS 64
+#define SERIES_KEYS    64
 
 typedef struct series series;
 

@@ -68,6 +68,10 @@ static cJSON *guard_settings_json(const guard_params *p)
     cJSON_AddNumberToObject(l, "min_segment_bytes", p->lines.min_segment_bytes);
     cJSON_AddNumberToObject(l, "min_repeat_ratio", p->lines.min_repeat_ratio);
     cJSON_AddNumberToObject(l, "min_run", p->lines.min_run);
+    cJSON_AddNumberToObject(l, "template_run", p->lines.template_run);
+    cJSON_AddNumberToObject(l, "template_bytes", p->lines.template_bytes);
+    cJSON_AddNumberToObject(l, "template_share", p->lines.template_share);
+    cJSON_AddNumberToObject(l, "count_run", p->lines.count_run);
     cJSON *n = cJSON_AddObjectToObject(o, "novelty");
     cJSON_AddBoolToObject(n, "enabled", p->novelty.enabled);
     cJSON_AddNumberToObject(n, "window", p->novelty.window);

@@ -514,6 +514,19 @@ static void assert_loop(const char *what, lg_channel ch, const char *prefix, con
     free(t.s);
 }
 
+/* The verdict on `s` is the same fed whole and in random chunks of 1-8 and 1-64 bytes. */
+static void assert_chunking_invariant(const char *s)
+{
+    guard_params *p = guard_params_new(LG_CH_CONTENT);
+    size_t n = strlen(s);
+    result whole = run_whole(p, LG_CH_CONTENT, s, n, true);
+    for (unsigned maxchunk = 8; maxchunk <= 64; maxchunk *= 8) {
+        result split = run_split(p, LG_CH_CONTENT, s, n, maxchunk, true);
+        assert_same(&whole, &split);
+    }
+    guard_params_free(p);
+}
+
 /* ---- counting ------------------------------------------------------------------------ */
 
 /* Numbers from `from`, `step` apart, `n` of them, each written `head` number `tail`, a
@@ -557,6 +570,7 @@ static void test_count(void **state)
         if (c->loop && (!r.tripped || strcmp(r.detector, "count")))
             fail_msg("%s: expected a count trip, got %s", c->what, r.tripped ? r.detector : "none");
         if (!c->loop && r.tripped) fail_msg("%s tripped %s", c->what, r.detector);
+        assert_chunking_invariant(t.s);
         result ta = scan_text(LG_CH_TOOL_ARGS, t.s); /* counting is off in tool arguments */
         if (ta.tripped && !strcmp(ta.detector, "count"))
             fail_msg("%s: count in tool_args", c->what);
@@ -658,6 +672,7 @@ static void test_template(void **state)
         const struct template_case *c = &template_cases[i];
         text t = {0};
         template_text(&t, c);
+        assert_chunking_invariant(t.s);
         if (c->loop)
             assert_trips(c->what, LG_CH_CONTENT, t.s, "template");
         else
