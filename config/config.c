@@ -1072,7 +1072,7 @@ static cJSON *split_list(const char *s)
     for (const char *p = s;; p++) {
         size_t n = strcspn(p, ",");
         char *item = strndup(p, n);
-        if (!item || !arr) abort();
+        if (!item || !arr) lg_oom(n + 1);
         cJSON_AddItemToArray(arr, cJSON_CreateString(item));
         free(item);
         p += n;
@@ -1091,7 +1091,7 @@ static cJSON *env_value(env_form form, const char *text)
     if (keep) return j;
     cJSON_Delete(j);
     j = form == ENV_LIST ? split_list(text) : cJSON_CreateString(text);
-    if (!j) abort();
+    if (!j) lg_oom(0);
     return j;
 }
 
@@ -1177,12 +1177,12 @@ static int apply_env_var(lg_config *cfg, const char *var, char *err, size_t errl
         }
     }
     cJSON *root = cJSON_CreateObject(), *obj = root;
-    if (!root) abort();
+    if (!root) lg_oom(0);
     char *comp = path;
     for (char *dot; (dot = strchr(comp, '.')); comp = dot + 1) {
         *dot = '\0';
         cJSON *child = cJSON_AddObjectToObject(obj, comp);
-        if (!child) abort();
+        if (!child) lg_oom(0);
         obj = child;
     }
     cJSON_AddItemToObject(obj, comp, env_value(form, *eq ? eq + 1 : ""));
@@ -1275,7 +1275,7 @@ const lg_model_rule *config_model_rule(const lg_config *cfg, const char *model)
      * this thread-safe (cost: one small malloc per lookup). */
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
     const lg_model_rule *found = NULL;
-    if (!md) abort();
+    if (!md) lg_oom(0);
     for (size_t i = 0; i < cfg->n_models && !found; i++)
         if (pcre2_match(cfg->models[i].re, (PCRE2_SPTR)model, PCRE2_ZERO_TERMINATED, 0, 0, md,
                         NULL) >= 0)

@@ -55,9 +55,10 @@ void accesslog_write(incident_log *log, const access_entry *e)
     cJSON *o = lg_xcheck(cJSON_CreateObject());
     cJSON_AddStringToObject(o, "ts", ts);
     add_string_or_null(o, "id", e->id);
-    char route[1024]; /* a relayed path's query may carry secrets: never logged */
-    if (e->route) snprintf(route, sizeof route, "%.*s", (int)strcspn(e->route, "?"), e->route);
-    add_string_or_null(o, "route", e->route ? route : NULL);
+    /* A relayed path's query may carry secrets: never logged. */
+    char *route = e->route ? lg_xasprintf("%.*s", (int)strcspn(e->route, "?"), e->route) : NULL;
+    add_string_or_null(o, "route", route);
+    free(route);
     cJSON_AddNumberToObject(o, "status", e->status);
     add_string_or_null(o, "model", e->model);
     add_string_or_null(o, "upstream", e->upstream);

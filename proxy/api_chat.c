@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "proxy/exchange_int.h"
+#include "proxy/xalloc.h"
 
 /* The module's per-exchange state. */
 typedef struct chat_state {
@@ -32,8 +33,8 @@ static chat_state *CS(const exchange *ex)
 
 static void remember_meta(exchange *ex, const dl_delta *d)
 {
-    if (d->id && !CS(ex)->c_id) CS(ex)->c_id = strdup(d->id);
-    if (d->model && !CS(ex)->c_model) CS(ex)->c_model = strdup(d->model);
+    if (d->id && !CS(ex)->c_id) CS(ex)->c_id = lg_xstrdup(d->id);
+    if (d->model && !CS(ex)->c_model) CS(ex)->c_model = lg_xstrdup(d->model);
     if (d->has_created && !CS(ex)->c_created) CS(ex)->c_created = d->created;
 }
 
@@ -152,10 +153,11 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
         /* usage-only chunk: the client sees it only if it asked for usage */
         if (!ex->req.client_usage) return 0;
         if (ex->attempt > 1 && CS(ex)->c_id && d->id && strcmp(d->id, CS(ex)->c_id) != 0) {
-            cJSON_ReplaceItemInObjectCaseSensitive(d->root, "id", cJSON_CreateString(CS(ex)->c_id));
+            cJSON_ReplaceItemInObjectCaseSensitive(d->root, "id",
+                                                   dl_json_must(cJSON_CreateString(CS(ex)->c_id)));
             d->id = CS(ex)->c_id;
-            char *json = cJSON_PrintUnformatted(d->root);
-            if (json) ex_out_event(ex, json);
+            char *json = lg_xcheck(cJSON_PrintUnformatted(d->root));
+            ex_out_event(ex, json);
             free(json);
         } else {
             out_append(ex, ev->raw, ev->raw_len);
@@ -176,7 +178,7 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
         if (CS(ex)->c_id && d->id && strcmp(d->id, CS(ex)->c_id) != 0)
         {
             cJSON_ReplaceItemInObjectCaseSensitive(d->root, "id",
-                                                   cJSON_CreateString(CS(ex)->c_id));
+                                                   dl_json_must(cJSON_CreateString(CS(ex)->c_id)));
             d->id = CS(ex)->c_id; /* the borrowed string just died */
         }
         held_before = true; /* never the retry's raw bytes */
@@ -310,8 +312,7 @@ static int chat_on_event(exchange *ex, const sse_event *ev)
 static int chat_parse(exchange *ex, const char *body, size_t len, rw_error *err)
 {
     if (rw_parse(body, len, ex->api == &api_chat, &ex->req, err) != 0) return -1;
-    chat_state *cs = calloc(1, sizeof *cs);
-    if (!cs) abort();
+    chat_state *cs = lg_xcalloc(1, sizeof *cs);
     ex->api_state = cs;
     if (!ex->req.client_stream) cs->as = asm_new(ex->req.chat);
     return 0;

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "proxy/exchange_int.h"
+#include "proxy/xalloc.h"
 
 enum { MODE_UNKNOWN, MODE_CUMULATIVE, MODE_INCREMENTAL };
 
@@ -52,7 +53,7 @@ static gen_state *GS(const exchange *ex)
 static void set_in_place(cJSON *obj, const char *key, cJSON *item)
 {
     if (cJSON_GetObjectItemCaseSensitive(obj, key)) {
-        if (!cJSON_ReplaceItemInObjectCaseSensitive(obj, key, dl_json_must(item))) abort();
+        if (!cJSON_ReplaceItemInObjectCaseSensitive(obj, key, dl_json_must(item))) lg_oom(0);
     } else {
         dl_json_set(obj, key, item);
     }
@@ -64,7 +65,7 @@ static cJSON *client_event(exchange *ex, const char *text, size_t n)
     gen_state *g = GS(ex);
     cJSON *o = dl_json_must(g->last ? cJSON_Duplicate(g->last, 1) : cJSON_CreateObject());
     char *t = strndup(text ? text : "", n);
-    if (!t) abort();
+    if (!t) lg_oom(n + 1);
     set_in_place(o, "text", cJSON_CreateString(t));
     free(t);
     cJSON *meta = cJSON_GetObjectItemCaseSensitive(o, "meta_info");
@@ -131,7 +132,7 @@ static int on_output(exchange *ex, const sse_event *ev, cJSON *root)
     const char *id = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(meta, "id"))
                          ? cJSON_GetObjectItemCaseSensitive(meta, "id")->valuestring
                          : NULL;
-    if (!g->id && id && !(g->id = strdup(id))) abort();
+    if (!g->id && id) g->id = lg_xstrdup(id);
     const char *delta;
     size_t dn;
     new_text(g, root, t->valuestring, strlen(t->valuestring), &delta, &dn);
@@ -249,8 +250,7 @@ static int gen_parse(exchange *ex, const char *body, size_t len, rw_error *err)
                                .enable_thinking = -1,
                                .prompt_is_string = cJSON_IsString(text)};
         ex->passthrough = is_batch(root);
-        gen_state *g = calloc(1, sizeof *g);
-        if (!g) abort();
+        gen_state *g = lg_xcalloc(1, sizeof *g);
         g->ids = dl_json_must(cJSON_CreateArray());
         ex->api_state = g;
         return 0;

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "proxy/exchange_int.h"
+#include "proxy/xalloc.h"
 
 /* A content block of a whole response, as released. */
 typedef struct wblock {
@@ -111,7 +112,7 @@ static void put_text(exchange *ex, int ch, const char *s, size_t n)
     cJSON *d = dl_json_must(cJSON_AddObjectToObject(o, "delta"));
     cJSON_AddStringToObject(d, "type", delta_type(ch));
     char *t = strndup(s, n);
-    if (!t) abort();
+    if (!t) lg_oom(n + 1);
     cJSON_AddStringToObject(d, delta_key(ch), t);
     free(t);
     out_named(ex, "content_block_delta", o);
@@ -158,8 +159,7 @@ static void whole_block(msg_state *m, int ch, const cJSON *start)
 {
     if (m->n_blocks == m->cap_blocks) {
         m->cap_blocks = m->cap_blocks ? 2 * m->cap_blocks : 4;
-        m->blocks = realloc(m->blocks, m->cap_blocks * sizeof *m->blocks);
-        if (!m->blocks) abort();
+        m->blocks = lg_xrealloc(m->blocks, m->cap_blocks * sizeof *m->blocks);
     }
     wblock *b = &m->blocks[m->n_blocks++];
     *b = (wblock){.ch = ch, .start = dl_json_must(cJSON_Duplicate(start, 1)), .text = LG_BUF_INIT};
@@ -202,7 +202,7 @@ static int on_block_delta(exchange *ex, const sse_event *ev, cJSON *root)
             m->n_blocks) {
             const char *sig = str_at(d, "signature");
             free(m->blocks[m->n_blocks - 1].signature);
-            m->blocks[m->n_blocks - 1].signature = sig ? strdup(sig) : NULL;
+            m->blocks[m->n_blocks - 1].signature = sig ? lg_xstrdup(sig) : NULL;
         }
         if (ex->req.client_stream) {
             flush_channel(ex, m->up_ch);
@@ -252,7 +252,7 @@ static int on_message_delta(exchange *ex, const sse_event *ev, cJSON *root)
         return 0;
     }
     free(m->stop_reason);
-    m->stop_reason = stop ? strdup(stop) : NULL;
+    m->stop_reason = stop ? lg_xstrdup(stop) : NULL;
     cJSON_Delete(m->usage);
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(root, "usage");
     m->usage = u ? dl_json_must(cJSON_Duplicate(u, 1)) : NULL;
@@ -351,8 +351,7 @@ static int msg_parse(exchange *ex, const char *body, size_t len, rw_error *err)
                            .temperature = cJSON_IsNumber(t) ? t->valuedouble : 0,
                            .has_temperature = cJSON_IsNumber(t),
                            .enable_thinking = -1};
-    msg_state *m = calloc(1, sizeof *m);
-    if (!m) abort();
+    msg_state *m = lg_xcalloc(1, sizeof *m);
     m->open = m->up_ch = -1;
     ex->api_state = m;
     return 0;
@@ -497,8 +496,7 @@ static void msg_withheld(exchange *ex)
     msg_state *m = MS(ex);
     if (!ex->req.client_stream) {
         free(m->stop_reason);
-        m->stop_reason = strdup("refusal");
-        if (!m->stop_reason) abort();
+        m->stop_reason = lg_xstrdup("refusal");
         return;
     }
     if (m->open >= 0) block_stop(ex, m->open);

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "proxy/exchange_int.h"
+#include "proxy/xalloc.h"
 
 typedef struct rsp_state {
     long seq;          /* the client's next sequence_number */
@@ -103,7 +104,7 @@ static void put_text(exchange *ex, const char *s, size_t n)
     if (!ex->req.client_stream || !r->delta_tmpl) return;
     cJSON *d = dl_json_must(cJSON_Duplicate(r->delta_tmpl, 1));
     char *t = strndup(s, n);
-    if (!t) abort();
+    if (!t) lg_oom(n + 1);
     dl_json_set(d, "delta", cJSON_CreateString(t));
     free(t);
     const cJSON *oi = cJSON_GetObjectItemCaseSensitive(d, "output_index");
@@ -359,8 +360,7 @@ static int rsp_parse(exchange *ex, const char *body, size_t len, rw_error *err)
                                .temperature = cJSON_IsNumber(t) ? t->valuedouble : 0,
                                .has_temperature = cJSON_IsNumber(t),
                                .enable_thinking = -1};
-        rsp_state *r = calloc(1, sizeof *r);
-        if (!r) abort();
+        rsp_state *r = lg_xcalloc(1, sizeof *r);
         r->open = r->open_ch = r->up_ch = -1;
         r->items = dl_json_must(cJSON_CreateArray());
         ex->api_state = r;
@@ -443,7 +443,7 @@ static cJSON *final_response(exchange *ex)
             const lg_buf *t = &ex->cl.sent[LG_CH_CONTENT];
             if (t->len) {
                 char *s = strndup(t->p, t->len);
-                if (!s) abort();
+                if (!s) lg_oom(t->len + 1);
                 cJSON *item = dl_json_must(cJSON_CreateObject());
                 cJSON_AddStringToObject(item, "type", "message");
                 cJSON_AddStringToObject(item, "role", "assistant");

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "proxy/buf.h"
+#include "proxy/xalloc.h"
 
 typedef struct asm_tool {
     int index;
@@ -32,17 +33,9 @@ struct lg_assembler {
     size_t n_tools, cap_tools;
 };
 
-static char *dup_str(const char *s)
-{
-    char *d = strdup(s);
-    if (!d) abort();
-    return d;
-}
-
 lg_assembler *asm_new(bool chat)
 {
-    lg_assembler *a = calloc(1, sizeof(*a));
-    if (!a) abort();
+    lg_assembler *a = lg_xcalloc(1, sizeof(*a));
     a->chat = chat;
     a->top_extra = dl_json_must(cJSON_CreateObject());
     a->choice_extra = dl_json_must(cJSON_CreateObject());
@@ -77,8 +70,7 @@ static asm_tool *tool_at(lg_assembler *a, int index)
         if (a->tools[i].index == index) return &a->tools[i];
     if (a->n_tools == a->cap_tools) {
         a->cap_tools = a->cap_tools ? a->cap_tools * 2 : 4;
-        a->tools = realloc(a->tools, a->cap_tools * sizeof(*a->tools));
-        if (!a->tools) abort();
+        a->tools = lg_xrealloc(a->tools, a->cap_tools * sizeof(*a->tools));
     }
     asm_tool *t = &a->tools[a->n_tools++];
     memset(t, 0, sizeof(*t));
@@ -103,7 +95,7 @@ static void merge_extra(cJSON *into, const cJSON *from, const char *const *skip,
 
 static void keep_first(char **dst, const char *src)
 {
-    if (!*dst && src) *dst = dup_str(src);
+    if (!*dst && src) *dst = lg_xstrdup(src);
 }
 
 void asm_meta(lg_assembler *a, const dl_delta *d)
@@ -126,7 +118,7 @@ void asm_meta(lg_assembler *a, const dl_delta *d)
     if (!d->choice || d->choice_index != 0) return;
     if (d->finish_reason) {
         free(a->finish);
-        a->finish = dup_str(d->finish_reason);
+        a->finish = lg_xstrdup(d->finish_reason);
     }
     merge_extra(a->choice_extra, d->choice, choice_skip,
                 sizeof(choice_skip) / sizeof(choice_skip[0]));
@@ -162,7 +154,7 @@ void asm_text(lg_assembler *a, int channel, const char *s, size_t n)
 void asm_set_finish(lg_assembler *a, const char *finish_reason)
 {
     free(a->finish_override);
-    a->finish_override = finish_reason ? dup_str(finish_reason) : NULL;
+    a->finish_override = finish_reason ? lg_xstrdup(finish_reason) : NULL;
 }
 
 size_t asm_text_len(const lg_assembler *a, int channel)

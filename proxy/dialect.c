@@ -10,9 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proxy/xalloc.h"
+
 cJSON *dl_json_must(cJSON *x)
 {
-    if (!x) abort();
+    if (!x) lg_oom(0);
     return x;
 }
 
@@ -50,8 +52,7 @@ static void parse_reasoning(const cJSON *delta, dl_delta *out)
     const char *r2 = str_of(delta, "reasoning", &l2);
     out->reasoning_keys = (r1 ? DL_KEY_REASONING_CONTENT : 0) | (r2 ? DL_KEY_REASONING : 0);
     if (r1 && r2 && (l1 != l2 || memcmp(r1, r2, l1))) {
-        out->own_text = malloc(l1 + l2 + 1);
-        if (!out->own_text) abort();
+        out->own_text = lg_xmalloc(l1 + l2 + 1);
         memcpy(out->own_text, r1, l1);
         memcpy(out->own_text + l1, r2, l2 + 1);
         out->reasoning = out->own_text;
@@ -66,8 +67,7 @@ static void parse_tools(const cJSON *arr, dl_delta *out)
 {
     int n = cJSON_GetArraySize(arr);
     if (n <= 0) return;
-    out->tools = calloc((size_t)n, sizeof(*out->tools));
-    if (!out->tools) abort();
+    out->tools = lg_xcalloc((size_t)n, sizeof(*out->tools));
     int pos = 0;
     const cJSON *tc;
     cJSON_ArrayForEach(tc, arr)
@@ -185,14 +185,13 @@ void dl_json_del(cJSON *obj, const char *key)
 void dl_json_set(cJSON *obj, const char *key, cJSON *item)
 {
     dl_json_del(obj, key);
-    if (!cJSON_AddItemToObject(obj, key, dl_json_must(item))) abort();
+    if (!cJSON_AddItemToObject(obj, key, dl_json_must(item))) lg_oom(0);
 }
 
 /* obj[key] = the n bytes at s as a JSON string, replacing any earlier value. */
 static void set_strn(cJSON *obj, const char *key, const char *s, size_t n)
 {
-    char *tmp = malloc(n + 1);
-    if (!tmp) abort();
+    char *tmp = lg_xmalloc(n + 1);
     if (n) memcpy(tmp, s, n);
     tmp[n] = '\0';
     dl_json_set(obj, key, cJSON_CreateString(tmp));
@@ -230,7 +229,7 @@ char *dl_json_print_free(cJSON *root)
 {
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    if (!s) abort();
+    if (!s) lg_oom(0);
     return s;
 }
 

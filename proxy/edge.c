@@ -9,6 +9,7 @@
 
 #include "proxy/http.h"
 #include "proxy/httphead.h"
+#include "proxy/xalloc.h"
 
 /* Pool bytes libmicrohttpd needs per query argument (its header record and the split
  * text, with margin): max_header_bytes / EDGE_ARG_BYTES arguments are accepted. */
@@ -98,8 +99,7 @@ static ip_count *ip_hold(const lg_config *cfg, struct MHD_Connection *conn)
     pthread_mutex_lock(&ip_lock);
     ip_count **p = ip_slot(&k);
     if (!*p) {
-        *p = calloc(1, sizeof **p);
-        if (!*p) abort();
+        *p = lg_xcalloc(1, sizeof **p);
         (*p)->key = k;
     }
     ip_count *c = *p;
@@ -134,8 +134,7 @@ void edge_connection(void *cls, struct MHD_Connection *conn, void **socket_conte
 {
     lg_worker *w = cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-        edge_conn *e = calloc(1, sizeof *e);
-        if (!e) abort();
+        edge_conn *e = lg_xcalloc(1, sizeof *e);
         const union MHD_ConnectionInfo *fi =
             MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         e->conn = conn;
@@ -250,8 +249,7 @@ static enum MHD_Result add_field(void *cls, enum MHD_ValueKind kind, const char 
     (void)kind;
     if (l->n == l->cap) {
         l->cap = l->cap ? l->cap * 2 : 32;
-        l->f = realloc(l->f, l->cap * sizeof *l->f);
-        if (!l->f) abort();
+        l->f = lg_xrealloc(l->f, l->cap * sizeof *l->f);
     }
     l->f[l->n++] = (hh_field){key, key_size, value ? value : "", value ? value_size : 0};
     return MHD_YES;

@@ -2,6 +2,7 @@
 #include "proxy/http.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,8 @@
 #include <cJSON.h>
 
 #include "proxy/httphead.h"
+#include "proxy/num.h"
+#include "proxy/xalloc.h"
 
 /* The numeric form of a peer address ("127.0.0.1", "::1"). Returns getnameinfo's result. */
 static int getnameinfo_numeric(const struct sockaddr *sa, char *host, size_t hostlen)
@@ -57,7 +60,8 @@ static enum MHD_Result respond_error(struct MHD_Connection *conn, int status,
                                      const char *message, const char *type, const char *code,
                                      bool close)
 {
-    cJSON *root = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(root, "error");
+    cJSON *root = lg_xcheck(cJSON_CreateObject());
+    cJSON *e = lg_xcheck(cJSON_AddObjectToObject(root, "error"));
     cJSON_AddStringToObject(e, "message", message);
     cJSON_AddStringToObject(e, "type", type);
     if (code)
@@ -66,7 +70,7 @@ static enum MHD_Result respond_error(struct MHD_Connection *conn, int status,
         cJSON_AddNullToObject(e, "code");
     char *body = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    if (!body) abort();
+    if (!body) lg_oom(0);
     enum MHD_Result rc = respond_ex(conn, status, "application/json", body, close);
     free(body);
     return rc;
@@ -162,8 +166,7 @@ typedef struct hdr_ctx {
 static struct curl_slist *append_header(struct curl_slist *l, const char *name, const char *value)
 {
     size_t n = strlen(name) + strlen(value) + 3;
-    char *line = malloc(n);
-    if (!line) abort();
+    char *line = lg_xmalloc(n);
     /* "Name;" is libcurl's way to send a header with an empty value. */
     if (*value)
         snprintf(line, n, "%s: %s", name, value);
@@ -171,7 +174,7 @@ static struct curl_slist *append_header(struct curl_slist *l, const char *name, 
         snprintf(line, n, "%s;", name);
     struct curl_slist *r = curl_slist_append(l, line);
     free(line);
-    if (!r) abort();
+    if (!r) lg_oom(0);
     return r;
 }
 
@@ -207,7 +210,7 @@ struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_e
     free(xff);
     /* "Expect:" with no value stops libcurl from adding its own Expect: 100-continue. */
     c.list = curl_slist_append(c.list, "Expect:");
-    if (!c.list) abort();
+    if (!c.list) lg_oom(0);
     if (for_exchange) {
         c.list = append_header(c.list, "Content-Type", "application/json");
         c.list = append_header(c.list, "Accept", "text/event-stream");
@@ -219,8 +222,7 @@ struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_e
 
 static char *dup_range(const char *s, size_t n)
 {
-    char *d = malloc(n + 1);
-    if (!d) abort();
+    char *d = lg_xmalloc(n + 1);
     memcpy(d, s, n);
     d[n] = '\0';
     return d;
@@ -239,13 +241,29 @@ void http_head_clear(http_head *h)
     h->content_length = -1;
 }
 
+/* The status code of a status line "HTTP/x SP code [SP reason]" (RFC 9112 §4): exactly three
+ * digits within 100..599, else 0 (no response head; the transfer then fails as one without
+ * an answer). */
+static int status_code(const char *line, size_t len)
+{
+    const char *sp = memchr(line, ' ', len);
+    if (!sp) return 0;
+    size_t rest = len - (size_t)(sp + 1 - line), n = 0;
+    while (n < rest && sp[1 + n] != ' ') n++;
+    char code[4];
+    long long v;
+    if (n != 3) return 0;
+    memcpy(code, sp + 1, 3);
+    code[3] = '\0';
+    return lg_parse_ll(code, 100, 599, &v) ? (int)v : 0;
+}
+
 void http_head_line(http_head *h, const char *line, size_t len)
 {
     while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
     if (len >= 5 && strncmp(line, "HTTP/", 5) == 0) {
         http_head_clear(h);
-        const char *sp = memchr(line, ' ', len);
-        h->status = sp ? atoi(sp + 1) : 0;
+        h->status = status_code(line, len);
         return;
     }
     if (len == 0) {
@@ -261,17 +279,19 @@ void http_head_line(http_head *h, const char *line, size_t len)
     while (vlen && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t')) vlen--;
     if (h->n == h->cap) {
         h->cap = h->cap ? h->cap * 2 : 16;
-        h->names = realloc(h->names, h->cap * sizeof *h->names);
-        h->values = realloc(h->values, h->cap * sizeof *h->values);
-        if (!h->names || !h->values) abort();
+        h->names = lg_xrealloc(h->names, h->cap * sizeof *h->names);
+        h->values = lg_xrealloc(h->values, h->cap * sizeof *h->values);
     }
     char *name = dup_range(line, nlen), *value = dup_range(v, vlen);
-    if (strcasecmp(name, "Content-Length") == 0) h->content_length = atoll(value);
+    /* A malformed length leaves the size unknown: the body is then relayed as it comes. */
+    if (strcasecmp(name, "Content-Length") == 0 &&
+        !lg_parse_ll(value, 0, LLONG_MAX, &h->content_length))
+        h->content_length = -1;
     if (strcasecmp(name, "Transfer-Encoding") == 0 && token_listed(value, "chunked"))
         h->chunked = true;
     if (strcasecmp(name, "Content-Type") == 0) {
         free(h->content_type);
-        h->content_type = strdup(value);
+        h->content_type = lg_xstrdup(value);
     }
     h->names[h->n] = name;
     h->values[h->n] = value;

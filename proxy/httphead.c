@@ -6,6 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "proxy/xalloc.h"
+
 /* RFC 9110 §5.6.2 tchar. */
 static bool is_tchar(unsigned char c)
 {
@@ -163,8 +165,7 @@ int hh_path_normalize(const char *path, char **out)
 {
     size_t n = strlen(path);
     if (n == 0 || path[0] != '/') return -1;
-    char *p = malloc(n + 1);
-    if (!p) abort();
+    char *p = lg_xmalloc(n + 1);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)path[i];

@@ -28,6 +28,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "proxy/xalloc.h"
+
 #define QUEUE_MAX_RECORDS   4096
 #define QUEUE_MAX_BYTES     (32u << 20) /* what may wait for the disk at most */
 #define REOPEN_BACKOFF_MS   1000        /* after a failed open or write */
@@ -88,7 +90,7 @@ static void collect_strings(cJSON *j, cJSON ***v, size_t *n, size_t *cap)
         if (cJSON_IsString(c)) {
             if (*n == *cap) {
                 *cap = *cap ? *cap * 2 : 16;
-                if (!(*v = realloc(*v, *cap * sizeof **v))) abort();
+                *v = lg_xrealloc(*v, *cap * sizeof **v);
             }
             (*v)[(*n)++] = c;
         } else {
@@ -124,11 +126,11 @@ static char *truncate_record(char *text, size_t *len, size_t max)
     text = NULL;
     if (!cJSON_IsObject(j)) goto done;
     cJSON_DeleteItemFromObjectCaseSensitive(j, "truncated");
-    if (!cJSON_AddTrueToObject(j, "truncated")) abort();
+    if (!cJSON_AddTrueToObject(j, "truncated")) lg_oom(0);
     collect_strings(j, &strs, &n, &cap);
-    if (n && !(lens = malloc(n * sizeof *lens))) abort();
+    if (n) lens = lg_xmalloc(n * sizeof *lens);
     for (int round = 0; round < TRUNCATE_MAX_ROUNDS; round++) {
-        if (!(text = cJSON_PrintUnformatted(j))) abort();
+        text = lg_xcheck(cJSON_PrintUnformatted(j));
         *len = strlen(text);
         if (*len <= max) goto done;
         free(text);
@@ -222,8 +224,7 @@ static void writer_write(incident_log *l, rec **batch, size_t n)
     size_t total = l->torn ? 1 : 0, off = 0;
     for (size_t i = 0; i < n; i++)
         total += batch[i]->len + 1;
-    char *buf = malloc(total);
-    if (!buf) abort();
+    char *buf = lg_xmalloc(total);
     if (l->torn) buf[off++] = '\n';
     size_t start = off; /* bytes before the first record */
     for (size_t i = 0; i < n; i++) {
@@ -297,18 +298,17 @@ static void *writer_main(void *arg)
 incident_log *incident_log_open(const char *path, unsigned recent, size_t max_record_bytes,
                                 char *err, size_t errlen)
 {
-    incident_log *l = calloc(1, sizeof *l);
-    if (!l) abort();
+    incident_log *l = lg_xcalloc(1, sizeof *l);
     l->fd = -1;
     l->max_record_bytes = max_record_bytes;
     l->n_recent = recent;
-    if (recent && !(l->recent = calloc(recent, sizeof *l->recent))) abort();
+    if (recent) l->recent = lg_xcalloc(recent, sizeof *l->recent);
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->wake, NULL);
     pthread_cond_init(&l->done, NULL);
     if (!path) return l;
 
-    if (!(l->path = strdup(path))) abort();
+    l->path = lg_xstrdup(path);
     if ((l->fd = open_log(path, &l->torn)) < 0) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         goto error;
@@ -343,8 +343,7 @@ void incident_log_submit(incident_log *l, char *line)
         }
         count(&l->truncated, 1);
     }
-    rec *r = malloc(sizeof *r), *evicted = NULL;
-    if (!r) abort();
+    rec *r = lg_xmalloc(sizeof *r), *evicted = NULL;
     r->text = line;
     r->len = len;
     atomic_init(&r->refs, 1); /* the submitter's, given up below */
@@ -397,7 +396,7 @@ char *incident_log_recent_json(incident_log *l)
     unsigned n = 0;
     rec **snap = NULL;
     if (l && l->n_recent) {
-        if (!(snap = malloc(l->n_recent * sizeof *snap))) abort();
+        snap = lg_xmalloc(l->n_recent * sizeof *snap);
         pthread_mutex_lock(&l->mu);
         n = l->recent_len;
         unsigned first = (l->recent_next + l->n_recent - n) % l->n_recent; /* the oldest */
@@ -410,8 +409,7 @@ char *incident_log_recent_json(incident_log *l)
     size_t total = 3, off = 0;
     for (unsigned i = 0; i < n; i++)
         total += snap[i]->len + 1;
-    char *out = malloc(total);
-    if (!out) abort();
+    char *out = lg_xmalloc(total);
     out[off++] = '[';
     for (unsigned i = 0; i < n; i++) {
         if (i) out[off++] = ',';

@@ -6,6 +6,7 @@
 #include "proxy/jsonguard.h"
 
 #include "proxy/buf.h"
+#include "proxy/xalloc.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -143,8 +144,7 @@ static uint64_t hash_key(size_t obj, const char *p, size_t k)
 static void slots_grow(jg *g)
 {
     size_t cap = g->cap ? g->cap * 2 : 64;
-    key_slot *s = calloc(cap, sizeof *s);
-    if (!s) abort();
+    key_slot *s = lg_xcalloc(cap, sizeof *s);
     for (size_t i = 0; i < g->cap; i++) {
         if (!g->slots[i].hash) continue;
         size_t j = g->slots[i].hash & (cap - 1);
@@ -272,8 +272,7 @@ static int run(jg *g, frame *stack)
 int jsonguard_check(const char *s, size_t n, const jg_limits *lim, char *err, size_t errlen)
 {
     jg g = {.s = s, .n = n, .lim = lim, .arena = LG_BUF_INIT, .err = err, .errlen = errlen};
-    frame *stack = malloc(((size_t)lim->max_depth + 1) * sizeof *stack);
-    if (!stack) abort();
+    frame *stack = lg_xmalloc(((size_t)lim->max_depth + 1) * sizeof *stack);
     int rc = run(&g, stack);
     free(stack);
     free(g.slots);

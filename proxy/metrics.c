@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "proxy/buf.h"
+#include "proxy/xalloc.h"
 
 #define N_CODES           600 /* index = HTTP status; index 0 counts codes outside 100..599 */
 #define N_CHANNELS        3
@@ -113,7 +114,7 @@ static void *alloc_lines(size_t size)
 {
     size = (size + CACHE_LINE - 1) / CACHE_LINE * CACHE_LINE;
     void *p = aligned_alloc(CACHE_LINE, size ? size : CACHE_LINE);
-    if (!p) abort();
+    if (!p) lg_oom(size);
     memset(p, 0, size);
     return p;
 }
@@ -380,8 +381,7 @@ static uint64_t trips_for(const render_ctx *c, const char *name, int channel, si
 
 static void render_trips(render_ctx *c)
 {
-    const char **names = malloc(LG_METRICS_MAX_DETECTORS * (c->n_w + 1) * sizeof *names);
-    if (!names) abort();
+    const char **names = lg_xmalloc(LG_METRICS_MAX_DETECTORS * (c->n_w + 1) * sizeof *names);
     size_t n = detector_union(c, names, LG_METRICS_MAX_DETECTORS * (c->n_w + 1));
     family(c->b, "trips_total", "counter", "Guard trips by detector and channel.");
     for (size_t d = 0; d < n; d++)

@@ -8,6 +8,7 @@
  * dropped per RFC 9110. The relay never looks inside the bytes. */
 #include "proxy/relay.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,9 +16,11 @@
 
 #include "proxy/buf.h"
 #include "proxy/http.h"
+#include "proxy/num.h"
 #include "proxy/accesslog.h"
 #include "proxy/upfail.h"
 #include "proxy/upstream.h"
+#include "proxy/xalloc.h"
 
 #define RELAY_HIGH (256 * 1024)
 #define RELAY_BLOCK (32 * 1024)
@@ -328,7 +331,7 @@ static int relay_start(relay *r, size_t avoid)
     lg_buf_append_str(&url, pool_base(w->srv->pool, r->replica));
     lg_buf_append_str(&url, r->target);
     CURL *e = r->easy = curl_easy_init();
-    if (!e) abort();
+    if (!e) lg_oom(0);
     curl_easy_setopt(e, CURLOPT_URL, url.p);
     lg_buf_free(&url);
     /* The path was normalised and routed by the edge: libcurl must send it as it is. */
@@ -364,8 +367,7 @@ static int relay_start(relay *r, size_t avoid)
 
 lg_req *relay_new(lg_worker *w, struct MHD_Connection *conn, const char *method, const char *url)
 {
-    relay *r = calloc(1, sizeof *r);
-    if (!r) abort();
+    relay *r = lg_xcalloc(1, sizeof *r);
     http_head_clear(&r->head);
     worker_req_init(w, &r->base, &relay_ops, conn);
     r->xfer = (lg_xfer){.done = on_done, .owner = r};
@@ -376,7 +378,8 @@ lg_req *relay_new(lg_worker *w, struct MHD_Connection *conn, const char *method,
      * never forwarded (http_forward_header). */
     const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
     const char *te = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Transfer-Encoding");
-    r->content_length = cl && !te ? atoll(cl) : -1;
+    r->content_length = -1;
+    bool bad_length = cl && !te && !lg_parse_ll(cl, 0, LLONG_MAX, &r->content_length);
     r->has_body = r->content_length > 0 || te;
     if (!r->has_body) r->up_done = true;
 
@@ -384,9 +387,16 @@ lg_req *relay_new(lg_worker *w, struct MHD_Connection *conn, const char *method,
     lg_buf_append_str(&target, url);
     http_append_query(&target, conn);
     r->target = lg_buf_steal(&target);
-    r->method = strdup(method);
-    if (!r->method) abort();
+    r->method = lg_xstrdup(method);
     r->headers = http_upstream_headers(conn, false);
+    if (bad_length) {
+        /* hh_check already rejects this at the edge; should it get here, the relay ends
+         * without an upstream transfer and the client gets the 502 with this cause. */
+        r->finished = true;
+        r->result = CURLE_FAILED_INIT;
+        snprintf(r->why, sizeof r->why, "malformed Content-Length");
+        return &r->base;
+    }
     relay_start(r, SIZE_MAX);
     return &r->base;
 }

@@ -10,6 +10,7 @@
 
 #include "proxy/buf.h"
 #include "proxy/dialect.h"
+#include "proxy/xalloc.h"
 
 static int fail(rw_error *err, const char *message, const char *param)
 {
@@ -242,7 +243,7 @@ static int add_continuation(cJSON *body, const rw_request *req, const rw_opts *o
         cJSON *m = dl_json_must(cJSON_CreateObject());
         dl_json_set(m, "role", cJSON_CreateString("assistant"));
         char *text = strndup(o->continue_text, o->continue_len);
-        if (!text) abort();
+        if (!text) lg_oom(o->continue_len + 1);
         dl_json_set(m, "content", cJSON_CreateString(text));
         free(text);
         cJSON_AddItemToArray(msgs, m);

@@ -146,13 +146,13 @@ char *series_json(series *s, uint64_t now_s)
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < s->n; i++) {
         key *k = &s->keys[i];
-        cJSON *o = cJSON_CreateObject(), *pts = cJSON_CreateArray();
+        cJSON *o = lg_xcheck(cJSON_CreateObject()), *pts = lg_xcheck(cJSON_CreateArray());
         cJSON_AddStringToObject(o, "model", k->model);
         cJSON_AddStringToObject(o, "route", k->route);
         for (uint64_t m = minute - (SERIES_MINUTES - 1); m <= minute; m++) {
             const bucket *b = &k->b[m % SERIES_MINUTES];
             if (b->minute != m || !b->requests) continue;
-            cJSON *pt = cJSON_CreateObject();
+            cJSON *pt = lg_xcheck(cJSON_CreateObject());
             cJSON_AddNumberToObject(pt, "t", (double)(m * 60));
             cJSON_AddNumberToObject(pt, "requests", (double)b->requests);
             cJSON_AddNumberToObject(pt, "errors", (double)b->errors);

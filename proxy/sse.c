@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "proxy/buf.h"
+#include "proxy/xalloc.h"
 
 struct sse_parser {
     size_t max;
@@ -44,8 +45,7 @@ static const unsigned char bom[3] = {0xEF, 0xBB, 0xBF};
 
 sse_parser *sse_parser_new(size_t max_event_bytes, sse_event_fn fn, void *ud)
 {
-    sse_parser *p = calloc(1, sizeof(*p));
-    if (!p) abort();
+    sse_parser *p = lg_xcalloc(1, sizeof(*p));
     p->max = max_event_bytes ? max_event_bytes : SSE_DEFAULT_MAX_EVENT;
     p->fn = fn;
     p->ud = ud;

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proxy/xalloc.h"
+
 static const char open_tag[] = "<think>";
 static const char close_tag[] = "</think>";
 #define OPEN_LEN  (sizeof(open_tag) - 1)
@@ -33,8 +35,7 @@ struct think_split {
 
 think_split *think_new(bool starts_inside)
 {
-    think_split *t = calloc(1, sizeof(*t));
-    if (!t) abort();
+    think_split *t = lg_xcalloc(1, sizeof(*t));
     t->st = TS_LEAD;
     t->starts_inside = starts_inside;
     return t;

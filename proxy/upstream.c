@@ -379,13 +379,13 @@ void pool_release(lg_pool *p, size_t i)
 char *pool_json(lg_pool *p)
 {
     uint64_t now = now_ms();
-    cJSON *arr = cJSON_CreateArray();
+    cJSON *arr = lg_xcheck(cJSON_CreateArray());
     pthread_mutex_lock(&p->mu);
     for (size_t i = 0; i < p->n; i++) {
         lg_replica *r = &p->r[i];
         uint64_t g, t;
         window_counts(p, r, now, &g, &t);
-        cJSON *o = cJSON_CreateObject();
+        cJSON *o = lg_xcheck(cJSON_CreateObject());
         cJSON_AddStringToObject(o, "url", r->base);
         cJSON_AddStringToObject(o, "kind", config_upstream_kind_name(pool_kind(p, i)));
         cJSON_AddBoolToObject(o, "healthy", reported_healthy(r));

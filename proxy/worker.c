@@ -451,8 +451,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
  * socket, and the zero-timeout read check that follows is answered "nothing pending"
  * without a system call. Data that arrives in between is not lost: the worker's epoll is
  * level-triggered and reports the socket again. Everything else (full reads, other
- * sockets, writability, libcurl's liveness check of a pooled connection, any call outside
- * that socket action, other libraries) goes to the kernel as before. Both are defined
+ * sockets, writability, libcurl's liveness check of a pooled connection, which comes only
+ * after the socket callback that clears the note, any call outside that socket action,
+ * other libraries) goes to the kernel as before. Both are defined
  * under their assembler names because <sys/socket.h> and <poll.h> declare their buffers
  * write-only, which a definition that reads fds[0] would contradict. */
 static _Thread_local int curl_read_fd = -1; /* the socket of this thread's socket action */
@@ -484,6 +485,9 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
     lg_worker *w = userp;
     (void)easy;
 
+    /* libcurl changes what it waits for on the socket being read (a transfer ended): a poll
+     * of it that follows is not its read loop's check, which never comes after this. */
+    if (s == curl_read_fd) curl_drained = false;
     if (what == CURL_POLL_REMOVE) {
         (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, s, NULL);
         curl_multi_assign(w->multi, s, NULL);
