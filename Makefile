@@ -145,9 +145,9 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(BUILD)/libloopguard.a | test-dep
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcmocka
 
 # One pass of every suite on one build; tests/run.sh prints the summary line. With
-# FORMAT_CHECK=1 it first checks the C files' formatting (off until the tree has been
-# formatted once with `make format`).
-FORMAT_CHECK ?= 0
+# FORMAT_CHECK=1 (the default) it first checks the C files' formatting (FORMAT_CHECK=0
+# skips it).
+FORMAT_CHECK ?= 1
 check: all $(UNIT_BIN) $(if $(filter 1,$(FORMAT_CHECK)),format-check)
 	@BUILD=$(BUILD) tests/run.sh
 

@@ -95,13 +95,15 @@ static size_t edit_distance(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b), row[65];
     if (la > 64 || lb > 64) return SIZE_MAX;
-    for (size_t j = 0; j <= lb; j++) row[j] = j;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
     for (size_t i = 1; i <= la; i++) {
         size_t diag = row[0];
         row[0] = i;
         for (size_t j = 1; j <= lb; j++) {
             size_t up = row[j];
-            size_t best = diag + (tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]));
+            size_t best =
+                diag + (tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]));
             if (up + 1 < best) best = up + 1;
             if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
             row[j] = best;
@@ -759,8 +761,8 @@ static int apply_ladder(load_ctx *c, void *base, const key_spec *k, const cJSON 
 
 /* Replaces *dst (n_dst entries) with the array of non-empty strings `v` (at most `max`).
  * With `paths`, each must start with '/' or be "*". */
-static int apply_string_list(load_ctx *c, const cJSON *v, const char *path, size_t max,
-                             bool paths, char ***dst, size_t *n_dst)
+static int apply_string_list(load_ctx *c, const cJSON *v, const char *path, size_t max, bool paths,
+                             char ***dst, size_t *n_dst)
 {
     char ip[MAX_PATH_LEN];
     if (!cJSON_IsArray(v)) return fail(c->err, c->errlen, path, "expected an array of strings");

@@ -68,9 +68,9 @@ typedef struct lg_sampling_step {
  * `model` field. Fields left unset (-1 / NULL) inherit the global value. */
 typedef struct lg_model_rule {
     char *pattern;
-    void *re;            /* pcre2_code *, compiled at load */
-    int guard_enabled;   /* -1 unset, 0 off, 1 on */
-    int think_opened;    /* -1 unset; 1: the chat template opens <think> in the prompt */
+    void *re;          /* pcre2_code *, compiled at load */
+    int guard_enabled; /* -1 unset, 0 off, 1 on */
+    int think_opened;  /* -1 unset; 1: the chat template opens <think> in the prompt */
     guard_params *guard[LG_CH_COUNT]; /* NULL: inherit */
 } lg_model_rule;
 
@@ -165,9 +165,9 @@ typedef struct lg_config {
     } health;
 
     struct {
-        double trip_ratio;      /* eject when trip rate > ratio × others' rate */
-        double min_trip_rate;   /* ... and above this absolute rate */
-        unsigned min_requests;  /* minimum sample in the window */
+        double trip_ratio;     /* eject when trip rate > ratio × others' rate */
+        double min_trip_rate;  /* ... and above this absolute rate */
+        unsigned min_requests; /* minimum sample in the window */
         unsigned window_s;
         unsigned backoff_ms;
     } eject;
@@ -200,8 +200,7 @@ int config_set_upstream_kind(lg_config *cfg, const char *kind, char *err, size_t
 
 /* Splits a "HOST:PORT" or "[V6]:PORT" the way listen and admin.listen are read: *host is
  * malloc'd (the caller frees it), *port 0..65535. Returns 0 or -1 with err. */
-int config_split_hostport(const char *hostport, char **host, int *port, char *err,
-                          size_t errlen);
+int config_split_hostport(const char *hostport, char **host, int *port, char *err, size_t errlen);
 
 /* Cross-field checks after everything is applied (e.g. at least one upstream).
  * Returns 0 or -1 with err. */

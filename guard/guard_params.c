@@ -149,7 +149,7 @@ guard_params *guard_params_new(lg_channel ch)
      * answers 0.1 over 160 catches 3 more of the AlpacaEval loops than 0.03 with no new false
      * trip there or on the machine files (0.15 doubles the false trips). Reasoning keeps its
      * 0.05 over 128: no labelled reasoning traces measure a higher bar yet. */
-        p->novelty.enabled = true;
+    p->novelty.enabled = true;
     p->novelty.window = ch == LG_CH_REASONING ? 128 : 160;
     p->novelty.min_ratio = ch == LG_CH_REASONING ? 0.05 : 0.1;
     p->novelty.memory_words = 256;

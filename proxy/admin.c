@@ -35,21 +35,23 @@ static char *extra_metrics(lg_server *srv)
     size_t len = 0;
     FILE *f = lg_xcheck(open_memstream(&buf, &len));
     if (srv->incidents) incident_log_stats(srv->incidents, &st);
-    fprintf(f, "# HELP loopguard_incidents_total Incident records by fate.\n"
-               "# TYPE loopguard_incidents_total counter\n"
-               "loopguard_incidents_total{fate=\"submitted\"} %llu\n"
-               "loopguard_incidents_total{fate=\"written\"} %llu\n"
-               "loopguard_incidents_total{fate=\"dropped\"} %llu\n"
-               "loopguard_incidents_total{fate=\"write_error\"} %llu\n"
-               "loopguard_incidents_total{fate=\"truncated\"} %llu\n"
-               "# HELP loopguard_incident_reopens_total Incident log reopens (SIGHUP).\n"
-               "# TYPE loopguard_incident_reopens_total counter\n"
-               "loopguard_incident_reopens_total %llu\n",
+    fprintf(f,
+            "# HELP loopguard_incidents_total Incident records by fate.\n"
+            "# TYPE loopguard_incidents_total counter\n"
+            "loopguard_incidents_total{fate=\"submitted\"} %llu\n"
+            "loopguard_incidents_total{fate=\"written\"} %llu\n"
+            "loopguard_incidents_total{fate=\"dropped\"} %llu\n"
+            "loopguard_incidents_total{fate=\"write_error\"} %llu\n"
+            "loopguard_incidents_total{fate=\"truncated\"} %llu\n"
+            "# HELP loopguard_incident_reopens_total Incident log reopens (SIGHUP).\n"
+            "# TYPE loopguard_incident_reopens_total counter\n"
+            "loopguard_incident_reopens_total %llu\n",
             (unsigned long long)st.submitted, (unsigned long long)st.written,
             (unsigned long long)st.dropped, (unsigned long long)st.write_errors,
             (unsigned long long)st.truncated, (unsigned long long)st.reopens);
-    fprintf(f, "# HELP loopguard_workers Worker threads.\n# TYPE loopguard_workers gauge\n"
-               "loopguard_workers %zu\n",
+    fprintf(f,
+            "# HELP loopguard_workers Worker threads.\n# TYPE loopguard_workers gauge\n"
+            "loopguard_workers %zu\n",
             srv->n_workers);
     char *pool = pool_metrics_text(srv->pool);
     fputs(pool, f);
@@ -113,7 +115,8 @@ static int admin_answer(lg_worker *w, struct MHD_Connection *conn, const char *u
         /* The workers' counters and the admin listener's (its own answers). */
         size_t n = srv->n_workers + (srv->admin != NULL);
         lg_metrics **ms = lg_xcalloc(n, sizeof *ms);
-        for (size_t i = 0; i < srv->n_workers; i++) ms[i] = srv->workers[i]->metrics;
+        for (size_t i = 0; i < srv->n_workers; i++)
+            ms[i] = srv->workers[i]->metrics;
         if (srv->admin) ms[srv->n_workers] = srv->admin->metrics;
         char *extra = extra_metrics(srv);
         body = metrics_render(ms, n, pool_names(srv->pool), pool_size(srv->pool), extra);
@@ -133,8 +136,8 @@ static int admin_answer(lg_worker *w, struct MHD_Connection *conn, const char *u
         *rc = status_page(conn);
     } else {
         status = 404;
-        *rc = http_respond_error(conn, 404, "no such loopguard endpoint",
-                                 "invalid_request_error", "not_found");
+        *rc = http_respond_error(conn, 404, "no such loopguard endpoint", "invalid_request_error",
+                                 "not_found");
     }
     free(body);
     return status;

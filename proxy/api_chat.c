@@ -23,7 +23,7 @@ typedef struct chat_state {
     long long c_created;
     lg_buf done_raw;      /* the upstream's own [DONE] event */
     chunkscan_state scan; /* the fast path's buffers and the stream's chunk frame */
-    int inline_state; /* LG_REASONING_INLINE output: 0 nothing, 1 <think> open, 2 closed */
+    int inline_state;     /* LG_REASONING_INLINE output: 0 nothing, 1 <think> open, 2 closed */
 } chat_state;
 
 static chat_state *CS(const exchange *ex)
@@ -55,7 +55,7 @@ static void inline_wrap(exchange *ex, const char *r, size_t rn, const char *c, s
 }
 
 static void emit_chunk(exchange *ex, const dl_delta *tmpl, const char *r, size_t rn, const char *c,
-                   size_t cn, const char *finish)
+                       size_t cn, const char *finish)
 {
     lg_buf inl = LG_BUF_INIT;
     const char *rr = r, *cc = c;
@@ -67,10 +67,11 @@ static void emit_chunk(exchange *ex, const dl_delta *tmpl, const char *r, size_t
     }
     if (!rrn) rr = NULL;
     if (!ccn) cc = NULL;
-    char *json = tmpl ? dl_build_chunk(tmpl, rr, rrn, cc, ccn, (int)ex->mode, true, finish)
-                      : dl_build_synthetic(ex->req.chat, CS(ex)->c_id ? CS(ex)->c_id : ex->id,
-                                           CS(ex)->c_model ? CS(ex)->c_model : "", CS(ex)->c_created, rr,
-                                           rrn, cc, ccn, (int)ex->mode, finish);
+    char *json = tmpl
+                     ? dl_build_chunk(tmpl, rr, rrn, cc, ccn, (int)ex->mode, true, finish)
+                     : dl_build_synthetic(ex->req.chat, CS(ex)->c_id ? CS(ex)->c_id : ex->id,
+                                          CS(ex)->c_model ? CS(ex)->c_model : "", CS(ex)->c_created,
+                                          rr, rrn, cc, ccn, (int)ex->mode, finish);
     if (json) ex_out_event(ex, json);
     free(json);
     lg_buf_free(&inl);
@@ -92,7 +93,8 @@ static void flush_held(exchange *ex)
 static bool raw_ok(const exchange *ex, const dl_delta *d, bool held_before)
 {
     if (held_before || ex->at.think || !ex->req.client_stream) return false;
-    if (ex->mode == LG_REASONING_INLINE && CS(ex)->inline_state == 1 && d->content_len) return false;
+    if (ex->mode == LG_REASONING_INLINE && CS(ex)->inline_state == 1 && d->content_len)
+        return false;
     if (!d->reasoning_len) return true;
     switch (ex->mode) {
     case LG_REASONING_CONTENT:
@@ -108,9 +110,11 @@ static bool raw_ok(const exchange *ex, const dl_delta *d, bool held_before)
 static size_t open_tag_match(const char *s, size_t n, size_t *rest)
 {
     size_t i = 0;
-    while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
+    while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t'))
+        i++;
     size_t k = 0;
-    while (k < 7 && i + k < n && s[i + k] == "<think>"[k]) k++;
+    while (k < 7 && i + k < n && s[i + k] == "<think>"[k])
+        k++;
     *rest = n - i;
     return k;
 }
@@ -169,14 +173,13 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
         return 0;
     }
     bool held_before = false;
-    for (int c = 0; c < LG_CH_COUNT; c++) held_before |= ex->at.ch[c].held.len > 0;
+    for (int c = 0; c < LG_CH_COUNT; c++)
+        held_before |= ex->at.ch[c].held.len > 0;
     if (ex->attempt > 1) {
         /* A retry continues the client's stream: same id, no second opening chunk. */
-        if (d->role && !d->reasoning_len && !d->content_len && !d->n_tools &&
-            !d->finish_reason)
+        if (d->role && !d->reasoning_len && !d->content_len && !d->n_tools && !d->finish_reason)
             return 0;
-        if (CS(ex)->c_id && d->id && strcmp(d->id, CS(ex)->c_id) != 0)
-        {
+        if (CS(ex)->c_id && d->id && strcmp(d->id, CS(ex)->c_id) != 0) {
             cJSON_ReplaceItemInObjectCaseSensitive(d->root, "id",
                                                    dl_json_must(cJSON_CreateString(CS(ex)->c_id)));
             d->id = CS(ex)->c_id; /* the borrowed string just died */
@@ -186,12 +189,12 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
 
     /* Split inline <think> out of content (no server-side reasoning parser). */
     if (d->content_len && ex->req.chat && !ex->at.think && !d->reasoning_len &&
-        ex->at.ch[LG_CH_REASONING].attempt_bytes == 0 && ex->at.ch[LG_CH_CONTENT].attempt_bytes == 0) {
+        ex->at.ch[LG_CH_REASONING].attempt_bytes == 0 &&
+        ex->at.ch[LG_CH_CONTENT].attempt_bytes == 0) {
         /* A whole response can be split in hindsight: read it as reasoning until a
          * </think> and, if none comes, give it back to the answer (settle_hindsight). */
         bool hindsight = !ex->req.client_stream && !ex->think_opened &&
-                         (!ex->rule || ex->rule->think_opened != 0) &&
-                         ex->req.enable_thinking != 0;
+                         (!ex->rule || ex->rule->think_opened != 0) && ex->req.enable_thinking != 0;
         if (ex->think_opened || hindsight || may_open_think(d->content, d->content_len)) {
             ex->at.think = think_new(ex->think_opened || hindsight);
             ex->think_inline = true;
@@ -220,7 +223,8 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     }
 
     bool text = rn || cn;
-    bool tripped = ex_guard_text(ex, LG_CH_REASONING, rs, rn) || ex_guard_text(ex, LG_CH_CONTENT, cs, cn);
+    bool tripped =
+        ex_guard_text(ex, LG_CH_REASONING, rs, rn) || ex_guard_text(ex, LG_CH_CONTENT, cs, cn);
     for (size_t i = 0; !tripped && i < d->n_tools; i++) {
         tripped = ex_guard_text(ex, LG_CH_TOOL_ARGS, d->tools[i].args, d->tools[i].args_len);
         text |= d->tools[i].args_len > 0;
@@ -330,8 +334,8 @@ static cJSON *chat_sampling(const exchange *ex, const rw_opts *o)
 
 static cJSON *chat_prompt(const exchange *ex, bool full)
 {
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(ex->req.root,
-                                                      ex->req.chat ? "messages" : "prompt");
+    const cJSON *p =
+        cJSON_GetObjectItemCaseSensitive(ex->req.root, ex->req.chat ? "messages" : "prompt");
     if (full) return cJSON_Duplicate(p, 1);
     const char *text = NULL;
     if (cJSON_IsString(p)) text = p->valuestring;
@@ -369,9 +373,8 @@ static void chat_finish(exchange *ex)
         if (ex->mode == LG_REASONING_INLINE && cs->inline_state == 1 && ex->req.chat) {
             static const char close[] = "</think>\n\n";
             char *json = dl_build_synthetic(ex->req.chat, cs->c_id ? cs->c_id : ex->id,
-                                            cs->c_model ? cs->c_model : "", cs->c_created,
-                                            NULL, 0, close, sizeof close - 1, (int)ex->mode,
-                                            NULL);
+                                            cs->c_model ? cs->c_model : "", cs->c_created, NULL, 0,
+                                            close, sizeof close - 1, (int)ex->mode, NULL);
             ex_out_event(ex, json);
             free(json);
         }
@@ -415,11 +418,12 @@ static void chat_destroy(exchange *ex)
     ex->api_state = NULL;
 }
 
-#define CHAT_HOOKS                                                                          \
-    .parse = chat_parse, .build = chat_build, .sampling = chat_sampling, \
-    .prompt = chat_prompt, .attempt_begins = chat_attempt_begins, .on_event = chat_on_event, \
-    .finish = chat_finish, .withheld = chat_withheld, .stream_error = chat_stream_error,     \
-    .error_body = ex_openai_error_body, .destroy = chat_destroy, .can_continue = true, .takes_rid = true
+#define CHAT_HOOKS                                                                                 \
+    .parse = chat_parse, .build = chat_build, .sampling = chat_sampling, .prompt = chat_prompt,    \
+    .attempt_begins = chat_attempt_begins, .on_event = chat_on_event, .finish = chat_finish,       \
+    .withheld = chat_withheld, .stream_error = chat_stream_error,                                  \
+    .error_body = ex_openai_error_body, .destroy = chat_destroy, .can_continue = true,             \
+    .takes_rid = true
 
 const lg_api api_chat = {
     .route = "/v1/chat/completions",

@@ -34,12 +34,12 @@
 enum { MODE_UNKNOWN, MODE_CUMULATIVE, MODE_INCREMENTAL };
 
 typedef struct gen_state {
-    int mode;          /* the upstream's stream mode, once known */
-    lg_buf up_text;    /* this attempt's text so far */
-    char *id;          /* the meta_info.id the client sees (the first attempt's) */
-    cJSON *last;       /* the last event of the current attempt (owned): the shape */
-    cJSON *ids;        /* whole answer: every event's output_ids, in order (owned) */
-    lg_buf done_raw;   /* the upstream's own [DONE] */
+    int mode;        /* the upstream's stream mode, once known */
+    lg_buf up_text;  /* this attempt's text so far */
+    char *id;        /* the meta_info.id the client sees (the first attempt's) */
+    cJSON *last;     /* the last event of the current attempt (owned): the shape */
+    cJSON *ids;      /* whole answer: every event's output_ids, in order (owned) */
+    lg_buf done_raw; /* the upstream's own [DONE] */
 } gen_state;
 
 static gen_state *GS(const exchange *ex)
@@ -98,8 +98,8 @@ static void emit(exchange *ex, const char *piece, size_t n, bool final)
 /* ---- upstream events --------------------------------------------------------------- */
 
 /* The new text of this event (into *delta), learning the stream's mode on the way. */
-static void new_text(gen_state *g, const cJSON *ev, const char *text, size_t n,
-                     const char **delta, size_t *dn)
+static void new_text(gen_state *g, const cJSON *ev, const char *text, size_t n, const char **delta,
+                     size_t *dn)
 {
     if (g->mode == MODE_UNKNOWN) {
         const cJSON *ids = cJSON_GetObjectItemCaseSensitive(ev, "output_ids");
@@ -112,7 +112,8 @@ static void new_text(gen_state *g, const cJSON *ev, const char *text, size_t n,
                           ? MODE_CUMULATIVE
                           : MODE_INCREMENTAL;
     }
-    bool prefix = n >= g->up_text.len && (!g->up_text.len || !memcmp(text, g->up_text.p, g->up_text.len));
+    bool prefix =
+        n >= g->up_text.len && (!g->up_text.len || !memcmp(text, g->up_text.p, g->up_text.len));
     if (g->mode != MODE_INCREMENTAL && prefix) {
         *delta = text + g->up_text.len, *dn = n - g->up_text.len;
         lg_buf_reset(&g->up_text);
@@ -310,10 +311,9 @@ static char *gen_build(exchange *ex, const rw_opts *o, rw_error *err)
 
 static cJSON *gen_sampling(const exchange *ex, const rw_opts *o)
 {
-    static const char *const keys[] = {"temperature",        "top_p",
-                                       "top_k",              "presence_penalty",
-                                       "frequency_penalty",  "repetition_penalty",
-                                       "sampling_seed"};
+    static const char *const keys[] = {
+        "temperature",        "top_p",        "top_k", "presence_penalty", "frequency_penalty",
+        "repetition_penalty", "sampling_seed"};
     const cJSON *sp = cJSON_GetObjectItemCaseSensitive(ex->req.root, "sampling_params");
     cJSON *obj = dl_json_must(cJSON_CreateObject());
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
@@ -329,7 +329,8 @@ static cJSON *gen_prompt(const exchange *ex, bool full)
     const cJSON *text = cJSON_GetObjectItemCaseSensitive(ex->req.root, "text");
     if (cJSON_IsString(text) || full)
         return text ? cJSON_Duplicate(text, 1)
-                    : cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(ex->req.root, "input_ids"), 1);
+                    : cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(ex->req.root, "input_ids"),
+                                      1);
     return NULL;
 }
 

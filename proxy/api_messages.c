@@ -34,19 +34,19 @@
 
 /* A content block of a whole response, as released. */
 typedef struct wblock {
-    int ch;               /* lg_channel, or -1: a block type without text (kept as sent) */
-    cJSON *start;         /* the upstream's content_block (owned) */
-    lg_buf text;          /* released text */
-    char *signature;      /* thinking: the signature_delta */
+    int ch;          /* lg_channel, or -1: a block type without text (kept as sent) */
+    cJSON *start;    /* the upstream's content_block (owned) */
+    lg_buf text;     /* released text */
+    char *signature; /* thinking: the signature_delta */
 } wblock;
 
 typedef struct msg_state {
     /* the client's stream */
-    bool started;   /* message_start went out */
-    int next;       /* the client's next block index */
-    int open;       /* the client's open block index, -1: none */
-    int offset;     /* this attempt: client index = upstream index + offset */
-    bool errored;   /* an upstream error event ended the stream */
+    bool started;    /* message_start went out */
+    int next;        /* the client's next block index */
+    int open;        /* the client's open block index, -1: none */
+    int offset;      /* this attempt: client index = upstream index + offset */
+    bool errored;    /* an upstream error event ended the stream */
     lg_buf stop_raw; /* the upstream's message_stop event */
     /* this attempt's upstream block */
     int up_ch; /* channel of the upstream's open block, -1: none or not text */
@@ -192,14 +192,13 @@ static int on_block_delta(exchange *ex, const sse_event *ev, cJSON *root)
     msg_state *m = MS(ex);
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(root, "delta");
     const char *type = str_at(d, "type");
-    int ch = !type                                 ? -1
+    int ch = !type                               ? -1
              : !strcmp(type, "thinking_delta")   ? LG_CH_REASONING
              : !strcmp(type, "text_delta")       ? LG_CH_CONTENT
              : !strcmp(type, "input_json_delta") ? LG_CH_TOOL_ARGS
                                                  : -1;
     if (ch < 0) { /* signature_delta and others: after the block's text, as sent */
-        if (type && !strcmp(type, "signature_delta") && !ex->req.client_stream &&
-            m->n_blocks) {
+        if (type && !strcmp(type, "signature_delta") && !ex->req.client_stream && m->n_blocks) {
             const char *sig = str_at(d, "signature");
             free(m->blocks[m->n_blocks - 1].signature);
             m->blocks[m->n_blocks - 1].signature = sig ? lg_xstrdup(sig) : NULL;
@@ -216,8 +215,7 @@ static int on_block_delta(exchange *ex, const sse_event *ev, cJSON *root)
     if (ex_guard_text(ex, (lg_channel)ch, s, n)) return 1;
     if (n) ex->at.tokens++;
     size_t k = ex_releasable(ex, (lg_channel)ch);
-    if (ex->req.client_stream && m->offset == 0 && !held_before &&
-        k == ex->at.ch[ch].held.len) {
+    if (ex->req.client_stream && m->offset == 0 && !held_before && k == ex->at.ch[ch].held.len) {
         ex_release(ex, (lg_channel)ch, k, NULL);
         out_append(ex, ev->raw, ev->raw_len);
         return 0;
@@ -246,7 +244,8 @@ static int on_message_delta(exchange *ex, const sse_event *ev, cJSON *root)
     const char *stop = str_at(cJSON_GetObjectItemCaseSensitive(root, "delta"), "stop_reason");
     if (ex_end_checks(ex, !stop || strcmp(stop, "max_tokens") != 0)) return 1;
     ex->at.finished_gen = true;
-    for (int c = 0; c < LG_CH_COUNT; c++) flush_channel(ex, c);
+    for (int c = 0; c < LG_CH_COUNT; c++)
+        flush_channel(ex, c);
     if (ex->req.client_stream) {
         out_append(ex, ev->raw, ev->raw_len);
         return 0;
@@ -265,7 +264,8 @@ static void on_error_event(exchange *ex, const sse_event *ev, cJSON *root)
     metrics_upstream_error(req_metrics(&ex->base), ex->replica, "protocol");
     ex_set_outcome(ex, "upstream_error");
     if (ex_streaming_started(ex)) {
-        for (int c = 0; c < LG_CH_COUNT; c++) flush_channel(ex, c);
+        for (int c = 0; c < LG_CH_COUNT; c++)
+            flush_channel(ex, c);
         out_append(ex, ev->raw, ev->raw_len);
         m->errored = true;
         ex->at.saw_done = true; /* the stream ends after the error */
@@ -290,8 +290,8 @@ static int msg_on_event(exchange *ex, const sse_event *ev)
     } else if (!strcmp(type, "message_start")) {
         if (!m->message) {
             const cJSON *msg = cJSON_GetObjectItemCaseSensitive(root, "message");
-            m->message = dl_json_must(cJSON_IsObject(msg) ? cJSON_Duplicate(msg, 1)
-                                                          : cJSON_CreateObject());
+            m->message =
+                dl_json_must(cJSON_IsObject(msg) ? cJSON_Duplicate(msg, 1) : cJSON_CreateObject());
         }
         if (ex->req.client_stream && !m->started) out_append(ex, ev->raw, ev->raw_len);
         m->started = true;
@@ -514,8 +514,8 @@ static void msg_withheld(exchange *ex)
 /* Anthropic's error types: the client's own mistakes keep theirs, the rest is api_error. */
 static cJSON *error_json(const char *message, const char *type)
 {
-    bool client = type && (!strcmp(type, "invalid_request_error") ||
-                           !strcmp(type, "authentication_error"));
+    bool client =
+        type && (!strcmp(type, "invalid_request_error") || !strcmp(type, "authentication_error"));
     cJSON *o = dl_json_must(cJSON_CreateObject());
     cJSON_AddStringToObject(o, "type", "error");
     cJSON *e = dl_json_must(cJSON_AddObjectToObject(o, "error"));

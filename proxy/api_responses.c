@@ -81,8 +81,8 @@ static void out_event(exchange *ex, const sse_event *ev, const cJSON *root, cons
 {
     rsp_state *r = RS(ex);
     const cJSON *sq = cJSON_GetObjectItemCaseSensitive(root, "sequence_number");
-    bool renamed = ev->event_len && (ev->event_len != strlen(type) ||
-                                     memcmp(ev->event, type, ev->event_len) != 0);
+    bool renamed = ev->event_len &&
+                   (ev->event_len != strlen(type) || memcmp(ev->event, type, ev->event_len) != 0);
     if (r->offset == 0 && !renamed && cJSON_IsNumber(sq) && (long)sq->valuedouble == r->seq) {
         out_append(ex, ev->raw, ev->raw_len);
         r->seq++;
@@ -108,8 +108,8 @@ static void put_text(exchange *ex, const char *s, size_t n)
     dl_json_set(d, "delta", cJSON_CreateString(t));
     free(t);
     const cJSON *oi = cJSON_GetObjectItemCaseSensitive(d, "output_index");
-    dl_json_set(d, "output_index", cJSON_CreateNumber((cJSON_IsNumber(oi) ? oi->valueint : 0) +
-                                                      r->offset));
+    dl_json_set(d, "output_index",
+                cJSON_CreateNumber((cJSON_IsNumber(oi) ? oi->valueint : 0) + r->offset));
     out_numbered(ex, str_at(d, "type"), d);
 }
 
@@ -239,7 +239,8 @@ static void on_failed(exchange *ex, const sse_event *ev, const cJSON *root, cons
     metrics_upstream_error(req_metrics(&ex->base), ex->replica, "protocol");
     ex_set_outcome(ex, "upstream_error");
     if (ex_streaming_started(ex)) {
-        for (int c = 0; c < LG_CH_COUNT; c++) flush_channel(ex, c);
+        for (int c = 0; c < LG_CH_COUNT; c++)
+            flush_channel(ex, c);
         out_event(ex, ev, root, type);
         r->errored = true;
         ex->at.saw_done = true;
@@ -248,8 +249,9 @@ static void on_failed(exchange *ex, const sse_event *ev, const cJSON *root, cons
     const cJSON *err = cJSON_GetObjectItemCaseSensitive(
         cJSON_GetObjectItemCaseSensitive(root, "response"), "error");
     const char *msg = str_at(err ? err : root, "message");
-    ex_fail_whole(ex, 502, dl_error_json(msg ? msg : "upstream error", "upstream_error",
-                                         str_at(err ? err : root, "code"), 502));
+    ex_fail_whole(ex, 502,
+                  dl_error_json(msg ? msg : "upstream error", "upstream_error",
+                                str_at(err ? err : root, "code"), 502));
 }
 
 /* vLLM names the part of a reasoning item response.reasoning_part.added / .done, which the
@@ -314,7 +316,8 @@ static int rsp_on_event(exchange *ex, const sse_event *ev)
         if (ex_end_checks(ex, !strcmp(type, "response.completed"))) {
             rc = 1;
         } else {
-            for (int c = 0; c < LG_CH_COUNT; c++) flush_channel(ex, c);
+            for (int c = 0; c < LG_CH_COUNT; c++)
+                flush_channel(ex, c);
             ex->at.finished_gen = ex->at.saw_done = true;
             cJSON_Delete(r->end);
             r->end = dl_json_must(cJSON_Duplicate(root, 1));
@@ -426,8 +429,8 @@ static void rsp_attempt_begins(exchange *ex, bool restart)
 static cJSON *final_response(exchange *ex)
 {
     rsp_state *r = RS(ex);
-    const cJSON *src = r->end && !r->withheld ? cJSON_GetObjectItemCaseSensitive(r->end, "response")
-                                              : r->response;
+    const cJSON *src =
+        r->end && !r->withheld ? cJSON_GetObjectItemCaseSensitive(r->end, "response") : r->response;
     cJSON *resp = dl_json_must(src ? cJSON_Duplicate(src, 1) : cJSON_CreateObject());
     const char *id = str_at(r->response, "id");
     if (id) dl_json_set(resp, "id", cJSON_CreateString(id));

@@ -49,7 +49,7 @@ void lg_buf_free(lg_buf *b);
  * queue drained in small pieces costs O(1) per byte however long it grows (lg_buf_consume
  * on a plain buffer would move the whole rest each time). A zeroed struct is empty. */
 typedef struct lg_fifo {
-    lg_buf b;   /* b.p[off .. b.len) is queued */
+    lg_buf b; /* b.p[off .. b.len) is queued */
     size_t off;
 } lg_fifo;
 

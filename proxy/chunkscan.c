@@ -56,7 +56,7 @@ static bool eat(scan *c, char ch)
 
 static int hexval(char h)
 {
-    return h >= '0' && h <= '9' ? h - '0'
+    return h >= '0' && h <= '9'   ? h - '0'
            : h >= 'a' && h <= 'f' ? h - 'a' + 10
            : h >= 'A' && h <= 'F' ? h - 'A' + 10
                                   : -1;
@@ -101,7 +101,8 @@ static const char *plain_run(const char *p, const char *end)
         p += 16;
     }
 #endif
-    while (p < end && !string_stop(*p)) p++;
+    while (p < end && !string_stop(*p))
+        p++;
     return p;
 }
 
@@ -111,12 +112,26 @@ static bool escape(scan *c)
     if (c->p >= c->end) return false;
     char e = *c->p++, lit;
     switch (e) {
-    case '"': case '\\': case '/': lit = e; break;
-    case 'b': lit = '\b'; break;
-    case 'f': lit = '\f'; break;
-    case 'n': lit = '\n'; break;
-    case 'r': lit = '\r'; break;
-    case 't': lit = '\t'; break;
+    case '"':
+    case '\\':
+    case '/':
+        lit = e;
+        break;
+    case 'b':
+        lit = '\b';
+        break;
+    case 'f':
+        lit = '\f';
+        break;
+    case 'n':
+        lit = '\n';
+        break;
+    case 'r':
+        lit = '\r';
+        break;
+    case 't':
+        lit = '\t';
+        break;
     case 'u': {
         unsigned cp, lo;
         if (!hex4(c, &cp) || cp == 0) return false;
@@ -191,7 +206,8 @@ static bool string_or_null(scan *c, str *out)
 static bool digits(scan *c)
 {
     const char *s = c->p;
-    while (c->p < c->end && *c->p >= '0' && *c->p <= '9') c->p++;
+    while (c->p < c->end && *c->p >= '0' && *c->p <= '9')
+        c->p++;
     return c->p > s;
 }
 
@@ -275,7 +291,7 @@ enum { F_CONTENT, F_RC, F_R, F_COUNT };
 typedef struct view {
     str role, text[F_COUNT];
     const char *tok[F_COUNT], *tok_end[F_COUNT]; /* where each text key's value token lies */
-    unsigned seen; /* one bit per key we read, to refuse duplicates */
+    unsigned seen;                               /* one bit per key we read, to refuse duplicates */
     bool choice_seen;
 } view;
 
@@ -325,8 +341,7 @@ static bool choice_member(scan *c, str key, void *ud, int depth)
     str s;
     if (key_is(key, "index")) return once(v, K_INDEX) && number_zero(c);
     if (key_is(key, "delta")) return once(v, K_DELTA) && object(c, delta_member, v, depth);
-    if (key_is(key, "finish_reason"))
-        return once(v, K_FINISH) && string_or_null(c, &s) && s.n == 0;
+    if (key_is(key, "finish_reason")) return once(v, K_FINISH) && string_or_null(c, &s) && s.n == 0;
     if (key_is(key, "text")) return false; /* a text completion: the full parser */
     return skip_value(c, depth);
 }

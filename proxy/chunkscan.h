@@ -26,13 +26,16 @@
 typedef struct chunkscan_state {
     lg_buf scratch;
     lg_buf frame;
-    size_t head;    /* bytes of the frame before the text token */
-    int field;      /* 0: no frame; else which key holds the text (1 content, 2
+    size_t head; /* bytes of the frame before the text token */
+    int field;   /* 0: no frame; else which key holds the text (1 content, 2
                        reasoning_content, 3 reasoning) */
-    bool role;      /* the framed chunk had a role */
+    bool role;   /* the framed chunk had a role */
 } chunkscan_state;
 
-#define CHUNKSCAN_INIT {LG_BUF_INIT, LG_BUF_INIT, 0, 0, false}
+#define CHUNKSCAN_INIT                                                                             \
+    {                                                                                              \
+        LG_BUF_INIT, LG_BUF_INIT, 0, 0, false                                                      \
+    }
 
 /* Scans data[0..len). On true, *out describes the chunk (kind DL_CHUNK, root NULL, no
  * owned parts: dl_delta_clear is not needed); text pointers point into `data` or into

@@ -25,9 +25,9 @@ struct edge_conn {
     bool in_head;        /* waiting for a request head */
     bool in_body;        /* the head was admitted, the body is not complete */
     uint64_t body_bytes;
-    uint64_t body_ns;    /* time spent waiting for body bytes while not suspended */
-    uint64_t last_ns;    /* the last tick (or admission) that accounted body_ns */
-    bool too_many_args;  /* the query string was dropped before libmicrohttpd split it */
+    uint64_t body_ns;   /* time spent waiting for body bytes while not suspended */
+    uint64_t last_ns;   /* the last tick (or admission) that accounted body_ns */
+    bool too_many_args; /* the query string was dropped before libmicrohttpd split it */
 };
 
 /* ---- connections per client address -------------------------------------------------- */
@@ -66,7 +66,8 @@ static bool ip_key_of(const struct sockaddr *sa, ip_key *k)
 static ip_count **ip_slot(const ip_key *k)
 {
     uint32_t h = 2166136261u;
-    for (unsigned i = 0; i < k->len; i++) h = (h ^ k->b[i]) * 16777619u;
+    for (unsigned i = 0; i < k->len; i++)
+        h = (h ^ k->b[i]) * 16777619u;
     ip_count **p = &ip_table[h % IP_BUCKETS];
     while (*p && ((*p)->key.len != k->len || memcmp((*p)->key.b, k->b, k->len) != 0))
         p = &(*p)->next;
@@ -93,8 +94,7 @@ static ip_count *ip_hold(const lg_config *cfg, struct MHD_Connection *conn)
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     ip_key k;
-    if (!cfg->limits.max_conns_per_ip || !ci || !ci->client_addr ||
-        !ip_key_of(ci->client_addr, &k))
+    if (!cfg->limits.max_conns_per_ip || !ci || !ci->client_addr || !ip_key_of(ci->client_addr, &k))
         return NULL;
     pthread_mutex_lock(&ip_lock);
     ip_count **p = ip_slot(&k);
@@ -167,7 +167,8 @@ void *edge_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     char *q = strchr(uri, '?');
     if (!e || !q) return NULL;
     size_t args = 1;
-    for (const char *p = q; (p = strchr(p + 1, '&'));) args++;
+    for (const char *p = q; (p = strchr(p + 1, '&'));)
+        args++;
     if (args <= w->srv->cfg->max_header_bytes / EDGE_ARG_BYTES) return NULL;
     /* libmicrohttpd splits the query into its per-connection pool right after this call,
      * and when the pool runs out it closes the connection without a word. The buffer is
@@ -229,7 +230,8 @@ void edge_tick(lg_worker *w)
             /* mod_reqtimeout's rule: body_timeout_ms, plus one second per body_min_rate
              * bytes received. */
             unsigned rate = cfg->limits.body_min_rate;
-            uint64_t allowed = grace + (rate ? e->body_bytes * 1000000000ull / rate : UINT64_MAX / 2);
+            uint64_t allowed =
+                grace + (rate ? e->body_bytes * 1000000000ull / rate : UINT64_MAX / 2);
             if (e->body_ns > allowed) cut(e);
         }
     }
@@ -289,8 +291,8 @@ int edge_admit(lg_worker *w, struct MHD_Connection *conn, const char *url, const
     }
     field_list l = {0};
     MHD_get_connection_values_n(conn, MHD_HEADER_KIND, add_field, &l);
-    hh_request req = {.method = method, .target = url, .version = version, .fields = l.f,
-                      .n_fields = l.n};
+    hh_request req = {
+        .method = method, .target = url, .version = version, .fields = l.f, .n_fields = l.n};
     hh_verdict v;
     int st = hh_check(&req, &v);
     free(l.f);
@@ -333,21 +335,35 @@ static const struct {
     const char *method; /* "GET" also admits HEAD */
     const char *path;
 } builtin_routes[] = {
-    {"GET", "/v1/models"},          {"GET", "/v1/models/*"},
-    {"POST", "/v1/embeddings"},     {"POST", "/v1/messages"},
+    {"GET", "/v1/models"},
+    {"GET", "/v1/models/*"},
+    {"POST", "/v1/embeddings"},
+    {"POST", "/v1/messages"},
     {"POST", "/v1/messages/count_tokens"},
-    {"POST", "/v1/responses"},      {"GET", "/v1/responses/*"},
-    {"POST", "/v1/audio/transcriptions"}, {"POST", "/v1/audio/translations"},
-    {"POST", "/v1/rerank"},         {"POST", "/v2/rerank"},
-    {"POST", "/rerank"},            {"POST", "/v1/score"},
-    {"POST", "/score"},             {"POST", "/classify"},
-    {"POST", "/pooling"},           {"POST", "/encode"},
-    {"POST", "/tokenize"},          {"POST", "/detokenize"},
-    {"GET", "/health"},             {"GET", "/health_generate"},
-    {"GET", "/ping"},               {"GET", "/version"},
-    {"GET", "/metrics"},            {"GET", "/load"},
-    {"GET", "/get_model_info"},     {"GET", "/get_server_info"},
-    {"GET", "/model_info"},         {"GET", "/server_info"},
+    {"POST", "/v1/responses"},
+    {"GET", "/v1/responses/*"},
+    {"POST", "/v1/audio/transcriptions"},
+    {"POST", "/v1/audio/translations"},
+    {"POST", "/v1/rerank"},
+    {"POST", "/v2/rerank"},
+    {"POST", "/rerank"},
+    {"POST", "/v1/score"},
+    {"POST", "/score"},
+    {"POST", "/classify"},
+    {"POST", "/pooling"},
+    {"POST", "/encode"},
+    {"POST", "/tokenize"},
+    {"POST", "/detokenize"},
+    {"GET", "/health"},
+    {"GET", "/health_generate"},
+    {"GET", "/ping"},
+    {"GET", "/version"},
+    {"GET", "/metrics"},
+    {"GET", "/load"},
+    {"GET", "/get_model_info"},
+    {"GET", "/get_server_info"},
+    {"GET", "/model_info"},
+    {"GET", "/server_info"},
 };
 
 bool edge_passthrough_allowed(const lg_config *cfg, const char *method, const char *path)

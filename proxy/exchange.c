@@ -199,8 +199,7 @@ void ex_record_attempt(exchange *ex, const guard_verdict *v)
     cJSON_AddNumberToObject(a, "tokens_after_trip", (double)ex->at.tokens_after_trip);
     cJSON_AddItemToObject(a, "sampling", ex->at.sampling ? ex->at.sampling : cJSON_CreateObject());
     ex->at.sampling = NULL;
-    cJSON_AddNumberToObject(a, "ms",
-                            (double)((req_now(&ex->base) - ex->at.start_ns) / 1000000));
+    cJSON_AddNumberToObject(a, "ms", (double)((req_now(&ex->base) - ex->at.start_ns) / 1000000));
     cJSON_AddBoolToObject(a, "guarded", ex->at.guarded);
     cJSON_AddItemToArray(ex->rec.attempts, a);
 }
@@ -332,7 +331,8 @@ static void attempt_failed(exchange *ex, CURLcode rc)
     if (ex->rec.trips) ex_record_attempt(ex, NULL);
     if (ex->at.head.complete && ex->at.head.status != 200 && !ex->at.timed_out) {
         pool_report_health(req_pool(&ex->base), replica, ex->at.head.status < 500);
-        if (ex->at.head.status >= 500) metrics_upstream_error(req_metrics(&ex->base), replica, "http_5xx");
+        if (ex->at.head.status >= 500)
+            metrics_upstream_error(req_metrics(&ex->base), replica, "http_5xx");
         if (ex->cl.queued) {
             ex_fail(ex, ex->at.head.status, "upstream error", "upstream_error", NULL);
             return;
@@ -352,10 +352,10 @@ static void attempt_failed(exchange *ex, CURLcode rc)
     }
     bool timeout = ex->at.timed_out || rc == CURLE_OPERATION_TIMEDOUT;
     metrics_upstream_error(req_metrics(&ex->base), replica,
-                           timeout              ? "timeout"
-                           : rc == CURLE_OK     ? "protocol"
+                           timeout                 ? "timeout"
+                           : rc == CURLE_OK        ? "protocol"
                            : !ex->at.head.complete ? "connect"
-                                                : "reset");
+                                                   : "reset");
     pool_report_health(req_pool(&ex->base), replica, false);
     if (timeout)
         ex_fail(ex, 504, why, "upstream_error", "upstream_timeout");
@@ -395,8 +395,7 @@ static void on_done(lg_xfer *x, CURLcode rc)
         return;
     }
     if ((ex->at.head.complete && ex->at.head.status != 200) || ex->at.not_sse || rc != CURLE_OK ||
-        ex->at.timed_out ||
-        !(ex->at.finished_gen || ex->at.saw_done)) {
+        ex->at.timed_out || !(ex->at.finished_gen || ex->at.saw_done)) {
         attempt_failed(ex, rc);
         return;
     }
@@ -405,7 +404,8 @@ static void on_done(lg_xfer *x, CURLcode rc)
     if (ex->rec.trips && !ex->at.guarded) ex_set_outcome(ex, "failed");
     if (ex->rec.trips) {
         ex_record_attempt(ex, NULL);
-        metrics_retry_latency(req_metrics(&ex->base), seconds_since(ex->rec.trip_ns, req_now(&ex->base)));
+        metrics_retry_latency(req_metrics(&ex->base),
+                              seconds_since(ex->rec.trip_ns, req_now(&ex->base)));
     }
     finish_exchange(ex);
 }
@@ -505,7 +505,8 @@ static void start_attempt(exchange *ex)
     }
     /* A whole response restarts from scratch: the client has seen nothing. */
     if (plan.restart)
-        for (int c = 0; c < LG_CH_COUNT; c++) lg_buf_reset(&ex->cl.sent[c]);
+        for (int c = 0; c < LG_CH_COUNT; c++)
+            lg_buf_reset(&ex->cl.sent[c]);
     ex->api->attempt_begins(ex, plan.restart);
     rw_error err = {0};
     ex->at.up_body = ex->api->build(ex, &o, &err);
@@ -527,7 +528,8 @@ static void start_attempt(exchange *ex)
     if (cont && ex->think_inline && ex->cl.sent[LG_CH_CONTENT].len == 0)
         ex->at.think = think_new(true);
     ex->at.tokens = ex->at.tokens_after_trip = 0;
-    ex->at.first_byte = ex->at.finished_gen = ex->at.saw_done = ex->at.timed_out = ex->at.up_paused = false;
+    ex->at.first_byte = ex->at.finished_gen = ex->at.saw_done = ex->at.timed_out =
+        ex->at.up_paused = false;
     ex->at.not_sse = ex->at.connected = false;
     ex->at.start_ns = ex->at.last_event_ns = req_now(&ex->base);
 
@@ -570,7 +572,7 @@ static void output_taken(exchange *ex)
     ex->cl.last_out_ns = now;
     if (ex->at.up_paused && lg_fifo_len(&ex->cl.out) < EX_OUT_HIGH / 2 && ex->at.easy) {
         ex->at.up_paused = false;
-        ex->at.last_event_ns = req_now(&ex->base);             /* time paused for the client is not idle time */
+        ex->at.last_event_ns = req_now(&ex->base); /* time paused for the client is not idle time */
         curl_easy_pause(ex->at.easy, CURLPAUSE_CONT); /* may deliver data right here */
     }
 }
@@ -620,8 +622,8 @@ static void add_loopguard_headers(const exchange *ex, struct MHD_Response *resp)
 static enum MHD_Result queue_final(exchange *ex)
 {
     const char *body = ex->cl.final_body ? ex->cl.final_body : "";
-    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), (void *)body,
-                                                                MHD_RESPMEM_MUST_COPY);
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!resp) return MHD_NO;
     /* The upstream's own headers (x-request-id, …) except its event-stream type. */
     if (ex->at.head.complete) http_head_apply(&ex->at.head, resp, true);
@@ -678,9 +680,9 @@ static bool begin(exchange *ex)
     }
     if (ex->api->parse(ex, ex->body.p ? ex->body.p : "", ex->body.len, &err) != 0) {
         ex->cl.final_status = err.status ? err.status : 400;
-        ex->cl.final_body = ex->api->error_body(
-            ex->cl.final_status, err.message ? err.message : "invalid request",
-            "invalid_request_error", err.code ? err.code : err.param);
+        ex->cl.final_body =
+            ex->api->error_body(ex->cl.final_status, err.message ? err.message : "invalid request",
+                                "invalid_request_error", err.code ? err.code : err.param);
         return false;
     }
     lg_buf_free(&ex->body);
@@ -749,8 +751,7 @@ static void ex_tick(lg_req *base, uint64_t now)
         }
         uint64_t fb = (uint64_t)cfg->timeouts.first_byte_ms * 1000000ull;
         uint64_t idle = (uint64_t)cfg->timeouts.idle_ms * 1000000ull;
-        if ((!ex->at.first_byte && fb && now > ex->at.start_ns &&
-             now - ex->at.start_ns > fb) ||
+        if ((!ex->at.first_byte && fb && now > ex->at.start_ns && now - ex->at.start_ns > fb) ||
             (ex->at.first_byte && idle && !ex->at.up_paused && now > ex->at.last_event_ns &&
              now - ex->at.last_event_ns > idle)) {
             ex->at.timed_out = true;
@@ -761,8 +762,9 @@ static void ex_tick(lg_req *base, uint64_t now)
     }
     /* Keep intermediaries from timing out while text is held back or a retry runs. */
     uint64_t ka = (uint64_t)cfg->guard.keepalive_ms * 1000000ull;
-    if (ex->req.client_stream && ex->cl.queued && !ex->cl.ended && ka && lg_fifo_len(&ex->cl.out) == 0 &&
-        now > ex->cl.last_out_ns && now - ex->cl.last_out_ns >= ka) {
+    if (ex->req.client_stream && ex->cl.queued && !ex->cl.ended && ka &&
+        lg_fifo_len(&ex->cl.out) == 0 && now > ex->cl.last_out_ns &&
+        now - ex->cl.last_out_ns >= ka) {
         out_append(ex, ": keep-alive\n\n", 14);
         ex->cl.last_out_ns = now;
     }
@@ -795,7 +797,8 @@ static void ex_destroy(lg_req *base)
     accesslog_exchange(ex);
     attempt_reset(ex);
     if (ex->cl.counted_stream) metrics_streams(req_metrics(&ex->base), -1);
-    for (int c = 0; c < LG_CH_COUNT; c++) lg_buf_free(&ex->cl.sent[c]);
+    for (int c = 0; c < LG_CH_COUNT; c++)
+        lg_buf_free(&ex->cl.sent[c]);
     rw_request_clear(&ex->req);
     ex->api->destroy(ex);
     lg_buf_free(&ex->body);
@@ -831,4 +834,3 @@ lg_req *exchange_new(lg_worker *w, struct MHD_Connection *conn, const lg_api *ap
     ex_random_hex(ex->id + 3, 12);
     return &ex->base;
 }
-

@@ -116,12 +116,12 @@ static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
     }
     if (r->count < RUN_TRIP) return false;
     ex->at.verdict = (guard_verdict){.detector = ex->at.verdict_detector,
-                                  .channel = ch,
-                                  .loop_start = r->start,
-                                  .at_byte = ex->at.ch[ch].attempt_bytes,
-                                  .unit = ex->at.verdict_unit,
-                                  .unit_len = n,
-                                  .repeats = r->count};
+                                     .channel = ch,
+                                     .loop_start = r->start,
+                                     .at_byte = ex->at.ch[ch].attempt_bytes,
+                                     .unit = ex->at.verdict_unit,
+                                     .unit_len = n,
+                                     .repeats = r->count};
     snprintf(ex->at.verdict_detector, sizeof ex->at.verdict_detector, "token_repeat");
     snprintf(ex->at.verdict_unit, sizeof ex->at.verdict_unit, "%.*s", (int)n, s);
     ex->at.trip_pending = true;
@@ -189,15 +189,14 @@ bool ex_end_checks(exchange *ex, bool answer_expected)
     guard *cg = channel_guard(ex, LG_CH_CONTENT);
     uint64_t rbytes = ex->at.ch[LG_CH_REASONING].attempt_bytes + ex->cl.sent[LG_CH_REASONING].len;
     /* A generation cut by max_tokens inside its reasoning has no answer by design. */
-    if (cg && answer_expected && ex->api->templated && ex->at.ch[LG_CH_CONTENT].attempt_bytes == 0 &&
-        ex->cl.sent[LG_CH_CONTENT].len == 0 && ex->at.ch[LG_CH_TOOL_ARGS].attempt_bytes == 0 &&
-        guard_report_empty_answer(cg, rbytes)) {
+    if (cg && answer_expected && ex->api->templated &&
+        ex->at.ch[LG_CH_CONTENT].attempt_bytes == 0 && ex->cl.sent[LG_CH_CONTENT].len == 0 &&
+        ex->at.ch[LG_CH_TOOL_ARGS].attempt_bytes == 0 && guard_report_empty_answer(cg, rbytes)) {
         take_verdict(ex, cg);
         return true;
     }
     return false;
 }
-
 
 int ex_on_event(void *ud, const sse_event *ev)
 {
@@ -225,8 +224,8 @@ size_t ex_on_header(char *line, size_t size, size_t n, void *ud)
         else
             ex->at.not_sse = true;
     }
-    if (ex->at.head.complete && ex->at.head.status == 200 && !ex->at.not_sse &&
-        !ex->at.raw_body && ex->req.client_stream) {
+    if (ex->at.head.complete && ex->at.head.status == 200 && !ex->at.not_sse && !ex->at.raw_body &&
+        ex->req.client_stream) {
         ex->cl.stream_ready = true;
         worker_resume(&ex->base);
     }
@@ -246,7 +245,8 @@ size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
     }
     if (ex->at.raw_body) { /* a passthrough request's whole answer, kept whole */
         if (ex->at.errbody.len + len > cfg_of(ex)->max_body_bytes) {
-            ex_fail(ex, 502, "the upstream's answer is too large", "upstream_error", "bad_upstream");
+            ex_fail(ex, 502, "the upstream's answer is too large", "upstream_error",
+                    "bad_upstream");
             return 0;
         }
         lg_buf_append(&ex->at.errbody, data, len);

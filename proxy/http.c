@@ -21,16 +21,16 @@
 /* The numeric form of a peer address ("127.0.0.1", "::1"). Returns getnameinfo's result. */
 static int getnameinfo_numeric(const struct sockaddr *sa, char *host, size_t hostlen)
 {
-    socklen_t len = sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                              : sizeof(struct sockaddr_in);
+    socklen_t len =
+        sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
     return getnameinfo(sa, len, host, (socklen_t)hostlen, NULL, 0, NI_NUMERICHOST);
 }
 
 static enum MHD_Result respond_ex(struct MHD_Connection *conn, int status, const char *ctype,
                                   const char *body, bool close)
 {
-    struct MHD_Response *resp = MHD_create_response_from_buffer(
-        strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, "Content-Type", ctype);
     if (close) MHD_add_response_header(resp, "Connection", "close");
@@ -56,9 +56,8 @@ enum MHD_Result http_respond_json(struct MHD_Connection *conn, int status, const
     return respond(conn, status, "application/json", body);
 }
 
-static enum MHD_Result respond_error(struct MHD_Connection *conn, int status,
-                                     const char *message, const char *type, const char *code,
-                                     bool close)
+static enum MHD_Result respond_error(struct MHD_Connection *conn, int status, const char *message,
+                                     const char *type, const char *code, bool close)
 {
     cJSON *root = lg_xcheck(cJSON_CreateObject());
     cJSON *e = lg_xcheck(cJSON_AddObjectToObject(root, "error"));
@@ -83,8 +82,7 @@ enum MHD_Result http_respond_error(struct MHD_Connection *conn, int status, cons
 }
 
 enum MHD_Result http_respond_error_close(struct MHD_Connection *conn, int status,
-                                         const char *message, const char *type,
-                                         const char *code)
+                                         const char *message, const char *type, const char *code)
 {
     return respond_error(conn, status, message, type, code, true);
 }
@@ -98,7 +96,8 @@ bool http_client_authorized(const lg_config *cfg, struct MHD_Connection *conn)
     if (auth && strncasecmp(auth, "Bearer ", 7) == 0) key = auth + 7;
     if (!key) return false;
     bool ok = false; /* every key is compared, each in constant time */
-    for (size_t i = 0; i < cfg->n_api_keys; i++) ok |= hh_secret_equal(key, cfg->api_keys[i]);
+    for (size_t i = 0; i < cfg->n_api_keys; i++)
+        ok |= hh_secret_equal(key, cfg->api_keys[i]);
     return ok;
 }
 
@@ -107,11 +106,14 @@ static bool token_listed(const char *list, const char *name)
 {
     size_t n = strlen(name);
     for (const char *p = list; p && *p;) {
-        while (*p == ' ' || *p == '\t' || *p == ',') p++;
+        while (*p == ' ' || *p == '\t' || *p == ',')
+            p++;
         const char *e = p;
-        while (*e && *e != ',') e++;
+        while (*e && *e != ',')
+            e++;
         const char *t = e;
-        while (t > p && (t[-1] == ' ' || t[-1] == '\t')) t--;
+        while (t > p && (t[-1] == ' ' || t[-1] == '\t'))
+            t--;
         if ((size_t)(t - p) == n && strncasecmp(p, name, n) == 0) return true;
         p = e;
     }
@@ -120,9 +122,14 @@ static bool token_listed(const char *list, const char *name)
 
 bool http_is_hop_header(const char *name, const char *connection_value)
 {
-    static const char *const hop[] = {"connection",        "keep-alive", "proxy-connection",
-                                      "proxy-authenticate", "proxy-authorization",
-                                      "te",                "trailer",    "transfer-encoding",
+    static const char *const hop[] = {"connection",
+                                      "keep-alive",
+                                      "proxy-connection",
+                                      "proxy-authenticate",
+                                      "proxy-authorization",
+                                      "te",
+                                      "trailer",
+                                      "transfer-encoding",
                                       "upgrade"};
     for (size_t i = 0; i < sizeof hop / sizeof *hop; i++)
         if (strcasecmp(name, hop[i]) == 0) return true;
@@ -190,8 +197,7 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const 
 
 struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_exchange)
 {
-    hdr_ctx c = {.connection =
-                     MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Connection"),
+    hdr_ctx c = {.connection = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Connection"),
                  .for_exchange = for_exchange};
     MHD_get_connection_values(conn, MHD_HEADER_KIND, collect_header, &c);
 
@@ -204,8 +210,8 @@ struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_e
         if (getnameinfo_numeric(ci->client_addr, host, sizeof host) == 0)
             snprintf(addr, sizeof addr, "%s", host);
     }
-    char *xff = http_xff(MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Forwarded-For"),
-                         addr);
+    char *xff =
+        http_xff(MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Forwarded-For"), addr);
     if (xff) c.list = append_header(c.list, "X-Forwarded-For", xff);
     free(xff);
     /* "Expect:" with no value stops libcurl from adding its own Expect: 100-continue. */
@@ -249,7 +255,8 @@ static int status_code(const char *line, size_t len)
     const char *sp = memchr(line, ' ', len);
     if (!sp) return 0;
     size_t rest = len - (size_t)(sp + 1 - line), n = 0;
-    while (n < rest && sp[1 + n] != ' ') n++;
+    while (n < rest && sp[1 + n] != ' ')
+        n++;
     char code[4];
     long long v;
     if (n != 3) return 0;
@@ -260,7 +267,8 @@ static int status_code(const char *line, size_t len)
 
 void http_head_line(http_head *h, const char *line, size_t len)
 {
-    while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
+    while (len && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+        len--;
     if (len >= 5 && strncmp(line, "HTTP/", 5) == 0) {
         http_head_clear(h);
         h->status = status_code(line, len);
@@ -275,8 +283,10 @@ void http_head_line(http_head *h, const char *line, size_t len)
     size_t nlen = (size_t)(colon - line);
     const char *v = colon + 1;
     size_t vlen = len - nlen - 1;
-    while (vlen && (*v == ' ' || *v == '\t')) v++, vlen--;
-    while (vlen && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t')) vlen--;
+    while (vlen && (*v == ' ' || *v == '\t'))
+        v++, vlen--;
+    while (vlen && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
+        vlen--;
     if (h->n == h->cap) {
         h->cap = h->cap ? h->cap * 2 : 16;
         h->names = lg_xrealloc(h->names, h->cap * sizeof *h->names);

@@ -19,8 +19,7 @@ enum MHD_Result http_respond_error(struct MHD_Connection *conn, int status, cons
 /* Same, with Connection: close: for a request whose head was refused, so that nothing
  * after it on the connection is read as another request. */
 enum MHD_Result http_respond_error_close(struct MHD_Connection *conn, int status,
-                                         const char *message, const char *type,
-                                         const char *code);
+                                         const char *message, const char *type, const char *code);
 
 /* Queues `body` (copied) as application/json with `status`. */
 enum MHD_Result http_respond_json(struct MHD_Connection *conn, int status, const char *body);

@@ -68,11 +68,14 @@ static bool scan_codings(const char *s, size_t n, unsigned *chunked, unsigned *o
     bool last_chunked = false;
     size_t i = 0;
     for (;;) {
-        while (i < n && (s[i] == ' ' || s[i] == '\t')) i++;
+        while (i < n && (s[i] == ' ' || s[i] == '\t'))
+            i++;
         size_t b = i;
-        while (i < n && s[i] != ',') i++;
+        while (i < n && s[i] != ',')
+            i++;
         size_t e = i;
-        while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t')) e--;
+        while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t'))
+            e--;
         last_chunked = e - b == 7 && strncasecmp(s + b, "chunked", 7) == 0;
         if (last_chunked)
             (*chunked)++;
@@ -105,8 +108,7 @@ int hh_check(const hh_request *req, hh_verdict *v)
         if (name_is(f, "Host")) {
             hosts++;
         } else if (name_is(f, "Content-Length")) {
-            if (++lengths > 1)
-                return reject(v, 400, "more than one Content-Length", "bad_framing");
+            if (++lengths > 1) return reject(v, 400, "more than one Content-Length", "bad_framing");
             if (!parse_length(f->value, f->value_len, &v->content_length))
                 return reject(v, 400, "malformed Content-Length", "bad_framing");
         } else if (name_is(f, "Transfer-Encoding")) {
@@ -140,8 +142,8 @@ static bool is_path_char(unsigned char c)
 
 static bool is_unreserved(unsigned char c)
 {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-           c == '-' || c == '.' || c == '_' || c == '~';
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-' ||
+           c == '.' || c == '_' || c == '~';
 }
 
 static int hexval(char c)
@@ -193,8 +195,7 @@ int hh_path_normalize(const char *path, char **out)
     for (const char *s = p; *s;) {
         const char *seg = s + 1, *e = strchr(seg, '/');
         size_t len = e ? (size_t)(e - seg) : strlen(seg);
-        if ((len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.'))
-            goto bad;
+        if ((len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.')) goto bad;
         if (!e) break;
         s = e;
     }

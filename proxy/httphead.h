@@ -34,10 +34,10 @@ typedef struct hh_request {
 } hh_request;
 
 typedef struct hh_verdict {
-    int status;          /* 0: acceptable; otherwise 400, 501 or 505 */
-    const char *message; /* static text for the error body (status != 0) */
-    const char *code;    /* static OpenAI-style error code (status != 0) */
-    bool chunked;        /* the body is framed by Transfer-Encoding: chunked */
+    int status;               /* 0: acceptable; otherwise 400, 501 or 505 */
+    const char *message;      /* static text for the error body (status != 0) */
+    const char *code;         /* static OpenAI-style error code (status != 0) */
+    bool chunked;             /* the body is framed by Transfer-Encoding: chunked */
     long long content_length; /* -1 when absent */
 } hh_verdict;
 

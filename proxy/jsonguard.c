@@ -15,8 +15,8 @@
 #include <string.h>
 
 typedef struct key_slot {
-    uint64_t hash; /* 0: empty */
-    size_t obj;    /* serial of the object the key belongs to */
+    uint64_t hash;   /* 0: empty */
+    size_t obj;      /* serial of the object the key belongs to */
     size_t off, len; /* the unescaped key in the arena */
 } key_slot;
 
@@ -52,10 +52,14 @@ static int hex4(jg *g, uint32_t *out)
     for (int k = 0; k < 4; k++) {
         char c = g->s[g->i++];
         v <<= 4;
-        if (c >= '0' && c <= '9') v |= (uint32_t)(c - '0');
-        else if (c >= 'a' && c <= 'f') v |= (uint32_t)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F') v |= (uint32_t)(c - 'A' + 10);
-        else return fail(g, "bad \\u escape");
+        if (c >= '0' && c <= '9')
+            v |= (uint32_t)(c - '0');
+        else if (c >= 'a' && c <= 'f')
+            v |= (uint32_t)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F')
+            v |= (uint32_t)(c - 'A' + 10);
+        else
+            return fail(g, "bad \\u escape");
     }
     *out = v;
     return 0;
@@ -112,18 +116,23 @@ static int parse_number(jg *g)
     size_t n = g->n;
     if (g->i < n && s[g->i] == '-') g->i++;
     if (g->i >= n || s[g->i] < '0' || s[g->i] > '9') return fail(g, "bad number");
-    if (s[g->i] == '0') g->i++;
-    else while (g->i < n && s[g->i] >= '0' && s[g->i] <= '9') g->i++;
+    if (s[g->i] == '0')
+        g->i++;
+    else
+        while (g->i < n && s[g->i] >= '0' && s[g->i] <= '9')
+            g->i++;
     if (g->i < n && s[g->i] == '.') {
         g->i++;
         if (g->i >= n || s[g->i] < '0' || s[g->i] > '9') return fail(g, "bad number");
-        while (g->i < n && s[g->i] >= '0' && s[g->i] <= '9') g->i++;
+        while (g->i < n && s[g->i] >= '0' && s[g->i] <= '9')
+            g->i++;
     }
     if (g->i < n && (s[g->i] == 'e' || s[g->i] == 'E')) {
         g->i++;
         if (g->i < n && (s[g->i] == '+' || s[g->i] == '-')) g->i++;
         if (g->i >= n || s[g->i] < '0' || s[g->i] > '9') return fail(g, "bad number");
-        while (g->i < n && s[g->i] >= '0' && s[g->i] <= '9') g->i++;
+        while (g->i < n && s[g->i] >= '0' && s[g->i] <= '9')
+            g->i++;
     }
     return 0;
 }
@@ -131,7 +140,8 @@ static int parse_number(jg *g)
 static uint64_t hash_key(size_t obj, const char *p, size_t k)
 {
     uint64_t h = 1469598103934665603ull ^ (obj * 0x9e3779b97f4a7c15ull);
-    for (size_t i = 0; i < k; i++) h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
+    for (size_t i = 0; i < k; i++)
+        h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
     /* murmur3's finaliser spreads FNV's weak low bits over the table index */
     h ^= h >> 33;
     h *= 0xff51afd7ed558ccdull;
@@ -148,7 +158,8 @@ static void slots_grow(jg *g)
     for (size_t i = 0; i < g->cap; i++) {
         if (!g->slots[i].hash) continue;
         size_t j = g->slots[i].hash & (cap - 1);
-        while (s[j].hash) j = (j + 1) & (cap - 1);
+        while (s[j].hash)
+            j = (j + 1) & (cap - 1);
         s[j] = g->slots[i];
     }
     free(g->slots);
@@ -167,7 +178,8 @@ static int key_add(jg *g, size_t obj, size_t off)
     size_t j = h & (g->cap - 1);
     for (; g->slots[j].hash; j = (j + 1) & (g->cap - 1)) {
         key_slot *s = &g->slots[j];
-        if (s->hash == h && s->obj == obj && s->len == len && memcmp(g->arena.p + s->off, k, len) == 0)
+        if (s->hash == h && s->obj == obj && s->len == len &&
+            memcmp(g->arena.p + s->off, k, len) == 0)
             return -1;
     }
     g->slots[j] = (key_slot){.hash = h, .obj = obj, .off = off, .len = len};
@@ -262,7 +274,8 @@ static int run(jg *g, frame *stack)
                 if (obj && parse_key(g, stack[depth - 1].obj)) return -1;
                 break;
             }
-            if (d != (obj ? '}' : ']')) return fail(g, obj ? "expected ',' or '}'" : "expected ',' or ']'");
+            if (d != (obj ? '}' : ']'))
+                return fail(g, obj ? "expected ',' or '}'" : "expected ',' or ']'");
             g->i++;
             depth--;
         }

@@ -55,8 +55,8 @@ static void on_pool_event(void *ud, size_t replica, const char *event, const cha
     snprintf(ts + k, sizeof ts - k, ".%03ldZ", now.tv_nsec / 1000000);
     char *line = lg_xasprintf("{\"ts\":\"%s\",\"id\":\"up-%lx-%u\",\"kind\":\"upstream\","
                               "\"event\":\"%s\",\"upstream\":\"%s\",\"detail\":%s}",
-                              ts, (unsigned long)now.tv_sec, atomic_fetch_add(&seq, 1), event,
-                              base, json ? json : "null");
+                              ts, (unsigned long)now.tv_sec, atomic_fetch_add(&seq, 1), event, base,
+                              json ? json : "null");
     incident_log_submit(srv->incidents, line);
 }
 
@@ -64,15 +64,14 @@ static void on_pool_event(void *ud, size_t replica, const char *event, const cha
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: loopguard [--config FILE] [--listen HOST:PORT] [--upstream URL[,URL...]]\n"
-            "                 [--upstream-kind auto|sglang|vllm|openai]\n"
-            "       loopguard --check-config FILE\n"
-            "       loopguard scan [--config FILE] [--channel content|reasoning|tool_args]\n"
-            "                      [--max-bytes N] [--records] FILE...\n"
-            "       loopguard --version | --help\n"
-            "Configuration: defaults < FILE < LOOPGUARD_* environment variables < flags;\n"
-            "every key is in loopguard(1). Admin endpoints and the status page: /loopguard/.\n");
+    fprintf(f, "usage: loopguard [--config FILE] [--listen HOST:PORT] [--upstream URL[,URL...]]\n"
+               "                 [--upstream-kind auto|sglang|vllm|openai]\n"
+               "       loopguard --check-config FILE\n"
+               "       loopguard scan [--config FILE] [--channel content|reasoning|tool_args]\n"
+               "                      [--max-bytes N] [--records] FILE...\n"
+               "       loopguard --version | --help\n"
+               "Configuration: defaults < FILE < LOOPGUARD_* environment variables < flags;\n"
+               "every key is in loopguard(1). Admin endpoints and the status page: /loopguard/.\n");
 }
 
 static void version(void)
@@ -189,8 +188,7 @@ static bool all_joined(lg_server *srv, bool *joined)
 {
     bool all = true;
     for (size_t i = 0; i < srv->n_workers; i++) {
-        if (!joined[i] && pthread_tryjoin_np(srv->workers[i]->thread, NULL) == 0)
-            joined[i] = true;
+        if (!joined[i] && pthread_tryjoin_np(srv->workers[i]->thread, NULL) == 0) joined[i] = true;
         all &= joined[i];
     }
     return all;
@@ -237,14 +235,15 @@ static void serve_signals(lg_server *srv, const sigset_t *set)
             } else {
                 atomic_store(&srv->draining, true);
                 deadline = lg_now_ns() + (uint64_t)srv->cfg->shutdown_grace_ms * 1000000ull;
-                fprintf(stderr, "loopguard: draining (up to %u ms)\n",
-                        srv->cfg->shutdown_grace_ms);
+                fprintf(stderr, "loopguard: draining (up to %u ms)\n", srv->cfg->shutdown_grace_ms);
             }
-            for (size_t i = 0; i < srv->n_workers; i++) worker_wake(srv->workers[i]);
+            for (size_t i = 0; i < srv->n_workers; i++)
+                worker_wake(srv->workers[i]);
         }
         if (deadline && !atomic_load(&srv->stopping) && lg_now_ns() > deadline) {
             atomic_store(&srv->stopping, true);
-            for (size_t i = 0; i < srv->n_workers; i++) worker_wake(srv->workers[i]);
+            for (size_t i = 0; i < srv->n_workers; i++)
+                worker_wake(srv->workers[i]);
         }
         if (atomic_load(&srv->draining) && all_joined(srv, joined)) break;
     }
@@ -321,7 +320,8 @@ int main(int argc, char **argv)
             if (port == 0) port = srv.port = bound_port(fds[n]);
         }
         if (n < WORKER_SHARDS) {
-            while (n > 0) close(fds[--n]);
+            while (n > 0)
+                close(fds[--n]);
             goto out;
         }
         srv.workers[i] = worker_new(&srv, (int)i, fds, n, err, sizeof err);
@@ -348,8 +348,10 @@ out:
         fprintf(stderr, "loopguard: %s\n", err);
         atomic_store(&srv.draining, true);
         atomic_store(&srv.stopping, true);
-        for (size_t i = 0; i < started; i++) worker_wake(srv.workers[i]);
-        for (size_t i = 0; i < started; i++) worker_join(srv.workers[i]);
+        for (size_t i = 0; i < started; i++)
+            worker_wake(srv.workers[i]);
+        for (size_t i = 0; i < started; i++)
+            worker_join(srv.workers[i]);
     }
     if (srv.admin) {
         atomic_store(&srv.stopping, true);
@@ -357,7 +359,8 @@ out:
         worker_join(srv.admin);
         worker_free(srv.admin);
     }
-    for (size_t i = 0; i < srv.n_workers; i++) worker_free(srv.workers[i]);
+    for (size_t i = 0; i < srv.n_workers; i++)
+        worker_free(srv.workers[i]);
     free(srv.workers);
     pool_free(srv.pool);
     series_free(srv.series);

@@ -31,8 +31,8 @@
 
 typedef _Atomic uint64_t counter;
 
-static const char *const endpoint_names[LG_EP_COUNT] = {"chat", "completions", "messages", "responses", "generate", "passthrough",
-                                                        "admin"};
+static const char *const endpoint_names[LG_EP_COUNT] = {
+    "chat", "completions", "messages", "responses", "generate", "passthrough", "admin"};
 /* Label values of the channel label, indexed by lg_channel. */
 static const char *const channel_names[N_CHANNELS] = {"reasoning", "content", "tool_args"};
 static const char *const error_kinds[] = {"connect",  "timeout",  "reset",

@@ -22,7 +22,7 @@
 #include "proxy/upstream.h"
 #include "proxy/xalloc.h"
 
-#define RELAY_HIGH (256 * 1024)
+#define RELAY_HIGH  (256 * 1024)
 #define RELAY_BLOCK (32 * 1024)
 
 typedef struct relay {
@@ -32,21 +32,21 @@ typedef struct relay {
     struct curl_slist *headers;
     size_t replica;
     bool has_body;
-    lg_fifo up;      /* client bytes not yet read by libcurl */
-    bool up_done;    /* the client finished its body */
-    bool up_paused;  /* libcurl's read callback returned PAUSE */
-    lg_fifo down;    /* upstream bytes not yet sent to the client */
+    lg_fifo up;     /* client bytes not yet read by libcurl */
+    bool up_done;   /* the client finished its body */
+    bool up_paused; /* libcurl's read callback returned PAUSE */
+    lg_fifo down;   /* upstream bytes not yet sent to the client */
     bool down_paused;
     http_head head;
-    char *method, *target; /* the request line's method and path?query, kept for a re-send */
+    char *method, *target;    /* the request line's method and path?query, kept for a re-send */
     long long content_length; /* -1: chunked */
-    uint64_t up_read;      /* request body bytes libcurl has taken (0: safe to re-send) */
+    uint64_t up_read;         /* request body bytes libcurl has taken (0: safe to re-send) */
     unsigned connect_retries;
     uint64_t up_total;     /* request body bytes received */
     uint64_t last_data_ns; /* last upstream header or body bytes */
     bool too_big;
-    bool queued;     /* response queued on the client connection */
-    bool finished;   /* upstream transfer over */
+    bool queued;   /* response queued on the client connection */
+    bool finished; /* upstream transfer over */
     CURLcode result;
     char why[400]; /* the failure's cause for the client (upfail.h), when result != OK */
     int status_for_metrics;
@@ -195,8 +195,8 @@ static enum MHD_Result queue_response(relay *r)
     uint64_t size = r->head.content_length >= 0 && !r->head.chunked
                         ? (uint64_t)r->head.content_length
                         : MHD_SIZE_UNKNOWN;
-    struct MHD_Response *resp = MHD_create_response_from_callback(size, RELAY_BLOCK, reader, r,
-                                                                  NULL);
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(size, RELAY_BLOCK, reader, r, NULL);
     if (!resp) return MHD_NO;
     http_head_apply(&r->head, resp, false);
     r->status_for_metrics = r->head.status;

@@ -70,8 +70,11 @@ static bool valid_utf8(const unsigned char *s, size_t n)
 {
     for (size_t i = 0; i < n;) {
         unsigned c = s[i];
-        size_t k = c < 0x80 ? 0 : (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2
-                                 : (c & 0xf8) == 0xf0 ? 3 : 4;
+        size_t k = c < 0x80             ? 0
+                   : (c & 0xe0) == 0xc0 ? 1
+                   : (c & 0xf0) == 0xe0 ? 2
+                   : (c & 0xf8) == 0xf0 ? 3
+                                        : 4;
         if (k == 4 || k > n - i - 1) return false; /* bad lead byte, or cut short */
         unsigned cp = k == 0 ? c : c & (0x3f >> k);
         for (size_t j = 1; j <= k; j++) {

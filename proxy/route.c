@@ -8,11 +8,7 @@
 #include "proxy/relay.h"
 
 static const lg_api *const routes[] = {
-    &api_chat,
-    &api_completions,
-    &api_messages,
-    &api_responses,
-    &api_generate,
+    &api_chat, &api_completions, &api_messages, &api_responses, &api_generate,
 };
 
 const lg_api *route_api(const char *method, const char *path)

@@ -31,7 +31,7 @@ typedef struct lg_replica {
     atomic_int kind; /* lg_upstream_kind; AUTO until probed */
     atomic_uint outstanding;
     atomic_bool healthy;
-    atomic_bool reached; /* answered once (health check or request): until then not healthy */
+    atomic_bool reached;    /* answered once (health check or request): until then not healthy */
     atomic_uint fails, oks; /* consecutive health results (active and passive) */
     atomic_uint_fast64_t requests;
     /* guarded by pool->mu */
@@ -239,8 +239,8 @@ static uint64_t bucket_ms(const lg_config *cfg)
 }
 
 /* Generations and trips of replica r within the window. Caller holds p->mu. */
-static void window_counts(const lg_pool *p, const lg_replica *r, uint64_t now,
-                          uint64_t *gens, uint64_t *trips)
+static void window_counts(const lg_pool *p, const lg_replica *r, uint64_t now, uint64_t *gens,
+                          uint64_t *trips)
 {
     uint64_t epoch = now / bucket_ms(p->cfg);
     *gens = *trips = 0;
@@ -420,8 +420,8 @@ char *pool_metrics_text(lg_pool *p)
     pthread_mutex_lock(&p->mu);
     for (size_t m = 0; m < 3; m++) {
         bool counter = m >= 2;
-        fprintf(f, "# HELP loopguard_upstream_%s %s\n# TYPE loopguard_upstream_%s %s\n",
-                names[m], help[m], names[m], counter ? "counter" : "gauge");
+        fprintf(f, "# HELP loopguard_upstream_%s %s\n# TYPE loopguard_upstream_%s %s\n", names[m],
+                help[m], names[m], counter ? "counter" : "gauge");
         for (size_t i = 0; i < p->n; i++) {
             lg_replica *r = &p->r[i];
             unsigned long long v = m == 0   ? reported_healthy(r)
@@ -440,7 +440,8 @@ void pool_free(lg_pool *p)
     if (!p) return;
     atomic_store(&p->stop, true);
     if (p->health_running) pthread_join(p->health, NULL);
-    for (size_t i = 0; i < p->n; i++) free(p->r[i].base);
+    for (size_t i = 0; i < p->n; i++)
+        free(p->r[i].base);
     pthread_mutex_destroy(&p->mu);
     free(p->r);
     free(p);

@@ -33,7 +33,7 @@
 
 enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT };
 
-#define TICK_NS (250ull * 1000 * 1000)
+#define TICK_NS    (250ull * 1000 * 1000)
 #define MAX_EVENTS 256
 
 typedef struct lg_fdslot {
@@ -57,7 +57,8 @@ uint64_t lg_now_ns(void)
  * Returns it, or -1 with err ("listen HOST:PORT: why"). */
 static int bound_socket(const char *host, int port, bool shared, char *err, size_t errlen)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     struct addrinfo *res = NULL;
     char portstr[16];
@@ -129,14 +130,12 @@ static void list_push(lg_req *head, lg_req *r)
     head->prev = r;
 }
 
-void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops,
-                     struct MHD_Connection *conn)
+void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops, struct MHD_Connection *conn)
 {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
 
-    const union MHD_ConnectionInfo *di =
-        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
+    const union MHD_ConnectionInfo *di = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
     r->ops = ops;
     r->w = w;
     r->shard = &w->shards[0];
@@ -369,14 +368,16 @@ static void count_early(lg_worker *w, const char *method, const char *url, int s
 {
     const lg_api *api = route_api(method, url);
     metrics_request(w->metrics,
-                    is_admin_path(url) ? LG_EP_ADMIN : api ? api->endpoint : LG_EP_PASSTHROUGH,
+                    is_admin_path(url) ? LG_EP_ADMIN
+                    : api              ? api->endpoint
+                                       : LG_EP_PASSTHROUGH,
                     status);
 }
 
 /* Answers a request refused before any handler took it (counted by count_early). */
 static enum MHD_Result reject(lg_worker *w, struct MHD_Connection *conn, const char *method,
-                              const char *url, int status, const char *message,
-                              const char *type, const char *code)
+                              const char *url, int status, const char *message, const char *type,
+                              const char *code)
 {
     count_early(w, method, url, status);
     return http_respond_error(conn, status, message, type, code);
@@ -389,11 +390,9 @@ static enum MHD_Result route(lg_worker *w, struct MHD_Connection *conn, const ch
     lg_req *r;
     /* With a separate admin listener, each listener answers only its own paths. */
     bool split = w->srv->admin != NULL;
-    if (is_admin_path(url) && (!split || w->admin_only))
-        return admin_handle(w, conn, url, method);
+    if (is_admin_path(url) && (!split || w->admin_only)) return admin_handle(w, conn, url, method);
     if (w->admin_only || is_admin_path(url))
-        return reject(w, conn, method, url, 404, "not found", "invalid_request_error",
-                      "not_found");
+        return reject(w, conn, method, url, 404, "not found", "invalid_request_error", "not_found");
     if (!http_client_authorized(w->srv->cfg, conn))
         return reject(w, conn, method, url, 401, "missing or invalid API key",
                       "authentication_error", "invalid_api_key");
@@ -457,7 +456,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
  * under their assembler names because <sys/socket.h> and <poll.h> declare their buffers
  * write-only, which a definition that reads fds[0] would contradict. */
 static _Thread_local int curl_read_fd = -1; /* the socket of this thread's socket action */
-static _Thread_local bool curl_drained;    /* its last recv was short */
+static _Thread_local bool curl_drained;     /* its last recv was short */
 
 ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags) __asm__("recv");
 ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
@@ -702,7 +701,8 @@ static void run_pending(lg_worker *w)
 
 static void ready_all(lg_worker *w)
 {
-    for (size_t i = 0; i < w->n_shards; i++) w->shards[i].ready = true;
+    for (size_t i = 0; i < w->n_shards; i++)
+        w->shards[i].ready = true;
     w->mhd_dirty = true;
 }
 
@@ -845,8 +845,7 @@ static void *worker_main(void *arg)
             run_mhd(w);
         }
         /* Pending aborts still matter at shutdown: they free GPUs. */
-        if (quiesced && ((w->n_live == 0 && !w->detached) || (shut && w->now_ns > stop_at)))
-            break;
+        if (quiesced && ((w->n_live == 0 && !w->detached) || (shut && w->now_ns > stop_at))) break;
     }
     resume_all(w);
     return NULL;
@@ -858,15 +857,13 @@ static int shard_start(lg_worker *w, size_t i, int fd, unsigned limit, char *err
     const lg_config *cfg = w->srv->cfg;
     lg_shard *s = &w->shards[i];
     s->mhd = MHD_start_daemon(
-        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_SUPPRESS_DATE_NO_CLOCK |
-            MHD_USE_TURBO,
+        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_SUPPRESS_DATE_NO_CLOCK | MHD_USE_TURBO,
         0, edge_accept, w, on_access, w, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, w, MHD_OPTION_NOTIFY_CONNECTION,
-        edge_connection, w, MHD_OPTION_URI_LOG_CALLBACK, edge_uri, w,
-        MHD_OPTION_CONNECTION_LIMIT, limit,
-        MHD_OPTION_CONNECTION_TIMEOUT, cfg->client_timeout_s,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, cfg->max_header_bytes,
-        MHD_OPTION_UNESCAPE_CALLBACK, http_keep_escaped, NULL, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, w, MHD_OPTION_NOTIFY_CONNECTION, edge_connection,
+        w, MHD_OPTION_URI_LOG_CALLBACK, edge_uri, w, MHD_OPTION_CONNECTION_LIMIT, limit,
+        MHD_OPTION_CONNECTION_TIMEOUT, cfg->client_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        cfg->max_header_bytes, MHD_OPTION_UNESCAPE_CALLBACK, http_keep_escaped, NULL,
+        MHD_OPTION_END);
     if (!s->mhd) {
         close(fd);
         snprintf(err, errlen, "worker %d: libmicrohttpd failed to start", w->id);
@@ -908,8 +905,7 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
     unsigned per_shard = limit / (unsigned)n_fds;
     while (taken < n_fds) {
         taken++;
-        if (shard_start(w, taken - 1, fds[taken - 1], per_shard ? per_shard : 1u, err,
-                        errlen) != 0)
+        if (shard_start(w, taken - 1, fds[taken - 1], per_shard ? per_shard : 1u, err, errlen) != 0)
             goto fail;
     }
 
@@ -933,7 +929,8 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
     }
     return w;
 fail:
-    while (taken < n_fds) close(fds[taken++]);
+    while (taken < n_fds)
+        close(fds[taken++]);
     worker_free(w);
     return NULL;
 }
@@ -958,10 +955,13 @@ void worker_join(lg_worker *w)
 void worker_free(lg_worker *w)
 {
     if (!w) return;
-    for (size_t i = 0; i < w->n_shards; i++) MHD_stop_daemon(w->shards[i].mhd);
+    for (size_t i = 0; i < w->n_shards; i++)
+        MHD_stop_daemon(w->shards[i].mhd);
     bury_the_dead(w);
-    while (w->detached) detached_free(w->detached);
-    while (w->n_spare) curl_easy_cleanup(w->spare[--w->n_spare]);
+    while (w->detached)
+        detached_free(w->detached);
+    while (w->n_spare)
+        curl_easy_cleanup(w->spare[--w->n_spare]);
     if (w->multi) curl_multi_cleanup(w->multi);
     if (w->epfd >= 0) close(w->epfd);
     if (w->curl_timerfd >= 0) close(w->curl_timerfd);

@@ -61,15 +61,15 @@ typedef struct lg_pool lg_pool;
 typedef struct lg_server {
     const lg_config *cfg;
     incident_log *incidents;
-    incident_log *access; /* log.access (accesslog.h); NULL when off */
+    incident_log *access;  /* log.access (accesslog.h); NULL when off */
     struct series *series; /* the status page's per-minute counts (series.h) */
     lg_pool *pool;
     lg_worker **workers;
     size_t n_workers;
-    lg_worker *admin; /* the separate admin listener's worker (admin.listen), or NULL */
-    int port;                 /* the bound listening port */
-    atomic_bool draining;     /* SIGTERM: stop accepting, let streams finish */
-    atomic_bool stopping;     /* past the drain deadline: end everything */
+    lg_worker *admin;     /* the separate admin listener's worker (admin.listen), or NULL */
+    int port;             /* the bound listening port */
+    atomic_bool draining; /* SIGTERM: stop accepting, let streams finish */
+    atomic_bool stopping; /* past the drain deadline: end everything */
     atomic_uint_fast64_t next_id;
     uint64_t started_ns;
 } lg_server;
@@ -102,14 +102,14 @@ struct lg_req {
     lg_shard *shard; /* the daemon that owns conn */
     struct MHD_Connection *conn;
     int client_fd;
-    uint32_t gen;       /* distinguishes reuses of client_fd in the fd map */
-    bool suspended;     /* MHD connection suspended by us */
-    bool client_gone;   /* client left; every MHD callback must now end the request */
-    bool retired;       /* MHD completed it; destroy pending */
-    bool direct;        /* suspended with MHD's buffer drained: we may write the socket */
-    bool resume_due;    /* resume MHD once the tail is sent */
-    bool nodelay;       /* TCP_NODELAY set for direct writes */
-    bool flush_queued;  /* on the worker's flush list */
+    uint32_t gen;      /* distinguishes reuses of client_fd in the fd map */
+    bool suspended;    /* MHD connection suspended by us */
+    bool client_gone;  /* client left; every MHD callback must now end the request */
+    bool retired;      /* MHD completed it; destroy pending */
+    bool direct;       /* suspended with MHD's buffer drained: we may write the socket */
+    bool resume_due;   /* resume MHD once the tail is sent */
+    bool nodelay;      /* TCP_NODELAY set for direct writes */
+    bool flush_queued; /* on the worker's flush list */
     lg_req *flush_next;
     lg_fifo tail;     /* the unsent rest of a directly written chunk (owned by the worker) */
     uint64_t tail_ns; /* when the tail last shrank or began */
@@ -139,7 +139,7 @@ struct lg_worker {
     int curl_timerfd;
     uint64_t curl_deadline_ms; /* what the timerfd is armed for (0: not armed) */
     bool curl_due;             /* libcurl's timeout action is due ("now", or the timerfd fired) */
-    int wake_fd; /* eventfd: main thread pokes it on drain/stop */
+    int wake_fd;               /* eventfd: main thread pokes it on drain/stop */
     lg_shard shards[WORKER_SHARDS];
     size_t n_shards;
     CURLM *multi;
@@ -152,13 +152,13 @@ struct lg_worker {
     lg_req live;      /* sentinel of the circular list of live requests */
     lg_req graveyard; /* sentinel: retired, destroyed at the end of the iteration */
     size_t n_live;
-    struct lg_detached *detached; /* pending fire-and-forget transfers */
+    struct lg_detached *detached;   /* pending fire-and-forget transfers */
     CURL *spare[WORKER_SPARE_EASY]; /* easy handles kept for the next transfers */
     size_t n_spare;
-    bool mhd_dirty;   /* some shard is ready: run MHD again this iteration */
+    bool mhd_dirty;                  /* some shard is ready: run MHD again this iteration */
     lg_req *flush_head, *flush_tail; /* requests with output for a direct write */
     struct edge_conn *edge_conns;    /* every client connection's limits (edge.c) */
-    uint64_t now_ns;  /* cached loop time */
+    uint64_t now_ns;                 /* cached loop time */
 };
 
 /* What a request handler uses of the worker it lives on; handlers reach nothing else of
@@ -206,8 +206,7 @@ void worker_join(lg_worker *w);
 void worker_free(lg_worker *w);
 
 /* Request plumbing for relay.c, exchange.c and admin.c; owning thread only. */
-void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops,
-                     struct MHD_Connection *conn);
+void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops, struct MHD_Connection *conn);
 void worker_suspend(lg_req *r);
 /* Resumes the MHD connection (direct writes end; when a tail is pending, once it is sent). */
 void worker_resume(lg_req *r);

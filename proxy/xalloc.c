@@ -13,7 +13,8 @@ _Noreturn void lg_oom(size_t size)
     /* write(2), not fprintf: stdio may want a buffer, the memory that just ran out. */
     char msg[64];
     int n = snprintf(msg, sizeof msg, "loopguard: out of memory (%zu bytes)\n", size);
-    if (n > 0) (void)!write(STDERR_FILENO, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+    if (n > 0)
+        (void)!write(STDERR_FILENO, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
     abort();
 }
 

@@ -1,7 +1,18 @@
 /* chunked.c — see chunked.h. */
 #include "tests/bench/chunked.h"
 
-enum { S_SIZE, S_EXT, S_SIZE_LF, S_DATA, S_DATA_CR, S_DATA_LF, S_TRAILER, S_LENGTH, S_CLOSE, S_DONE };
+enum {
+    S_SIZE,
+    S_EXT,
+    S_SIZE_LF,
+    S_DATA,
+    S_DATA_CR,
+    S_DATA_LF,
+    S_TRAILER,
+    S_LENGTH,
+    S_CLOSE,
+    S_DONE
+};
 
 #define MAX_CHUNK_BITS 40
 
@@ -60,8 +71,10 @@ ssize_t body_decode(body_decoder *d, const char *p, size_t n, body_data_fn data,
         }
         case S_EXT:
             i++;
-            if (ch == '\r') d->state = S_SIZE_LF;
-            else if (ch == '\n') return -1;
+            if (ch == '\r')
+                d->state = S_SIZE_LF;
+            else if (ch == '\n')
+                return -1;
             break;
         case S_SIZE_LF:
             i++;

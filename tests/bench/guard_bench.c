@@ -27,7 +27,7 @@
 
 #include "guard/guard.h"
 
-#define FILE_CAP 65536
+#define FILE_CAP      65536
 #define BENCH_STREAMS 100 /* guards live at once in the "streams" pass */
 #define BENCH_ROUNDS  3
 #define STAMP_EVENTS  500 /* events per request in make bench's saturation runs */
@@ -149,8 +149,8 @@ static size_t done(guard *g, size_t *trips)
  * single stream with `tokens`, the whole file in one call without): returns bytes fed.
  * Many streams at once is what the proxy sees: every guard's tables are cold again by the
  * time its next chunk comes. */
-static size_t pass(const guard_params *p, const blob *b, size_t n, bool tokens,
-                   size_t streams, size_t *trips)
+static size_t pass(const guard_params *p, const blob *b, size_t n, bool tokens, size_t streams,
+                   size_t *trips)
 {
     size_t fed = 0, susp = 0;
     unsigned r = 12345;
@@ -182,8 +182,8 @@ static size_t pass(const guard_params *p, const blob *b, size_t n, bool tokens,
     return fed;
 }
 
-static double measure(const guard_params *p, const blob *b, size_t n, bool tokens,
-                      size_t streams, double min_s, size_t *trips)
+static double measure(const guard_params *p, const blob *b, size_t n, bool tokens, size_t streams,
+                      double min_s, size_t *trips)
 {
     double t0 = now(), t;
     size_t bytes = 0;

@@ -574,7 +574,7 @@ static uint64_t machine_busy_ticks(void)
  * wait a lot was starved of CPU: its latency is queueing for the machine, not its own. */
 static uint64_t proc_runq_wait_ns(int pid)
 {
-    char path[64], file[sizeof path + sizeof ((struct dirent *)0)->d_name + sizeof "/schedstat"];
+    char path[64], file[sizeof path + sizeof((struct dirent *)0)->d_name + sizeof "/schedstat"];
     snprintf(path, sizeof path, "/proc/%d/task", pid);
     DIR *d = opendir(path);
     if (!d) return 0;

@@ -329,14 +329,15 @@ void fake_render_whole(fbuf *b, const fake_ctx *c, const fake_whole *w)
     fbuf_puts(b, "}");
 }
 
-void fake_render_generate(fbuf *b, const fake_ctx *c, const fbuf *text, size_t from,
-                          long ids_from, long ids_to, const char *finish, long length_cap,
-                          const fake_usage *u, double latency_s)
+void fake_render_generate(fbuf *b, const fake_ctx *c, const fbuf *text, size_t from, long ids_from,
+                          long ids_to, const char *finish, long length_cap, const fake_usage *u,
+                          double latency_s)
 {
     fbuf_puts(b, "{\"text\":");
     put_str(b, text->p ? text->p + from : "", text->len - from);
     fbuf_puts(b, ",\"output_ids\":[");
-    for (long i = ids_from; i < ids_to; i++) fbuf_printf(b, i > ids_from ? ",%ld" : "%ld", 1000 + i);
+    for (long i = ids_from; i < ids_to; i++)
+        fbuf_printf(b, i > ids_from ? ",%ld" : "%ld", 1000 + i);
     fbuf_puts(b, "],\"meta_info\":{\"id\":");
     put_cstr(b, c->id);
     fbuf_puts(b, ",\"finish_reason\":");

@@ -23,8 +23,13 @@ typedef enum {
     FAKE_D_INLINE,
 } fake_dialect;
 
-typedef enum { FAKE_EP_CHAT, FAKE_EP_COMPLETION, FAKE_EP_GENERATE, FAKE_EP_MESSAGES,
-               FAKE_EP_RESPONSES } fake_endpoint;
+typedef enum {
+    FAKE_EP_CHAT,
+    FAKE_EP_COMPLETION,
+    FAKE_EP_GENERATE,
+    FAKE_EP_MESSAGES,
+    FAKE_EP_RESPONSES
+} fake_endpoint;
 
 /* Parses a dialect name; returns -1 when unknown. */
 int fake_dialect_parse(const char *name);
@@ -95,8 +100,8 @@ void fake_render_whole(fbuf *b, const fake_ctx *c, const fake_whole *w);
 /* One /generate event (or the whole body): text[from..] (the text so far, or the new text
  * of an incremental stream), output_ids for tokens [ids_from, ids_to) (the fake's token id
  * of token i is 1000 + i), finish NULL until the end. */
-void fake_render_generate(fbuf *b, const fake_ctx *c, const fbuf *text, size_t from,
-                          long ids_from, long ids_to, const char *finish, long length_cap,
-                          const fake_usage *u, double latency_s);
+void fake_render_generate(fbuf *b, const fake_ctx *c, const fbuf *text, size_t from, long ids_from,
+                          long ids_to, const char *finish, long length_cap, const fake_usage *u,
+                          double latency_s);
 
 #endif

@@ -39,7 +39,6 @@ void gen_end(server *s, conn *c, const char *ended, bool client_gone)
     c->g = NULL;
 }
 
-
 /* ---- generation ---- */
 
 /* Writes v as JSON text into buf, or dflt when v is NULL. */
@@ -103,8 +102,7 @@ gen *gen_new(server *s, conn *c, const cJSON *body, fake_endpoint ep, int ri)
     if (ep == FAKE_EP_RESPONSES) /* rendered as resp_<hex> */
         snprintf(g->id, sizeof g->id, "%s", hex);
     else if (ep == FAKE_EP_MESSAGES) /* sglang: msg_<uuid hex>; vllm: the chat chunk's id */
-        snprintf(g->id, sizeof g->id, "%s%s", fake_dialect_is_vllm(d) ? "chatcmpl-" : "msg_",
-                 hex);
+        snprintf(g->id, sizeof g->id, "%s%s", fake_dialect_is_vllm(d) ? "chatcmpl-" : "msg_", hex);
     else if (fake_dialect_is_sglang(d) || ep == FAKE_EP_GENERATE)
         snprintf(g->id, sizeof g->id, "%s", g->rid ? g->rid : hex);
     else
@@ -304,8 +302,8 @@ static bool emit_token(server *s, conn *c)
         if (merged) /* vLLM's merge_boundary: both tokens, each in its block */
             fake_msg_token(&c->out, &g->ev, &g->msg, FAKE_BLK_THINKING, t.p, t.n, NULL, NULL);
         if (merged) k = FAKE_BLK_TEXT, t = t2;
-        fake_msg_token(&c->out, &g->ev, &g->msg, k,
-                       t.ch == FAKE_CH_TOOL_HEAD ? NULL : t.p, t.ch == FAKE_CH_TOOL_HEAD ? 0 : t.n,
+        fake_msg_token(&c->out, &g->ev, &g->msg, k, t.ch == FAKE_CH_TOOL_HEAD ? NULL : t.p,
+                       t.ch == FAKE_CH_TOOL_HEAD ? 0 : t.n,
                        t.ch == FAKE_CH_TOOL_HEAD ? g->tool_ids[t.tool] : NULL,
                        t.ch == FAKE_CH_TOOL_HEAD ? t.p : NULL);
     } else {
@@ -370,10 +368,10 @@ static void whole_finish(conn *c)
     for (size_t i = 0; i < g->ntools; i++)
         names[i] = g->r->tools[i].name;
     fake_whole w = {
-        .reasoning = g->plan.reasoning_n &&
-                             (g->ctx.ep == FAKE_EP_CHAT || g->ctx.ep == FAKE_EP_MESSAGES)
-                         ? &g->reasoning
-                         : NULL,
+        .reasoning =
+            g->plan.reasoning_n && (g->ctx.ep == FAKE_EP_CHAT || g->ctx.ep == FAKE_EP_MESSAGES)
+                ? &g->reasoning
+                : NULL,
         .content = &g->content,
         .ntools = g->ntools,
         .ids = (const char *const *)g->tool_ids,
@@ -401,8 +399,8 @@ static void whole_finish(conn *c)
         for (size_t i = 0; i < g->ntools; i++) {
             fake_resp_token(&sink, &scratch, &g->resp, FAKE_ITEM_CALL, NULL, 0, g->tool_ids[i],
                             g->r->tools[i].name);
-            fake_resp_token(&sink, &scratch, &g->resp, FAKE_ITEM_CALL, g->args[i].p,
-                            g->args[i].len, NULL, NULL);
+            fake_resp_token(&sink, &scratch, &g->resp, FAKE_ITEM_CALL, g->args[i].p, g->args[i].len,
+                            NULL, NULL);
         }
         fbuf_free(&sink);
         fbuf_free(&scratch);

@@ -49,7 +49,6 @@
 #define NS_PER_MS       1000000ULL
 #define TOKENS_PER_PUMP 4096 /* whole responses: tokens per pump before yielding */
 
-
 /* ---- types ---- */
 
 typedef enum {
@@ -86,8 +85,8 @@ typedef struct gen {
     fbuf *args;              /* per tool call */
     char **tool_ids;
     size_t ntools;
-    fake_msg msg;   /* /v1/messages: the open block */
-    fake_rsp resp;  /* /v1/responses: sequence, open item, items done */
+    fake_msg msg;         /* /v1/messages: the open block */
+    fake_rsp resp;        /* /v1/responses: sequence, open item, items done */
     size_t gen_text_sent; /* /generate: text and tokens sent in earlier events */
     long gen_ids_sent;
 } gen;

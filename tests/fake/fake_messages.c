@@ -59,8 +59,8 @@ void fake_msg_token(fbuf *out, fbuf *b, fake_msg *m, fake_blk k, const char *tex
     if (m->open != k || new_tool) {
         close_block(out, b, m);
         fbuf_reset(b);
-        fbuf_printf(b, "{\"type\":\"content_block_start\",\"index\":%d,\"content_block\":",
-                    m->index);
+        fbuf_printf(b,
+                    "{\"type\":\"content_block_start\",\"index\":%d,\"content_block\":", m->index);
         if (k == FAKE_BLK_THINKING) {
             fbuf_puts(b, "{\"type\":\"thinking\",\"thinking\":\"\"}}");
         } else if (k == FAKE_BLK_TEXT) {
@@ -69,8 +69,7 @@ void fake_msg_token(fbuf *out, fbuf *b, fake_msg *m, fake_blk k, const char *tex
             fbuf_puts(b, "{\"type\":\"tool_use\",\"id\":");
             fbuf_json_str(b, tool_id ? tool_id : "", tool_id ? strlen(tool_id) : 0, false);
             fbuf_puts(b, ",\"name\":");
-            fbuf_json_str(b, tool_name ? tool_name : "", tool_name ? strlen(tool_name) : 0,
-                          false);
+            fbuf_json_str(b, tool_name ? tool_name : "", tool_name ? strlen(tool_name) : 0, false);
             fbuf_puts(b, ",\"input\":{}}}");
         }
         fake_msg_event(out, "content_block_start", b->p, b->len);
@@ -81,7 +80,8 @@ void fake_msg_token(fbuf *out, fbuf *b, fake_msg *m, fake_blk k, const char *tex
     static const char *const type[] = {"", "thinking_delta", "text_delta", "input_json_delta"};
     static const char *const key[] = {"", "thinking", "text", "partial_json"};
     fbuf_reset(b);
-    fbuf_printf(b, "{\"type\":\"content_block_delta\",\"index\":%d,\"delta\":{\"type\":\"%s\",\"%s\":",
+    fbuf_printf(b,
+                "{\"type\":\"content_block_delta\",\"index\":%d,\"delta\":{\"type\":\"%s\",\"%s\":",
                 m->index, type[k], key[k]);
     fbuf_json_str(b, text, n, false);
     fbuf_puts(b, "}}");

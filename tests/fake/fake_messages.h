@@ -33,11 +33,11 @@ void fake_msg_event(fbuf *out, const char *name, const char *json, size_t n);
 void fake_msg_start(fbuf *out, fbuf *scratch, const fake_ctx *c, long prompt_tokens);
 /* One token on block kind k (tool: a new tool_use block when tool_name is set, else an
  * input_json_delta). Opens/closes blocks as needed. */
-void fake_msg_token(fbuf *out, fbuf *scratch, fake_msg *m, fake_blk k, const char *text,
-                    size_t n, const char *tool_id, const char *tool_name);
+void fake_msg_token(fbuf *out, fbuf *scratch, fake_msg *m, fake_blk k, const char *text, size_t n,
+                    const char *tool_id, const char *tool_name);
 /* Closes the open block, then message_delta and message_stop. */
-void fake_msg_finish(fbuf *out, fbuf *scratch, fake_msg *m, const char *finish,
-                     long prompt_tokens, long completion_tokens);
+void fake_msg_finish(fbuf *out, fbuf *scratch, fake_msg *m, const char *finish, long prompt_tokens,
+                     long completion_tokens);
 /* The error event (fault error_event). */
 void fake_msg_error(fbuf *out, fbuf *scratch, const char *message);
 /* The whole (non-streaming) message. */

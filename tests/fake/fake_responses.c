@@ -74,10 +74,13 @@ static void item_json(fbuf *b, const fake_rsp *r)
 {
     const char *t = r->text.p ? r->text.p : "";
     if (r->open == FAKE_ITEM_REASONING) {
-        fbuf_printf(b, "{\"id\":\"%s\",\"summary\":[],\"type\":\"reasoning\",\"content\":[{\"text\":",
+        fbuf_printf(b,
+                    "{\"id\":\"%s\",\"summary\":[],\"type\":\"reasoning\",\"content\":[{\"text\":",
                     r->item_id);
         fbuf_json_str(b, t, r->text.len, false);
-        fbuf_puts(b, ",\"type\":\"reasoning_text\"}],\"encrypted_content\":null,\"status\":\"completed\"}");
+        fbuf_puts(
+            b,
+            ",\"type\":\"reasoning_text\"}],\"encrypted_content\":null,\"status\":\"completed\"}");
     } else if (r->open == FAKE_ITEM_MESSAGE) {
         fbuf_printf(b, "{\"id\":\"%s\",\"content\":[{\"annotations\":[],\"text\":", r->item_id);
         fbuf_json_str(b, t, r->text.len, false);
@@ -147,17 +150,21 @@ void fake_resp_token(fbuf *out, fbuf *b, fake_rsp *r, fake_item k, const char *t
         close_item(out, b, r);
         r->open = k;
         snprintf(r->item_id, sizeof r->item_id, "%s_%08x%024x",
-                 k == FAKE_ITEM_CALL ? "fc" : k == FAKE_ITEM_REASONING ? "rs" : "msg",
+                 k == FAKE_ITEM_CALL        ? "fc"
+                 : k == FAKE_ITEM_REASONING ? "rs"
+                                            : "msg",
                  ++r->serial, 0u);
         ev_begin(b, r, "response.output_item.added");
         fbuf_printf(b, ",\"output_index\":%d,\"item\":", r->index);
         if (k == FAKE_ITEM_REASONING) {
-            fbuf_printf(b, "{\"id\":\"%s\",\"summary\":[],\"type\":\"reasoning\",\"content\":null,"
-                           "\"encrypted_content\":null,\"status\":\"in_progress\"}",
+            fbuf_printf(b,
+                        "{\"id\":\"%s\",\"summary\":[],\"type\":\"reasoning\",\"content\":null,"
+                        "\"encrypted_content\":null,\"status\":\"in_progress\"}",
                         r->item_id);
         } else if (k == FAKE_ITEM_MESSAGE) {
-            fbuf_printf(b, "{\"id\":\"%s\",\"content\":[],\"role\":\"assistant\",\"status\":"
-                           "\"in_progress\",\"type\":\"message\"}",
+            fbuf_printf(b,
+                        "{\"id\":\"%s\",\"content\":[],\"role\":\"assistant\",\"status\":"
+                        "\"in_progress\",\"type\":\"message\"}",
                         r->item_id);
         } else {
             snprintf(r->call_id, sizeof r->call_id, "%s", call_id ? call_id : "call_0");
@@ -171,9 +178,11 @@ void fake_resp_token(fbuf *out, fbuf *b, fake_rsp *r, fake_item k, const char *t
         ev_send(out, b, "response.output_item.added");
         if (k != FAKE_ITEM_CALL) {
             bool reason = k == FAKE_ITEM_REASONING;
-            const char *type = reason ? "response.reasoning_part.added" : "response.content_part.added";
+            const char *type =
+                reason ? "response.reasoning_part.added" : "response.content_part.added";
             ev_begin(b, r, type);
-            fbuf_printf(b, ",\"item_id\":\"%s\",\"output_index\":%d,\"content_index\":0,\"part\":%s",
+            fbuf_printf(b,
+                        ",\"item_id\":\"%s\",\"output_index\":%d,\"content_index\":0,\"part\":%s",
                         r->item_id, r->index,
                         reason ? "{\"text\":\"\",\"type\":\"reasoning_text\"}"
                                : "{\"annotations\":[],\"text\":\"\",\"type\":\"output_text\","

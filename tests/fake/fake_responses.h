@@ -22,25 +22,25 @@
 typedef enum { FAKE_ITEM_NONE, FAKE_ITEM_REASONING, FAKE_ITEM_MESSAGE, FAKE_ITEM_CALL } fake_item;
 
 typedef struct fake_rsp {
-    long seq;        /* the next sequence_number */
-    int index;       /* the open item's output_index, or the next one's */
+    long seq;  /* the next sequence_number */
+    int index; /* the open item's output_index, or the next one's */
     fake_item open;
     char item_id[48];
     char call_id[48];
-    char *name;  /* the open function call's name (owned) */
-    fbuf text;   /* the open item's text so far */
-    fbuf items;  /* the output items done so far, comma-separated JSON */
+    char *name;      /* the open function call's name (owned) */
+    fbuf text;       /* the open item's text so far */
+    fbuf items;      /* the output items done so far, comma-separated JSON */
     unsigned serial; /* item ids */
 } fake_rsp;
 
 /* response.created and response.in_progress. */
 void fake_resp_start(fbuf *out, fbuf *scratch, fake_rsp *r, const fake_ctx *c, long max_tokens);
 /* One token on item kind k (a call: a new item when name is set, else an arguments delta). */
-void fake_resp_token(fbuf *out, fbuf *scratch, fake_rsp *r, fake_item k, const char *text,
-                     size_t n, const char *call_id, const char *name);
+void fake_resp_token(fbuf *out, fbuf *scratch, fake_rsp *r, fake_item k, const char *text, size_t n,
+                     const char *call_id, const char *name);
 /* Closes the open item; response.completed (or .incomplete for "length"). */
-void fake_resp_finish(fbuf *out, fbuf *scratch, fake_rsp *r, const fake_ctx *c,
-                      const char *finish, long prompt, long completion, long reasoning);
+void fake_resp_finish(fbuf *out, fbuf *scratch, fake_rsp *r, const fake_ctx *c, const char *finish,
+                      long prompt, long completion, long reasoning);
 /* The whole response object (every item, status completed/incomplete). The caller renders
  * the items with fake_resp_token into a scratch stream first; out gets the object. */
 void fake_resp_object(fbuf *b, fake_rsp *r, const fake_ctx *c, const char *status,

@@ -40,8 +40,6 @@ void rand_hex(server *s, char *out, int n)
     out[n] = '\0';
 }
 
-
-
 /* ---- timer heap: connections ordered by wake time ---- */
 
 static void heap_swap(server *s, long i, long j)
@@ -204,7 +202,6 @@ void record_generation(server *s, const gen *g, const char *ended, bool client_g
     fake_records_commit(&s->rec, b);
 }
 
-
 static void reset_request(conn *c)
 {
     free(c->headbuf);
@@ -298,7 +295,6 @@ bool conn_flush(server *s, conn *c)
     return true;
 }
 
-
 /* ---- endpoints ---- */
 
 static bool kind_has(const server *s, const char *path)
@@ -312,7 +308,8 @@ static bool kind_has(const server *s, const char *path)
         {"/generate", 1},        {"/health", 3},
         {"/metrics", 3},         {"/version", 2},
         {"/v1/models", 7},       {"/v1/chat/completions", 7},
-        {"/v1/completions", 7},  {"/v1/messages", 3}, {"/v1/responses", 3},
+        {"/v1/completions", 7},  {"/v1/messages", 3},
+        {"/v1/responses", 3},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (!strcmp(path, table[i].path)) return table[i].kinds & (1u << s->cfg.kind);
@@ -575,7 +572,6 @@ static void dispatch(server *s, conn *c)
     cJSON_Delete(hj);
     if (c->state != C_GEN) conn_flush(s, c);
 }
-
 
 static void process_input(server *s, conn *c)
 {

@@ -71,10 +71,18 @@ static void check_path(const char *target)
 
 static void check_forwarding(const hh_field *f, size_t n)
 {
-    static const char *const framing[] = {"content-length", "transfer-encoding", "te",
-                                          "connection", "host", "upgrade", "keep-alive",
-                                          "trailer", "expect", "x-forwarded-for",
-                                          "proxy-connection", "proxy-authorization",
+    static const char *const framing[] = {"content-length",
+                                          "transfer-encoding",
+                                          "te",
+                                          "connection",
+                                          "host",
+                                          "upgrade",
+                                          "keep-alive",
+                                          "trailer",
+                                          "expect",
+                                          "x-forwarded-for",
+                                          "proxy-connection",
+                                          "proxy-authorization",
                                           "proxy-authenticate"};
     char *connection = NULL;
     for (size_t i = 0; i < n; i++)
@@ -134,8 +142,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
         const char *colon = memchr(p, ':', (size_t)(lend - p));
         if (colon) {
             const char *v = colon + 1, *ve = lend;
-            while (v < ve && (*v == ' ' || *v == '\t')) v++;
-            while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t')) ve--;
+            while (v < ve && (*v == ' ' || *v == '\t'))
+                v++;
+            while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
+                ve--;
             f[n++] = (hh_field){p, (size_t)(colon - p), v, (size_t)(ve - v)};
         }
         p = e ? e + 1 : end;

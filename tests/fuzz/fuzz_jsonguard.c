@@ -44,7 +44,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(s, n, &end, false);
     if (!j) abort();
-    while (end < s + n && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+    while (end < s + n && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
+        end++;
     if (end != s + n) abort();
     if (walk(j, 1, lim.max_depth) > lim.max_nodes) abort();
     cJSON_Delete(j);

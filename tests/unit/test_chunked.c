@@ -64,8 +64,7 @@ static const struct {
 };
 
 /* Decodes `wire` in pieces of `step` bytes (0: in two pieces split at `split`). */
-static ssize_t decode_split(const good_case *c, size_t step, size_t split, sink *s,
-                            body_decoder *d)
+static ssize_t decode_split(const good_case *c, size_t step, size_t split, sink *s, body_decoder *d)
 {
     size_t n = strlen(c->wire), off = 0;
     bool first = true;
@@ -92,12 +91,12 @@ static void good_bodies_decode_whatever_the_split(void **state)
             sink s = {.cap = sizeof s.body};
             body_decoder d;
             /* split == n + 1: one byte at a time */
-            ssize_t used = split <= n ? decode_split(c, 0, split, &s, &d)
-                                      : decode_split(c, 1, 0, &s, &d);
+            ssize_t used =
+                split <= n ? decode_split(c, 0, split, &s, &d) : decode_split(c, 1, 0, &s, &d);
             if (used != (ssize_t)(c->used ? c->used : n) || s.len != strlen(c->body) ||
                 memcmp(s.body, c->body, s.len) != 0 || body_done(&d) != c->done)
-                fail_msg("%s (split %zu): used %zd, body \"%.*s\", done %d", c->name, split,
-                         used, (int)s.len, s.body, body_done(&d));
+                fail_msg("%s (split %zu): used %zd, body \"%.*s\", done %d", c->name, split, used,
+                         (int)s.len, s.body, body_done(&d));
         }
     }
 }

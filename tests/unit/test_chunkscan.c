@@ -62,20 +62,24 @@ static void test_accepts_common_shapes(void **state)
 {
     (void)state;
     /* SGLang recent: first chunk, reasoning delta, content delta */
-    assert_true(agrees("{\"id\":\"ab\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
-                       "\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":null,\"role\":\"assistant\","
-                       "\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null,\"matched_stop\":null}]}"));
-    assert_true(agrees("{\"id\":\"ab\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
-                       "\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"lambda \"},"
-                       "\"logprobs\":null,\"finish_reason\":null,\"matched_stop\":null}]}"));
+    assert_true(agrees(
+        "{\"id\":\"ab\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+        "\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":null,\"role\":\"assistant\","
+        "\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null,\"matched_stop\":null}]}"));
+    assert_true(
+        agrees("{\"id\":\"ab\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+               "\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"lambda \"},"
+               "\"logprobs\":null,\"finish_reason\":null,\"matched_stop\":null}]}"));
     /* SGLang pydantic era: every key present */
-    assert_true(agrees("{\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
-                       "\"choices\":[{\"index\":0,\"delta\":{\"role\":null,\"content\":\"Hi \\\"there\\\"\\n\","
-                       "\"reasoning_content\":null,\"tool_calls\":null},\"logprobs\":null,"
-                       "\"finish_reason\":null,\"matched_stop\":null}],\"usage\":null}"));
+    assert_true(agrees(
+        "{\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+        "\"choices\":[{\"index\":0,\"delta\":{\"role\":null,\"content\":\"Hi \\\"there\\\"\\n\","
+        "\"reasoning_content\":null,\"tool_calls\":null},\"logprobs\":null,"
+        "\"finish_reason\":null,\"matched_stop\":null}],\"usage\":null}"));
     /* vLLM >= 0.17 */
     assert_true(agrees("{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,"
-                       "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"reasoning\":\"\\u00e9\\ud83d\\ude00\"},"
+                       "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"reasoning\":"
+                       "\"\\u00e9\\ud83d\\ude00\"},"
                        "\"logprobs\":null,\"finish_reason\":null}]}"));
 }
 
@@ -113,7 +117,8 @@ static void test_refuses_what_needs_the_full_parser(void **state)
         "[DONE]",
         "",
     };
-    for (size_t i = 0; i < sizeof refuse / sizeof *refuse; i++) assert_false(agrees(refuse[i]));
+    for (size_t i = 0; i < sizeof refuse / sizeof *refuse; i++)
+        assert_false(agrees(refuse[i]));
 }
 
 /* The word-at-a-time string scan: a control byte, an escape or a byte next to one of its
@@ -125,9 +130,9 @@ static void test_every_position_in_a_text(void **state)
         const char *put;
         bool accepted;
     } cases[] = {
-        {"\x01", false}, {"\x1f", false}, {"\t", false}, {" ", true},   {"!", true},
-        {"\x7f", true},  {"\xc3\xa9", true}, {"\\n", true}, {"\\\"", true}, {"\\u00e9", true},
-        {"[", true},     {"\\\\", true},
+        {"\x01", false}, {"\x1f", false},   {"\t", false},      {" ", true},
+        {"!", true},     {"\x7f", true},    {"\xc3\xa9", true}, {"\\n", true},
+        {"\\\"", true},  {"\\u00e9", true}, {"[", true},        {"\\\\", true},
     };
     char json[256];
     char text[64];
@@ -153,9 +158,22 @@ static void test_framed_chunks(void **state)
 {
     (void)state;
     static const char *const middles[] = {
-        "\"there\"", "\"\"", "\"a\\\"b\"", "\"\\u00e9\\n\"", "\"a\\\"", "\"a\",\"role\":\"x\"",
-        "\"a\",\"content\":\"b\"", "\"a\",\"reasoning\":\"b\"", "null", "\"\\u0000\"", "\"a\x01\"",
-        "\"a\"  ", " \"a\"", "\"", "\"a", "7",
+        "\"there\"",
+        "\"\"",
+        "\"a\\\"b\"",
+        "\"\\u00e9\\n\"",
+        "\"a\\\"",
+        "\"a\",\"role\":\"x\"",
+        "\"a\",\"content\":\"b\"",
+        "\"a\",\"reasoning\":\"b\"",
+        "null",
+        "\"\\u0000\"",
+        "\"a\x01\"",
+        "\"a\"  ",
+        " \"a\"",
+        "\"",
+        "\"a",
+        "7",
     };
     const char *at = strstr(primer, "\"Hi\"");
     size_t head = (size_t)(at - primer), tail = strlen(at + 4);

@@ -292,7 +292,7 @@ static void test_precedence_env_and_flags(void **state)
         "LOOPGUARD_ADMIN__TOKEN=12345", /* a string key keeps digits as text */
         "LOOPGUARD_GUARD__ENABLED=false",
         "LOOPGUARD_API_KEYS=a,b,c",
-        "LOOPGUARD_REASONING__OUTPUT=hide",   /* not JSON: taken as a string */
+        "LOOPGUARD_REASONING__OUTPUT=hide", /* not JSON: taken as a string */
         NULL,
     };
     if (config_apply_env(c, env, err, sizeof err)) fail_msg("%s", err);
@@ -461,12 +461,13 @@ static void test_every_error_at_once(void **state)
     (void)state;
     char err[1024] = "";
     lg_config *c = config_new_defaults();
-    assert_int_equal(config_load_string(c,
-                                        "{\"upstrem\": \"http://x:1\", \"retry\": {\"max_atempts\": 3, "
-                                        "\"mode\": \"sideways\"}, \"timeouts\": {\"idle_ms\": \"soon\"}, "
-                                        "\"bogus\": 1, \"workers\": 2}",
-                                        err, sizeof err),
-                     -1);
+    assert_int_equal(
+        config_load_string(c,
+                           "{\"upstrem\": \"http://x:1\", \"retry\": {\"max_atempts\": 3, "
+                           "\"mode\": \"sideways\"}, \"timeouts\": {\"idle_ms\": \"soon\"}, "
+                           "\"bogus\": 1, \"workers\": 2}",
+                           err, sizeof err),
+        -1);
     assert_string_equal(err, "upstrem: unknown key (did you mean upstream?)\n"
                              "bogus: unknown key\n"
                              "timeouts.idle_ms: expected a non-negative integer\n"

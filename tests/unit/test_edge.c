@@ -29,15 +29,16 @@ static int judge(const char *version, const char *const *lines, size_t n, hh_ver
         const char *c = strchr(lines[i], ':');
         assert_non_null(c);
         const char *val = c + 1;
-        while (*val == ' ') val++;
+        while (*val == ' ')
+            val++;
         f[i] = (hh_field){lines[i], (size_t)(c - lines[i]), val, strlen(val)};
     }
     hh_request req = {"POST", "/v1/x", version, f, n};
     return hh_check(&req, v);
 }
 
-#define JUDGE(ver, v, ...)                                                                  \
-    judge(ver, (const char *const[]){__VA_ARGS__},                                          \
+#define JUDGE(ver, v, ...)                                                                         \
+    judge(ver, (const char *const[]){__VA_ARGS__},                                                 \
           sizeof((const char *const[]){__VA_ARGS__}) / sizeof(const char *), v)
 
 static void test_head_accepts_plain_requests(void **state)
@@ -64,22 +65,26 @@ static void test_head_rejects_ambiguity(void **state)
     /* whitespace before the colon, a control byte or a folded line left in the name */
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "Transfer-Encoding : chunked"), 400);
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", " X-A: a"), 400);
-    assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "X\x01" "A: a"), 400);
+    assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x",
+                           "X\x01"
+                           "A: a"),
+                     400);
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", ": a"), 400);
     /* finding 2 and the framing rules of RFC 9112 §6 */
-    assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "Content-Length: 5",
-                           "Transfer-Encoding: chunked"), 400);
+    assert_int_equal(
+        JUDGE("HTTP/1.1", &v, "Host: x", "Content-Length: 5", "Transfer-Encoding: chunked"), 400);
     assert_string_equal(v.code, "bad_framing");
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "Transfer-Encoding: xchunked"), 501);
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "Transfer-Encoding: gzip, chunked"), 501);
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "Transfer-Encoding: chunked",
-                           "Transfer-Encoding: chunked"), 400);
+                           "Transfer-Encoding: chunked"),
+                     400);
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "Transfer-Encoding: chunked, chunked"), 400);
     assert_int_equal(JUDGE("HTTP/1.0", &v, "Transfer-Encoding: chunked"), 400);
-    assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "Content-Length: 3",
-                           "Content-Length: 5"), 400);
-    assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "Content-Length: 3",
-                           "Content-Length: 3"), 400);
+    assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "Content-Length: 3", "Content-Length: 5"),
+                     400);
+    assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "Content-Length: 3", "Content-Length: 3"),
+                     400);
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "Content-Length: 1e3"), 400);
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "Content-Length: 9999999999999999999"), 400);
     /* Host */
@@ -165,9 +170,16 @@ static void test_jsonguard_accepts_json(void **state)
     (void)state;
     char err[200];
     const char *ok[] = {
-        "{}", " [] ", "0", "-0.5e+3", "\"x\"", "true", "null",
-        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi \\u00e9 \\ud83d\\ude00\"}],\"stream\":true}",
-        "{\"a\":{\"a\":1},\"b\":{\"a\":2}}",   /* the same key in different objects */
+        "{}",
+        " [] ",
+        "0",
+        "-0.5e+3",
+        "\"x\"",
+        "true",
+        "null",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi \\u00e9 "
+        "\\ud83d\\ude00\"}],\"stream\":true}",
+        "{\"a\":{\"a\":1},\"b\":{\"a\":2}}", /* the same key in different objects */
         "[{\"a\":1},{\"a\":1}]",
         "{\"a\":1,\"A\":2}",
         "{\"\\u00e9\":1,\"\\u00c9\":2}",
@@ -187,9 +199,10 @@ static void test_jsonguard_rejects(void **state)
     assert_int_equal(guard_json("{\"a\":{\"b\":1,\"b\":2}}", 1000, 64, err), -1);
     /* trailing garbage, strict grammar */
     const char *bad[] = {
-        "{} x", "{}{}", "[1,]", "{\"a\":1,}", "{'a':1}", "01", "1.", ".5", "+1", "tru",
-        "\"a\x01\"", "\"\\x\"", "\"\\ud800\"", "\"\\udc00x\"", "\"\\u0000\"", "{\"a\" 1}",
-        "", "   ", "[", "{\"a\":", "\"abc", "nul", "[1 2]", "{1:2}",
+        "{} x",        "{}{}",         "[1,]",        "{\"a\":1,}", "{'a':1}",   "01",
+        "1.",          ".5",           "+1",          "tru",        "\"a\x01\"", "\"\\x\"",
+        "\"\\ud800\"", "\"\\udc00x\"", "\"\\u0000\"", "{\"a\" 1}",  "",          "   ",
+        "[",           "{\"a\":",      "\"abc",       "nul",        "[1 2]",     "{1:2}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         if (guard_json(bad[i], 1000, 64, err) == 0) fail_msg("accepted: %s", bad[i]);
@@ -211,7 +224,8 @@ static void test_jsonguard_linear(void **state)
     size_t n = 200000;
     char *s = malloc(n * 16 + 64), *p = s;
     p += sprintf(p, "{");
-    for (size_t i = 0; i < n; i++) p += sprintf(p, "\"k%zu\":0,", i);
+    for (size_t i = 0; i < n; i++)
+        p += sprintf(p, "\"k%zu\":0,", i);
     p += sprintf(p, "\"k7\":1}");
     char err[200];
     jg_limits lim = {n + 10, 8};
@@ -228,9 +242,10 @@ static void test_jsonguard_linear(void **state)
 static void test_forward_headers(void **state)
 {
     (void)state;
-    const char *never[] = {"Content-Length", "transfer-encoding", "TE", "Connection",
-                           "Keep-Alive", "Upgrade", "Trailer", "Proxy-Connection", "Host",
-                           "Expect", "X-Forwarded-For", "Proxy-Authorization"};
+    const char *never[] = {"Content-Length", "transfer-encoding", "TE",
+                           "Connection",     "Keep-Alive",        "Upgrade",
+                           "Trailer",        "Proxy-Connection",  "Host",
+                           "Expect",         "X-Forwarded-For",   "Proxy-Authorization"};
     for (size_t i = 0; i < sizeof never / sizeof *never; i++) {
         assert_false(http_forward_header(never[i], NULL, false));
         assert_false(http_forward_header(never[i], NULL, true));
@@ -277,29 +292,43 @@ static void test_passthrough_allow_list(void **state)
     assert_false(edge_passthrough_allowed(cfg, "POST", "/v1/models"));
     assert_false(edge_passthrough_allowed(cfg, "GET", "/v1/embeddings"));
     /* finding 9: control routes stay closed */
-    const char *closed[] = {"/abort_request", "/flush_cache", "/update_weights_from_disk",
-                            "/start_profile", "/stop_profile", "/v1/load_lora_adapter",
-                            "/v1/unload_lora_adapter", "/reset_prefix_cache", "/sleep",
-                            "/wake_up", "/generate", "/_fake/echo"};
+    const char *closed[] = {"/abort_request",
+                            "/flush_cache",
+                            "/update_weights_from_disk",
+                            "/start_profile",
+                            "/stop_profile",
+                            "/v1/load_lora_adapter",
+                            "/v1/unload_lora_adapter",
+                            "/reset_prefix_cache",
+                            "/sleep",
+                            "/wake_up",
+                            "/generate",
+                            "/_fake/echo"};
     for (size_t i = 0; i < sizeof closed / sizeof *closed; i++) {
         assert_false(edge_passthrough_allowed(cfg, "POST", closed[i]));
         assert_false(edge_passthrough_allowed(cfg, "GET", closed[i]));
     }
     char err[256];
-    assert_int_equal(config_load_string(cfg, "{\"passthrough\":{\"allow\":[\"/generate\",\"/_fake/*\"]}}",
-                                        err, sizeof err), 0);
+    assert_int_equal(
+        config_load_string(cfg, "{\"passthrough\":{\"allow\":[\"/generate\",\"/_fake/*\"]}}", err,
+                           sizeof err),
+        0);
     assert_true(edge_passthrough_allowed(cfg, "POST", "/generate"));
     assert_true(edge_passthrough_allowed(cfg, "PUT", "/_fake/echo"));
     assert_false(edge_passthrough_allowed(cfg, "POST", "/generatex"));
-    assert_int_equal(config_load_string(cfg, "{\"passthrough\":{\"allow\":[\"generate\"]}}",
-                                        err, sizeof err), -1);
+    assert_int_equal(
+        config_load_string(cfg, "{\"passthrough\":{\"allow\":[\"generate\"]}}", err, sizeof err),
+        -1);
     assert_non_null(strstr(err, "passthrough.allow[0]"));
-    assert_int_equal(config_load_string(cfg, "{\"limits\":{\"max_conns_per_ip\":4,"
-                                             "\"header_timeout_ms\":500}}", err, sizeof err), 0);
+    assert_int_equal(config_load_string(cfg,
+                                        "{\"limits\":{\"max_conns_per_ip\":4,"
+                                        "\"header_timeout_ms\":500}}",
+                                        err, sizeof err),
+                     0);
     assert_int_equal(cfg->limits.max_conns_per_ip, 4);
     assert_int_equal(cfg->limits.header_timeout_ms, 500);
-    assert_int_equal(config_load_string(cfg, "{\"limits\":{\"max_json_depth\":1}}", err,
-                                        sizeof err), -1);
+    assert_int_equal(
+        config_load_string(cfg, "{\"limits\":{\"max_json_depth\":1}}", err, sizeof err), -1);
     assert_true(edge_route_match("*", "/anything"));
     config_free(cfg);
 }

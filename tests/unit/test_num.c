@@ -36,8 +36,20 @@ static void rejected_and_left_alone(void **state)
 {
     (void)state;
     static const char *const bad[] = {
-        "", "-", "+5", " 5", "5 ", "12abc", "0x10", "1e3", "1.0", "11", "-1",
-        "9223372036854775808", "99999999999999999999", "--1",
+        "",
+        "-",
+        "+5",
+        " 5",
+        "5 ",
+        "12abc",
+        "0x10",
+        "1e3",
+        "1.0",
+        "11",
+        "-1",
+        "9223372036854775808",
+        "99999999999999999999",
+        "--1",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         long long v = 42;

@@ -83,7 +83,8 @@ static void least_outstanding_first(void **state)
     (void)state;
     fixture f = make_pool(3);
     int got[3] = {0};
-    for (int i = 0; i < 3; i++) got[pool_acquire(f.p, SIZE_MAX)]++;
+    for (int i = 0; i < 3; i++)
+        got[pool_acquire(f.p, SIZE_MAX)]++;
     /* Each pick goes to a replica with nothing outstanding: one each. */
     assert_int_equal(got[0], 1);
     assert_int_equal(got[1], 1);
@@ -100,7 +101,8 @@ static void ties_are_spread(void **state)
     fixture f = make_pool(3);
     int counts[3] = {0};
     pick_counts(f.p, SIZE_MAX, 300, counts);
-    for (int i = 0; i < 3; i++) assert_in_range(counts[i], 50, 150);
+    for (int i = 0; i < 3; i++)
+        assert_in_range(counts[i], 50, 150);
     free_pool(&f);
 }
 
@@ -170,8 +172,10 @@ static void outlier_is_ejected_and_hook_runs_unlocked(void **state)
     (void)state;
     fixture f = make_pool(2);
     unsigned min = f.cfg->eject.min_requests;
-    for (unsigned i = 0; i < min; i++) assert_false(pool_report_generation(f.p, 1, false));
-    for (unsigned i = 0; i + 1 < min; i++) assert_false(pool_report_generation(f.p, 0, true));
+    for (unsigned i = 0; i < min; i++)
+        assert_false(pool_report_generation(f.p, 1, false));
+    for (unsigned i = 0; i + 1 < min; i++)
+        assert_false(pool_report_generation(f.p, 0, true));
     assert_true(pool_report_generation(f.p, 0, true)); /* the min_requests-th sample */
     assert_int_equal(seen.n, 1);
     assert_string_equal(seen.event[0], "ejected");
