@@ -90,20 +90,21 @@ static uint64_t tokens_saved(const exchange *ex)
 
 void accesslog_exchange(const exchange *ex)
 {
-    lg_worker *w = ex->base.w;
+    const lg_req *base = &ex->base;
     int status = ex->cl.final_status ? ex->cl.final_status : ex->cl.queued ? 200 : 0;
-    series_add(w->srv->series,
+    series_add(req_series(base),
                &(series_point){ex->req.model, ex->api->route, status, ex->rec.trips,
                                ex->rec.trips ? ex->rec.outcome : NULL, tokens_saved(ex)},
                (uint64_t)time(NULL));
-    if (!w->srv->access) return;
+    incident_log *alog = req_access(base);
+    if (!alog) return;
     uint64_t start = ex->base.start_ns, now = lg_now_ns();
-    accesslog_write(w->srv->access,
+    accesslog_write(alog,
                     &(access_entry){
                         .route = ex->api->route,
                         .status = status,
                         .model = ex->req.model,
-                        .upstream = ex->attempt ? pool_base(w->srv->pool, ex->replica) : NULL,
+                        .upstream = ex->attempt ? pool_base(req_pool(base), ex->replica) : NULL,
                         .attempts = ex->attempt,
                         .trips = ex->rec.trips,
                         .tokens = ex->attempt ? (int64_t)ex->at.tokens : -1,

@@ -58,7 +58,7 @@ static void relay_stop_transfer(relay *r)
     worker_remove_xfer(r->base.w, r->easy);
     curl_easy_cleanup(r->easy);
     r->easy = NULL;
-    pool_release(r->base.w->srv->pool, r->replica);
+    pool_release(req_pool(&r->base), r->replica);
 }
 
 static size_t on_read(char *buf, size_t size, size_t n, void *ud)
@@ -79,7 +79,7 @@ static size_t on_read(char *buf, size_t size, size_t n, void *ud)
 static size_t on_header(char *line, size_t size, size_t n, void *ud)
 {
     relay *r = ud;
-    r->last_data_ns = r->base.w->now_ns;
+    r->last_data_ns = req_now(&r->base);
     http_head_line(&r->head, line, size * n);
     if (r->head.complete) worker_resume(&r->base); /* the access handler queues the response */
     return size * n;
@@ -94,7 +94,7 @@ static size_t on_write(char *data, size_t size, size_t n, void *ud)
         return CURL_WRITEFUNC_PAUSE;
     }
     lg_fifo_append(&r->down, data, size * n);
-    r->last_data_ns = r->base.w->now_ns;
+    r->last_data_ns = req_now(&r->base);
     worker_resume(&r->base);
     return size * n;
 }
@@ -125,7 +125,7 @@ static bool replica_fault(CURLcode rc)
 static void on_done(lg_xfer *x, CURLcode rc)
 {
     relay *r = x->owner;
-    lg_pool *pool = r->base.w->srv->pool;
+    lg_pool *pool = req_pool(&r->base);
     long status = 0;
     curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
     if (rc == CURLE_OK || replica_fault(rc))
@@ -138,7 +138,7 @@ static void on_done(lg_xfer *x, CURLcode rc)
         /* Nothing reached that replica: the same request goes to another one. */
         size_t dead = r->replica;
         r->connect_retries++;
-        metrics_upstream_error(r->base.w->metrics, dead, "connect");
+        metrics_upstream_error(req_metrics(&r->base), dead, "connect");
         relay_stop_transfer(r);
         if (relay_start(r, dead) == 0) return;
         worker_resume(&r->base);
@@ -147,7 +147,7 @@ static void on_done(lg_xfer *x, CURLcode rc)
     r->finished = true;
     r->result = rc;
     if (replica_fault(rc))
-        metrics_upstream_error(r->base.w->metrics, r->replica,
+        metrics_upstream_error(req_metrics(&r->base), r->replica,
                                rc == CURLE_OPERATION_TIMEDOUT ? "timeout" : "connect");
     relay_stop_transfer(r);
     worker_resume(&r->base);
@@ -180,7 +180,7 @@ static enum MHD_Result queue_response(relay *r)
     if (!r->head.complete && r->result == CURLE_URL_MALFORMAT) {
         /* The edge admits only targets libcurl takes; should one slip through, it is the
          * client's error and never the replica's. */
-        metrics_request(r->base.w->metrics, LG_EP_PASSTHROUGH, 400);
+        metrics_request(req_metrics(&r->base), LG_EP_PASSTHROUGH, 400);
         return http_respond_error(c, 400, "request target the upstream cannot be sent",
                                   "invalid_request_error", "bad_target");
     }
@@ -188,7 +188,7 @@ static enum MHD_Result queue_response(relay *r)
         /* The upstream never answered: map the transport error. */
         bool timeout = r->result == CURLE_OPERATION_TIMEDOUT;
         r->status_for_metrics = timeout ? 504 : 502;
-        metrics_request(r->base.w->metrics, LG_EP_PASSTHROUGH, r->status_for_metrics);
+        metrics_request(req_metrics(&r->base), LG_EP_PASSTHROUGH, r->status_for_metrics);
         return http_respond_error(c, r->status_for_metrics, r->why, "upstream_error",
                                   timeout ? "upstream_timeout" : "upstream_unreachable");
     }
@@ -200,7 +200,7 @@ static enum MHD_Result queue_response(relay *r)
     if (!resp) return MHD_NO;
     http_head_apply(&r->head, resp, false);
     r->status_for_metrics = r->head.status;
-    metrics_request(r->base.w->metrics, LG_EP_PASSTHROUGH, r->head.status);
+    metrics_request(req_metrics(&r->base), LG_EP_PASSTHROUGH, r->head.status);
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)r->head.status, resp);
     MHD_destroy_response(resp);
     return rc;
@@ -211,7 +211,7 @@ static enum MHD_Result relay_access(lg_req *base, const char *upload, size_t *up
     relay *r = (relay *)base;
     if (*upload_size) {
         r->up_total += *upload_size;
-        if (r->up_total > r->base.w->srv->cfg->max_body_bytes) {
+        if (r->up_total > req_config(&r->base)->max_body_bytes) {
             /* Part may be upstream already: stop it, read the rest into nothing, and
              * answer 413 when the body is complete (libmicrohttpd queues no response
              * in the middle of an upload). */
@@ -240,7 +240,7 @@ static enum MHD_Result relay_access(lg_req *base, const char *upload, size_t *up
     if (r->queued) return MHD_YES;
     if (r->too_big) {
         r->queued = true;
-        metrics_request(r->base.w->metrics, LG_EP_PASSTHROUGH, 413);
+        metrics_request(req_metrics(&r->base), LG_EP_PASSTHROUGH, 413);
         return http_respond_error(r->base.conn, 413, "request body too large",
                                   "invalid_request_error", "body_too_large");
     }
@@ -254,17 +254,17 @@ static enum MHD_Result relay_access(lg_req *base, const char *upload, size_t *up
 static void relay_tick(lg_req *base, uint64_t now)
 {
     relay *r = (relay *)base;
-    const lg_config *cfg = base->w->srv->cfg;
+    const lg_config *cfg = req_config(base);
     if (!r->easy) return;
     uint64_t fb = (uint64_t)cfg->timeouts.first_byte_ms * 1000000ull;
     uint64_t idle = (uint64_t)cfg->timeouts.idle_ms * 1000000ull;
     uint64_t since = r->head.complete ? r->last_data_ns : base->start_ns;
     uint64_t limit = r->head.complete ? idle : fb;
     if (r->down_paused || !limit || now <= since || now - since <= limit) return;
-    upf_report(r->why, sizeof r->why, pool_base(base->w->srv->pool, r->replica),
+    upf_report(r->why, sizeof r->why, pool_base(req_pool(base), r->replica),
                &(upf_state){CURLE_OPERATION_TIMEDOUT, 0, true, true, r->head.complete, false});
     relay_stop_transfer(r);
-    metrics_upstream_error(base->w->metrics, r->replica, "timeout");
+    metrics_upstream_error(req_metrics(base), r->replica, "timeout");
     r->finished = true;
     r->result = CURLE_OPERATION_TIMEDOUT;
     worker_resume(base);
@@ -279,11 +279,11 @@ static void relay_destroy(lg_req *base)
 {
     relay *r = (relay *)base;
     uint64_t now = lg_now_ns();
-    accesslog_write(base->w->srv->access,
+    accesslog_write(req_access(base),
                     &(access_entry){
                         .route = r->target,
                         .status = r->queued ? r->status_for_metrics : 0,
-                        .upstream = pool_base(base->w->srv->pool, r->replica),
+                        .upstream = pool_base(req_pool(base), r->replica),
                         .attempts = 1 + r->connect_retries,
                         .tokens = -1,
                         .ttft_us = -1,
@@ -322,13 +322,13 @@ static const lg_req_ops relay_ops = {
  * Returns 0, or -1 when libcurl refused the handle (the relay is then finished). */
 static int relay_start(relay *r, size_t avoid)
 {
-    lg_worker *w = r->base.w;
-    const lg_config *cfg = w->srv->cfg;
-    r->replica = pool_acquire(w->srv->pool, avoid);
-    metrics_upstream_request(w->metrics, r->replica);
+    const lg_config *cfg = req_config(&r->base);
+    lg_pool *pool = req_pool(&r->base);
+    r->replica = pool_acquire(pool, avoid);
+    metrics_upstream_request(req_metrics(&r->base), r->replica);
 
     lg_buf url = LG_BUF_INIT;
-    lg_buf_append_str(&url, pool_base(w->srv->pool, r->replica));
+    lg_buf_append_str(&url, pool_base(pool, r->replica));
     lg_buf_append_str(&url, r->target);
     CURL *e = r->easy = curl_easy_init();
     if (!e) lg_oom(0);
@@ -357,7 +357,7 @@ static int relay_start(relay *r, size_t avoid)
     } else if (strcmp(r->method, "GET") != 0) {
         curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, r->method);
     }
-    if (worker_add_xfer(w, e) == 0) return 0;
+    if (worker_add_xfer(r->base.w, e) == 0) return 0;
     relay_stop_transfer(r);
     r->finished = true;
     r->result = CURLE_FAILED_INIT;

@@ -179,6 +179,16 @@ static inline incident_log *req_incidents(const lg_req *r)
 {
     return r->w->srv->incidents;
 }
+/* The access log (accesslog.h), or NULL when log.access is off. */
+static inline incident_log *req_access(const lg_req *r)
+{
+    return r->w->srv->access;
+}
+/* The status page's per-minute counts (series.h). */
+static inline struct series *req_series(const lg_req *r)
+{
+    return r->w->srv->series;
+}
 /* The worker loop's time (monotonic ns), taken once per loop iteration. */
 static inline uint64_t req_now(const lg_req *r)
 {
