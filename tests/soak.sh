@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# soak.sh — `make soak` (issue 7, point 4; not in CI): loopguard under a long, hostile load.
+# soak.sh — `make soak` (not in CI): loopguard under a long, hostile load.
 #
 # Starts SOAK_UPSTREAMS fake upstreams (kind sglang, scenario tests/soak/soak.json: clean
 # generations, loops, and upstream faults chosen by the prompt) and one loopguard in front of

@@ -1,4 +1,4 @@
-// End-to-end tests of the proxy core (issue 2) through the real loopguard binary and the
+// End-to-end tests of the proxy core through the real loopguard binary and the
 // fake upstream: a clean stream passes event-for-event and byte-for-byte in every dialect,
 // a whole request comes back equal in meaning to the upstream's own answer, pass-through
 // paths are transparent, the upstream kind is probed, a client that hangs up stops the

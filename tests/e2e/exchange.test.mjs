@@ -1,4 +1,4 @@
-// End-to-end tests of the guarded exchange (issue 4), through the real loopguard binary and
+// End-to-end tests of the guarded exchange, through the real loopguard binary and
 // the real fake upstream. Each scenario is run streaming and whole, and every case checks
 // three witnesses: what the client received, what reached the "GPU" (the fake's records:
 // requests with their rid and sampling, generations with tokens_sent, abort calls) and what
@@ -83,8 +83,8 @@ function tokensBeforeLoop(resp) {
 // The text a clean scenario response produces on a channel.
 const planText = (segs) => [].concat(segs || []).map((s) => (typeof s === 'string' ? s : '')).join('');
 
-// How many back-to-back copies of the loop's unit the client may see: issue 4 says "at most
-// the first copy of the repeating unit"; the Done-when (and the guard's holdback, which
+// How many back-to-back copies of the loop's unit the client may see: the aim is "at most
+// the first copy of the repeating unit"; the acceptance bound (and the guard's holdback, which
 // releases a unit until a second copy makes the tail periodic) allows "never more than two
 // consecutive 'lambda'". The tests hold every scenario to that bound.
 const MAX_COPIES = 2;

@@ -1,4 +1,4 @@
-// End-to-end fault tests (issue 7, points 1 and 2) through the real loopguard binary and the
+// End-to-end fault tests through the real loopguard binary and the
 // real fake upstream, on the guarded exchange (chat completions).
 //
 // Upstream faults, each streaming and whole, in the first attempt and in a retry (the first

@@ -1,4 +1,4 @@
-// End-to-end tests of reasoning normalisation (issue 5) through the real loopguard binary
+// End-to-end tests of reasoning normalisation through the real loopguard binary
 // and the fake upstream: every upstream dialect in (reasoning_content, reasoning, both,
 // merged deltas, <think> inline in content) × every output mode out (reasoning_content,
 // reasoning, inline, hide), streaming and whole; <think> tags split at every byte; the
@@ -272,7 +272,8 @@ describe('<think> tags in content', () => {
         }
     });
 
-    // Issue 5: the template-opened case is "decidable in hindsight for whole responses".
+    // A template-opened reasoning block (no <think> in the output) cannot be told apart while
+    // streaming, but a whole response can be split in hindsight at its </think>.
     it('missing open tag without a rule: a whole response is split in hindsight (guard off)', T, async () => {
         await fake.setScenario({ dialect: 'inline', responses: [{ reasoning: REASONING, content: CONTENT, open_tag: false }] });
         const { view } = checkWhole(await chat(lgOff.url + '/v1/chat/completions', { model: 'other-model', messages: MSG }), 'reasoning_content');

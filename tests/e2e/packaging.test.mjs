@@ -1,4 +1,4 @@
-// Packaging and the first five minutes (issue 8): `make install` with DESTDIR and PREFIX,
+// Packaging and the first five minutes: `make install` with DESTDIR and PREFIX,
 // the man page, the systemd unit, docker/build.sh run on the bare machine (there is no
 // Docker engine here) on exactly the files the Dockerfile copies, the container entry
 // point, the compose file and the Kubernetes manifest read structurally, and configuration

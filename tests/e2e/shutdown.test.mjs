@@ -1,4 +1,4 @@
-// End-to-end tests of shutdown and log handling (issue 7, point 6), through the real
+// End-to-end tests of shutdown and log handling, through the real
 // loopguard binary and the real fake upstream.
 //
 // SIGTERM: loopguard stops accepting at once (a new connection is refused), lets the

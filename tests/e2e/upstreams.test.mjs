@@ -1,4 +1,4 @@
-// End-to-end tests for many upstreams (issue 9): least-outstanding balancing, active and
+// End-to-end tests for many upstreams: least-outstanding balancing, active and
 // passive health checks, retries that go elsewhere, and degeneration-aware ejection.
 //
 // Every case runs the real loopguard in front of several real fake upstreams (kind sglang)

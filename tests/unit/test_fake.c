@@ -1,7 +1,7 @@
 /* test_fake.c — the fake upstream's pure parts: JSON string writing, tokenisation, plans
  * and the max_tokens cap, scenario matching, and the exact bytes of each dialect's
  * chunks. The end-to-end suites trust these shapes, so they are pinned here byte for
- * byte (the SGLang first chunk is the one quoted in issue 2). */
+ * byte (the SGLang first chunk is the one quoted in the field report). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -292,7 +292,7 @@ static void test_sglang_shapes(void **state)
     fake_delta d = delta();
     d.role = true;
     char *s = chunk(FAKE_D_SGLANG, FAKE_EP_CHAT, &d);
-    /* Verbatim from issue 2. */
+    /* Verbatim from the field report. */
     assert_string_equal(s, HEAD "\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":null,"
                                 "\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,"
                                 "\"finish_reason\":null,\"matched_stop\":null}]}");
