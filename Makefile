@@ -215,8 +215,11 @@ build/fuzz/%: tests/fuzz/%.c build/fuzz/libfuzzlg.a | test-deps
 fuzz: test-deps $(FUZZ_BIN)
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh
 
+# make test's smoke: every target on its seeds and a few seconds of mutations (the deep run is
+# `make fuzz`, FUZZ_SECONDS per target).
+FUZZ_SMOKE_SECONDS ?= 5
 fuzz-smoke: test-deps $(FUZZ_BIN)
-	@FUZZ_SECONDS=10 tests/fuzz/run.sh
+	@FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) tests/fuzz/run.sh
 
 soak: test-deps all
 	@BUILD=$(BUILD) tests/soak.sh
