@@ -6,8 +6,6 @@
 // (the incident names the route; metrics count the route).
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import fs from 'node:fs';
-import path from 'node:path';
 import {
     startFake,
     startLoopguard,
@@ -18,11 +16,10 @@ import {
     metrics,
     metricValue,
     waitFor,
-    SCENARIOS,
     DEADLINE,
 } from './lib.mjs';
 
-const MODEL = '/root/models/Qwen3.6-27B';
+import { MODEL, scenario, CLEAN, TOOL_LOOP } from './apis_fixtures.mjs';
 const PROMPT = 'Write a Python function that checks if a number is prime. Be concise.';
 const body = (extra = {}) => ({
     model: MODEL,
@@ -31,24 +28,6 @@ const body = (extra = {}) => ({
     messages: [{ role: 'user', content: PROMPT }],
     ...extra,
 });
-const scenario = (name, pace = 10) => {
-    const s = JSON.parse(fs.readFileSync(path.join(SCENARIOS, name), 'utf8'));
-    return { ...s, pace_ms: pace };
-};
-// Prose the guard never holds back (as core.test.mjs's byte-for-byte cases).
-const CLEAN = {
-    model: MODEL,
-    responses: [{ reasoning: ['First I consider the question. ', 'Then I recall the book.'], content: ['The answer is forty two, ', 'as everyone knows.\n', 'Ask again tomorrow.'] }],
-};
-const ORIGINAL = { fields: { temperature: 0.6, presence_penalty: null, frequency_penalty: null, repetition_penalty: null } };
-const TOOL_LOOP = {
-    model: MODEL,
-    pace_ms: 10,
-    responses: [
-        { match: ORIGINAL, content: [], tool_calls: [{ name: 'search', arguments: ['{"query": "', { repeat: 'prime numbers ', times: -1 }] }] },
-        { content: [], tool_calls: [{ name: 'search', arguments: '{"query": "prime"}' }] },
-    ],
-};
 
 const post = (url, b, headers = {}) => request(url + '/v1/messages', { method: 'POST', body: b, headers });
 
