@@ -771,7 +771,10 @@ void worker_post_detached(lg_worker *w, const char *url, const char *json)
 /* ---- the loop ---------------------------------------------------------------------- */
 
 /* Runs the ready shards. A resume inside MHD's own callbacks needs one more pass to take
- * effect, so up to four passes while some shard became ready again. */
+ * effect, and so does a connection libmicrohttpd leaves on its ready list (after each
+ * response, until a read of the next request would block: its timeout is then 0), so up to
+ * four passes while some shard is ready again, without an epoll_wait of the worker's in
+ * between. */
 static void run_mhd(lg_worker *w)
 {
     for (int pass = 0; pass < 4 && w->mhd_dirty; pass++) {
@@ -781,6 +784,11 @@ static void run_mhd(lg_worker *w)
             if (!s->ready) continue;
             s->ready = false;
             MHD_run(s->mhd);
+            MHD_UNSIGNED_LONG_LONG to;
+            if (MHD_get_timeout(s->mhd, &to) == MHD_YES && to == 0) {
+                s->ready = true;
+                w->mhd_dirty = true;
+            }
         }
     }
 }
