@@ -253,34 +253,6 @@ static void on_block_start(exchange *ex, const sse_event *ev, cJSON *root)
     m->next = m->open + 1;
 }
 
-/* Releases what the guard cleared of channel ch (all of it when `all`) to the client. */
-static void release(exchange *ex, int ch, bool all)
-{
-    lg_buf b = ex_text_borrow(ex, EX_TEXT_C);
-    ex_release(ex, (lg_channel)ch, all ? ex->at.ch[ch].held.len : ex_releasable(ex, (lg_channel)ch),
-               &b);
-    put_text(ex, ch, b.p, b.len);
-    ex_text_return(ex, EX_TEXT_C, &b);
-}
-
-/* Text of the upstream's text block when its reasoning is inline: split, guarded per
- * channel, released (the reasoning whole once the answer began). Returns -1 when the text
- * is not split (plain answer text), else 1 when a guard tripped, else 0. */
-static int split_text(exchange *ex, const char *s, size_t n, bool final)
-{
-    lg_buf r, c;
-    if (!ex_think_split(ex, NULL, 0, s, n, final, &r, &c)) return -1;
-    bool tripped = ex_guard_text(ex, LG_CH_REASONING, r.p, r.len) ||
-                   ex_guard_text(ex, LG_CH_CONTENT, c.p, c.len);
-    if (r.len || c.len) ex->at.tokens++;
-    ex_text_return(ex, EX_TEXT_R, &r);
-    ex_text_return(ex, EX_TEXT_C, &c);
-    if (tripped) return 1;
-    release(ex, LG_CH_REASONING, final || ex->at.ch[LG_CH_CONTENT].attempt_bytes > 0);
-    release(ex, LG_CH_CONTENT, final);
-    return 0;
-}
-
 /* A delta: guarded, held, released. Returns 1 when the guard tripped. */
 static int on_block_delta(exchange *ex, const sse_event *ev, cJSON *root)
 {
@@ -306,7 +278,7 @@ static int on_block_delta(exchange *ex, const sse_event *ev, cJSON *root)
     }
     const char *s = str_at(d, delta_key(ch));
     size_t n = s ? strlen(s) : 0;
-    int rc = ch == LG_CH_CONTENT ? split_text(ex, s, n, false) : -1;
+    int rc = ch == LG_CH_CONTENT ? ex_think_text(ex, s, n, false, put_text) : -1;
     if (rc >= 0) return rc;
     bool held_before = ex_held_any(ex);
     if (ex_guard_text(ex, (lg_channel)ch, s, n)) return 1;
@@ -318,7 +290,10 @@ static int on_block_delta(exchange *ex, const sse_event *ev, cJSON *root)
         out_append(ex, ev->raw, ev->raw_len);
         return 0;
     }
-    release(ex, ch, false);
+    lg_buf b = ex_text_borrow(ex, EX_TEXT_C);
+    ex_release(ex, (lg_channel)ch, k, &b);
+    put_text(ex, ch, b.p, b.len);
+    ex_text_return(ex, EX_TEXT_C, &b);
     return 0;
 }
 
@@ -327,7 +302,7 @@ static int on_block_delta(exchange *ex, const sse_event *ev, cJSON *root)
 static int on_block_stop(exchange *ex, const sse_event *ev, cJSON *root)
 {
     msg_state *m = MS(ex);
-    if (m->up_ch == LG_CH_CONTENT && split_text(ex, "", 0, true) == 1) return 1;
+    if (m->up_ch == LG_CH_CONTENT && ex_think_text(ex, "", 0, true, put_text) == 1) return 1;
     flush_channel(ex, LG_CH_REASONING);
     flush_channel(ex, m->up_ch);
     m->up_ch = -1;

@@ -217,6 +217,15 @@ bool ex_think_split(exchange *ex, const char *reasoning, size_t rn, const char *
  * explicit <think>), what looked like reasoning was the answer, and moves back to it.
  * Returns true when it moved. */
 bool ex_think_settle(exchange *ex);
+/* Writes released text of channel ch (reasoning or answer) in the module's API shape. It
+ * must not borrow EX_TEXT_C (the text is lent from it). */
+typedef void ex_put_fn(exchange *ex, int ch, const char *s, size_t n);
+/* The answer text of an API whose answer is one text field (an Anthropic text block, a
+ * Responses message item): split (ex_think_split), each part guarded on its channel, and
+ * what the guards cleared handed to put, reasoning first (all of it once the answer began),
+ * everything at the end of the text (final). Returns -1 when the text is not split (the
+ * caller guards it as plain answer text), 1 when a guard tripped, else 0. */
+int ex_think_text(exchange *ex, const char *s, size_t n, bool final, ex_put_fn *put);
 
 /* ---- exchange.c: the exchange's life, for the API modules ------------------------------ */
 

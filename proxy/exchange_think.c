@@ -89,3 +89,28 @@ bool ex_think_settle(exchange *ex)
     lg_buf_reset(&r->held);
     return true;
 }
+
+int ex_think_text(exchange *ex, const char *s, size_t n, bool final, ex_put_fn *put)
+{
+    lg_buf r, c;
+    if (!ex_think_split(ex, NULL, 0, s, n, final, &r, &c)) return -1;
+    bool tripped = ex_guard_text(ex, LG_CH_REASONING, r.p, r.len) ||
+                   ex_guard_text(ex, LG_CH_CONTENT, c.p, c.len);
+    if (r.len || c.len) ex->at.tokens++;
+    ex_text_return(ex, EX_TEXT_R, &r);
+    ex_text_return(ex, EX_TEXT_C, &c);
+    if (tripped) return 1;
+    /* Once the answer began, the reasoning is over: none of it can be a running loop. */
+    const chan *hr = &ex->at.ch[LG_CH_REASONING], *hc = &ex->at.ch[LG_CH_CONTENT];
+    bool reasoning_over = final || hc->attempt_bytes > 0;
+    size_t nr = reasoning_over ? hr->held.len : ex_releasable(ex, LG_CH_REASONING);
+    size_t nc = final ? hc->held.len : ex_releasable(ex, LG_CH_CONTENT);
+    lg_buf b = ex_text_borrow(ex, EX_TEXT_C);
+    ex_release(ex, LG_CH_REASONING, nr, &b);
+    put(ex, LG_CH_REASONING, b.p, b.len);
+    lg_buf_reset(&b);
+    ex_release(ex, LG_CH_CONTENT, nc, &b);
+    put(ex, LG_CH_CONTENT, b.p, b.len);
+    ex_text_return(ex, EX_TEXT_C, &b);
+    return 0;
+}
