@@ -231,7 +231,7 @@ gen *gen_new_batch(server *s, conn *c, const cJSON *body, const cJSON *headers, 
         snprintf(err, errn, "A batch holds 1 to 1024 prompts.");
         return NULL;
     }
-    /* The parent: the first sample's pacing and stream flag; its own plan stays unused. */
+    /* The parent frames the stream (its own plan stays unused); it paces as sample 0. */
     cJSON *first = sample_body(body, 0, "");
     gen *g = first ? gen_new(s, c, first, FAKE_EP_GENERATE, -1) : NULL;
     cJSON_Delete(first);
@@ -261,6 +261,8 @@ gen *gen_new_batch(server *s, conn *c, const cJSON *body, const cJSON *headers, 
             kid->index = (int)g->nkids;
             g->kids[g->nkids++] = kid;
         }
+    g->pace_ns = g->kids[0]->pace_ns;
+    g->wake = g->kids[0]->wake;
     return g;
 }
 
