@@ -151,49 +151,66 @@ static void new_text(gen_state *g, lg_buf *up, const cJSON *ev, const char *text
     }
 }
 
-static int on_output(exchange *ex, const sse_event *ev, cJSON *root)
+/* Takes one event of a text stream (the request's, or a batch sample's): its new text after
+ * the text so far *up, its output_ids kept for a whole answer, the event kept as *last. */
+static void take_event(exchange *ex, const cJSON *root, lg_buf *up, cJSON *ids, cJSON **last,
+                       const char **delta, size_t *dn)
 {
-    gen_state *g = GS(ex);
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "text");
-    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "meta_info");
-    const cJSON *fin = cJSON_GetObjectItemCaseSensitive(meta, "finish_reason");
-    const char *id = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(meta, "id"))
-                         ? cJSON_GetObjectItemCaseSensitive(meta, "id")->valuestring
-                         : NULL;
-    if (!g->id && id) g->id = lg_xstrdup(id);
-    const char *delta;
-    size_t dn;
-    new_text(g, &g->up_text, root, t->valuestring, strlen(t->valuestring), &delta, &dn);
-    if (!ex->req.client_stream) { /* the whole answer's ids, should the stream be incremental */
-        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "output_ids");
-        for (const cJSON *i = cJSON_IsArray(ids) ? ids->child : NULL; i; i = i->next)
-            cJSON_AddItemToArray(g->ids, dl_json_must(cJSON_Duplicate(i, 0)));
-    }
-    cJSON_Delete(g->last);
-    g->last = dl_json_must(cJSON_Duplicate(root, 1));
+    const char *text = cJSON_GetObjectItemCaseSensitive(root, "text")->valuestring;
+    new_text(GS(ex), up, root, text, strlen(text), delta, dn);
+    const cJSON *oi = cJSON_GetObjectItemCaseSensitive(root, "output_ids");
+    for (const cJSON *i = cJSON_IsArray(oi) && !ex->req.client_stream ? oi->child : NULL; i;
+         i = i->next) /* the whole answer's ids, should the stream be incremental */
+        cJSON_AddItemToArray(ids, dl_json_must(cJSON_Duplicate(i, 0)));
+    cJSON_Delete(*last);
+    *last = dl_json_must(cJSON_Duplicate(root, 1));
+}
 
-    bool held_before = ex->at.ch[LG_CH_CONTENT].held.len > 0;
-    if (ex_guard_text(ex, LG_CH_CONTENT, delta, dn)) return 1;
-    if (dn) ex->at.tokens++;
-    bool final = cJSON_IsObject(fin);
-    if (final) {
-        const char *type = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(fin, "type"))
-                               ? cJSON_GetObjectItemCaseSensitive(fin, "type")->valuestring
-                               : "";
-        if (ex_end_checks(ex, strcmp(type, "length") != 0)) return 1;
-        ex->at.finished_gen = true;
-    }
+/* Guards an event's new text on the content channel (the request's, or a swapped-in
+ * sample's), and when the event ends the generation (final) the last checks. Returns true
+ * when a guard tripped. */
+static bool guard_event(exchange *ex, const cJSON *meta, const char *delta, size_t dn, bool final)
+{
+    if (ex_guard_text(ex, LG_CH_CONTENT, delta, dn)) return true;
+    if (!final) return false;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(meta, "finish_reason"), "type");
+    return ex_end_checks(ex, !cJSON_IsString(type) || strcmp(type->valuestring, "length") != 0);
+}
+
+/* Releases what the guard cleared of the content channel (all of it when final): as the
+ * upstream's own event when raw_ok and nothing stays held, else an event shaped like tmpl. */
+static void release_event(exchange *ex, const sse_event *ev, bool raw_ok, const cJSON *tmpl,
+                          const char *id, bool final)
+{
     const chan *c = &ex->at.ch[LG_CH_CONTENT];
     size_t k = final ? c->held.len : ex_releasable(ex, LG_CH_CONTENT);
-    if (ex->req.client_stream && ex->attempt == 1 && !held_before && k == c->held.len) {
+    if (ex->req.client_stream && raw_ok && k == c->held.len) {
         ex_release(ex, LG_CH_CONTENT, k, NULL);
         out_append(ex, ev->raw, ev->raw_len);
-        return 0;
+        return;
     }
     lg_buf b = ex_text_borrow(ex, EX_TEXT_C);
     ex_release(ex, LG_CH_CONTENT, k, &b);
-    emit(ex, g->last, g->id, b.p, b.len, final);
+    emit(ex, tmpl, id, b.p, b.len, final);
     ex_text_return(ex, EX_TEXT_C, &b);
+}
+
+static int on_output(exchange *ex, const sse_event *ev, cJSON *root)
+{
+    gen_state *g = GS(ex);
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "meta_info");
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(meta, "id");
+    bool final = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(meta, "finish_reason"));
+    if (!g->id && cJSON_IsString(id)) g->id = lg_xstrdup(id->valuestring);
+    const char *delta;
+    size_t dn;
+    take_event(ex, root, &g->up_text, g->ids, &g->last, &delta, &dn);
+    bool held_before = ex->at.ch[LG_CH_CONTENT].held.len > 0;
+    if (guard_event(ex, meta, delta, dn, final)) return 1;
+    if (dn) ex->at.tokens++;
+    if (final) ex->at.finished_gen = true;
+    release_event(ex, ev, ex->attempt == 1 && !held_before, g->last, g->id, final);
     return 0;
 }
 
@@ -242,59 +259,31 @@ static int on_sample(exchange *ex, const sse_event *ev, cJSON *root)
         return 1;
     }
     if (s->over) return 0; /* the abort's own end of a sample cut here, and anything after */
-    const char *text = cJSON_GetObjectItemCaseSensitive(root, "text")->valuestring;
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "meta_info");
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(meta, "id");
     bool final = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(meta, "finish_reason"));
     if (!s->rid && cJSON_IsString(id)) s->rid = lg_xstrdup(id->valuestring);
     const char *delta;
     size_t dn;
-    new_text(g, &s->up_text, root, text, strlen(text), &delta, &dn);
-    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "output_ids");
-    for (const cJSON *i = cJSON_IsArray(ids) && !ex->req.client_stream ? ids->child : NULL; i;
-         i = i->next) /* the whole answer's ids, should the stream be incremental */
-        cJSON_AddItemToArray(s->ids, dl_json_must(cJSON_Duplicate(i, 0)));
-    cJSON_Delete(s->last);
-    s->last = dl_json_must(cJSON_Duplicate(root, 1));
+    take_event(ex, root, &s->up_text, s->ids, &s->last, &delta, &dn);
+    if (dn) s->tokens++, ex->at.tokens++;
     if (s - g->samples >= GEN_BATCH_GUARDED) {
         lg_buf_append(&s->sent, delta, dn);
         out_append(ex, ev->raw, ev->raw_len);
         s->over = final;
         return 0;
     }
-
     ex_sample_swap(ex, LG_CH_CONTENT, &s->ch, &s->sent);
     bool held_before = ex->at.ch[LG_CH_CONTENT].held.len > 0;
-    bool tripped = ex_guard_text(ex, LG_CH_CONTENT, delta, dn);
-    if (!tripped && final) {
-        const char *type =
-            cJSON_IsString(cJSON_GetObjectItemCaseSensitive(
-                cJSON_GetObjectItemCaseSensitive(meta, "finish_reason"), "type"))
-                ? cJSON_GetObjectItemCaseSensitive(
-                      cJSON_GetObjectItemCaseSensitive(meta, "finish_reason"), "type")
-                      ->valuestring
-                : "";
-        tripped = ex_end_checks(ex, strcmp(type, "length") != 0);
-    }
-    if (dn) s->tokens++, ex->at.tokens++;
-    if (tripped) { /* this sample alone: cut, its loop withheld, its end says so */
+    if (guard_event(ex, meta, delta, dn, final)) {
+        /* this sample alone: cut, its loop withheld, its end says so */
         ex_sample_tripped(ex, s->rid, s->tokens);
         mark_withheld(s->last, "loopguard: this sample degenerated into a loop and was cut (a "
                                "batch's samples are not retried)");
         emit(ex, s->last, NULL, "", 0, true);
         s->over = true;
     } else {
-        const chan *c = &ex->at.ch[LG_CH_CONTENT];
-        size_t k = final ? c->held.len : ex_releasable(ex, LG_CH_CONTENT);
-        if (ex->req.client_stream && !held_before && k == c->held.len) {
-            ex_release(ex, LG_CH_CONTENT, k, NULL);
-            out_append(ex, ev->raw, ev->raw_len);
-        } else {
-            lg_buf b = ex_text_borrow(ex, EX_TEXT_C);
-            ex_release(ex, LG_CH_CONTENT, k, &b);
-            emit(ex, s->last, NULL, b.p, b.len, final);
-            ex_text_return(ex, EX_TEXT_C, &b);
-        }
+        release_event(ex, ev, !held_before, s->last, NULL, final);
         s->over = final;
     }
     ex_sample_swap(ex, LG_CH_CONTENT, &s->ch, &s->sent);
