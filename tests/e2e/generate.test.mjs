@@ -211,6 +211,22 @@ for (const incremental of [false, true]) {
             assert.equal(readBatch(via.text).length, 3);
         });
 
+        test('a batch guards its first 256 samples; those past them are relayed as they come', async () => {
+            await fake.setScenario({
+                model: MODEL,
+                responses: [{ match: { prompt_contains: 'lambda' }, content: [{ repeat: 'lambda ', times: 40 }] }, { content: ['Fine.'] }],
+            });
+            const text = Array.from({ length: 258 }, (_, i) => (i === 255 || i === 257 ? `Use a lambda, ${i}.` : `Prompt ${i}.`));
+            const r = await post(lg.url, { text, sampling_params: { max_new_tokens: 100 } });
+            assert.equal(r.status, 200, r.text);
+            const out = r.json();
+            assert.equal(out.length, 258);
+            assert.equal(out[255].meta_info.finish_reason.type, 'abort', 'sample 255 is guarded');
+            assert.equal(out[257].meta_info.finish_reason.type, 'stop', 'sample 257 is not');
+            assert.match(out[257].text, /(lambda ){40}/);
+            assert.equal(out[0].text, 'Fine.');
+        });
+
         test('a client that hangs up on a batch ends every running sample upstream, by its rid', async () => {
             await fake.setScenario({ model: MODEL, pace_ms: 20, responses: [{ content: [{ varied: -1 }] }] });
             await fake.reset();
