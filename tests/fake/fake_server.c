@@ -548,7 +548,9 @@ static void dispatch(server *s, conn *c)
                     !strcmp(p, "/v1/responses");
     bool known = kind_has(s, p);
     int ri = INT_MIN;
-    if (known && gen_path && post && cJSON_IsObject(body))
+    /* A batch is matched sample by sample (gen_new_batch), not as a whole. */
+    if (known && gen_path && post && cJSON_IsObject(body) &&
+        !(ep == FAKE_EP_GENERATE && fake_generate_is_batch(body)))
         ri = fake_scenario_match(s->sc, p, hj, body);
     record_request(s, c, hj, body, rids, ri);
 
