@@ -102,7 +102,8 @@ const auth = `Authorization: Bearer ${KEY_A}\r\n`;
 const smuggled = 'POST /abort_request HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 18\r\n\r\n{"abort_all":true}';
 const chunk = (s) => `${Buffer.byteLength(s).toString(16)}\r\n${s}\r\n`;
 
-// Requests loopguard must refuse before anything is routed: [name, bytes, status].
+// Requests loopguard must refuse before anything is routed: [name, bytes, status, by]
+// (by: 'libmicrohttpd' when its parser refuses first, with its own HTML page).
 const REFUSED = [
     ['bare CR in a header value carrying a second request (1)', `POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n${auth}X-A: a\rContent-Length: 0\r\nContent-Length: ${smuggled.length}\r\n\r\n${smuggled}`, 400],
     ['bare CR alone in a value (1)', `GET /v1/models HTTP/1.1\r\nHost: x\r\n${auth}X-A: a\rX-B: b\r\n\r\n`, 400],
@@ -117,6 +118,17 @@ const REFUSED = [
     ['HTTP/1.1 without Host', `GET /v1/models HTTP/1.1\r\n${auth}\r\n`, 400],
     ['control byte in a field name', `GET /v1/models HTTP/1.1\r\nHost: x\r\n${auth}X\x01A: v\r\n\r\n`, 400],
     ['HTTP/1.2', `GET /v1/models HTTP/1.2\r\nHost: x\r\n${auth}\r\n`, 505],
+    // What libmicrohttpd hides from the access handler, caught on the raw bytes (hh_stream):
+    ['obs-fold (10)', `GET /v1/models HTTP/1.1\r\nHost: x\r\n${auth}X-A: one\r\n two\r\n\r\n`, 400],
+    ['obs-fold with a tab, folding Authorization (10)', `GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer\r\n\t${KEY_A}\r\n\r\n`, 400],
+    ['whitespace before the first header field (10)', `GET /v1/models HTTP/1.1\r\n Host: x\r\nHost: x\r\n${auth}\r\n`, 400],
+    ['NUL in a header value hiding a Content-Length (10)', `GET /v1/models HTTP/1.1\r\nHost: x\r\n${auth}X-A: abc\0Content-Length: 99\r\n\r\n`, 400],
+    ['NUL starting a header line (ends the head for libmicrohttpd) (10)', `POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n${auth}\0Content-Length: ${smuggled.length}\r\n\r\n${smuggled}`, 400],
+    // libmicrohttpd refuses this one itself (the line has no colon before the NUL), with its own page.
+    ['NUL in a header name (10)', `GET /v1/models HTTP/1.1\r\nHost: x\r\n${auth}X-\0A: v\r\n\r\n`, 400, 'libmicrohttpd'],
+    ['NUL in the request target (10)', `GET /v1/models\0/../../abort_request HTTP/1.1\r\nHost: x\r\n${auth}\r\n`, 400],
+    ['NUL in an empty line before the request line (10)', `\0\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n${auth}\r\n`, 400],
+    ['Transfer-Encoding "chunked " (libmicrohttpd would read to the close)', `POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n${auth}Transfer-Encoding: chunked \r\n\r\n${chunk('{}')}0\r\n\r\n`, 400],
     ['dot segments to the guarded route (5)', `POST /x/../v1/chat/completions HTTP/1.1\r\nHost: x\r\n${auth}Content-Length: 2\r\n\r\n{}`, 400],
     ['encoded dot segments (5)', `POST /v1/models/%2e%2E/chat/completions HTTP/1.1\r\nHost: x\r\n${auth}Content-Length: 2\r\n\r\n{}`, 400],
     ['encoded slashes (5)', `POST /v1%2Fchat%2Fcompletions HTTP/1.1\r\nHost: x\r\n${auth}Content-Length: 2\r\n\r\n{}`, 400],
@@ -159,16 +171,18 @@ for (const start of [startC, startLenient]) {
         });
         after(() => cleanup(() => lg?.stop(), () => up?.stop()));
 
-        for (const [name, bytes, status] of REFUSED) {
+        for (const [name, bytes, status, by] of REFUSED) {
             it(`${name}: ${status}, the connection closed, nothing upstream`, T, async () => {
                 await up.reset();
                 const r = await raw(lg.port, Buffer.from(bytes, 'latin1'));
                 assert.equal(r.status, status, `${name}: ${r.text.slice(0, 200)}`);
                 assert.match(r.head, /\r\nConnection: close\r\n/i, 'the refusal closes the connection');
                 assert.ok(r.closed, 'loopguard closed the connection');
-                const err = JSON.parse(r.body).error;
-                assert.equal(err.type, 'invalid_request_error');
-                assert.ok(err.message && err.code, JSON.stringify(err));
+                if (by !== 'libmicrohttpd') {
+                    const err = JSON.parse(r.body).error;
+                    assert.equal(err.type, 'invalid_request_error');
+                    assert.ok(err.message && err.code, JSON.stringify(err));
+                }
                 assert.deepEqual(await up.seen(), [], 'nothing reached the upstream');
             });
         }
@@ -208,29 +222,28 @@ for (const start of [startC, startLenient]) {
             assert.deepEqual(sent.stream_options, { include_usage: true }, 'rewritten by the guarded exchange');
         });
 
-        it('NUL in a value or the path: the upstream gets what loopguard routed (10)', T, async () => {
+        // Pipelined on one connection: requests the edge must let through, then the hostile
+        // one. Everything before the hostile head is answered and reaches the upstream once;
+        // the hostile one is refused and the connection closes (nothing after it is read).
+        it('pipelined requests before a hidden-byte head are served, the head itself is refused (10)', T, async () => {
             await up.reset();
-            let r = await raw(lg.port, `GET /v1/models HTTP/1.1\r\nHost: x\r\n${auth}X-A: abc\0Content-Length: 99\r\nConnection: close\r\n\r\n`);
-            assert.equal(r.status, 200, r.text.slice(0, 200));
-            r = await raw(lg.port, `GET /v1/models\0/../../abort_request HTTP/1.1\r\nHost: x\r\n${auth}Connection: close\r\n\r\n`);
-            assert.equal(r.status, 200, r.text.slice(0, 200));
+            const get = `GET /v1/models?n=1 HTTP/1.1\r\nHost: x\r\n${auth}\r\n`;
+            const body = '{"input":"a"}';
+            const post = `POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n${auth}Content-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`;
+            const chunked = `POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n${auth}Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n${chunk(body.slice(0, 4))}5;ext=1\r\n${body.slice(4, 9)}\n${chunk(body.slice(9))}0\r\nX-Trailer: t\r\n\r\n`;
+            // The chunk data holds what would be a NUL and an obs-fold in a head: body bytes are no head.
+            const tricky = '{"input":"\0\r\n x"}';
+            const postTricky = `POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n${auth}Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n${chunk(tricky)}0\r\n\r\n`;
+            const hostile = `GET /v1/models?n=2 HTTP/1.1\r\nHost: x\r\n${auth}X-A: one\r\n two\r\n\r\n`;
+            const r = await raw(lg.port, Buffer.from(`\r\n${get}${post}${chunked}${postTricky}${hostile}${get}`, 'latin1'));
+            const statuses = [...r.text.matchAll(/HTTP\/1\.1 (\d{3}) [A-Z]/g)].map((m) => Number(m[1]));
+            const ok = up.fake ? 404 : 200; // the C fake has no /v1/embeddings
+            assert.deepEqual(statuses, [200, ok, ok, ok, 400], r.text.slice(0, 400));
+            assert.ok(r.closed);
             const seen = await up.seen();
-            assert.deepEqual(seen.map((s) => `${s.method} ${s.path}`), ['GET /v1/models', 'GET /v1/models']);
-            assert.equal(seen[0].headers['x-a'], 'abc');
-            assert.equal(seen[0].headers['content-length'], undefined);
-            for (const s of seen) assertClean(s.headers, 'NUL');
-        });
-
-        it('obs-fold: no folded line reaches the upstream (10)', T, async () => {
-            await up.reset();
-            const r = await raw(lg.port, `GET /v1/models HTTP/1.1\r\nHost: x\r\n${auth}X-A: one\r\n two\r\nConnection: close\r\n\r\n`);
-            // libmicrohttpd glues the continuation onto the field name; loopguard forwards
-            // that as one well-formed line (see proxy/httphead.h).
-            assert.equal(r.status, 200, r.text.slice(0, 200));
-            const seen = await up.seen();
-            assert.equal(seen.length, 1);
-            assertClean(seen[0].headers, 'obs-fold');
-            assert.ok(!Object.values(seen[0].headers).some((v) => /two/.test(v)), 'the folded text is no value upstream');
+            assert.deepEqual(seen.map((s) => `${s.method} ${s.path.split('?')[0]}`), ['GET /v1/models', 'POST /v1/embeddings', 'POST /v1/embeddings', 'POST /v1/embeddings']);
+            for (const s of seen) assertClean(s.headers, 'pipelined');
+            if (!up.fake) assert.deepEqual(seen.slice(1).map((s) => s.body), [body, body, tricky], 'each body whole, in order');
         });
 
         it("framing headers are loopguard's own: the client's never reach the upstream", T, async () => {
