@@ -77,9 +77,9 @@ async function startC() {
 
 // Sends `bytes` on a fresh connection and collects what comes back until the server closes
 // (or `ms` pass). Returns {text, status, closed, headers}.
-function raw(port, bytes, { ms = 5000 * SLACK, localAddress } = {}) {
+function raw(port, bytes, { ms = 5000 * SLACK, localAddress, host = '127.0.0.1' } = {}) {
     return new Promise((resolve) => {
-        const s = net.connect({ port, host: '127.0.0.1', localAddress });
+        const s = net.connect({ port, host, localAddress });
         let out = Buffer.alloc(0);
         const done = (closed) => {
             clearTimeout(t);
@@ -419,6 +419,33 @@ describe('stalls and memory (one worker)', () => {
     });
 });
 
+// Holds limits.max_conns_per_ip (6) connections to host:port from addresses[0] and shows the
+// next one from there is closed without a response, one from addresses[1] is served, and a
+// freed slot is usable again.
+async function capHolds(port, host, [from, other]) {
+    const held = [];
+    for (let i = 0; i < 6; i++) {
+        const s = net.connect({ port, host, localAddress: from });
+        s.on('error', () => {});
+        await new Promise((r) => s.on('connect', r));
+        s.write('GET /v1/models HTTP/1.1\r\nHost: x\r\n'); // an unfinished head keeps it open
+        held.push(s);
+    }
+    await sleep(200);
+    const get = 'GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n';
+    const refused = await raw(port, get, { ms: 3000 * SLACK, host, localAddress: from });
+    assert.equal(refused.status, 0, `refused without a response: ${refused.text.slice(0, 80)}`);
+    assert.ok(refused.closed, 'closed by loopguard');
+    if (other) assert.equal((await raw(port, get, { host, localAddress: other })).status, 200, 'another address is served');
+    held.pop().destroy();
+    const again = await waitFor(async () => {
+        const r = await raw(port, get, { host, localAddress: from });
+        return r.status === 200 && r;
+    }, 5000 * SLACK, 100);
+    assert.equal(again.status, 200, 'a freed slot is usable again');
+    for (const s of held) s.destroy();
+}
+
 describe('connection limits (8)', () => {
     let fake, lg;
     const limits = { header_timeout_ms: 1000 * SLACK, body_timeout_ms: 1000 * SLACK, body_min_rate: 1000, max_conns_per_ip: 6 };
@@ -488,26 +515,29 @@ describe('connection limits (8)', () => {
     });
 
     it('limits.max_conns_per_ip: the next connection from that address is refused, another address is served', T, async () => {
-        const held = [];
-        for (let i = 0; i < limits.max_conns_per_ip; i++) {
-            const s = net.connect(lg.port, '127.0.0.1');
-            s.on('error', () => {});
-            await new Promise((r) => s.on('connect', r));
-            s.write('GET /v1/models HTTP/1.1\r\nHost: x\r\n'); // an unfinished head keeps it open
-            held.push(s);
-        }
-        await sleep(200);
-        const refused = await raw(lg.port, 'GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n', { ms: 3000 * SLACK });
-        assert.equal(refused.status, 0, `refused without a response: ${refused.text.slice(0, 80)}`);
-        assert.ok(refused.closed, 'closed by loopguard');
-        const other = await raw(lg.port, 'GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n', { localAddress: '127.0.0.2' });
-        assert.equal(other.status, 200, 'another address is served');
-        held.pop().destroy();
-        const again = await waitFor(async () => {
-            const r = await raw(lg.port, 'GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
-            return r.status === 200 && r;
-        }, 5000 * SLACK, 100);
-        assert.equal(again.status, 200, 'a freed slot is usable again');
-        for (const s of held) s.destroy();
+        await capHolds(lg.port, '127.0.0.1', [undefined, '127.0.0.2']);
+    });
+});
+
+// IPv6: a host commonly owns a whole /64, so the cap counts per /64 (edge_addr_key; its unit
+// test covers distinct addresses of one /64). ::1 is one /64 with itself. An IPv4 client of
+// an IPv6 socket arrives as ::ffff:a.b.c.d and is counted per IPv4 address, not as the one
+// ::/64 all of them (and ::1) would share.
+describe('connection limits over IPv6 (8)', () => {
+    let fake, lg6, lgMapped;
+    const limits = { max_conns_per_ip: 6 };
+    before(async () => {
+        fake = await startFake({ kind: 'openai' });
+        lg6 = await startLoopguard({ upstream: fake.url, kind: 'openai', config: { limits }, listen: '[::1]:0' });
+        lgMapped = await startLoopguard({ upstream: fake.url, kind: 'openai', config: { limits }, listen: '[::ffff:127.0.0.1]:0' });
+    });
+    after(() => cleanup(() => lg6?.stop(), () => lgMapped?.stop(), () => fake?.stop()));
+
+    it('::1 is capped like any address', T, async () => {
+        await capHolds(lg6.port, '::1', [undefined, undefined]);
+    });
+
+    it('IPv4-mapped clients count per IPv4 address', T, async () => {
+        await capHolds(lgMapped.port, '127.0.0.1', [undefined, '127.0.0.2']);
     });
 });
