@@ -260,7 +260,10 @@ static void field_byte(hh_stream *s, unsigned char c)
         unsigned char l = (unsigned char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
         if (s->fpos >= sizeof cl - 1 || (unsigned char)cl[s->fpos] != l) s->fcand &= ~FK_LENGTH;
         if (s->fpos >= sizeof te - 1 || (unsigned char)te[s->fpos] != l) s->fcand &= ~FK_CODING;
-        if (s->fcand) s->fpos++;
+        if (s->fcand)
+            s->fpos++;
+        else
+            s->fphase = F_IGNORED; /* names no framing field: the rest is skipped */
         return;
     }
     case F_BLANKS:
@@ -422,6 +425,22 @@ size_done:
     }
 }
 
+/* The rest of a line nothing more is read from (the request line, a field that frames
+ * nothing, a trailer) once it has content: only a NUL and its end matter, found with
+ * memchr rather than byte by byte. Returns where the line's end left p. */
+static const unsigned char *skip_line(hh_stream *s, const unsigned char *p,
+                                      const unsigned char *end)
+{
+    const unsigned char *lf = memchr(p, '\n', (size_t)(end - p)), *e = lf ? lf : end;
+    if (memchr(p, '\0', (size_t)(e - p))) line_byte(s, '\0');
+    if (lf) {
+        line_end(s);
+        return lf + 1;
+    }
+    s->cr = e[-1] == '\r'; /* held back: dropped if the next read starts with LF */
+    return end;
+}
+
 void hh_stream_feed(hh_stream *s, const char *buf, size_t n)
 {
     const unsigned char *p = (const unsigned char *)buf, *end = p + n;
@@ -443,6 +462,11 @@ void hh_stream_feed(hh_stream *s, const char *buf, size_t n)
             chunk_byte(s, *p++);
             break;
         default: { /* a line: IDLE, REQLINE, FIELDS, TRAILERS */
+            if (s->in_line && (s->state == HS_REQLINE || s->state == HS_TRAILERS ||
+                               (s->state == HS_FIELDS && s->fphase == F_IGNORED))) {
+                p = skip_line(s, p, end);
+                break;
+            }
             unsigned char c = *p++;
             if (c == '\n') {
                 line_end(s);
