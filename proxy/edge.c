@@ -139,43 +139,46 @@ static edge_conn *edge_of(struct MHD_Connection *conn)
 
 /* ---- raw bytes by socket ---------------------------------------------------------------- */
 
-/* The client connections of this thread's worker, indexed by socket. libmicrohttpd runs
- * on its worker's thread only (external epoll loop): it registers a connection here
- * (edge_connection) and reads from it (edge_received) on the same thread, so the table
- * needs no lock. It is freed when its last connection closes. */
-static _Thread_local edge_conn **by_fd;
-static _Thread_local size_t by_fd_cap, by_fd_used;
+/* The worker this thread runs, set at its first connection: libmicrohttpd runs on its
+ * worker's thread only (external epoll loop), so a recv of a client socket there finds
+ * the connection in that worker's w->edge_by_fd without a lock. Connections still open
+ * when the worker stops are closed by worker_free on the main thread after the join
+ * (their CLOSED notification then names the worker by its cls). The table is freed when
+ * its last connection closes. */
+static _Thread_local lg_worker *tl_worker;
 
-static void by_fd_add(int fd, edge_conn *e)
+static void by_fd_add(lg_worker *w, int fd, edge_conn *e)
 {
     if (fd < 0) return;
-    if ((size_t)fd >= by_fd_cap) {
-        size_t cap = by_fd_cap ? by_fd_cap : 64;
+    if ((size_t)fd >= w->edge_by_fd_cap) {
+        size_t cap = w->edge_by_fd_cap ? w->edge_by_fd_cap : 64;
         while (cap <= (size_t)fd)
             cap *= 2;
-        by_fd = lg_xrealloc(by_fd, cap * sizeof *by_fd);
-        memset(by_fd + by_fd_cap, 0, (cap - by_fd_cap) * sizeof *by_fd);
-        by_fd_cap = cap;
+        w->edge_by_fd = lg_xrealloc(w->edge_by_fd, cap * sizeof *w->edge_by_fd);
+        memset(w->edge_by_fd + w->edge_by_fd_cap, 0,
+               (cap - w->edge_by_fd_cap) * sizeof *w->edge_by_fd);
+        w->edge_by_fd_cap = cap;
     }
-    by_fd_used += !by_fd[fd];
-    by_fd[fd] = e;
+    w->edge_by_fd_used += !w->edge_by_fd[fd];
+    w->edge_by_fd[fd] = e;
 }
 
-static void by_fd_remove(int fd, const edge_conn *e)
+static void by_fd_remove(lg_worker *w, int fd, const edge_conn *e)
 {
-    if (fd < 0 || (size_t)fd >= by_fd_cap || by_fd[fd] != e) return;
-    by_fd[fd] = NULL;
-    if (--by_fd_used == 0) {
-        free(by_fd);
-        by_fd = NULL;
-        by_fd_cap = 0;
+    if (fd < 0 || (size_t)fd >= w->edge_by_fd_cap || w->edge_by_fd[fd] != e) return;
+    w->edge_by_fd[fd] = NULL;
+    if (--w->edge_by_fd_used == 0) {
+        free(w->edge_by_fd);
+        w->edge_by_fd = NULL;
+        w->edge_by_fd_cap = 0;
     }
 }
 
 void edge_received(int fd, const void *buf, size_t n)
 {
-    if (fd < 0 || (size_t)fd >= by_fd_cap || !by_fd[fd]) return;
-    hh_stream_feed(&by_fd[fd]->stream, buf, n);
+    lg_worker *w = tl_worker;
+    if (!w || fd < 0 || (size_t)fd >= w->edge_by_fd_cap || !w->edge_by_fd[fd]) return;
+    hh_stream_feed(&w->edge_by_fd[fd]->stream, buf, n);
 }
 
 /* ---- connection lifetime ------------------------------------------------------------- */
@@ -196,14 +199,15 @@ void edge_connection(void *cls, struct MHD_Connection *conn, void **socket_conte
         e->next = w->edge_conns;
         if (e->next) e->next->prev = e;
         w->edge_conns = e;
-        by_fd_add(e->fd, e);
+        tl_worker = w;
+        by_fd_add(w, e->fd, e);
         *socket_context = e;
         return;
     }
     edge_conn *e = *socket_context;
     if (!e) return;
     *socket_context = NULL;
-    by_fd_remove(e->fd, e);
+    by_fd_remove(w, e->fd, e);
     if (e->prev)
         e->prev->next = e->next;
     else
