@@ -98,6 +98,16 @@ static inline void seg_add(guard *g, unsigned char b, uint64_t pos)
     g->seg_len++;
 }
 
+/* A line [start, end) is complete when `now` bytes have been fed: hands it to the template
+ * and cycle detectors. Returns true on a trip. */
+static bool line_end(guard *g, uint64_t start, uint64_t end, uint64_t now)
+{
+    const guard_params *p = g->p;
+    if (!p->lines.enabled) return false;
+    if (p->lines.template_run && guard_template_line(g, start, end, now)) return true;
+    return g->cyc && guard_cycle_line(g, start, end, now);
+}
+
 /* Per byte b at offset pos, for the lines and novelty detectors. Returns true on a trip. */
 static bool lines_step(guard *g, unsigned char b, uint64_t pos)
 {
@@ -111,8 +121,7 @@ static bool lines_step(guard *g, unsigned char b, uint64_t pos)
         uint64_t ls = g->line_start;
         g->line_start = pos + 1;
         if (seg_end(g, pos, pos + 1, true)) return true;
-        return g->p->lines.enabled && g->p->lines.template_run &&
-               guard_template_line(g, ls, pos, pos + 1);
+        return line_end(g, ls, pos, pos + 1);
     }
     if (b == ' ' || b == '\t' || b == '\r') {
         if ((p1 == '.' || p1 == '!' || p1 == '?') && g->seg_alpha) /* not "12. " */
@@ -370,12 +379,14 @@ static void text_init(guard *g)
     g->seg_hash = g->w_hash = 0xCBF29CE484222325ull;
     g->seg_lead = true;
     guard_lines_init(g);
+    guard_cycle_init(g);
     guard_novelty_init(g);
 }
 
 static void text_release(guard *g)
 {
     guard_lines_release(g);
+    guard_cycle_release(g);
     guard_novelty_release(g);
 }
 
@@ -385,8 +396,7 @@ static bool text_finish(guard *g)
     const guard_params *p = g->p;
     if (p->novelty.enabled) word_end(g);
     if (g->seg_len && seg_end(g, g->fed, g->fed, true)) return true;
-    return p->lines.enabled && p->lines.template_run && g->line_start < g->fed &&
-           guard_template_line(g, g->line_start, g->fed, g->fed);
+    return g->line_start < g->fed && line_end(g, g->line_start, g->fed, g->fed);
 }
 
 static bool text_on(const guard_params *p)

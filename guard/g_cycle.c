@@ -1,0 +1,184 @@
+/* g_cycle.c — the cycle detector: a block of two or more lines that keeps coming back, its
+ * copies equal apart from a counter ("\begin{scope}[xshift=9cm] ... [xshift=18cm] ...",
+ * "7. The Maltese Falcon (1941)\n8. The Big Sleep (1946)\n9. ..."), an ingredient or
+ * playlist cycle, a drawing redrawn. The repeat detector sees verbatim blocks too, but only
+ * as bytes: a counter breaks its period, and its classes ask a block of code lines for as
+ * many copies as one line. Here the unit is a cycle of lines and the threshold counts lines.
+ *
+ * Each completed line (g_text.c hands them over) is reduced to its skeleton: the body
+ * without indentation and list marker (guard_line_body), every run of digits one '0'. Blank
+ * lines are skipped (a blank line between blocks is part of neither), and digits inside a
+ * name ("sha256") are no number. Two lines match when their skeletons are equal and one
+ * number at most changed in the last P lines: a counter may move, a row of data may not (a
+ * monthly calculation, a table of figures, ABC notes keep their skeleton and change their
+ * numbers: that is content). For every period P of 2 to
+ * CYCLE_MAX_PERIOD lines, run[P] counts the lines in a row that match the line P before.
+ * A cycle trips when its copies (run / P + 1) reach cycle_copies and its lines cycle_lines,
+ * P being the smallest period of the block (two equal lines are a one-line loop: the lines
+ * and repeat detectors judge those). A cycle whose characters are less than a quarter letters (a
+ * drawing, a grid, section titles between rules) needs CYCLE_ART_COPIES: a tall house
+ * repeats its wall rows on purpose, and a document its decorated headings. One
+ * line periods are left out on purpose: a table's rows share their skeleton.
+ *
+ * Measured on the AlpacaEval answers (tests/corpus): 4 copies and 12 lines caught 37 of
+ * the labelled loops with no false trip; 8 lines tripped on an ABC tune written out four
+ * times. Cost: O(line) once per line (the skeleton hash) and CYCLE_MAX_PERIOD compares;
+ * memory: a ring of CYCLE_RING lines, 40 bytes each, allocated when the detector is on. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "guard/guard_int.h"
+
+#define CYCLE_MAX_PERIOD 15
+#define CYCLE_RING       16 /* a power of two above CYCLE_MAX_PERIOD */
+#define CYCLE_NUMS       4  /* numbers of a line kept for the one-differs rule */
+#define CYCLE_ART_COPIES 8
+
+typedef struct cline {
+    uint64_t skel;  /* hash of the skeleton */
+    uint64_t start; /* offset of the line's body */
+    uint32_t len;
+    uint32_t rest;            /* hash of the numbers past the first CYCLE_NUMS */
+    uint16_t num[CYCLE_NUMS]; /* the first numbers, mod 2^16 */
+    uint16_t chars, letters;  /* saturating */
+} cline;
+
+struct gcycle {
+    cline ring[CYCLE_RING];
+    uint64_t n; /* lines seen since the last reset */
+    uint16_t run[CYCLE_MAX_PERIOD + 1];
+    uint64_t from[CYCLE_MAX_PERIOD + 1];  /* where each run's first copy began */
+    uint16_t moved[CYCLE_MAX_PERIOD + 1]; /* bit k: the line k back changed a number */
+};
+
+void guard_cycle_init(guard *g)
+{
+    if (g->p->lines.cycle_copies) g->cyc = guard_xcalloc(1, sizeof(*g->cyc));
+}
+
+void guard_cycle_release(guard *g)
+{
+    free(g->cyc);
+}
+
+/* How lines a and b compare: 0 equal, 1 one skeleton with one number different, 2 else. */
+static unsigned lines_compare(const cline *a, const cline *b)
+{
+    if (a->skel != b->skel) return 2;
+    unsigned diff = a->rest != b->rest;
+    for (unsigned k = 0; k < CYCLE_NUMS; k++)
+        diff += a->num[k] != b->num[k];
+    return diff < 2 ? diff : 2;
+}
+
+/* Is the block of the last P lines made of a shorter period? */
+static bool has_shorter_period(const struct gcycle *c, unsigned P)
+{
+    for (unsigned d = 1; d < P; d++) {
+        if (P % d) continue;
+        unsigned k = 0;
+        while (k + d < P && c->ring[(c->n - 1 - k) % CYCLE_RING].skel ==
+                                c->ring[(c->n - 1 - k - d) % CYCLE_RING].skel)
+            k++;
+        if (k + d == P) return true;
+    }
+    return false;
+}
+
+/* Reads the body [s, e) into a cline: skeleton hash, numbers, letters. */
+static void read_line(const guard *g, uint64_t s, uint64_t e, cline *l)
+{
+    uint64_t h = 0xCBF29CE484222325ull;
+    uint32_t rest = 0x811C9DC5u, v = 0;
+    unsigned nn = 0, letters = 0, chars = 0;
+    bool in_num = false, in_name = false;
+    for (uint64_t o = s; o <= e; o++) {
+        unsigned char c = o < e ? guard_at(g, o) : 0;
+        bool word = ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c == '_';
+        /* Digits inside a name ("sha256", "EDITION_2023") are part of the skeleton: code
+         * declares one name per variant on purpose. */
+        if (word || (in_name && c >= '0' && c <= '9')) {
+            in_name = true;
+        } else if (c >= '0' && c <= '9') {
+            v = v * 10 + (c - '0');
+            in_num = true;
+            continue;
+        } else {
+            in_name = false;
+        }
+        if (in_num) { /* a number ended */
+            h = (h ^ '0') * 0x100000001B3ull;
+            if (nn < CYCLE_NUMS)
+                l->num[nn] = (uint16_t)v;
+            else
+                rest = (rest ^ v) * 0x01000193u;
+            nn++;
+            v = 0;
+            in_num = false;
+        }
+        if (o == e) break;
+        /* Characters, and the letters among them: a lead byte above U+2FFF counts as one
+         * (U+2000-U+2FFF, lead E2, are symbols: box drawing, arrows, Braille). */
+        chars += (c & 0xC0) != 0x80;
+        letters += ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || (c >= 0xC3 && c != 0xE2);
+        h = (h ^ c) * 0x100000001B3ull;
+    }
+    for (unsigned k = nn; k < CYCLE_NUMS; k++)
+        l->num[k] = 0;
+    l->skel = h;
+    l->rest = rest;
+    l->start = s;
+    l->len = (uint32_t)(e - s);
+    l->chars = chars > UINT16_MAX ? UINT16_MAX : (uint16_t)chars;
+    l->letters = letters > UINT16_MAX ? UINT16_MAX : (uint16_t)letters;
+}
+
+bool guard_cycle_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
+{
+    const guard_params *p = g->p;
+    struct gcycle *c = g->cyc;
+    if (start < g->base || end - start > UINT32_MAX) { /* longer than the history: a break */
+        c->n = 0;
+        memset(c->run, 0, sizeof(c->run));
+        memset(c->moved, 0, sizeof(c->moved));
+        return false;
+    }
+    guard_line_body(g, &start, &end);
+    if (start == end) return false;
+    cline *l = &c->ring[c->n % CYCLE_RING];
+    read_line(g, start, end, l);
+    uint64_t n = c->n++;
+    for (unsigned P = 2; P <= CYCLE_MAX_PERIOD; P++) {
+        unsigned cmp = n >= P ? lines_compare(l, &c->ring[(n - P) % CYCLE_RING]) : 2;
+        /* One number may change per copy (a counter), not one per line. */
+        uint16_t moved = (uint16_t)((c->moved[P] << 1 | (cmp == 1)) & ((1u << P) - 1));
+        bool m = cmp < 2 && !(moved & (moved - 1));
+        if (m && !c->run[P]) c->from[P] = c->ring[(n - P) % CYCLE_RING].start;
+        c->run[P] = m ? (uint16_t)(c->run[P] < UINT16_MAX ? c->run[P] + 1 : c->run[P]) : 0;
+        c->moved[P] = m ? moved : 0;
+    }
+    for (unsigned P = 2; P <= CYCLE_MAX_PERIOD && P <= n; P++) {
+        uint64_t lines = (uint64_t)c->run[P] + P;
+        if (!c->run[P] || lines < p->lines.cycle_lines ||
+            lines < (uint64_t)p->lines.cycle_copies * P)
+            continue;
+        uint64_t letters = 0, chars = 0;
+        for (unsigned k = 0; k < P; k++) {
+            letters += c->ring[(n - k) % CYCLE_RING].letters;
+            chars += c->ring[(n - k) % CYCLE_RING].chars;
+        }
+        if (letters * 4 < chars && lines < (uint64_t)CYCLE_ART_COPIES * P) continue;
+        if (has_shorter_period(c, P)) continue;
+        /* The block the prompt asks for or holds may come back that many times. */
+        const cline *first = &c->ring[(n - P + 1) % CYCLE_RING];
+        uint64_t from = first->start, to = l->start + l->len;
+        unsigned copies = (unsigned)(lines / P);
+        if (from >= g->base &&
+            copies <= guard_prompt_slack(g, g->buf + (from - g->base), (size_t)(to - from)))
+            continue;
+        guard_set_unit(g, from, to);
+        guard_trip(g, "cycle", c->from[P], now, copies);
+        return true;
+    }
+    return false;
+}
