@@ -92,6 +92,8 @@ struct guard_params {
          * copies: off). */
         unsigned cycle_copies;
         unsigned cycle_lines;
+        /* Art lines in a row with one texture that trip (g_cycle.c; 0: off). */
+        unsigned art_run;
     } lines;
 
     struct {

@@ -148,6 +148,8 @@ guard_params *guard_params_new(lg_channel ch)
      * arguments, whose arrays of objects are cycles of lines by design. */
     p->lines.cycle_copies = ch == LG_CH_TOOL_ARGS ? 0 : 4;
     p->lines.cycle_lines = 12;
+    /* Art lines of one texture: 16 in a row (12 had no false trip on AlpacaEval either). */
+    p->lines.art_run = ch == LG_CH_TOOL_ARGS ? 0 : 16;
 
     /* Paraphrase loops: fewer than min_ratio of the last `window` word trigrams are new. In
      * answers 0.1 over 160 catches 3 more of the AlpacaEval loops than 0.03 with no new false
@@ -449,6 +451,7 @@ static const jfield lines_fields[] = {
     F_U32("count_run", lines.count_run, 0, 100000),
     F_U32("cycle_copies", lines.cycle_copies, 0, 1024),
     F_U32("cycle_lines", lines.cycle_lines, 2, 100000),
+    F_U32("art_run", lines.art_run, 0, 100000),
 };
 static const jfield novelty_fields[] = {
     F_BOOL("enabled", novelty.enabled),
