@@ -8,10 +8,13 @@
  * Each completed line (g_text.c hands them over) is reduced to its skeleton: the body
  * without indentation and list marker (guard_line_body), every run of digits one '0'. Blank
  * lines are skipped (a blank line between blocks is part of neither), and digits inside a
- * name ("sha256") are no number. Two lines match when their skeletons are equal and one
- * number at most changed in the last P lines: a counter may move, a row of data may not (a
+ * name ("sha256") are no number. Two lines match when their skeletons are equal, and one
+ * line at most "moved" in the last P lines: a counter may move, a row of data may not (a
  * monthly calculation, a table of figures, ABC notes keep their skeleton and change their
- * numbers: that is content). For every period P of 2 to
+ * numbers: that is content). A line also moves when it keeps the other's frame (first and
+ * last ENDS bytes) and a name in it grew or shrank by text written just before ("lemma
+ * a_b_c (x) {" after "lemma a_b (x) {"): a block re-emitted under recombined names. A name
+ * replaced by a new one is a new variant, which code declares on purpose. For every P of 2 to
  * CYCLE_MAX_PERIOD lines, run[P] counts the lines in a row that match the line P before.
  * A cycle trips when its copies (run / P + 1) reach cycle_copies and its lines cycle_lines,
  * P being the smallest period of the block (two equal lines are a one-line loop: the lines
@@ -39,7 +42,9 @@
 #define CYCLE_RING       16 /* a power of two above CYCLE_MAX_PERIOD */
 #define CYCLE_NUMS       4  /* numbers of a line kept for the one-differs rule */
 #define CYCLE_ART_COPIES 8
-#define ART_MAX          256 /* bytes of a collapsed art line */
+#define ART_MAX          256  /* bytes of a collapsed art line */
+#define ENDS             8    /* bytes of each end that make a line's frame */
+#define RECENT           2048 /* bytes before a line where a grown name's parts are looked for */
 
 typedef struct cline {
     uint64_t skel;  /* hash of the skeleton */
@@ -48,6 +53,7 @@ typedef struct cline {
     uint32_t rest;            /* hash of the numbers past the first CYCLE_NUMS */
     uint16_t num[CYCLE_NUMS]; /* the first numbers, mod 2^16 */
     uint16_t chars, letters;  /* saturating */
+    uint64_t ends;            /* its first and last ENDS bytes (lines of 2 * ENDS or more) */
 } cline;
 
 struct gcycle {
@@ -71,10 +77,33 @@ void guard_cycle_release(guard *g)
     free(g->cyc);
 }
 
-/* How lines a and b compare: 0 equal, 1 one skeleton with one number different, 2 else. */
-static unsigned lines_compare(const cline *a, const cline *b)
+/* Line a has line b's frame: is what a puts in the middle old text, found in the RECENT
+ * bytes before b (a name recombined from names already written, "x_sort_alg" after "x" and
+ * "y_sort_alg")? New text in the frame is a new variant ("translateCatchSwitch" after
+ * "translateCleanupPad"): code declares those on purpose. */
+static bool recombined(const guard *g, const cline *a, const cline *b)
 {
-    if (a->skel != b->skel) return 2;
+    if (b->start < g->base + 1) return false;
+    uint64_t pre = 0, suf = 0, la = a->len, lb = b->len, n = la < lb ? la : lb;
+    while (pre < n && guard_at(g, a->start + pre) == guard_at(g, b->start + pre))
+        pre++;
+    while (suf < n - pre &&
+           guard_at(g, a->start + la - 1 - suf) == guard_at(g, b->start + lb - 1 - suf))
+        suf++;
+    /* One of the two middles is empty: a name grew or shrank, none was replaced. */
+    if (pre + suf < lb && pre + suf < la) return false;
+    size_t mid = (size_t)(la - pre - suf);
+    if (!mid) return true;
+    uint64_t from = b->start > g->base + RECENT ? b->start - RECENT : g->base;
+    const unsigned char *m = g->buf + (a->start + pre - g->base);
+    return mid >= 3 && memmem(g->buf + (from - g->base), (size_t)(b->start - from), m, mid) != NULL;
+}
+
+/* How lines a and b compare: 0 equal; 1 one skeleton with one number different, or one
+ * frame (the same first and last ENDS bytes) around a different middle; 2 else. */
+static unsigned lines_compare(const guard *g, const cline *a, const cline *b)
+{
+    if (a->skel != b->skel) return a->ends && a->ends == b->ends && recombined(g, a, b) ? 1 : 2;
     unsigned diff = a->rest != b->rest;
     for (unsigned k = 0; k < CYCLE_NUMS; k++)
         diff += a->num[k] != b->num[k];
@@ -137,6 +166,15 @@ static void read_line(const guard *g, uint64_t s, uint64_t e, cline *l)
         l->num[k] = 0;
     l->skel = h;
     l->rest = rest;
+    l->ends = 0;
+    if (e - s >= 2 * ENDS) {
+        uint64_t f = 0xCBF29CE484222325ull;
+        for (uint64_t o = 0; o < ENDS; o++) {
+            f = (f ^ guard_at(g, s + o)) * 0x100000001B3ull;
+            f = (f ^ guard_at(g, e - ENDS + o)) * 0x100000001B3ull;
+        }
+        l->ends = f | 1;
+    }
     l->start = s;
     l->len = (uint32_t)(e - s);
     l->chars = chars > UINT16_MAX ? UINT16_MAX : (uint16_t)chars;
@@ -222,7 +260,7 @@ bool guard_cycle_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     read_line(g, start, end, l);
     uint64_t n = c->n++;
     for (unsigned P = 2; P <= CYCLE_MAX_PERIOD; P++) {
-        unsigned cmp = n >= P ? lines_compare(l, &c->ring[(n - P) % CYCLE_RING]) : 2;
+        unsigned cmp = n >= P ? lines_compare(g, l, &c->ring[(n - P) % CYCLE_RING]) : 2;
         /* One number may change per copy (a counter), not one per line. */
         uint16_t moved = (uint16_t)((c->moved[P] << 1 | (cmp == 1)) & ((1u << P) - 1));
         bool m = cmp < 2 && !(moved & (moved - 1));
