@@ -46,7 +46,9 @@ RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
     /* Prose: no code characters, mostly letters, at least three words. A prose sentence
      * (ending in . ! ? or a CJK stop) can trigger the lines detector, and so can an item: a
      * whole line of text without code characters ("12. The Wizard of Oz (1939)",
-     * "Sincerely,"), whose digits the segment hash leaves out. */
+     * "Sincerely,"), whose digits the segment hash leaves out. A numbered item of one word
+     * trips only as copies in a row: an answer key ("7. True", "8. False") repeats one
+     * word on purpose. */
     bool prose = len && !g->seg_code && g->seg_alpha * 100 >= len * 85 &&
                  (g->seg_words >= 3 || g->seg_wide >= 9);
     unsigned char e = g->seg_lastc;
@@ -54,6 +56,7 @@ RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
                               e == 0x9F || e == 0xA6);
     bool item =
         line && !g->seg_code && g->seg_words >= 2 && g->seg_alpha >= 4 && g->seg_alpha * 2 >= len;
+    bool one_word = item && g->seg_numbered && g->seg_words < 3;
     /* Plain: a line that starts flush with a letter or a quote, no bullet, no indentation. */
     uint64_t s0 = g->seg_start;
     unsigned char first = s0 >= g->base && s0 < end ? guard_at(g, s0) : 0;
@@ -71,7 +74,7 @@ RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
     if (p->lines.enabled && ok &&
         guard_lines_segment(g, h, start, end,
                             (sentence && len >= p->lines.min_segment_bytes) || item, prose || item,
-                            plain, now))
+                            plain, one_word, now))
         return true;
     if (p->novelty.enabled)
         for (unsigned i = 0; i < nw; i++)
@@ -90,6 +93,7 @@ static inline void seg_add(guard *g, unsigned char b, uint64_t pos)
     if (!g->seg_len) {
         g->seg_start = pos;
         g->seg_words = 1;
+        g->seg_numbered = false;
     }
     g->seg_gap = false;
     g->seg_lead = false;
@@ -313,6 +317,7 @@ static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, 
     if (!g->seg_len) {
         g->seg_start = pos;
         g->seg_words = 1;
+        g->seg_numbered = s[i] <= '9';
     }
     if (words && !g->w_len) {
         g->w_start = pos;

@@ -209,7 +209,8 @@ struct guard {
     uint32_t seg_len, seg_alpha, seg_code, seg_words,
         seg_wide; /* non-space bytes, letters, code chars */
     unsigned char seg_lastc;
-    bool seg_lead; /* only digits so far: a list number, left out of the hash */
+    bool seg_lead;     /* only digits so far: a list number, left out of the hash */
+    bool seg_numbered; /* the segment's first word is a number */
     bool seg_gap;
     unsigned char prev, prev2;
     struct {
@@ -230,6 +231,7 @@ struct guard {
     unsigned char seg_count[GUARD_SEG_BUCKETS]; /* window segments per hash bucket */
     uint64_t nsegs;
     unsigned lines_run, lines_run_text; /* the trailing run of returns, and its text ones */
+    unsigned lines_same;                /* segments in a row equal to the one before */
 
     /* template (g_template.c): the current line's first byte, the previous line's body, the
      * first body of the run and the run's length. */
@@ -357,10 +359,10 @@ void guard_prompt_release(guard *g);
 void guard_lines_init(guard *g);
 void guard_lines_release(guard *g);
 /* A completed segment with a letter, hashed h, [start, end); `trigger`: it is a sentence or
- * an item that may trip; `prose`: it is text; `plain`: a line flush left without a bullet.
- * Returns true on a trip. */
+ * an item that may trip; `prose`: it is text; `plain`: a line flush left without a bullet;
+ * `in_row`: it trips only as copies in a row. Returns true on a trip. */
 bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, bool trigger,
-                         bool prose, bool plain, uint64_t now);
+                         bool prose, bool plain, bool in_row, uint64_t now);
 /* A completed line [start, end) (without its newline), for the template detector. Returns
  * true on a trip. */
 bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now);

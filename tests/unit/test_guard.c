@@ -731,7 +731,8 @@ static void test_cycles(void **state)
     free(t.s);
 }
 
-/* A count in a product name ("18 Color") asks for no copies of a row that mentions it. */
+/* A count in a product name ("18 Color") asks for no copies of a row that mentions it;
+ * numbered one-word items. */
 static void test_prompt_count_word(void **state)
 {
     (void)state;
@@ -743,6 +744,23 @@ static void test_prompt_count_word(void **state)
                              "Fineliner Pens for Journaling and Drawing, 18 Color",
                              t.s);
     assert_true(r.tripped);
+    /* An answer key repeats one word per numbered item; one numbered word in a row is a loop. */
+    t.n = 0;
+    tcat(&t, "Answers:\n\n");
+    for (int i = 1; i <= 16; i++) {
+        char item[48];
+        snprintf(item, sizeof(item), "%d. %s\n\n\n", i, (i * 7) % 5 < 3 ? "True" : "False");
+        tcat(&t, item);
+    }
+    assert_false(scan_text(LG_CH_CONTENT, t.s).tripped);
+    t.n = 0;
+    tcat(&t, "Rhymes:\n\n");
+    for (int i = 1; i <= 8; i++) {
+        char item[48];
+        snprintf(item, sizeof(item), "%d. conduct\n", i);
+        tcat(&t, item);
+    }
+    assert_true(scan_text(LG_CH_CONTENT, t.s).tripped);
     /* "a list of 30 None" still allows 30 of them. */
     t.n = 0;
     trep(&t, "None, ", 30);
