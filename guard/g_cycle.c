@@ -52,7 +52,6 @@ typedef struct cline {
     uint32_t len;
     uint32_t rest;            /* hash of the numbers past the first CYCLE_NUMS */
     uint16_t num[CYCLE_NUMS]; /* the first numbers, mod 2^16 */
-    uint16_t chars, letters;  /* saturating */
     uint64_t ends;            /* its first and last ENDS bytes (lines of 2 * ENDS or more) */
 } cline;
 
@@ -62,6 +61,10 @@ struct gcycle {
     uint16_t run[CYCLE_MAX_PERIOD + 1];
     uint64_t from[CYCLE_MAX_PERIOD + 1];  /* where each run's first copy began */
     uint16_t moved[CYCLE_MAX_PERIOD + 1]; /* bit k: the line k back changed a number */
+    bool active;                          /* some run is going on */
+    /* How many of the last CYCLE_MAX_PERIOD lines have each value of skel's low 6 bits: a
+     * line whose bits no earlier line has, while no run goes on, matches nothing. */
+    unsigned char hint[64];
     /* The art run: its texture, the last line's hash, its length and first line. */
     uint64_t art_tex, art_raw, art_from;
     unsigned art_run;
@@ -99,11 +102,12 @@ static bool recombined(const guard *g, const cline *a, const cline *b)
     return mid >= 3 && memmem(g->buf + (from - g->base), (size_t)(b->start - from), m, mid) != NULL;
 }
 
-/* How lines a and b compare: 0 equal; 1 one skeleton with one number different, or one
- * frame (the same first and last ENDS bytes) around a different middle; 2 else. */
-static unsigned lines_compare(const guard *g, const cline *a, const cline *b)
+/* How lines a and b compare: 0 equal; 1 one skeleton with one number different, or (when
+ * `grown` is asked) one frame (the same first and last ENDS bytes) around a grown or shrunk
+ * name; 2 else. */
+static unsigned lines_compare(const guard *g, const cline *a, const cline *b, bool grown)
 {
-    if (a->skel != b->skel) return a->ends && a->ends == b->ends && recombined(g, a, b) ? 1 : 2;
+    if (a->skel != b->skel) return grown && a->ends == b->ends && recombined(g, a, b) ? 1 : 2;
     unsigned diff = a->rest != b->rest;
     for (unsigned k = 0; k < CYCLE_NUMS; k++)
         diff += a->num[k] != b->num[k];
@@ -124,61 +128,106 @@ static bool has_shorter_period(const struct gcycle *c, unsigned P)
     return false;
 }
 
-/* Reads the body [s, e) into a cline: skeleton hash, numbers, letters. */
+/* Byte classes for read_line. */
+enum { B_DIGIT = 1, B_NAME = 2, B_LETTER = 4, B_CONT = 8 };
+static const unsigned char byte_cls[256] = {
+    ['0' ... '9'] = B_DIGIT,
+    ['A' ... 'Z'] = B_NAME | B_LETTER,
+    ['a' ... 'z'] = B_NAME | B_LETTER,
+    ['_'] = B_NAME,
+    [0x80 ... 0xBF] = B_CONT,
+    /* A lead byte above U+2FFF is one letter; U+2000-U+2FFF (lead E2) are symbols: box
+     * drawing, arrows, Braille. */
+    [0xC3 ... 0xE1] = B_LETTER,
+    [0xE3 ... 0xFF] = B_LETTER,
+};
+
+/* Ends the number v of a line being read: one '0' in the skeleton, its value kept. */
+static uint64_t end_number(cline *l, uint64_t h, uint32_t v, unsigned *nn, uint32_t *rest)
+{
+    if (*nn < CYCLE_NUMS)
+        l->num[*nn] = (uint16_t)v;
+    else
+        *rest = (*rest ^ v) * 0x01000193u;
+    (*nn)++;
+    return (h ^ '0') * 0x100000001B3ull;
+}
+
+/* Does the 8-byte word x hold an ASCII digit? (SWAR: a byte of x ^ '0'*8 below 10.) */
+static inline bool has_digit(uint64_t x)
+{
+    const uint64_t ones = 0x0101010101010101ull;
+    uint64_t y = x ^ (ones * '0');
+    return ((y - ones * 10) & ~y & (ones * 0x80)) != 0;
+}
+
+/* Reads the body [s, e) into a cline: the skeleton hash and the numbers. Eight bytes
+ * without a digit are hashed as one word when they start at a multiple of 8 in the
+ * skeleton (so that lines with one skeleton cut it alike, whatever their numbers' lengths);
+ * every other byte goes one at a time. */
 static void read_line(const guard *g, uint64_t s, uint64_t e, cline *l)
 {
-    uint64_t h = 0xCBF29CE484222325ull;
+    const unsigned char *b = g->buf + (s - g->base), *be = b + (e - s);
+    uint64_t h = 0xCBF29CE484222325ull, sk = 0; /* sk: skeleton bytes hashed */
     uint32_t rest = 0x811C9DC5u, v = 0;
-    unsigned nn = 0, letters = 0, chars = 0;
+    unsigned nn = 0;
     bool in_num = false, in_name = false;
-    for (uint64_t o = s; o <= e; o++) {
-        unsigned char c = o < e ? guard_at(g, o) : 0;
-        bool word = ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c == '_';
+    while (b < be) {
+        uint64_t w;
+        if (!(sk & 7) && !in_num && be - b >= 8 && (memcpy(&w, b, 8), !has_digit(w))) {
+            h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+            h ^= h >> 32;
+            in_name = byte_cls[b[7]] & B_NAME;
+            b += 8;
+            sk += 8;
+            continue;
+        }
+        unsigned c = *b++, t = byte_cls[c];
         /* Digits inside a name ("sha256", "EDITION_2023") are part of the skeleton: code
          * declares one name per variant on purpose. */
-        if (word || (in_name && c >= '0' && c <= '9')) {
-            in_name = true;
-        } else if (c >= '0' && c <= '9') {
+        if (t == B_DIGIT && !in_name) {
             v = v * 10 + (c - '0');
             in_num = true;
             continue;
-        } else {
-            in_name = false;
         }
-        if (in_num) { /* a number ended */
-            h = (h ^ '0') * 0x100000001B3ull;
-            if (nn < CYCLE_NUMS)
-                l->num[nn] = (uint16_t)v;
-            else
-                rest = (rest ^ v) * 0x01000193u;
-            nn++;
+        in_name = t & (B_NAME | B_DIGIT);
+        if (in_num) {
+            h = end_number(l, h, v, &nn, &rest);
+            sk++;
             v = 0;
             in_num = false;
         }
-        if (o == e) break;
-        /* Characters, and the letters among them: a lead byte above U+2FFF counts as one
-         * (U+2000-U+2FFF, lead E2, are symbols: box drawing, arrows, Braille). */
-        chars += (c & 0xC0) != 0x80;
-        letters += ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || (c >= 0xC3 && c != 0xE2);
         h = (h ^ c) * 0x100000001B3ull;
+        sk++;
     }
+    if (in_num) h = end_number(l, h, v, &nn, &rest);
     for (unsigned k = nn; k < CYCLE_NUMS; k++)
         l->num[k] = 0;
     l->skel = h;
     l->rest = rest;
     l->ends = 0;
-    if (e - s >= 2 * ENDS) {
-        uint64_t f = 0xCBF29CE484222325ull;
-        for (uint64_t o = 0; o < ENDS; o++) {
-            f = (f ^ guard_at(g, s + o)) * 0x100000001B3ull;
-            f = (f ^ guard_at(g, e - ENDS + o)) * 0x100000001B3ull;
-        }
-        l->ends = f | 1;
+    if (e - s >= 2 * ENDS) { /* the first and last 8 bytes, mixed */
+        uint64_t x, y;
+        memcpy(&x, g->buf + (s - g->base), sizeof x);
+        memcpy(&y, be - ENDS, sizeof y);
+        x = (x ^ (y * 0x9E3779B97F4A7C15ull)) * 0xFF51AFD7ED558CCDull;
+        l->ends = (x ^ x >> 29) | 1;
     }
     l->start = s;
     l->len = (uint32_t)(e - s);
-    l->chars = chars > UINT16_MAX ? UINT16_MAX : (uint16_t)chars;
-    l->letters = letters > UINT16_MAX ? UINT16_MAX : (uint16_t)letters;
+}
+
+/* Are the characters of history [s, e) less than a quarter letters? Asked of a cycle about
+ * to trip only. */
+static bool few_letters(const guard *g, uint64_t s, uint64_t e)
+{
+    uint64_t letters = 0, chars = 0;
+    for (uint64_t o = s; o < e; o++) {
+        unsigned t = byte_cls[guard_at(g, o)];
+        letters += (t >> 2) & 1;
+        chars += !(t & B_CONT);
+    }
+    return letters * 4 < chars;
 }
 
 /* The texture of an art line [s, e) (no ASCII letter or digit): the line with each run of
@@ -250,42 +299,51 @@ bool guard_cycle_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         c->n = 0;
         memset(c->run, 0, sizeof(c->run));
         memset(c->moved, 0, sizeof(c->moved));
+        memset(c->hint, 0, sizeof(c->hint));
+        c->active = false;
         return false;
     }
-    guard_line_body(g, &start, &end);
     if (start == end) return false;
     if (p->lines.art_run && art_line(g, start, end, now)) return true;
     if (!p->lines.cycle_copies) return false;
     cline *l = &c->ring[c->n % CYCLE_RING];
     read_line(g, start, end, l);
     uint64_t n = c->n++;
-    for (unsigned P = 2; P <= CYCLE_MAX_PERIOD; P++) {
-        unsigned cmp = n >= P ? lines_compare(g, l, &c->ring[(n - P) % CYCLE_RING]) : 2;
-        /* One number may change per copy (a counter), not one per line. */
-        uint16_t moved = (uint16_t)((c->moved[P] << 1 | (cmp == 1)) & ((1u << P) - 1));
+    bool maybe = c->active || c->hint[l->skel & 63];
+    c->hint[l->skel & 63]++;
+    if (n >= CYCLE_MAX_PERIOD) c->hint[c->ring[(n - CYCLE_MAX_PERIOD) % CYCLE_RING].skel & 63]--;
+    if (!maybe) return false; /* every run is 0 and stays so */
+    uint64_t longest = 0;     /* lines of the longest run */
+    c->active = false;
+    for (unsigned P = 2; P <= CYCLE_MAX_PERIOD && P <= n; P++) {
+        /* One line may move per copy (a counter), not one per line. A grown name is looked
+         * for (memmem, the costly part) only inside a run with no line moved yet: code
+         * repeats lines' frames all the time, and a run starts on equal lines anyway. */
+        uint16_t kept = (uint16_t)((c->moved[P] << 1) & ((1u << P) - 1));
+        bool grown = c->run[P] && !kept && l->ends;
+        unsigned cmp = lines_compare(g, l, &c->ring[(n - P) % CYCLE_RING], grown);
+        uint16_t moved = (uint16_t)(kept | (cmp == 1));
         bool m = cmp < 2 && !(moved & (moved - 1));
         if (m && !c->run[P]) c->from[P] = c->ring[(n - P) % CYCLE_RING].start;
         c->run[P] = m ? (uint16_t)(c->run[P] < UINT16_MAX ? c->run[P] + 1 : c->run[P]) : 0;
         c->moved[P] = m ? moved : 0;
+        c->active |= m;
+        if (m && c->run[P] + P > longest) longest = c->run[P] + P;
     }
+    if (longest < p->lines.cycle_lines) return false;
     for (unsigned P = 2; P <= CYCLE_MAX_PERIOD && P <= n; P++) {
         uint64_t lines = (uint64_t)c->run[P] + P;
         if (!c->run[P] || lines < p->lines.cycle_lines ||
             lines < (uint64_t)p->lines.cycle_copies * P)
             continue;
-        uint64_t letters = 0, chars = 0;
-        for (unsigned k = 0; k < P; k++) {
-            letters += c->ring[(n - k) % CYCLE_RING].letters;
-            chars += c->ring[(n - k) % CYCLE_RING].chars;
-        }
-        if (letters * 4 < chars && lines < (uint64_t)CYCLE_ART_COPIES * P) continue;
-        if (has_shorter_period(c, P)) continue;
-        /* The block the prompt asks for or holds may come back that many times. */
         const cline *first = &c->ring[(n - P + 1) % CYCLE_RING];
         uint64_t from = first->start, to = l->start + l->len;
+        if (from < g->base) continue;
+        if (lines < (uint64_t)CYCLE_ART_COPIES * P && few_letters(g, from, to)) continue;
+        if (has_shorter_period(c, P)) continue;
+        /* The block the prompt asks for or holds may come back that many times. */
         unsigned copies = (unsigned)(lines / P);
-        if (from >= g->base &&
-            copies <= guard_prompt_slack(g, g->buf + (from - g->base), (size_t)(to - from)))
+        if (copies <= guard_prompt_slack(g, g->buf + (from - g->base), (size_t)(to - from)))
             continue;
         guard_set_unit(g, from, to);
         guard_trip(g, "cycle", c->from[P], now, copies);

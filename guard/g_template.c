@@ -89,7 +89,6 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         g->tpl_valid = false;
         return false;
     }
-    guard_line_body(g, &start, &end);
     if (start == end) return false;
     bool follows = g->tpl_valid && g->tpl_start >= g->base &&
                    same_template(g, g->tpl_start, g->tpl_end, start, end) && is_text(g, start, end);

@@ -102,12 +102,13 @@ static inline void seg_add(guard *g, unsigned char b, uint64_t pos)
     g->seg_len++;
 }
 
-/* A line [start, end) is complete when `now` bytes have been fed: hands it to the template
- * and cycle detectors. Returns true on a trip. */
+/* A line [start, end) is complete when `now` bytes have been fed: hands its body to the
+ * template and cycle detectors. Returns true on a trip. */
 static bool line_end(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
     const guard_params *p = g->p;
     if (!p->lines.enabled) return false;
+    if (start >= g->base) guard_line_body(g, &start, &end);
     if (p->lines.template_run && guard_template_line(g, start, end, now)) return true;
     return g->cyc && guard_cycle_line(g, start, end, now);
 }

@@ -363,8 +363,9 @@ void guard_lines_release(guard *g);
  * `in_row`: it trips only as copies in a row. Returns true on a trip. */
 bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, bool trigger,
                          bool prose, bool plain, bool in_row, uint64_t now);
-/* A completed line [start, end) (without its newline), for the template detector. Returns
- * true on a trip. */
+/* The body [start, end) of a completed line (guard_line_body; start below the history's
+ * base: a line longer than the history), for the template detector. Returns true on a
+ * trip. */
 bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
 /* The same for the cycle detector (g_cycle.c), on when lines.cycle_copies is set. */
 void guard_cycle_init(guard *g);
