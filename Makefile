@@ -66,7 +66,8 @@ FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 C_FILES   := $(wildcard guard/*.[ch] config/*.[ch] proxy/*.[ch] tests/*/*.[ch])
 
 .PHONY: all deps setup test-deps test check unit e2e tsan bench demo run install fuzz \
-        fuzz-smoke soak clean format format-check valgrind
+        fuzz-smoke soak clean format format-check valgrind test-build test-build-san \
+        test-build-tsan servers unit-bins setup-debs setup-npm
 
 all: $(BUILD)/loopguard $(BUILD)/fake_upstream $(BENCH_BIN)
 
@@ -98,7 +99,11 @@ endef
 # Installs what the build and the tests need (Debian packages as root, else it names the one
 # command; the npm clients under tests/client) and says what it installs. `make test` and
 # `make demo` run it first. Two rounds: clang, once installed, may name its runtime package.
+# setup-npm installs from npm's cache when it has the locked versions (--prefer-offline).
 setup:
+	@$(MAKE) setup-debs
+	@$(MAKE) setup-npm
+setup-debs:
 	@for round in 1 2 3; do \
 	  $(missing_test_deps); [ -z "$$missing" ] && break; \
 	  if [ "$$(id -u)" != 0 ]; then echo "setup: missing; run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
@@ -106,13 +111,14 @@ setup:
 	  echo "setup: installing Debian packages:$$missing"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null || exit 1; \
 	done
+setup-npm:
 	@[ -d tests/client/node_modules/openai ] && [ -d tests/client/node_modules/@dwmkerr/mock-llm ] && \
 	   [ -d tests/client/node_modules/@anthropic-ai/sdk ] || \
 	  { echo "setup: installing the npm test clients (npm ci in tests/client)"; \
-	    cd tests/client && npm ci --no-audit --no-fund --loglevel=error; }
+	    cd tests/client && npm ci --prefer-offline --no-audit --no-fund --loglevel=error; }
 	@[ -d tests/browser/node_modules/puppeteer-core ] || \
 	  { echo "setup: installing puppeteer-core for the status page test (npm ci in tests/browser)"; \
-	    cd tests/browser && npm ci --no-audit --no-fund --loglevel=error; }
+	    cd tests/browser && npm ci --prefer-offline --no-audit --no-fund --loglevel=error; }
 
 # Like deps, for the test tools: names what is missing and stops.
 test-deps: deps
@@ -153,26 +159,32 @@ check: all $(UNIT_BIN) $(if $(filter 1,$(FORMAT_CHECK)),format-check)
 
 # Every test: plain, under ASan+UBSan, the threaded suites under ThreadSanitizer, the guarded
 # e2e suites under valgrind memcheck, and a short smoke of each fuzz target (a target is a
-# suite and a case). Each pass adds its counts to build/test-summary; the last line is the
+# suite and a case). First every binary of every variant in one make (test-build, so that
+# -j2 keeps both cores compiling across variants), then one queue of all the suites through
+# tests/run.sh, TEST_JOBS at a time (the valgrind suites alone, first). The last line is the
 # total of cases, "N passed, N failed".
+TEST_JOBS ?= 2
+TEST_PASSES := build:unit,e2e,client,browser,corpus build/san:unit,e2e,client,browser,corpus \
+               build/tsan:tsan build:valgrind build/fuzz:fuzz
 test:
 	@echo "make test: every suite on the plain, ASan+UBSan and TSan builds, valgrind, fuzz"
-	@echo "smoke: about 10-15 minutes on 2 cores (make -j2 test builds on both)."
-	@$(MAKE) setup
-	@mkdir -p build; rm -f build/test-summary; st=0; \
-	$(MAKE) check SAN=0 || st=1; \
-	$(MAKE) check SAN=1 || st=1; \
-	$(MAKE) tsan || st=1; \
-	$(MAKE) valgrind || st=1; \
-	if $(MAKE) fuzz-smoke; then f="$(words $(FUZZ_BIN))"; f="$$f 0 $$f 0"; \
-	else st=1; f="0 1 0 1"; fi; echo "$$f" >> build/test-summary; \
-	tests/run.sh --total build/test-summary || st=1; \
+	@echo "smoke: about 10 minutes on 2 cores (make -j2 test builds on both)."
+	@$(MAKE) setup-debs
+	@mkdir -p build; rm -f build/test-summary; st=0; t0=$$(date +%s); \
+	$(MAKE) setup-npm > build/setup-npm.log 2>&1 & npm=$$!; \
+	$(MAKE) -k SAN=0 test-build || st=1; \
+	wait $$npm || { st=1; echo "setup-npm failed:"; }; cat build/setup-npm.log; \
+	echo "-- test-build and setup-npm: $$(( $$(date +%s) - t0 )) s"; \
+	$(MAKE) SAN=0 format-check || st=1; \
+	PASSES="$(TEST_PASSES)" JOBS=$(TEST_JOBS) FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) \
+	  tests/run.sh || st=1; \
+	tests/run.sh --total build/test-summary >/dev/null || st=1; \
 	exit $$st
 
 # The exchange, upstream and fault e2e suites on the ThreadSanitizer build (clang) with
 # four workers, so that requests, health checks and ejections cross threads.
 tsan:
-	@$(MAKE) SAN=tsan all
+	@$(MAKE) SAN=tsan servers
 	@BUILD=build/tsan SUITES=tsan tests/run.sh
 
 # The guarded-exchange, normalisation, fault and shutdown e2e suites with loopguard under
@@ -220,6 +232,17 @@ fuzz: test-deps $(FUZZ_BIN)
 FUZZ_SMOKE_SECONDS ?= 5
 fuzz-smoke: test-deps $(FUZZ_BIN)
 	@FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) tests/fuzz/run.sh
+
+# Every binary `make test` runs: the plain build with its unit tests, the servers and unit
+# tests under ASan+UBSan (build/san), the servers under ThreadSanitizer (build/tsan) and the
+# fuzz targets. The sub-makes share this make's job slots.
+test-build: all $(UNIT_BIN) $(FUZZ_BIN) test-build-san test-build-tsan
+test-build-san:
+	@$(MAKE) SAN=1 servers unit-bins
+test-build-tsan:
+	@$(MAKE) SAN=tsan servers
+servers: $(BUILD)/loopguard $(BUILD)/fake_upstream
+unit-bins: $(UNIT_BIN)
 
 soak: test-deps all
 	@BUILD=$(BUILD) tests/soak.sh
