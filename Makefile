@@ -160,12 +160,13 @@ check: all $(UNIT_BIN) $(if $(filter 1,$(FORMAT_CHECK)),format-check)
 # Every test: plain, under ASan+UBSan, the threaded suites under ThreadSanitizer, the guarded
 # e2e suites under valgrind memcheck, and a short smoke of each fuzz target (a target is a
 # suite and a case). First every binary of every variant in one make (test-build, so that
-# -j2 keeps both cores compiling across variants), then one queue of all the suites through
-# tests/run.sh, TEST_JOBS at a time (the valgrind suites alone, first). The last line is the
-# total of cases, "N passed, N failed".
+# -j2 keeps both cores compiling across variants; the npm clients install meanwhile), then
+# one queue of all the suites through tests/run.sh, TEST_JOBS at a time: the valgrind suites
+# alone, first, then the slowest builds' suites first. The last line is the total of cases,
+# "N passed, N failed".
 TEST_JOBS ?= 2
-TEST_PASSES := build:unit,e2e,client,browser,corpus build/san:unit,e2e,client,browser,corpus \
-               build/tsan:tsan build:valgrind build/fuzz:fuzz
+TEST_PASSES := build/tsan:tsan build/san:e2e,unit,client,browser,corpus \
+               build:e2e,unit,client,browser,corpus build:valgrind build/fuzz:fuzz
 test:
 	@echo "make test: every suite on the plain, ASan+UBSan and TSan builds, valgrind, fuzz"
 	@echo "smoke: about 10 minutes on 2 cores (make -j2 test builds on both)."
