@@ -19,7 +19,8 @@
 # JOBS=N runs up to N suites at once (default 1; `make test` uses 2 on two cores). Suites run
 # in parallel are independent processes on their own ports and temporary files; each one's
 # output is printed whole when it ends. A suite marked exclusive below (the valgrind suites,
-# whose pacing checks need an unloaded machine) runs alone, before the others.
+# whose pacing checks need an unloaded machine) runs first, with at most corpus and fuzz
+# suites beside it at nice 19.
 #
 # tests/run.sh --total FILE prints the totals of a test-summary file the same way.
 set -u
@@ -199,8 +200,8 @@ if [ "$JOBS" -le 1 ]; then
     for ((i = 0; i < n; i++)); do run_alone "$i"; done
 else
     # First the exclusive suites, one at a time. Beside them, in the other slots, only the
-    # suites that measure no time (unit, corpus, fuzz) and at nice 19, so that the CPU the
-    # exclusive suite leaves idle is used without slowing it.
+    # suites that time nothing (corpus, fuzz: some unit tests pace a fake upstream) and at
+    # nice 19, so that the CPU the exclusive suite leaves idle is used without slowing it.
     e=0 c=0 excl_pid=
     while :; do
         if [ -z "$excl_pid" ]; then
@@ -211,7 +212,7 @@ else
         fi
         while [ ${#running[@]} -lt "$JOBS" ] && [ $c -lt $n ]; do
             case ${q_excl[c]}:${q_kind[c]} in
-            0:unit | 0:corpus | 0:fuzz) start $c 1 ;;
+            0:corpus | 0:fuzz) start $c 1 ;;
             esac
             c=$((c + 1))
         done
