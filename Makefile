@@ -164,7 +164,8 @@ check: all $(UNIT_BIN) $(if $(filter 1,$(FORMAT_CHECK)),format-check)
 #   1. once the plain build is done: the valgrind suites, alone, because their pacing checks
 #      need an unloaded machine. Beside them, at nice 19 so as not to slow them: the plain
 #      corpus suites, the other variants' build (test-variants) and npm ci.
-#   2. every other suite, the slowest builds' first, TEST_JOBS at a time.
+#   2. (what still runs beside back at nice 0) every other suite, the slowest builds' first,
+#      TEST_JOBS at a time.
 # Each round adds its counts to build/test-summary; the last line is the total of cases,
 # "N passed, N failed".
 TEST_JOBS ?= 3
@@ -181,7 +182,7 @@ test:
 	(s=0; nice -n 19 $(MAKE) -k test-variants || s=1; nice -n 19 $(MAKE) setup-npm || s=1; \
 	  exit $$s) > build/test-variants.log 2>&1 & bg=$$!; \
 	JOBS=$(TEST_JOBS) PASSES="$(TEST_ROUND1)" tests/run.sh || st=1; \
-	wait $$bg || { st=1; echo "test-variants or setup-npm failed:"; }; \
+	tests/run.sh --unnice $$bg; wait $$bg || { st=1; echo "test-variants or setup-npm failed:"; }; \
 	cat build/test-variants.log; echo "-- round 1: $$(( $$(date +%s) - t0 )) s"; \
 	JOBS=$(TEST_JOBS) PASSES="$(TEST_ROUND2)" FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) \
 	  tests/run.sh || st=1; \

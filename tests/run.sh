@@ -22,7 +22,8 @@
 # whose pacing checks need an unloaded machine) runs first, with at most corpus and fuzz
 # suites beside it at nice 19.
 #
-# tests/run.sh --total FILE prints the totals of a test-summary file the same way.
+# tests/run.sh --total FILE prints the totals of a test-summary file the same way;
+# tests/run.sh --unnice PID... puts processes started at nice 19 back to 0 (as root).
 set -u
 cd "$(dirname "$0")/.."
 
@@ -32,6 +33,23 @@ print_totals() {
     echo "suites: $1 passed, $2 failed"
     echo "$3 passed, $4 failed"
 }
+
+# unnice PID...: the processes and their descendants back to nice 0 (only root may lower a
+# nice value; for anyone else they stay as they are).
+unnice() {
+    local pids="$*" all=""
+    while [ -n "${pids// /}" ]; do
+        all="$all $pids"
+        pids=$(ps -o pid= --ppid "$(echo $pids | tr ' ' ,)" 2>/dev/null | tr '\n' ' ')
+    done
+    renice -n 0 -p $all >/dev/null 2>&1 || true
+}
+
+if [ "${1:-}" = --unnice ]; then
+    shift
+    unnice "$@"
+    exit 0
+fi
 
 if [ "${1:-}" = --total ]; then
     read -r sp sf cp cf < <(awk '{a += $1; b += $2; c += $3; d += $4}
@@ -219,6 +237,8 @@ else
         reap
         [ "$done_pid" = "$excl_pid" ] && excl_pid=
     done
+    # Nothing is timed any more: what still runs beside goes on at full priority.
+    [ ${#running[@]} = 0 ] || unnice "${!running[@]}"
     # Then every other suite, JOBS at a time, in queue order.
     for ((i = 0; i < n; i++)); do
         [ -z "${started[i]:-}" ] || continue
