@@ -129,9 +129,18 @@ static void drop_pending(rsp_state *r)
     r->n_pending = 0;
 }
 
-static void hold_event(rsp_state *r, const sse_event *ev, const cJSON *root)
+static void flush_pending(exchange *ex);
+
+/* Holds an opening event of the upstream's message item. Past the two it has (item added,
+ * part added), the item goes out as it is and so does the event. */
+static void hold_event(exchange *ex, const sse_event *ev, const cJSON *root, const char *type)
 {
-    if (r->n_pending == 2) return; /* the message item has two opening events */
+    rsp_state *r = RS(ex);
+    if (r->n_pending == 2) {
+        flush_pending(ex);
+        out_event(ex, ev, root, type);
+        return;
+    }
     held_event *h = &r->pending[r->n_pending++];
     h->root = dl_json_must(cJSON_Duplicate(root, 1));
     h->raw = (lg_buf)LG_BUF_INIT;
@@ -165,21 +174,38 @@ static void flush_pending(exchange *ex)
     drop_pending(r);
 }
 
+/* A reasoning item of loopguard's, split out of a message's text, in vLLM's shape: its
+ * content the reasoning text s[0..n) (none when s is NULL: the item was just added). */
+static cJSON *reasoning_item(const char *s, size_t n, const char *status)
+{
+    char id[40] = "rs_";
+    ex_random_hex(id + 3, 16);
+    cJSON *ri = dl_json_must(cJSON_CreateObject());
+    cJSON_AddStringToObject(ri, "id", id);
+    cJSON_AddItemToObject(ri, "summary", cJSON_CreateArray());
+    cJSON_AddStringToObject(ri, "type", "reasoning");
+    cJSON *content = dl_json_must(cJSON_AddArrayToObject(ri, "content"));
+    if (s) {
+        char *t = strndup(s, n);
+        if (!t) lg_oom(n + 1);
+        cJSON *part = dl_json_must(cJSON_CreateObject());
+        cJSON_AddStringToObject(part, "text", t);
+        cJSON_AddStringToObject(part, "type", "reasoning_text");
+        cJSON_AddItemToArray(content, part);
+        free(t);
+    }
+    cJSON_AddNullToObject(ri, "encrypted_content");
+    cJSON_AddStringToObject(ri, "status", status);
+    return ri;
+}
+
 /* A reasoning item split out of the upstream's message item: added, its part added. */
 static void open_reasoning_item(exchange *ex)
 {
     rsp_state *r = RS(ex);
     if (r->open >= 0) close_open_item(ex, "completed");
-    char id[40] = "rs_";
-    ex_random_hex(id + 3, 16);
     cJSON_Delete(r->open_item);
-    r->open_item = dl_json_must(cJSON_CreateObject());
-    cJSON_AddStringToObject(r->open_item, "id", id);
-    cJSON_AddItemToObject(r->open_item, "summary", cJSON_CreateArray());
-    cJSON_AddStringToObject(r->open_item, "type", "reasoning");
-    cJSON_AddItemToObject(r->open_item, "content", cJSON_CreateArray());
-    cJSON_AddNullToObject(r->open_item, "encrypted_content");
-    cJSON_AddStringToObject(r->open_item, "status", "in_progress");
+    r->open_item = reasoning_item(NULL, 0, "in_progress");
     r->open = r->next++;
     r->open_ch = LG_CH_REASONING;
     r->open_synth = true;
@@ -461,7 +487,7 @@ static int rsp_on_event(exchange *ex, const sse_event *ev)
         if (stream &&
             r->up_ch == LG_CH_CONTENT) { /* until its text says if it opens with <think> */
             drop_pending(r);
-            hold_event(r, ev, root);
+            hold_event(ex, ev, root, type);
         } else if (stream) {
             out_event(ex, ev, root, type);
             r->open = (cJSON_IsNumber(oi) ? oi->valueint : 0) + r->offset;
@@ -492,7 +518,7 @@ static int rsp_on_event(exchange *ex, const sse_event *ev)
     } else if (!strcmp(type, "response.failed") || !strcmp(type, "error")) {
         on_failed(ex, ev, root, type);
     } else if (stream && r->n_pending) { /* the held message item's part */
-        hold_event(r, ev, root);
+        hold_event(ex, ev, root, type);
     } else if (stream) { /* parts added, and types this module does not know */
         out_event(ex, ev, root, type);
     }
@@ -604,24 +630,8 @@ static void split_output(exchange *ex, cJSON *output)
         if (!t) lg_oom(cs->len + 1);
         dl_json_set(part, "text", cJSON_CreateString(t));
         free(t);
-        if (!rs->len) break;
-        char id[40] = "rs_";
-        ex_random_hex(id + 3, 16);
-        cJSON *ri = dl_json_must(cJSON_CreateObject());
-        cJSON_AddStringToObject(ri, "id", id);
-        cJSON_AddItemToObject(ri, "summary", cJSON_CreateArray());
-        cJSON_AddStringToObject(ri, "type", "reasoning");
-        cJSON *content = dl_json_must(cJSON_AddArrayToObject(ri, "content"));
-        cJSON *rp = dl_json_must(cJSON_CreateObject());
-        t = strndup(rs->p, rs->len);
-        if (!t) lg_oom(rs->len + 1);
-        cJSON_AddStringToObject(rp, "text", t);
-        free(t);
-        cJSON_AddStringToObject(rp, "type", "reasoning_text");
-        cJSON_AddItemToArray(content, rp);
-        cJSON_AddNullToObject(ri, "encrypted_content");
-        cJSON_AddStringToObject(ri, "status", "completed");
-        cJSON_InsertItemInArray(output, at, ri);
+        if (rs->len)
+            cJSON_InsertItemInArray(output, at, reasoning_item(rs->p, rs->len, "completed"));
         break;
     }
 }
