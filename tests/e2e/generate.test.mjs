@@ -227,6 +227,12 @@ for (const incremental of [false, true]) {
             assert.equal(abort.found, true);
         });
 
+        test("a batch SGLang refuses (a rid list of the wrong length) gets SGLang's 400", async () => {
+            const r = await post(lg.url, { text: ['a', 'b'], rid: ['only-one'] });
+            assert.equal(r.status, 400);
+            assert.match(r.json().error.message, /rids length mismatch/);
+        });
+
         test('a batch guards its first 256 samples; those past them are relayed as they come', async () => {
             await fake.setScenario({
                 model: MODEL,
@@ -290,8 +296,7 @@ for (const incremental of [false, true]) {
                 const inc = await waitFor(async () => (await incidents(lg.url)).slice(seen).at(-1));
                 assert.equal(inc.endpoint, '/generate');
                 assert.equal(inc.outcome, 'failed');
-                assert.equal(inc.attempts[0].rid, 's0');
-                assert.equal(inc.attempts[0].channel, 'content');
+                assert.deepEqual(inc.attempts.map((a) => [a.rid, a.channel]), [['s0', 'content']], 'one record: the cut sample');
             });
         }
 
