@@ -1,4 +1,4 @@
-/* g_cycle.c — the cycle detector: a block of two or more lines that keeps coming back, its
+/* g_block.c — the block detector: a block of two or more lines that keeps coming back, its
  * copies equal apart from a counter ("\begin{scope}[xshift=9cm] ... [xshift=18cm] ...",
  * "7. The Maltese Falcon (1941)\n8. The Big Sleep (1946)\n9. ..."), an ingredient or
  * playlist cycle, a drawing redrawn. The repeat detector sees verbatim blocks too, but only
@@ -16,7 +16,7 @@
  * a_b_c (x) {" after "lemma a_b (x) {"): a block re-emitted under recombined names. A name
  * replaced by a new one is a new variant, which code declares on purpose. For every P of 2 to
  * CYCLE_MAX_PERIOD lines, run[P] counts the lines in a row that match the line P before.
- * A cycle trips when its copies (run / P + 1) reach cycle_copies and its lines cycle_lines,
+ * A cycle trips when its copies (run / P + 1) reach block_copies and its lines block_lines,
  * P being the smallest period of the block (two equal lines are a one-line loop: the lines
  * and repeat detectors judge those). A cycle whose characters are less than a quarter letters (a
  * drawing, a grid, section titles between rules) needs CYCLE_ART_COPIES: a tall house
@@ -55,7 +55,7 @@ typedef struct cline {
     uint64_t ends;            /* its first and last ENDS bytes (lines of 2 * ENDS or more) */
 } cline;
 
-struct gcycle {
+struct gblock {
     cline ring[CYCLE_RING];
     uint64_t n; /* lines seen since the last reset */
     uint16_t run[CYCLE_MAX_PERIOD + 1];
@@ -70,14 +70,14 @@ struct gcycle {
     unsigned art_run;
 };
 
-void guard_cycle_init(guard *g)
+void guard_block_init(guard *g)
 {
-    if (g->p->lines.cycle_copies || g->p->lines.art_run) g->cyc = guard_xcalloc(1, sizeof(*g->cyc));
+    if (g->p->lines.block_copies || g->p->lines.art_run) g->blk = guard_xcalloc(1, sizeof(*g->blk));
 }
 
-void guard_cycle_release(guard *g)
+void guard_block_release(guard *g)
 {
-    free(g->cyc);
+    free(g->blk);
 }
 
 /* Line a has line b's frame: is what a puts in the middle old text, found in the RECENT
@@ -115,7 +115,7 @@ static unsigned lines_compare(const guard *g, const cline *a, const cline *b, bo
 }
 
 /* Is the block of the last P lines made of a shorter period? */
-static bool has_shorter_period(const struct gcycle *c, unsigned P)
+static bool has_shorter_period(const struct gblock *c, unsigned P)
 {
     for (unsigned d = 1; d < P; d++) {
         if (P % d) continue;
@@ -266,7 +266,7 @@ static bool art_texture(const guard *g, uint64_t s, uint64_t e, uint64_t *tex)
  * in texture; a tall wall repeats the same row, which the repeat detector judges. */
 static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
-    struct gcycle *c = g->cyc;
+    struct gblock *c = g->blk;
     uint64_t tex, raw = 0xCBF29CE484222325ull;
     if (!art_texture(g, start, end, &tex)) {
         c->art_run = 0;
@@ -291,10 +291,10 @@ static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     return true;
 }
 
-bool guard_cycle_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
+bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
     const guard_params *p = g->p;
-    struct gcycle *c = g->cyc;
+    struct gblock *c = g->blk;
     if (start < g->base || end - start > UINT32_MAX) { /* longer than the history: a break */
         c->n = 0;
         memset(c->run, 0, sizeof(c->run));
@@ -305,7 +305,7 @@ bool guard_cycle_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     }
     if (start == end) return false;
     if (p->lines.art_run && art_line(g, start, end, now)) return true;
-    if (!p->lines.cycle_copies) return false;
+    if (!p->lines.block_copies) return false;
     cline *l = &c->ring[c->n % CYCLE_RING];
     read_line(g, start, end, l);
     uint64_t n = c->n++;
@@ -330,11 +330,11 @@ bool guard_cycle_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         c->active |= m;
         if (m && c->run[P] + P > longest) longest = c->run[P] + P;
     }
-    if (longest < p->lines.cycle_lines) return false;
+    if (longest < p->lines.block_lines) return false;
     for (unsigned P = 2; P <= CYCLE_MAX_PERIOD && P <= n; P++) {
         uint64_t lines = (uint64_t)c->run[P] + P;
-        if (!c->run[P] || lines < p->lines.cycle_lines ||
-            lines < (uint64_t)p->lines.cycle_copies * P)
+        if (!c->run[P] || lines < p->lines.block_lines ||
+            lines < (uint64_t)p->lines.block_copies * P)
             continue;
         const cline *first = &c->ring[(n - P + 1) % CYCLE_RING];
         uint64_t from = first->start, to = l->start + l->len;
@@ -346,7 +346,7 @@ bool guard_cycle_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         if (copies <= guard_prompt_slack(g, g->buf + (from - g->base), (size_t)(to - from)))
             continue;
         guard_set_unit(g, from, to);
-        guard_trip(g, "cycle", c->from[P], now, copies);
+        guard_trip(g, "block", c->from[P], now, copies);
         return true;
     }
     return false;
