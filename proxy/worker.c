@@ -39,8 +39,9 @@ enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT };
 /* A client socket the worker watches (fd map entry). The watch belongs to the connection,
  * not to a request: it is registered for the connection's first request and stays
  * registered between keep-alive requests (an EPOLL_CTL_ADD and a DEL per request saved),
- * until the client hangs up or libmicrohttpd closes the connection (on_connection), whose
- * close also takes the socket out of the epoll set. */
+ * until the client hangs up or libmicrohttpd closes the connection, whose close takes the
+ * socket out of the epoll set (a new connection on the same number starts unwatched:
+ * on_connection). */
 typedef struct lg_fdslot {
     lg_req *req;                 /* the request on the connection, NULL between requests */
     struct MHD_Connection *conn; /* the connection whose socket is registered; NULL: none */
@@ -504,6 +505,9 @@ ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
 {
     ssize_t n = recvfrom(fd, buf, len, flags, NULL, NULL);
     if (fd == curl_read_fd && !(flags & MSG_PEEK)) curl_drained = n > 0 && (size_t)n < len;
+    /* libmicrohttpd reads its clients through this recv too: the edge follows those
+     * bytes for what libmicrohttpd's parser hides (edge.h). */
+    if (n > 0 && !(flags & MSG_PEEK)) edge_received(fd, buf, (size_t)n);
     return n;
 }
 
