@@ -97,6 +97,14 @@ struct guard_params {
         unsigned memory_words; /* how far back a trigram counts as seen */
     } novelty;
 
+    struct {
+        bool enabled;
+        unsigned window;       /* segments remembered: the longest cycle + 1 */
+        unsigned copies;       /* copies of the cycle, the first included, that trip */
+        unsigned min_segments; /* segments of the replay equal with their numbers */
+        uint32_t min_bytes;    /* bytes of the replay */
+    } cycle;
+
     guard_rule *rules;
     size_t n_rules;
     uint32_t rule_max_match_bytes;
@@ -162,6 +170,12 @@ typedef struct gseg {
     bool seen;           /* its hash was already in the window when it arrived */
     bool prose;
 } gseg;
+
+/* A segment remembered by the cycle detector (g_cycle.c): its skeletons with and without
+ * numbers. */
+typedef struct gcyc {
+    uint32_t exact, masked;
+} gcyc;
 
 /* A trigram table entry, 4 bytes: memory per stream counts. Both fields are the low 16
  * bits of what they stand for; a wrong "seen" needs a 16-bit tag collision, 1 in 65,536. */
@@ -247,6 +261,13 @@ struct guard {
     unsigned char *tri_novel;
     uint64_t ntri;
     unsigned novel; /* novel trigrams in the window */
+
+    /* cycle (g_cycle.c): the ring of segments, how many there were, and the replay: its
+     * lag, segments, those equal with their numbers, bytes, prose bytes and first byte. */
+    gcyc *cyc;
+    uint64_t cyc_n, cyc_from;
+    unsigned cyc_lag, cyc_run, cyc_exact;
+    uint32_t cyc_bytes, cyc_prose;
 
     /* rules (g_rules.c) */
     pcre2_match_data *md;
@@ -359,6 +380,12 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
 /* A number ended at `end` (the byte there is neither a letter nor a digit), for the
  * counting detector. Returns true on a trip. */
 bool guard_count_number(guard *g, uint64_t end, uint64_t now);
+/* The cycle detector (g_cycle.c), for a completed segment with a letter [start, end) whose
+ * nw words are in g->sw; `prose` as for the lines detector. Returns true on a trip. */
+bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bool prose,
+                         uint64_t now);
+void guard_cycle_init(guard *g);
+void guard_cycle_release(guard *g);
 void guard_novelty_init(guard *g);
 void guard_novelty_release(guard *g);
 /* One word (hash, first byte, starts with a letter) of a segment that ended. Returns true

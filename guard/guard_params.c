@@ -154,6 +154,16 @@ guard_params *guard_params_new(lg_channel ch)
     p->novelty.min_ratio = ch == LG_CH_REASONING ? 0.05 : 0.1;
     p->novelty.memory_words = 256;
 
+    /* Replayed sentences (g_cycle.c): a cycle of up to 63 segments come round once, 4 of its
+     * segments equal with their numbers, 300 bytes. On the AlpacaEval answers 200 bytes
+     * tripped on a short list whose last names were said three times over; requiring three
+     * copies instead of two missed the chapter and dialogue cycles of 1 KiB. */
+    p->cycle.enabled = true;
+    p->cycle.window = 64;
+    p->cycle.copies = 2;
+    p->cycle.min_segments = 4;
+    p->cycle.min_bytes = 300;
+
     p->rule_max_match_bytes = 256;
 
     p->n_leaks = sizeof(default_leaks) / sizeof(default_leaks[0]);
@@ -444,6 +454,13 @@ static const jfield lines_fields[] = {
     F_DBL("template_share", lines.template_share, 0, 1),
     F_U32("count_run", lines.count_run, 0, 100000),
 };
+static const jfield cycle_fields[] = {
+    F_BOOL("enabled", cycle.enabled),
+    F_U32("window", cycle.window, 2, 1024),
+    F_U32("copies", cycle.copies, 2, 64),
+    F_U32("min_segments", cycle.min_segments, 1, 1024),
+    F_U32("min_bytes", cycle.min_bytes, 0, 1u << 20),
+};
 static const jfield novelty_fields[] = {
     F_BOOL("enabled", novelty.enabled),
     F_U32("window", novelty.window, 8, 4096),
@@ -571,6 +588,8 @@ static int apply_top(guard_params *p, jctx *c, const char *pre, const cJSON *obj
             rc = APPLY(p, c, pre, it, lines_fields);
         else if (!strcmp(k, "novelty"))
             rc = APPLY(p, c, pre, it, novelty_fields);
+        else if (!strcmp(k, "cycle"))
+            rc = APPLY(p, c, pre, it, cycle_fields);
         else if (!strcmp(k, "rules"))
             rc = apply_rules(p, c, pre, it);
         else if (!strcmp(k, "rule_max_match_bytes"))

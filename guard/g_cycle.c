@@ -1,0 +1,103 @@
+/* g_cycle.c — the cycle detector: the text replays its own recent sentences, one after
+ * another, in the same order: a sentence or line said again and again ("Thank you." ×5), a
+ * two-line reasoning cycle ("Wait, …" / "$\boxed{5}$"), a dialogue or a chapter of ten
+ * paragraphs coming round again with only its numbers changed ("Chapter 4:" / "Chapter 6:").
+ *
+ * It reads the segments (lines and sentences) g_text.c completes, each as its list of words.
+ * A segment has two skeletons: its words (case folded, a leading item number left out) and
+ * its words without the numbers. The ring remembers the last cycle.window skeletons. A replay
+ * at lag L is a run of segments each equal, numbers aside, to the one L before; it trips when
+ * it has come round (copies − 1) times (run ≥ L × (copies − 1)), holds min_segments segments
+ * equal with their numbers, at least two thirds of the run, and min_bytes, at least half of
+ * them prose.
+ *
+ * Why these bounds, measured on real answers: numbers alone changing is not enough ("Check if
+ * n is equal to 4." for n = 1 … 27, one product in several sizes are lists, not loops), so
+ * such segments carry a replay but do not count for it; a replay that has not yet come round
+ * (thirteen items of a list of fifty told again, a song's chorus sung twice after its verses)
+ * is content; code repeats lines on purpose, so half the run must be prose.
+ *
+ * Cost: nothing per byte; per segment a hash over its words and one compare, and a scan of
+ * the ring (≤ cycle.window entries) when a replay breaks. Memory: the ring, 8 bytes a
+ * segment. */
+#include <stdlib.h>
+
+#include "guard/guard_int.h"
+
+void guard_cycle_init(guard *g)
+{
+    if (g->p->cycle.enabled) g->cyc = guard_xcalloc(g->p->cycle.window, sizeof(*g->cyc));
+}
+
+void guard_cycle_release(guard *g)
+{
+    free(g->cyc);
+}
+
+static inline uint32_t step(uint32_t h, uint64_t w)
+{
+    uint64_t x = (h ^ w) * 0x9E3779B97F4A7C15ull;
+    return (uint32_t)(x >> 32);
+}
+
+/* The skeletons of the segment whose nw words are in g->sw: *exact over every word but a
+ * leading number, *masked over the words that start with a letter. */
+static void skeletons(const guard *g, unsigned nw, uint32_t *exact, uint32_t *masked)
+{
+    uint32_t e = 0x811C9DC5u, m = 0x811C9DC5u;
+    for (unsigned i = 0; i < nw; i++) {
+        if (i || g->sw[i].alpha) e = step(e, g->sw[i].hash);
+        if (g->sw[i].alpha) m = step(m, g->sw[i].hash);
+    }
+    *exact = e;
+    *masked = m;
+}
+
+bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bool prose,
+                         uint64_t now)
+{
+    const guard_params *p = g->p;
+    unsigned w = p->cycle.window;
+    uint32_t exact, masked;
+    skeletons(g, nw, &exact, &masked);
+    uint64_t i = g->cyc_n++;
+    gcyc *s = &g->cyc[i % w];
+    uint32_t len = (uint32_t)(end - start);
+
+    /* Does it continue the replay at lag L? Else the newest earlier copy starts a new one. */
+    const gcyc *o = g->cyc_lag ? &g->cyc[(i - g->cyc_lag) % w] : NULL;
+    if (!o || o->masked != masked) {
+        g->cyc_lag = 0;
+        for (unsigned c = 1; c < w && c <= i; c++)
+            if (g->cyc[(i - c) % w].masked == masked) {
+                g->cyc_lag = c;
+                o = &g->cyc[(i - c) % w];
+                break;
+            }
+        g->cyc_run = g->cyc_exact = 0;
+        g->cyc_bytes = g->cyc_prose = 0;
+        g->cyc_from = start;
+    }
+    if (g->cyc_lag) {
+        g->cyc_run++;
+        g->cyc_exact += o->exact == exact;
+        g->cyc_bytes += len;
+        g->cyc_prose += prose ? len : 0;
+    }
+    s->exact = exact;
+    s->masked = masked;
+
+    unsigned lag = g->cyc_lag, run = g->cyc_run, need = p->cycle.min_segments;
+    if (!lag || run < need || run < lag * (p->cycle.copies - 1) || g->cyc_exact < need ||
+        g->cyc_exact * 3 < run * 2 || g->cyc_bytes < p->cycle.min_bytes ||
+        g->cyc_prose * 2 < g->cyc_bytes)
+        return false;
+    /* A sentence the prompt asks for, or holds, may come back that many times. */
+    unsigned copies = 1 + run / lag;
+    if (start >= g->base &&
+        copies <= guard_prompt_slack(g, g->buf + (start - g->base), (size_t)(end - start)))
+        return false;
+    guard_set_unit(g, start, end);
+    guard_trip(g, "cycle", g->cyc_from, now, copies);
+    return true;
+}
