@@ -95,6 +95,8 @@ struct guard_params {
         unsigned window; /* trigrams judged together */
         double min_ratio;
         unsigned memory_words; /* how far back a trigram counts as seen */
+        unsigned min_seen;     /* earlier occurrences that make a trigram not novel (1-3) */
+        bool mask_numbers;     /* a word starting with a digit counts as any number */
     } novelty;
 
     struct {
@@ -177,11 +179,13 @@ typedef struct gcyc {
     uint32_t exact, masked;
 } gcyc;
 
-/* A trigram table entry, 4 bytes: memory per stream counts. Both fields are the low 16
- * bits of what they stand for; a wrong "seen" needs a 16-bit tag collision, 1 in 65,536. */
+/* A trigram table entry, 4 bytes: memory per stream counts. The tag is 14 bits of the
+ * trigram's hash, `word` the low 16 bits of the index of the word that last completed it;
+ * a wrong "seen" needs a tag collision in one of two slots, 1 in 8,192. `seen`: how many
+ * times it came within memory_words of the time before, up to 3. */
 typedef struct gtri {
-    uint16_t tag;
-    uint16_t word; /* index of the word that completed it, mod 2^16 */
+    uint16_t tag : 14, seen : 2;
+    uint16_t word;
 } gtri;
 
 struct guard {

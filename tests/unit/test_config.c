@@ -77,6 +77,8 @@ static cJSON *guard_settings_json(const guard_params *p)
     cJSON_AddNumberToObject(n, "window", p->novelty.window);
     cJSON_AddNumberToObject(n, "min_ratio", p->novelty.min_ratio);
     cJSON_AddNumberToObject(n, "memory_words", p->novelty.memory_words);
+    cJSON_AddNumberToObject(n, "min_seen", p->novelty.min_seen);
+    cJSON_AddBoolToObject(n, "mask_numbers", p->novelty.mask_numbers);
     cJSON *cy = cJSON_AddObjectToObject(o, "cycle");
     cJSON_AddBoolToObject(cy, "enabled", p->cycle.enabled);
     cJSON_AddNumberToObject(cy, "window", p->cycle.window);
