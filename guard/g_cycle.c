@@ -18,8 +18,8 @@
  * is content; code repeats lines on purpose, so half the run must be prose.
  *
  * Cost: nothing per byte; per segment a hash over its words and one compare, and a scan of
- * the ring (≤ cycle.window entries) when a replay breaks. Memory: the ring, 8 bytes a
- * segment. */
+ * the ring (≤ cycle.window entries) when a replay breaks and the skeleton's bucket is not empty.
+ * Memory: the ring, 8 bytes a segment, and 256 bytes of bucket counts. */
 #include <stdlib.h>
 
 #include "guard/guard_int.h"
@@ -69,11 +69,12 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bo
     gcyc *s = &g->cyc[i % w];
     uint32_t len = (uint32_t)(end - start);
 
-    /* Does it continue the replay at lag L? Else the newest earlier copy starts a new one. */
+    /* Does it continue the replay at lag L? Else the newest earlier copy starts a new one;
+     * the bucket counts spare the scan for a skeleton not in the ring (most segments). */
     const gcyc *o = g->cyc_lag ? &g->cyc[(i - g->cyc_lag) % w] : NULL;
     if (!o || o->masked != masked) {
         g->cyc_lag = 0;
-        for (unsigned c = 1; c < w && c <= i; c++)
+        for (unsigned c = 1; g->cyc_count[masked & 255] && c < w && c <= i; c++)
             if (g->cyc[(i - c) % w].masked == masked) {
                 g->cyc_lag = c;
                 o = &g->cyc[(i - c) % w];
@@ -89,6 +90,8 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bo
         g->cyc_bytes += len;
         g->cyc_prose += prose ? len : 0;
     }
+    if (i >= w) g->cyc_count[s->masked & 255]--;
+    g->cyc_count[masked & 255]++;
     s->exact = exact;
     s->masked = masked;
 
