@@ -203,6 +203,30 @@ char *ex_openai_error_body(int status, const char *message, const char *type, co
 lg_buf ex_text_borrow(exchange *ex, int i);
 void ex_text_return(exchange *ex, int i, lg_buf *b);
 
+/* ---- exchange_think.c: reasoning left inline as <think> in the answer text ------------ */
+
+/* One event's answer text (and any reasoning the upstream sent beside it): splits
+ * <think>…</think> out of it when this attempt's text opens with one, the model's template
+ * opened it, or a whole response is read in hindsight. Returns true when the splitter took
+ * the event: *r and *c are then the borrowed EX_TEXT_R / EX_TEXT_C buffers holding its
+ * reasoning and answer parts (hand them back with ex_text_return); false: the text is as
+ * sent. final: the generation's last event (held tag bytes are flushed). */
+bool ex_think_split(exchange *ex, const char *reasoning, size_t rn, const char *text, size_t n,
+                    bool final, lg_buf *r, lg_buf *c);
+/* The generation of a whole response read in hindsight ended: with no </think> (and no
+ * explicit <think>), what looked like reasoning was the answer, and moves back to it.
+ * Returns true when it moved. */
+bool ex_think_settle(exchange *ex);
+/* Writes released text of channel ch (reasoning or answer) in the module's API shape. It
+ * must not borrow EX_TEXT_C (the text is lent from it). */
+typedef void ex_put_fn(exchange *ex, int ch, const char *s, size_t n);
+/* The answer text of an API whose answer is one text field (an Anthropic text block, a
+ * Responses message item): split (ex_think_split), each part guarded on its channel, and
+ * what the guards cleared handed to put, reasoning first (all of it once the answer began),
+ * everything at the end of the text (final). Returns -1 when the text is not split (the
+ * caller guards it as plain answer text), 1 when a guard tripped, else 0. */
+int ex_think_text(exchange *ex, const char *s, size_t n, bool final, ex_put_fn *put);
+
 /* ---- exchange.c: the exchange's life, for the API modules ------------------------------ */
 
 /* The exchange's fate is decided: no more attempts. The incident is written now, before
