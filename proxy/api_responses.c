@@ -165,21 +165,38 @@ static void flush_pending(exchange *ex)
     drop_pending(r);
 }
 
+/* A reasoning item of loopguard's, split out of a message's text, in vLLM's shape: its
+ * content the reasoning text s[0..n) (none when s is NULL: the item was just added). */
+static cJSON *reasoning_item(const char *s, size_t n, const char *status)
+{
+    char id[40] = "rs_";
+    ex_random_hex(id + 3, 16);
+    cJSON *ri = dl_json_must(cJSON_CreateObject());
+    cJSON_AddStringToObject(ri, "id", id);
+    cJSON_AddItemToObject(ri, "summary", cJSON_CreateArray());
+    cJSON_AddStringToObject(ri, "type", "reasoning");
+    cJSON *content = dl_json_must(cJSON_AddArrayToObject(ri, "content"));
+    if (s) {
+        char *t = strndup(s, n);
+        if (!t) lg_oom(n + 1);
+        cJSON *part = dl_json_must(cJSON_CreateObject());
+        cJSON_AddStringToObject(part, "text", t);
+        cJSON_AddStringToObject(part, "type", "reasoning_text");
+        cJSON_AddItemToArray(content, part);
+        free(t);
+    }
+    cJSON_AddNullToObject(ri, "encrypted_content");
+    cJSON_AddStringToObject(ri, "status", status);
+    return ri;
+}
+
 /* A reasoning item split out of the upstream's message item: added, its part added. */
 static void open_reasoning_item(exchange *ex)
 {
     rsp_state *r = RS(ex);
     if (r->open >= 0) close_open_item(ex, "completed");
-    char id[40] = "rs_";
-    ex_random_hex(id + 3, 16);
     cJSON_Delete(r->open_item);
-    r->open_item = dl_json_must(cJSON_CreateObject());
-    cJSON_AddStringToObject(r->open_item, "id", id);
-    cJSON_AddItemToObject(r->open_item, "summary", cJSON_CreateArray());
-    cJSON_AddStringToObject(r->open_item, "type", "reasoning");
-    cJSON_AddItemToObject(r->open_item, "content", cJSON_CreateArray());
-    cJSON_AddNullToObject(r->open_item, "encrypted_content");
-    cJSON_AddStringToObject(r->open_item, "status", "in_progress");
+    r->open_item = reasoning_item(NULL, 0, "in_progress");
     r->open = r->next++;
     r->open_ch = LG_CH_REASONING;
     r->open_synth = true;
@@ -604,24 +621,8 @@ static void split_output(exchange *ex, cJSON *output)
         if (!t) lg_oom(cs->len + 1);
         dl_json_set(part, "text", cJSON_CreateString(t));
         free(t);
-        if (!rs->len) break;
-        char id[40] = "rs_";
-        ex_random_hex(id + 3, 16);
-        cJSON *ri = dl_json_must(cJSON_CreateObject());
-        cJSON_AddStringToObject(ri, "id", id);
-        cJSON_AddItemToObject(ri, "summary", cJSON_CreateArray());
-        cJSON_AddStringToObject(ri, "type", "reasoning");
-        cJSON *content = dl_json_must(cJSON_AddArrayToObject(ri, "content"));
-        cJSON *rp = dl_json_must(cJSON_CreateObject());
-        t = strndup(rs->p, rs->len);
-        if (!t) lg_oom(rs->len + 1);
-        cJSON_AddStringToObject(rp, "text", t);
-        free(t);
-        cJSON_AddStringToObject(rp, "type", "reasoning_text");
-        cJSON_AddItemToArray(content, rp);
-        cJSON_AddNullToObject(ri, "encrypted_content");
-        cJSON_AddStringToObject(ri, "status", "completed");
-        cJSON_InsertItemInArray(output, at, ri);
+        if (rs->len)
+            cJSON_InsertItemInArray(output, at, reasoning_item(rs->p, rs->len, "completed"));
         break;
     }
 }

@@ -388,6 +388,13 @@ static void ep_abort(server *s, conn *c, const cJSON *body)
             if (g->g->phase == PH_STALL) g->g->phase = g->g->resume;
             schedule(s, g, 1);
         }
+        for (size_t i = 0; g->g && want && i < g->g->nkids; i++) { /* one sample of a batch */
+            gen *k = g->g->kids[i];
+            if (!k->ended && k->rid && !strcmp(want, k->rid)) {
+                found = k->aborted = true;
+                schedule(s, g, 1);
+            }
+        }
     }
     fbuf *b = &s->tmp;
     if (fake_records_begin(&s->rec, b, "abort", ms_since(s, fake_now_ns()))) {
@@ -466,9 +473,17 @@ static void ep_scenario(server *s, conn *c)
     respond(c, 200, "application/json", "{\"ok\":true}", 11);
 }
 
-static void start_generation(server *s, conn *c, fake_endpoint ep, const cJSON *body, int ri)
+static void start_generation(server *s, conn *c, fake_endpoint ep, const cJSON *body,
+                             const cJSON *headers, int ri)
 {
-    gen *g = gen_new(s, c, body, ep, ri);
+    char err[160] = "";
+    gen *g = ep == FAKE_EP_GENERATE && fake_generate_is_batch(body)
+                 ? gen_new_batch(s, c, body, headers, err, sizeof err)
+                 : gen_new(s, c, body, ep, ri);
+    if (!g && err[0]) {
+        respond_error(s, c, 400, "BadRequestError", "%s", err);
+        return;
+    }
     if (!g) {
         respond_error(s, c, 500, "InternalServerError", "out of memory%s", "");
         return;
@@ -545,7 +560,7 @@ static void dispatch(server *s, conn *c)
         else if (!cJSON_IsObject(body))
             respond_error(s, c, 400, "BadRequestError", "request body is not a JSON object%s", "");
         else if (gen_path)
-            start_generation(s, c, ep, body, ri);
+            start_generation(s, c, ep, body, hj, ri);
         else
             ep_abort(s, c, body);
     } else if (!get) {
