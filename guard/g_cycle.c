@@ -26,7 +26,11 @@
 
 void guard_cycle_init(guard *g)
 {
-    if (g->p->cycle.enabled) g->cyc = guard_xcalloc(g->p->cycle.window, sizeof(*g->cyc));
+    if (!g->p->cycle.enabled) return;
+    /* A power of two, so that indexing is a mask, not a division. */
+    for (g->cyc_mask = 1; g->cyc_mask < g->p->cycle.window; g->cyc_mask <<= 1)
+        ;
+    g->cyc = guard_xcalloc(g->cyc_mask--, sizeof(*g->cyc));
 }
 
 void guard_cycle_release(guard *g)
@@ -60,24 +64,24 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bo
                          uint64_t now)
 {
     const guard_params *p = g->p;
-    unsigned w = p->cycle.window;
+    unsigned w = p->cycle.window, m = g->cyc_mask;
     uint32_t exact, masked;
     /* A line of numbers and box drawing ("╟── 1 ╾ 2") has no skeleton to compare: it is
      * left out, as blank lines are. */
     if (!skeletons(g, nw, &exact, &masked)) return false;
     uint64_t i = g->cyc_n++;
-    gcyc *s = &g->cyc[i % w];
+    gcyc *s = &g->cyc[i & m];
     uint32_t len = (uint32_t)(end - start);
 
     /* Does it continue the replay at lag L? Else the newest earlier copy starts a new one;
      * the bucket counts spare the scan for a skeleton not in the ring (most segments). */
-    const gcyc *o = g->cyc_lag ? &g->cyc[(i - g->cyc_lag) % w] : NULL;
+    const gcyc *o = g->cyc_lag ? &g->cyc[(i - g->cyc_lag) & m] : NULL;
     if (!o || o->masked != masked) {
         g->cyc_lag = 0;
         for (unsigned c = 1; g->cyc_count[masked & 255] && c < w && c <= i; c++)
-            if (g->cyc[(i - c) % w].masked == masked) {
+            if (g->cyc[(i - c) & m].masked == masked) {
                 g->cyc_lag = c;
-                o = &g->cyc[(i - c) % w];
+                o = &g->cyc[(i - c) & m];
                 break;
             }
         g->cyc_run = g->cyc_exact = 0;
@@ -90,7 +94,7 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bo
         g->cyc_bytes += len;
         g->cyc_prose += prose ? len : 0;
     }
-    if (i >= w) g->cyc_count[s->masked & 255]--;
+    if (i > m) g->cyc_count[s->masked & 255]--;
     g->cyc_count[masked & 255]++;
     s->exact = exact;
     s->masked = masked;

@@ -269,6 +269,7 @@ struct guard {
     /* cycle (g_cycle.c): the ring of segments, how many there were, and the replay: its
      * lag, segments, those equal with their numbers, bytes, prose bytes and first byte. */
     gcyc *cyc;
+    unsigned cyc_mask;            /* the ring holds cyc_mask + 1 segments, >= window */
     unsigned char cyc_count[256]; /* ring entries per low byte of the masked skeleton */
     uint64_t cyc_n, cyc_from;
     unsigned cyc_lag, cyc_run, cyc_exact;

@@ -463,7 +463,8 @@ static const jfield lines_fields[] = {
 };
 static const jfield cycle_fields[] = {
     F_BOOL("enabled", cycle.enabled),
-    F_U32("window", cycle.window, 2, 255), /* bucket counts are bytes */
+    F_U32("window", cycle.window, 2,
+          128), /* the ring, a power of two, < 256: bucket counts are bytes */
     F_U32("copies", cycle.copies, 2, 64),
     F_U32("min_segments", cycle.min_segments, 1, 1024),
     F_U32("min_bytes", cycle.min_bytes, 0, 1u << 20),
