@@ -18,8 +18,8 @@
  * is content; code repeats lines on purpose, so half the run must be prose.
  *
  * Cost: nothing per byte; per segment a hash over its words and one compare, and a scan of
- * the ring (≤ cycle.window entries) when a replay breaks and the skeleton's bucket is not empty.
- * Memory: the ring, 8 bytes a segment, and 256 bytes of bucket counts. */
+ * the chain of the segments in the ring that share its bucket (256 buckets) when a replay breaks.
+ * Memory: the ring, 12 bytes a segment, and 512 bytes of buckets. */
 #include <stdlib.h>
 
 #include "guard/guard_int.h"
@@ -73,17 +73,23 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bo
     gcyc *s = &g->cyc[i & m];
     uint32_t len = (uint32_t)(end - start);
 
-    /* Does it continue the replay at lag L? Else the newest earlier copy starts a new one;
-     * the bucket counts spare the scan for a skeleton not in the ring (most segments). */
+    /* Does it continue the replay at lag L? Else the newest earlier copy starts a new one.
+     * Each bucket remembers its newest segment and each segment the one before it in its
+     * bucket, so the search walks only the segments of its bucket (most segments: none). */
     const gcyc *o = g->cyc_lag ? &g->cyc[(i - g->cyc_lag) & m] : NULL;
+    uint16_t *last = &g->cyc_last[masked & (GUARD_CYC_BUCKETS - 1)];
+    unsigned c = *last ? (uint16_t)(i + 1 - *last) : 0;
     if (!o || o->masked != masked) {
         g->cyc_lag = 0;
-        for (unsigned c = 1; g->cyc_count[masked & 255] && c < w && c <= i; c++)
-            if (g->cyc[(i - c) & m].masked == masked) {
+        while (c && c < w && c <= i) {
+            const gcyc *e = &g->cyc[(i - c) & m];
+            if (e->masked == masked) {
                 g->cyc_lag = c;
-                o = &g->cyc[(i - c) & m];
+                o = e;
                 break;
             }
+            c = e->prev ? c + e->prev : 0;
+        }
         g->cyc_run = g->cyc_exact = 0;
         g->cyc_bytes = g->cyc_prose = 0;
         g->cyc_from = start;
@@ -94,8 +100,10 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bo
         g->cyc_bytes += len;
         g->cyc_prose += prose ? len : 0;
     }
-    if (i > m) g->cyc_count[s->masked & 255]--;
-    g->cyc_count[masked & 255]++;
+    /* The one before in its bucket, if still in the ring (0: none). */
+    unsigned prev = *last ? (uint16_t)(i + 1 - *last) : 0;
+    s->prev = prev < w ? (uint16_t)prev : 0;
+    *last = (uint16_t)(i + 1);
     s->exact = exact;
     s->masked = masked;
 

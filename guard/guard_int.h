@@ -145,6 +145,7 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 #define GUARD_TTAB_BITS     10
 #define GUARD_UNIT_MAX      256
 #define GUARD_SEG_BUCKETS   1024
+#define GUARD_CYC_BUCKETS   256
 #define GUARD_SEG_WORDS     128 /* words of one segment the novelty detector reads */
 
 /* A helper the per-byte loops call only now and then (a new period, a candidate at its
@@ -174,9 +175,11 @@ typedef struct gseg {
 } gseg;
 
 /* A segment remembered by the cycle detector (g_cycle.c): its skeletons with and without
- * numbers. */
+ * numbers, and how many segments before it the previous one of its bucket came (0: none in
+ * the ring). */
 typedef struct gcyc {
     uint32_t exact, masked;
+    uint16_t prev;
 } gcyc;
 
 /* A trigram table entry, 4 bytes: memory per stream counts. The tag is 14 bits of the
@@ -269,8 +272,9 @@ struct guard {
     /* cycle (g_cycle.c): the ring of segments, how many there were, and the replay: its
      * lag, segments, those equal with their numbers, bytes, prose bytes and first byte. */
     gcyc *cyc;
-    unsigned cyc_mask;            /* the ring holds cyc_mask + 1 segments, >= window */
-    unsigned char cyc_count[256]; /* ring entries per low byte of the masked skeleton */
+    unsigned cyc_mask;                    /* the ring holds cyc_mask + 1 segments, >= window */
+    uint16_t cyc_last[GUARD_CYC_BUCKETS]; /* per low bits of the masked skeleton: the newest
+                                             segment's number + 1, mod 2^16; 0: none */
     uint64_t cyc_n, cyc_from;
     unsigned cyc_lag, cyc_run, cyc_exact;
     uint32_t cyc_bytes, cyc_prose;
