@@ -129,9 +129,18 @@ static void drop_pending(rsp_state *r)
     r->n_pending = 0;
 }
 
-static void hold_event(rsp_state *r, const sse_event *ev, const cJSON *root)
+static void flush_pending(exchange *ex);
+
+/* Holds an opening event of the upstream's message item. Past the two it has (item added,
+ * part added), the item goes out as it is and so does the event. */
+static void hold_event(exchange *ex, const sse_event *ev, const cJSON *root, const char *type)
 {
-    if (r->n_pending == 2) return; /* the message item has two opening events */
+    rsp_state *r = RS(ex);
+    if (r->n_pending == 2) {
+        flush_pending(ex);
+        out_event(ex, ev, root, type);
+        return;
+    }
     held_event *h = &r->pending[r->n_pending++];
     h->root = dl_json_must(cJSON_Duplicate(root, 1));
     h->raw = (lg_buf)LG_BUF_INIT;
@@ -478,7 +487,7 @@ static int rsp_on_event(exchange *ex, const sse_event *ev)
         if (stream &&
             r->up_ch == LG_CH_CONTENT) { /* until its text says if it opens with <think> */
             drop_pending(r);
-            hold_event(r, ev, root);
+            hold_event(ex, ev, root, type);
         } else if (stream) {
             out_event(ex, ev, root, type);
             r->open = (cJSON_IsNumber(oi) ? oi->valueint : 0) + r->offset;
@@ -509,7 +518,7 @@ static int rsp_on_event(exchange *ex, const sse_event *ev)
     } else if (!strcmp(type, "response.failed") || !strcmp(type, "error")) {
         on_failed(ex, ev, root, type);
     } else if (stream && r->n_pending) { /* the held message item's part */
-        hold_event(r, ev, root);
+        hold_event(ex, ev, root, type);
     } else if (stream) { /* parts added, and types this module does not know */
         out_event(ex, ev, root, type);
     }

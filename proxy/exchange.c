@@ -313,6 +313,7 @@ static void count_trip(exchange *ex, uint64_t tokens)
 void ex_sample_tripped(exchange *ex, const char *rid, uint64_t tokens)
 {
     ex->at.trip_pending = false; /* the attempt goes on for the other samples */
+    ex->rec.samples_cut = true;
     count_trip(ex, tokens);
     ex_set_outcome(ex, "failed");
     /* The record names the sample: its rid, its tokens, the batch's sampling. */
@@ -434,7 +435,7 @@ static void on_done(lg_xfer *x, CURLcode rc)
     pool_report_generation(req_pool(&ex->base), replica, false);
     /* The last attempt ran unguarded because attempts ran out: not a recovery. */
     if (ex->rec.trips && !ex->at.guarded) ex_set_outcome(ex, "failed");
-    if (ex->rec.trips) {
+    if (ex->rec.trips && !ex->rec.samples_cut) { /* the retry that recovered */
         ex_record_attempt(ex, NULL);
         metrics_retry_latency(req_metrics(&ex->base),
                               seconds_since(ex->rec.trip_ns, req_now(&ex->base)));

@@ -114,7 +114,8 @@ typedef struct ex_client {
 /* The incident record: lives from the request until the incident is written. */
 typedef struct ex_record {
     unsigned trips;
-    cJSON *attempts; /* NULL once the incident is written (record_open says which) */
+    bool samples_cut; /* the trips were a batch's samples (recorded each), not retried */
+    cJSON *attempts;  /* NULL once the incident is written (record_open says which) */
     bool written;
     char *excerpt;
     const char *outcome;

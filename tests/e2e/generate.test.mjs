@@ -211,6 +211,28 @@ for (const incremental of [false, true]) {
             assert.equal(readBatch(via.text).length, 3);
         });
 
+        test('n > 1: each sample has a rid SGLang makes up; the looping one is aborted by the rid its events carry', async () => {
+            await fake.setScenario({
+                model: MODEL,
+                pace_ms: 10,
+                responses: [{ match: { nth: 1 }, content: ['You can use the ', { repeat: 'lambda ', times: -1 }] }, { content: [{ varied: 30, seed: 4 }] }],
+            });
+            await fake.reset();
+            const r = await post(lg.url, { text: PROMPT, sampling_params: { n: 3, max_new_tokens: 2000 }, stream: true });
+            const samples = readBatch(r.text);
+            assert.equal(samples.length, 3);
+            assert.deepEqual(samples.map((x) => x.last.finish_reason.type), ['abort', 'stop', 'stop']);
+            const abort = await fake.waitRecord((x) => x.kind === 'abort');
+            assert.equal(abort.rid, samples[0].last.id);
+            assert.equal(abort.found, true);
+        });
+
+        test("a batch SGLang refuses (a rid list of the wrong length) gets SGLang's 400", async () => {
+            const r = await post(lg.url, { text: ['a', 'b'], rid: ['only-one'] });
+            assert.equal(r.status, 400);
+            assert.match(r.json().error.message, /rids length mismatch/);
+        });
+
         test('a batch guards its first 256 samples; those past them are relayed as they come', async () => {
             await fake.setScenario({
                 model: MODEL,
@@ -274,8 +296,7 @@ for (const incremental of [false, true]) {
                 const inc = await waitFor(async () => (await incidents(lg.url)).slice(seen).at(-1));
                 assert.equal(inc.endpoint, '/generate');
                 assert.equal(inc.outcome, 'failed');
-                assert.equal(inc.attempts[0].rid, 's0');
-                assert.equal(inc.attempts[0].channel, 'content');
+                assert.deepEqual(inc.attempts.map((a) => [a.rid, a.channel]), [['s0', 'content']], 'one record: the cut sample');
             });
         }
 

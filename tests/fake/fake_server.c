@@ -480,8 +480,13 @@ static void start_generation(server *s, conn *c, fake_endpoint ep, const cJSON *
     gen *g = ep == FAKE_EP_GENERATE && fake_generate_is_batch(body)
                  ? gen_new_batch(s, c, body, headers, err, sizeof err)
                  : gen_new(s, c, body, ep, ri);
-    if (!g && err[0]) {
-        respond_error(s, c, 400, "BadRequestError", "%s", err);
+    if (!g && err[0]) { /* as SGLang's /generate answers a ValueError */
+        fbuf *b = &s->tmp;
+        fbuf_reset(b);
+        fbuf_puts(b, "{\"error\":{\"message\":");
+        fbuf_json_str(b, err, strlen(err), false);
+        fbuf_puts(b, "}}");
+        respond_json(c, 400, b);
         return;
     }
     if (!g) {
@@ -548,7 +553,9 @@ static void dispatch(server *s, conn *c)
                     !strcmp(p, "/v1/responses");
     bool known = kind_has(s, p);
     int ri = INT_MIN;
-    if (known && gen_path && post && cJSON_IsObject(body))
+    /* A batch is matched sample by sample (gen_new_batch), not as a whole. */
+    if (known && gen_path && post && cJSON_IsObject(body) &&
+        !(ep == FAKE_EP_GENERATE && fake_generate_is_batch(body)))
         ri = fake_scenario_match(s->sc, p, hj, body);
     record_request(s, c, hj, body, rids, ri);
 
