@@ -9,7 +9,8 @@
  * without indentation and list marker (guard_line_body), every run of digits one '0'. Blank
  * lines are skipped (a blank line between blocks is part of neither), and digits inside a
  * name ("sha256") are no number. Two lines match when their skeletons are equal, and one
- * line at most "moved" in the last P lines: a counter may move, a row of data may not (a
+ * line at most "moved" in the last P lines, or several by one step ("Question 7:" and
+ * "Answer 7:"): a counter may move, a row of data may not (a
  * monthly calculation, a table of figures, ABC notes keep their skeleton and change their
  * numbers: that is content). A line also moves when it keeps the other's frame (first and
  * last ENDS bytes) and a name in it grew or shrank by text written just before ("lemma
@@ -45,6 +46,7 @@
 #define ART_MAX          256  /* bytes of a collapsed art line */
 #define ENDS             8    /* bytes of each end that make a line's frame */
 #define RECENT           2048 /* bytes before a line where a grown name's parts are looked for */
+#define GROWN            UINT32_MAX /* the step of a line whose name grew */
 
 typedef struct cline {
     uint64_t skel;  /* hash of the skeleton */
@@ -61,6 +63,7 @@ struct gblock {
     uint16_t run[CYCLE_MAX_PERIOD + 1];
     uint64_t from[CYCLE_MAX_PERIOD + 1];  /* where each run's first copy began */
     uint16_t moved[CYCLE_MAX_PERIOD + 1]; /* bit k: the line k back changed a number */
+    uint32_t step[CYCLE_MAX_PERIOD + 1];  /* how much the last moved line's number went up */
     bool active;                          /* some run is going on */
     /* How many of the last CYCLE_MAX_PERIOD lines have each value of skel's low 6 bits: a
      * line whose bits no earlier line has, while no run goes on, matches nothing. */
@@ -102,15 +105,20 @@ static bool recombined(const guard *g, const cline *a, const cline *b)
     return mid >= 3 && memmem(g->buf + (from - g->base), (size_t)(b->start - from), m, mid) != NULL;
 }
 
-/* How lines a and b compare: 0 equal; 1 one skeleton with one number different, or (when
- * `grown` is asked) one frame (the same first and last ENDS bytes) around a grown or shrunk
- * name; 2 else. */
-static unsigned lines_compare(const guard *g, const cline *a, const cline *b, bool grown)
+/* How lines a and b compare: 0 equal; 1 one skeleton with one number different (*step: by
+ * how much it went up, mod 2^16), or (when `grown` is asked) one frame (the same first and
+ * last ENDS bytes) around a grown or shrunk name (*step: GROWN); 2 else. */
+static unsigned lines_compare(const guard *g, const cline *a, const cline *b, bool grown,
+                              uint32_t *step)
 {
+    *step = GROWN;
     if (a->skel != b->skel) return grown && a->ends == b->ends && recombined(g, a, b) ? 1 : 2;
     unsigned diff = a->rest != b->rest;
     for (unsigned k = 0; k < CYCLE_NUMS; k++)
-        diff += a->num[k] != b->num[k];
+        if (a->num[k] != b->num[k]) {
+            diff++;
+            *step = (uint16_t)(a->num[k] - b->num[k]);
+        }
     return diff < 2 ? diff : 2;
 }
 
@@ -321,9 +329,13 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
          * repeats lines' frames all the time, and a run starts on equal lines anyway. */
         uint16_t kept = (uint16_t)((c->moved[P] << 1) & ((1u << P) - 1));
         bool grown = c->run[P] && !kept && l->ends;
-        unsigned cmp = lines_compare(g, l, &c->ring[(n - P) % CYCLE_RING], grown);
+        uint32_t step;
+        unsigned cmp = lines_compare(g, l, &c->ring[(n - P) % CYCLE_RING], grown, &step);
         uint16_t moved = (uint16_t)(kept | (cmp == 1));
-        bool m = cmp < 2 && !(moved & (moved - 1));
+        /* More lines of a copy may move when they count up together ("Question 7:" and
+         * "Answer 7:"): one counter, not a row of data. */
+        bool m = cmp < 2 && (!(moved & (moved - 1)) || (step != GROWN && step == c->step[P]));
+        if (cmp == 1) c->step[P] = step;
         if (m && !c->run[P]) c->from[P] = c->ring[(n - P) % CYCLE_RING].start;
         c->run[P] = m ? (uint16_t)(c->run[P] < UINT16_MAX ? c->run[P] + 1 : c->run[P]) : 0;
         c->moved[P] = m ? moved : 0;

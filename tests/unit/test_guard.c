@@ -644,6 +644,17 @@ static void test_blocks(void **state)
     }
     expect_shape("two items alternating", t.s, "block", at, 400);
 
+    /* A question and its answer asked again, both lines counting up together. */
+    t.n = 0;
+    tcat(&t, "A short quiz:\n\n");
+    for (int i = 1; i < 16; i++) {
+        if (i == 2) at = t.n;
+        snprintf(line, sizeof(line),
+                 "Question %d: which planet is the red one?\nAnswer %d: Mars.\n\n", i, i);
+        tcat(&t, line);
+    }
+    expect_shape("a question and answer counting up", t.s, "block", at, 400);
+
     /* A proof block re-emitted under names recombined from the earlier ones. */
     t.n = 0;
     static const char *const names[] = {
