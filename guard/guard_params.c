@@ -148,8 +148,9 @@ guard_params *guard_params_new(lg_channel ch)
      * arguments, whose arrays of objects are cycles of lines by design. */
     p->lines.block_copies = ch == LG_CH_TOOL_ARGS ? 0 : 4;
     p->lines.block_lines = 12;
-    /* Art lines of one texture: 16 in a row (12 had no false trip on AlpacaEval either). */
-    p->lines.art_run = ch == LG_CH_TOOL_ARGS ? 0 : 16;
+    /* Art lines of one texture: 24 in a row. 12, 16 and 24 had no false trip on AlpacaEval
+     * and caught its loop alike; 24 lets a diamond or pyramid of '*' 23 rows tall pass. */
+    p->lines.art_run = ch == LG_CH_TOOL_ARGS ? 0 : 24;
 
     /* Paraphrase loops: fewer than min_ratio of the last `window` word trigrams are new, a
      * trigram being new unless it came twice before within memory_words: a block said twice

@@ -729,10 +729,10 @@ static void test_blocks(void **state)
     }
     expect_shape("declarations per variant", t.s, NULL, 0, 0);
 
-    /* A pyramid of ten rows. */
+    /* A pyramid of twenty rows. */
     t.n = 0;
-    for (int i = 0; i < 10; i++) {
-        for (int k = 0; k < 10 - i; k++)
+    for (int i = 0; i < 20; i++) {
+        for (int k = 0; k < 20 - i; k++)
             tcat(&t, " ");
         for (int k = 0; k < 2 * i + 1; k++)
             tcat(&t, "*");
