@@ -44,7 +44,7 @@ static inline uint64_t mix(uint64_t x)
 /* Looks the key t up in the table and records it as seen at this word: returns how many
  * times it came before, each within memory_words of the next (0: new), up to 3. The table
  * is two-way: t sits in either slot of its set, and a new key evicts the older entry. */
-static unsigned table_seen(guard *g, uint64_t t)
+static inline unsigned table_seen(guard *g, uint64_t t)
 {
     gtri *set = &g->ttab[(t >> (64 - GUARD_TTAB_BITS)) & ~(uint64_t)1];
     uint16_t tag = (uint16_t)(t & 0x3FFF), now_w = (uint16_t)g->nwords;
