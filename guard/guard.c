@@ -58,6 +58,7 @@ guard *guard_new(const guard_params *p, lg_channel ch)
         const guard_detector *d = detectors[k];
         if (d->on && !d->on(p)) continue;
         g->det[g->ndet++] = d;
+        if (d->suspect) g->sus[g->nsus++] = d;
         if (d->init) d->init(g);
     }
     return g;
@@ -123,6 +124,29 @@ static void make_room(guard *g)
     g->blen = GUARD_HISTORY;
 }
 
+/* Copies n bytes to d. A token (under GUARD_SHORT bytes) is copied as two overlapping words
+ * of the largest size that fits, with no call and no byte loop: most pieces are tokens. */
+static inline void copy_in(unsigned char *d, const unsigned char *s, size_t n)
+{
+    if (n >= GUARD_SHORT) {
+        memcpy(d, s, n);
+    } else if (n >= 4) {
+        uint32_t a, b;
+        memcpy(&a, s, 4);
+        memcpy(&b, s + n - 4, 4);
+        memcpy(d, &a, 4);
+        memcpy(d + n - 4, &b, 4);
+    } else if (n >= 2) {
+        uint16_t a, b;
+        memcpy(&a, s, 2);
+        memcpy(&b, s + n - 2, 2);
+        memcpy(d, &a, 2);
+        memcpy(d + n - 2, &b, 2);
+    } else if (n) {
+        d[0] = s[0];
+    }
+}
+
 /* Feeds a piece that fits the history as it is. Each detector runs over the piece in a pass
  * of its own, which keeps its state in registers, in table order. A pass takes the bytes
  * [fed0, fed0 + lim) (copied into the history first) and returns the index of the byte it
@@ -133,11 +157,7 @@ static void make_room(guard *g)
 static bool feed_piece(guard *g, const unsigned char *s, size_t n)
 {
     const uint64_t fed0 = g->fed;
-    if (n < GUARD_SHORT) /* a token: cheaper than a call to memcpy */
-        for (size_t i = 0; i < n; i++)
-            g->buf[g->blen + i] = s[i];
-    else
-        memcpy(g->buf + g->blen, s, n);
+    copy_in(g->buf + g->blen, s, n);
     g->blen += n;
     size_t lim = n; /* bytes every later pass still judges; a trip at lim when lim < n */
     for (unsigned k = 0; k < g->ndet; k++)
@@ -217,10 +237,13 @@ size_t guard_suspect(const guard *g)
     if (g->tripped) {
         s = (size_t)(fed - g->v.loop_start);
     } else {
-        for (unsigned k = 0; k < g->ndet; k++) {
-            size_t d = g->det[k]->suspect ? g->det[k]->suspect(g) : 0;
+        for (unsigned k = 0; k < g->nsus; k++) {
+            size_t d = g->sus[k]->suspect(g);
             if (d > s) s = d;
         }
+        /* Nothing suspect and an ASCII byte last, the common answer: no character to keep
+         * whole, no boundary to move. */
+        if (!s && guard_at(g, fed - 1) < 0x80) return 0;
     }
     /* An unfinished UTF-8 sequence at the end is held whole. */
     uint64_t keep = g->base;

@@ -104,6 +104,14 @@ struct guard_params {
     size_t n_leaks;
     char leaks[GUARD_MAX_LEAKS][GUARD_MAX_LEAK_LEN + 1];
     size_t leak_len[GUARD_MAX_LEAKS];
+    /* Derived (guard_leak_derive), read-only and shared by every guard of these params:
+     * per byte value, GUARD_LEAK_FIRST / GUARD_LEAK_LAST when it starts / ends a token; the
+     * longest token (0: none); the bytes that start or end one when they are at most 4 (the
+     * rest repeat the first), for a 16-byte scan, else n_leak_bytes 0. */
+    unsigned char leak_class[256];
+    size_t leak_maxlen;
+    unsigned char leak_bytes[4];
+    unsigned n_leak_bytes;
 
     uint64_t budget_bytes;               /* 0: off */
     uint64_t empty_answer_min_reasoning; /* 0: off */
@@ -111,6 +119,11 @@ struct guard_params {
 };
 
 const char *guard_rclass_name(guard_rclass c);
+
+#define GUARD_LEAK_FIRST 1
+#define GUARD_LEAK_LAST  2
+/* Fills the params' derived leak tables from their leak tokens (g_leak.c). */
+void guard_leak_derive(guard_params *p);
 
 /* Repeats the period table asks of a unit of `period` bytes or characters; 0 past it. */
 double guard_steps_repeats(const guard_params *p, uint32_t period);
@@ -255,14 +268,9 @@ struct guard {
      * is why it lives behind a pointer: the suspect query takes a const guard. */
     uint64_t *rule_from;
 
-    /* leak (g_leak.c) */
-    unsigned char leak_last[32];  /* bitset: last bytes of leak tokens */
-    unsigned char leak_first[32]; /* and first bytes */
-    unsigned char leak_any[32];   /* both together: most bytes are in neither */
-    unsigned char leak_bytes[4];  /* the bytes of leak_any when it has at most 4 (the */
-    unsigned n_leak_bytes;        /* rest repeat the first), for a 16-byte scan; else 0 */
-    size_t leak_maxlen;           /* 0: no leak tokens (none configured, or disabled) */
-    uint64_t leak_start;          /* offset + 1 of the last byte that can start a token */
+    /* leak (g_leak.c); its tables are the params' */
+    bool leaks_off;      /* guard_disable_leaks */
+    uint64_t leak_start; /* offset + 1 of the last byte that can start a token */
 
     /* The request's prompt (g_prompt.c): the last bytes of its text, and the largest count
      * of copies it asks for. */
@@ -276,9 +284,10 @@ struct guard {
     unsigned prompt_nof;
     uint32_t prompt_number; /* the largest number in the prompt (g_count.c's slack) */
 
-    /* The detectors that are on, in table order (guard.c). */
-    const struct guard_detector *det[GUARD_MAX_DETECTORS];
-    unsigned ndet;
+    /* The detectors that are on, in table order, and those of them with a suspect hook
+     * (guard.c). */
+    const struct guard_detector *det[GUARD_MAX_DETECTORS], *sus[GUARD_MAX_DETECTORS];
+    unsigned ndet, nsus;
 
     /* The verdict (guard.c). */
     guard_verdict v;

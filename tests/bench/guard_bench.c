@@ -263,11 +263,25 @@ static double stamps(const guard_params *p, const stamp_set *st, size_t streams,
     return t / (double)events * 1e9;
 }
 
+/* The ways of feeding, in the order they take turns; "stamps100" is BENCH_STREAMS streams. */
+enum { W_WHOLE, W_TOKENS, W_RULES, W_STREAMS, W_STAMPS1, W_STAMPSN, W_COUNT };
+static const char *const way_names[W_COUNT] = {"whole",   "tokens", "rules",
+                                               "streams", "stamps", "stamps100"};
+
+/* The index of way `name`, or -1. */
+static int way_index(const char *name)
+{
+    for (int k = 0; k < W_COUNT; k++)
+        if (!strcmp(name, way_names[k])) return k;
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     double min_mbps = 0, min_s = 0.5;
     size_t mib = 24;
     int rounds = BENCH_ROUNDS;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--min-mbps") && i + 1 < argc)
             min_mbps = atof(argv[++i]);
@@ -275,8 +289,15 @@ int main(int argc, char **argv)
             mib = (size_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick"))
             min_s = 0.2, mib = 4, rounds = 1; /* make bench QUICK=1 has 60 s for everything */
+        else if (!strcmp(argv[i], "--once"))
+            min_s = 0, rounds = 1; /* a fixed amount of work, for counting instructions */
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && way_index(argv[i + 1]) >= 0)
+            only = argv[++i];
         else {
-            fprintf(stderr, "usage: guard_bench [--quick] [--mib N] [--min-mbps X]\n");
+            fprintf(stderr,
+                    "usage: guard_bench [--quick] [--once] [--only WAY] [--mib N] "
+                    "[--min-mbps X]\n  WAY: whole tokens rules streams stamps stamps%d\n",
+                    BENCH_STREAMS);
             return 2;
         }
     }
@@ -303,13 +324,17 @@ int main(int argc, char **argv)
      * take turns for BENCH_ROUNDS rounds (one with --quick) and each keeps its best. */
     stamp_set *st = make_stamps();
     double whole = 0, tokens = 0, rl = 0, many = 0, st1 = INFINITY, stn = INFINITY;
+    int w = only ? way_index(only) : -1; /* -1: every way */
     for (int round = 0; round < rounds; round++) {
-        whole = fmax(whole, measure(plain, b, n, false, 1, min_s, &trips));
-        tokens = fmax(tokens, measure(plain, b, n, true, 1, min_s, &trips));
-        rl = fmax(rl, measure(rules, b, n, true, 1, min_s, &trips));
-        many = fmax(many, measure(plain, b, n, true, BENCH_STREAMS, min_s, &trips));
-        st1 = fmin(st1, stamps(plain, st, 1, min_s));
-        stn = fmin(stn, stamps(plain, st, BENCH_STREAMS, min_s));
+        if (w < 0 || w == W_WHOLE)
+            whole = fmax(whole, measure(plain, b, n, false, 1, min_s, &trips));
+        if (w < 0 || w == W_TOKENS)
+            tokens = fmax(tokens, measure(plain, b, n, true, 1, min_s, &trips));
+        if (w < 0 || w == W_RULES) rl = fmax(rl, measure(rules, b, n, true, 1, min_s, &trips));
+        if (w < 0 || w == W_STREAMS)
+            many = fmax(many, measure(plain, b, n, true, BENCH_STREAMS, min_s, &trips));
+        if (w < 0 || w == W_STAMPS1) st1 = fmin(st1, stamps(plain, st, 1, min_s));
+        if (w < 0 || w == W_STAMPSN) stn = fmin(stn, stamps(plain, st, BENCH_STREAMS, min_s));
     }
     printf("guard_bench: %zu files, %.1f MiB of real text, one core\n", n, total / 1048576.0);
     printf("  whole files            %8.1f MB/s\n", whole);
