@@ -134,11 +134,24 @@ static bool lines_step(guard *g, unsigned char b, uint64_t pos)
 
 /* ---- words ------------------------------------------------------------------------- */
 
+/* Makes room for one more word in the segment's list: 16 words at first, doubled up to
+ * GUARD_SEG_WORDS. RARE_PATH. */
+RARE_PATH static void words_grow(guard *g)
+{
+    unsigned cap = g->sw_cap ? g->sw_cap * 2 : 16;
+    if (cap > GUARD_SEG_WORDS) cap = GUARD_SEG_WORDS;
+    gword *sw = realloc(g->sw, cap * sizeof(*sw));
+    if (!sw) abort();
+    g->sw = sw;
+    g->sw_cap = cap;
+}
+
 /* A word ended: it joins the current segment's word list (judged at the segment's end). */
-static void word_end(guard *g)
+static inline void word_end(guard *g)
 {
     if (!g->w_len) return;
     if (g->nsw < GUARD_SEG_WORDS) {
+        if (g->nsw == g->sw_cap) words_grow(g);
         g->sw[g->nsw].hash = g->w_hash;
         g->sw[g->nsw].start = g->w_start;
         g->sw[g->nsw].alpha = g->w_alpha;
@@ -369,12 +382,11 @@ static void text_init(guard *g)
 {
     g->seg_hash = g->w_hash = 0xCBF29CE484222325ull;
     g->seg_lead = true;
-    guard_lines_init(g);
-    guard_novelty_init(g);
 }
 
 static void text_release(guard *g)
 {
+    free(g->sw);
     guard_lines_release(g);
     guard_novelty_release(g);
 }

@@ -134,7 +134,7 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 
 #define GUARD_BUF (2 * GUARD_HISTORY) /* linear history, slid down by half when full */
 #define GUARD_BUF_FIRST                                                                            \
-    1024 /* the history starts this small and doubles up to GUARD_BUF:                             \
+    1024 /* the history starts this small and grows by half up to GUARD_BUF:                       \
             most answers are short, and memory per stream counts */
 /* The 8-gram table has 2^11 slots, 4 KiB. 2^12 costs 4 KiB more per guard for 139 bytes less
  * of loop shown to clients over the 1,800 loops of the recall corpus (22 loops, ≤ 19 bytes
@@ -147,7 +147,7 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 #define GUARD_RULE_STEP     64
 #define GUARD_TTAB_BITS     10
 #define GUARD_UNIT_MAX      256
-#define GUARD_SEG_BUCKETS   1024
+#define GUARD_SEG_BUCKETS   8   /* bucket counts per segment of the lines window */
 #define GUARD_SEG_WORDS     128 /* words of one segment the novelty detector reads */
 
 /* A helper the per-byte loops call only now and then (a new period, a candidate at its
@@ -171,10 +171,17 @@ typedef struct gcand {
 
 typedef struct gseg {
     uint64_t hash;
-    uint64_t start, end; /* absolute offsets of the segment's text */
-    bool seen;           /* its hash was already in the window when it arrived */
+    uint64_t start; /* absolute offset of the segment's first byte */
+    bool seen;      /* its hash was already in the window when it arrived */
     bool prose;
 } gseg;
+
+/* A word of the current segment, judged when the segment ends (16 bytes, not 24: memory per
+ * stream counts). */
+typedef struct gword {
+    uint64_t hash;
+    uint64_t start : 63, alpha : 1;
+} gword;
 
 /* A trigram table entry, 4 bytes: memory per stream counts. Both fields are the low 16
  * bits of what they stand for; a wrong "seen" needs a 16-bit tag collision, 1 in 65,536. */
@@ -219,11 +226,8 @@ struct guard {
     bool seg_lead; /* only digits so far: a list number, left out of the hash */
     bool seg_gap;
     unsigned char prev, prev2;
-    struct {
-        uint64_t hash;
-        uint64_t start : 63, alpha : 1; /* 16 bytes a word, not 24: memory per stream */
-    } sw[GUARD_SEG_WORDS];
-    unsigned nsw;
+    gword *sw;            /* the segment's first words, up to GUARD_SEG_WORDS; grown on */
+    unsigned nsw, sw_cap; /* demand from 16: most segments are short */
     uint64_t w_hash, w_start;
     uint32_t w_len;
     bool w_alpha;      /* the word starts with a letter */
@@ -231,10 +235,11 @@ struct guard {
     unsigned cp_need;  /* continuation bytes still expected */
     uint64_t cp_start; /* offset of its first byte */
 
-    /* lines (g_lines.c) */
+    /* lines (g_lines.c): allocated at the first segment */
     gseg *segs;
     unsigned seg_mask;
-    unsigned char seg_count[GUARD_SEG_BUCKETS]; /* window segments per hash bucket */
+    unsigned char *seg_count; /* window segments per hash bucket (seg_bmask + 1 of them) */
+    unsigned seg_bmask;
     uint64_t nsegs;
     unsigned lines_run, lines_run_text; /* the trailing run of returns, and its text ones */
 
@@ -289,9 +294,9 @@ struct guard {
     const struct guard_detector *det[GUARD_MAX_DETECTORS], *sus[GUARD_MAX_DETECTORS];
     unsigned ndet, nsus;
 
-    /* The verdict (guard.c). */
+    /* The verdict (guard.c); unit is allocated when it trips. */
     guard_verdict v;
-    char unit[GUARD_UNIT_MAX + 1];
+    char *unit;
 };
 
 /* ---- the detector interface ------------------------------------------------------------ */
@@ -355,7 +360,7 @@ uint32_t guard_prompt_slack(const guard *g, const unsigned char *u, size_t n);
 void guard_prompt_release(guard *g);
 
 /* The segment consumers of g_text.c's segmenter (g_lines.c, g_novelty.c): */
-void guard_lines_init(guard *g);
+/* Frees what the consumers allocated, when they first needed it. */
 void guard_lines_release(guard *g);
 /* A completed segment with a letter, hashed h, [start, end); `trigger`: it is a sentence or
  * an item that may trip; `prose`: it is text; `plain`: a line flush left without a bullet.
@@ -368,7 +373,6 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
 /* A number ended at `end` (the byte there is neither a letter nor a digit), for the
  * counting detector. Returns true on a trip. */
 bool guard_count_number(guard *g, uint64_t end, uint64_t now);
-void guard_novelty_init(guard *g);
 void guard_novelty_release(guard *g);
 /* One word (hash, first byte, starts with a letter) of a segment that ended. Returns true
  * on a trip. */
