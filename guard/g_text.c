@@ -187,14 +187,13 @@ static void word_add(guard *g, unsigned char c, uint64_t pos, bool letter)
 /* Splits the stream into words: runs of ASCII letters, digits and '_', and of non-ASCII
  * letters; each CJK character is a word of its own. Must run before lines_step for the
  * same byte, so that a word is in its segment's list when the segment ends. b is the byte
- * at offset pos. */
+ * at offset pos, never an ASCII letter or digit: alnum_run takes those. */
 static void words_step(guard *g, unsigned char b, uint64_t pos)
 {
     if (b < 0x80) {
         g->cp_need = 0;
-        bool alpha = ((b | 0x20) >= 'a' && (b | 0x20) <= 'z') || b == '_';
-        if (alpha || (b >= '0' && b <= '9'))
-            word_add(g, b, pos, alpha);
+        if (b == '_')
+            word_add(g, b, pos, true);
         else
             word_end(g);
         return;
