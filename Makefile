@@ -66,7 +66,8 @@ FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 C_FILES   := $(wildcard guard/*.[ch] config/*.[ch] proxy/*.[ch] tests/*/*.[ch])
 
 .PHONY: all deps setup test-deps test check unit e2e tsan bench demo run install fuzz \
-        fuzz-smoke soak clean format format-check valgrind
+        fuzz-smoke soak clean format format-check valgrind test-variants test-build-san \
+        test-build-tsan servers unit-bins setup-debs setup-npm
 
 all: $(BUILD)/loopguard $(BUILD)/fake_upstream $(BENCH_BIN)
 
@@ -98,7 +99,11 @@ endef
 # Installs what the build and the tests need (Debian packages as root, else it names the one
 # command; the npm clients under tests/client) and says what it installs. `make test` and
 # `make demo` run it first. Two rounds: clang, once installed, may name its runtime package.
+# setup-npm installs from npm's cache when it has the locked versions (--prefer-offline).
 setup:
+	@$(MAKE) setup-debs
+	@$(MAKE) setup-npm
+setup-debs:
 	@for round in 1 2 3; do \
 	  $(missing_test_deps); [ -z "$$missing" ] && break; \
 	  if [ "$$(id -u)" != 0 ]; then echo "setup: missing; run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
@@ -106,13 +111,14 @@ setup:
 	  echo "setup: installing Debian packages:$$missing"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null || exit 1; \
 	done
+setup-npm:
 	@[ -d tests/client/node_modules/openai ] && [ -d tests/client/node_modules/@dwmkerr/mock-llm ] && \
 	   [ -d tests/client/node_modules/@anthropic-ai/sdk ] || \
 	  { echo "setup: installing the npm test clients (npm ci in tests/client)"; \
-	    cd tests/client && npm ci --no-audit --no-fund --loglevel=error; }
+	    cd tests/client && npm ci --prefer-offline --no-audit --no-fund --loglevel=error; }
 	@[ -d tests/browser/node_modules/puppeteer-core ] || \
 	  { echo "setup: installing puppeteer-core for the status page test (npm ci in tests/browser)"; \
-	    cd tests/browser && npm ci --no-audit --no-fund --loglevel=error; }
+	    cd tests/browser && npm ci --prefer-offline --no-audit --no-fund --loglevel=error; }
 
 # Like deps, for the test tools: names what is missing and stops.
 test-deps: deps
@@ -149,30 +155,45 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(BUILD)/libloopguard.a | test-dep
 # skips it).
 FORMAT_CHECK ?= 1
 check: all $(UNIT_BIN) $(if $(filter 1,$(FORMAT_CHECK)),format-check)
-	@BUILD=$(BUILD) tests/run.sh
+	@BUILD=$(BUILD) JOBS=$(TEST_JOBS) tests/run.sh
 
 # Every test: plain, under ASan+UBSan, the threaded suites under ThreadSanitizer, the guarded
 # e2e suites under valgrind memcheck, and a short smoke of each fuzz target (a target is a
-# suite and a case). Each pass adds its counts to build/test-summary; the last line is the
-# total of cases, "N passed, N failed".
+# suite and a case). The suites mostly wait (paced upstreams, timeouts, process start-up), so
+# tests/run.sh runs TEST_JOBS of them at a time, in two rounds:
+#   1. once the plain build is done: the valgrind suites, alone, because their pacing checks
+#      need an unloaded machine. Beside them, at nice 19 so as not to slow them: the plain
+#      corpus suites, the other variants' build (test-variants) and npm ci.
+#   2. (what still runs beside back at nice 0) every other suite, the slowest builds' first,
+#      TEST_JOBS at a time.
+# Each round adds its counts to build/test-summary; the last line is the total of cases,
+# "N passed, N failed".
+TEST_JOBS ?= 3
+TEST_ROUND1 := build:valgrind build:corpus
+TEST_ROUND2 := build/tsan:tsan build/san:e2e,unit,client,browser,corpus \
+               build:e2e,unit,client,browser build/fuzz:fuzz
 test:
 	@echo "make test: every suite on the plain, ASan+UBSan and TSan builds, valgrind, fuzz"
-	@echo "smoke: about 10-15 minutes on 2 cores (make -j2 test builds on both)."
-	@$(MAKE) setup
-	@mkdir -p build; rm -f build/test-summary; st=0; \
-	$(MAKE) check SAN=0 || st=1; \
-	$(MAKE) check SAN=1 || st=1; \
-	$(MAKE) tsan || st=1; \
-	$(MAKE) valgrind || st=1; \
-	if $(MAKE) fuzz-smoke; then f="$(words $(FUZZ_BIN))"; f="$$f 0 $$f 0"; \
-	else st=1; f="0 1 0 1"; fi; echo "$$f" >> build/test-summary; \
+	@echo "smoke: 8-10 minutes on 2 idle cores (make -j2 test builds on both)."
+	@$(MAKE) setup-debs
+	@mkdir -p build; rm -f build/test-summary; st=0; t0=$$(date +%s); \
+	$(MAKE) SAN=0 all unit-bins format-check || st=1; \
+	echo "-- plain build: $$(( $$(date +%s) - t0 )) s"; \
+	(s=0; nice -n 19 $(MAKE) -k test-variants || s=1; nice -n 19 $(MAKE) setup-npm || s=1; \
+	  exit $$s) > build/test-variants.log 2>&1 & bg=$$!; \
+	JOBS=$(TEST_JOBS) PASSES="$(TEST_ROUND1)" tests/run.sh || st=1; \
+	tests/run.sh --unnice $$bg; wait $$bg || { st=1; echo "test-variants or setup-npm failed:"; }; \
+	cat build/test-variants.log; echo "-- round 1: $$(( $$(date +%s) - t0 )) s"; \
+	JOBS=$(TEST_JOBS) PASSES="$(TEST_ROUND2)" FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) \
+	  tests/run.sh || st=1; \
+	echo "-- make test: $$(( $$(date +%s) - t0 )) s"; \
 	tests/run.sh --total build/test-summary || st=1; \
 	exit $$st
 
 # The exchange, upstream and fault e2e suites on the ThreadSanitizer build (clang) with
 # four workers, so that requests, health checks and ejections cross threads.
 tsan:
-	@$(MAKE) SAN=tsan all
+	@$(MAKE) SAN=tsan servers
 	@BUILD=build/tsan SUITES=tsan tests/run.sh
 
 # The guarded-exchange, normalisation, fault and shutdown e2e suites with loopguard under
@@ -220,6 +241,17 @@ fuzz: test-deps $(FUZZ_BIN)
 FUZZ_SMOKE_SECONDS ?= 5
 fuzz-smoke: test-deps $(FUZZ_BIN)
 	@FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) tests/fuzz/run.sh
+
+# What `make test` builds beside its first round: the servers and unit tests under
+# ASan+UBSan (build/san), the servers under ThreadSanitizer (build/tsan) and the fuzz
+# targets. The sub-makes share this make's job slots.
+test-variants: $(FUZZ_BIN) test-build-san test-build-tsan
+test-build-san:
+	@$(MAKE) SAN=1 servers unit-bins
+test-build-tsan:
+	@$(MAKE) SAN=tsan servers
+servers: $(BUILD)/loopguard $(BUILD)/fake_upstream
+unit-bins: $(UNIT_BIN)
 
 soak: test-deps all
 	@BUILD=$(BUILD) tests/soak.sh

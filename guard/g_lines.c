@@ -36,7 +36,7 @@ void guard_lines_release(guard *g)
  * of min_segment_bytes can trigger, because code repeats lines on purpose. `now` is the
  * number of bytes fed when it is decided. Returns true on a trip. */
 bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, bool trigger,
-                         bool prose, bool plain, uint64_t now)
+                         bool prose, bool plain, bool in_row, uint64_t now)
 {
     const guard_params *p = g->p;
     if (!g->segs) lines_alloc(g);
@@ -55,6 +55,8 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
     }
     g->seg_count[h & bm]++;
     if (g->nsegs >= w - 1) g->seg_count[g->segs[(g->nsegs - (w - 1)) & m].hash & bm]--;
+    bool again = g->nsegs && g->segs[(g->nsegs - 1) & m].hash == h;
+    g->lines_same = again ? g->lines_same + 1 : 0;
     gseg *s = &g->segs[g->nsegs & m];
     s->hash = h;
     s->start = start;
@@ -72,11 +74,11 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
     if (!trigger) return false;
     uint64_t from, cycle = nocc ? g->nsegs - 1 - occ[0] : UINT64_MAX / 2;
     bool run = g->lines_run >= p->lines.min_run && g->lines_run >= 2 * cycle;
-    bool same = plain && cycle == 1 && g->lines_run >= need;
+    bool same = (plain && cycle == 1 && g->lines_run >= need) || (in_row && g->lines_same >= need);
     if (s->seen && (run || same) && g->lines_run_text * 2 >= g->lines_run) {
         from = g->nsegs - g->lines_run; /* the first return */
     } else {
-        if (nocc < need) return false;
+        if (nocc < need || in_row) return false;
         /* The span from the oldest of those occurrences to now must be made of returns, and
          * of prose at least half: doctests repeat their error messages between code. */
         from = occ[need - 1];

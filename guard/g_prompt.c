@@ -228,14 +228,19 @@ uint32_t guard_prompt_slack(const guard *g, const unsigned char *u, size_t n)
     }
     uint32_t slack = holds ? holds + 1 : 0;
     if (g->prompt_asked > slack) slack = g->prompt_asked;
-    if (g->prompt_nof) { /* "100 None": does the unit hold the word? */
+    if (g->prompt_nof) { /* "100 None": is the unit mostly the word? */
         char low[256];
-        size_t k = n < sizeof(low) - 1 ? n : sizeof(low) - 1;
-        for (size_t i = 0; i < k; i++)
+        size_t k = n < sizeof(low) - 1 ? n : sizeof(low) - 1, letters = 0;
+        for (size_t i = 0; i < k; i++) {
             low[i] = (char)(u[i] >= 'A' && u[i] <= 'Z' ? u[i] | 0x20 : u[i]);
+            letters += is_alpha(u[i]);
+        }
         low[k] = 0;
+        /* The unit is the word with a little around it ("None, ", "- apple\n"): "18 Color"
+         * in a product name asks for no 18 copies of a table row that mentions it. */
         for (unsigned i = 0; i < g->prompt_nof; i++)
-            if (g->prompt_of[i].n > slack && strstr(low, g->prompt_of[i].w))
+            if (g->prompt_of[i].n > slack && letters <= 3 * strlen(g->prompt_of[i].w) &&
+                strstr(low, g->prompt_of[i].w))
                 slack = g->prompt_of[i].n;
     }
     return slack;

@@ -109,6 +109,14 @@ static guard_rclass classify(const unsigned char *u, size_t n, bool reasoning, b
     return GR_NORMAL;
 }
 
+static size_t nl_count(const unsigned char *u, size_t n)
+{
+    size_t k = 0;
+    for (const unsigned char *e = u + n; (u = memchr(u, '\n', (size_t)(e - u))); u++)
+        k++;
+    return k;
+}
+
 /* The tail length a candidate must reach once its unit's class and the fence are known;
  * `end` is the offset just past the byte being judged. */
 static uint32_t judge(const guard *g, const gcand *c, uint64_t end)
@@ -134,8 +142,9 @@ static uint32_t judge(const guard *g, const gcand *c, uint64_t end)
     /* A rule's length counts characters: "═" and the blank Braille cell are 3 bytes. */
     if (cls == GR_RULE && chars) minb = (uint32_t)((uint64_t)minb * c->period / chars);
     /* Inside a fence code repeats more; a unit that is itself a fence line ("```") is not
-     * inside one, it toggles it. */
-    if (g->in_fence && !memmem(u, c->period, "``", 2)) {
+     * inside one, it toggles it. A block of two lines or more gets no more copies there
+     * than outside: code repeats a line on purpose, a whole block verbatim seldom. */
+    if (g->in_fence && !memmem(u, c->period, "``", 2) && nl_count(u, c->period) < 2) {
         reps *= p->repeat.fence_factor;
         minb = (uint32_t)(minb * p->repeat.fence_factor);
     }

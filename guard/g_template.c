@@ -17,9 +17,7 @@
  * the history; memory: three offsets and a count. */
 #include "guard/guard_int.h"
 
-/* [*s, *e) without indentation, a list marker (bullet, or digits and '.' or ')') and
- * trailing spaces. */
-static void line_body(const guard *g, uint64_t *s, uint64_t *e)
+void guard_line_body(const guard *g, uint64_t *s, uint64_t *e)
 {
     uint64_t a = *s, b = *e;
     while (a < b && (guard_at(g, a) == ' ' || guard_at(g, a) == '\t'))
@@ -91,7 +89,6 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         g->tpl_valid = false;
         return false;
     }
-    line_body(g, &start, &end);
     if (start == end) return false;
     bool follows = g->tpl_valid && g->tpl_start >= g->base &&
                    same_template(g, g->tpl_start, g->tpl_end, start, end) && is_text(g, start, end);

@@ -46,7 +46,9 @@ RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
     /* Prose: no code characters, mostly letters, at least three words. A prose sentence
      * (ending in . ! ? or a CJK stop) can trigger the lines detector, and so can an item: a
      * whole line of text without code characters ("12. The Wizard of Oz (1939)",
-     * "Sincerely,"), whose digits the segment hash leaves out. */
+     * "Sincerely,"), whose digits the segment hash leaves out. A numbered item of one word
+     * trips only as copies in a row: an answer key ("7. True", "8. False") repeats one
+     * word on purpose. */
     bool prose = len && !g->seg_code && g->seg_alpha * 100 >= len * 85 &&
                  (g->seg_words >= 3 || g->seg_wide >= 9);
     unsigned char e = g->seg_lastc;
@@ -54,6 +56,7 @@ RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
                               e == 0x9F || e == 0xA6);
     bool item =
         line && !g->seg_code && g->seg_words >= 2 && g->seg_alpha >= 4 && g->seg_alpha * 2 >= len;
+    bool one_word = item && g->seg_numbered && g->seg_words < 3;
     /* Plain: a line that starts flush with a letter or a quote, no bullet, no indentation. */
     uint64_t s0 = g->seg_start;
     unsigned char first = s0 >= g->base && s0 < end ? guard_at(g, s0) : 0;
@@ -71,7 +74,7 @@ RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
     if (p->lines.enabled && ok &&
         guard_lines_segment(g, h, start, end,
                             (sentence && len >= p->lines.min_segment_bytes) || item, prose || item,
-                            plain, now))
+                            plain, one_word, now))
         return true;
     if (p->novelty.enabled)
         for (unsigned i = 0; i < nw; i++)
@@ -90,12 +93,24 @@ static inline void seg_add(guard *g, unsigned char b, uint64_t pos)
     if (!g->seg_len) {
         g->seg_start = pos;
         g->seg_words = 1;
+        g->seg_numbered = false;
     }
     g->seg_gap = false;
     g->seg_lead = false;
     g->seg_lastc = b;
     g->seg_hash = fnv(g->seg_hash, b);
     g->seg_len++;
+}
+
+/* A line [start, end) is complete when `now` bytes have been fed: hands its body to the
+ * template and cycle detectors. Returns true on a trip. */
+static bool line_end(guard *g, uint64_t start, uint64_t end, uint64_t now)
+{
+    const guard_params *p = g->p;
+    if (!p->lines.enabled) return false;
+    if (start >= g->base) guard_line_body(g, &start, &end);
+    if (p->lines.template_run && guard_template_line(g, start, end, now)) return true;
+    return g->cyc && guard_cycle_line(g, start, end, now);
 }
 
 /* Per byte b at offset pos, for the lines and novelty detectors. Returns true on a trip. */
@@ -111,8 +126,7 @@ static bool lines_step(guard *g, unsigned char b, uint64_t pos)
         uint64_t ls = g->line_start;
         g->line_start = pos + 1;
         if (seg_end(g, pos, pos + 1, true)) return true;
-        return g->p->lines.enabled && g->p->lines.template_run &&
-               guard_template_line(g, ls, pos, pos + 1);
+        return line_end(g, ls, pos, pos + 1);
     }
     if (b == ' ' || b == '\t' || b == '\r') {
         if ((p1 == '.' || p1 == '!' || p1 == '?') && g->seg_alpha) /* not "12. " */
@@ -316,6 +330,7 @@ static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, 
     if (!g->seg_len) {
         g->seg_start = pos;
         g->seg_words = 1;
+        g->seg_numbered = s[i] <= '9';
     }
     if (words && !g->w_len) {
         g->w_start = pos;
@@ -381,12 +396,14 @@ static void text_init(guard *g)
 {
     g->seg_hash = g->w_hash = 0xCBF29CE484222325ull;
     g->seg_lead = true;
+    guard_cycle_init(g);
 }
 
 static void text_release(guard *g)
 {
     free(g->sw);
     guard_lines_release(g);
+    guard_cycle_release(g);
     guard_novelty_release(g);
 }
 
@@ -396,8 +413,7 @@ static bool text_finish(guard *g)
     const guard_params *p = g->p;
     if (p->novelty.enabled) word_end(g);
     if (g->seg_len && seg_end(g, g->fed, g->fed, true)) return true;
-    return p->lines.enabled && p->lines.template_run && g->line_start < g->fed &&
-           guard_template_line(g, g->line_start, g->fed, g->fed);
+    return g->line_start < g->fed && line_end(g, g->line_start, g->fed, g->fed);
 }
 
 static bool text_on(const guard_params *p)

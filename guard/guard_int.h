@@ -88,6 +88,12 @@ struct guard_params {
         /* The counting detector (g_count.c): numbers in a row that count up with the same
          * text between them that trip (0: off). */
         unsigned count_run;
+        /* The cycle detector (g_cycle.c): copies and lines a block of lines needs (0
+         * copies: off). */
+        unsigned cycle_copies;
+        unsigned cycle_lines;
+        /* Art lines in a row with one texture that trip (g_cycle.c; 0: off). */
+        unsigned art_run;
     } lines;
 
     struct {
@@ -223,7 +229,8 @@ struct guard {
     uint32_t seg_len, seg_alpha, seg_code, seg_words,
         seg_wide; /* non-space bytes, letters, code chars */
     unsigned char seg_lastc;
-    bool seg_lead; /* only digits so far: a list number, left out of the hash */
+    bool seg_lead;     /* only digits so far: a list number, left out of the hash */
+    bool seg_numbered; /* the segment's first word is a number */
     bool seg_gap;
     unsigned char prev, prev2;
     gword *sw;            /* the segment's first words, up to GUARD_SEG_WORDS; grown on */
@@ -242,6 +249,7 @@ struct guard {
     unsigned seg_bmask;
     uint64_t nsegs;
     unsigned lines_run, lines_run_text; /* the trailing run of returns, and its text ones */
+    unsigned lines_same;                /* segments in a row equal to the one before */
 
     /* template (g_template.c): the current line's first byte, the previous line's body, the
      * first body of the run and the run's length. */
@@ -255,6 +263,8 @@ struct guard {
      * counted up. */
     uint64_t cnt_value, cnt_gap_hash, cnt_from, cnt_last_end;
     unsigned cnt_run;
+
+    struct gcycle *cyc; /* cycle (g_cycle.c): its ring of lines; NULL when off */
 
     /* novelty (g_novelty.c) */
     uint64_t wh[3], ws[3];
@@ -363,13 +373,21 @@ void guard_prompt_release(guard *g);
 /* Frees what the consumers allocated, when they first needed it. */
 void guard_lines_release(guard *g);
 /* A completed segment with a letter, hashed h, [start, end); `trigger`: it is a sentence or
- * an item that may trip; `prose`: it is text; `plain`: a line flush left without a bullet.
- * Returns true on a trip. */
+ * an item that may trip; `prose`: it is text; `plain`: a line flush left without a bullet;
+ * `in_row`: it trips only as copies in a row. Returns true on a trip. */
 bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, bool trigger,
-                         bool prose, bool plain, uint64_t now);
-/* A completed line [start, end) (without its newline), for the template detector. Returns
- * true on a trip. */
+                         bool prose, bool plain, bool in_row, uint64_t now);
+/* The body [start, end) of a completed line (guard_line_body; start below the history's
+ * base: a line longer than the history), for the template detector. Returns true on a
+ * trip. */
 bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
+/* The same for the cycle detector (g_cycle.c), on when lines.cycle_copies is set. */
+void guard_cycle_init(guard *g);
+void guard_cycle_release(guard *g);
+bool guard_cycle_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
+/* Narrows the line [*s, *e) to its body: without indentation, a list marker (bullet, or
+ * digits and '.' or ')') and trailing spaces (g_template.c). */
+void guard_line_body(const guard *g, uint64_t *s, uint64_t *e);
 /* A number ended at `end` (the byte there is neither a letter nor a digit), for the
  * counting detector. Returns true on a trip. */
 bool guard_count_number(guard *g, uint64_t end, uint64_t now);

@@ -72,6 +72,10 @@ typedef struct lg_api {
                          const char *code);
     /* The body of an error response (malloc'd JSON). */
     char *(*error_body)(int status, const char *message, const char *type, const char *code);
+    /* Optional: the running attempt is abandoned (the client left, a timeout) — queue in
+     * ex->at.aborts the rids of what still runs under it that the attempt's own rid does
+     * not name (a batch's samples). */
+    void (*abandon)(struct exchange *ex);
     /* Frees ex->api_state (may be NULL). */
     void (*destroy)(struct exchange *ex);
 } lg_api;

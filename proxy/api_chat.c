@@ -5,8 +5,8 @@
  * and the client gets the upstream's own bytes whenever nothing is held and nothing needs
  * reshaping (a clean stream reaches the client byte for byte), else chunks rebuilt from
  * the upstream's chunk as a template (dl_build_chunk) or from scratch. A server without a
- * reasoning parser leaves <think> inline in content: the think splitter (think.h) moves it
- * to the reasoning channel. A whole response is assembled from what was released
+ * reasoning parser leaves <think> inline in content: ex_think_split (exchange_think.c)
+ * moves it to the reasoning channel. A whole response is assembled from what was released
  * (assemble.h). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,49 +106,6 @@ static bool raw_ok(const exchange *ex, const dl_delta *d, bool held_before)
     }
 }
 
-/* How many bytes of s[i..n) after leading whitespace match "<think>" (0–7). */
-static size_t open_tag_match(const char *s, size_t n, size_t *rest)
-{
-    size_t i = 0;
-    while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t'))
-        i++;
-    size_t k = 0;
-    while (k < 7 && i + k < n && s[i + k] == "<think>"[k])
-        k++;
-    *rest = n - i;
-    return k;
-}
-
-/* True when content starting with `s` could open a <think> block (whitespace, then a
- * prefix of the tag): a tag split across deltas is only recognised if we look now. */
-static bool may_open_think(const char *s, size_t n)
-{
-    size_t rest, k = open_tag_match(s, n, &rest);
-    return k == (rest < 7 ? rest : 7);
-}
-
-static bool starts_with_open_tag(const char *s, size_t n)
-{
-    size_t rest;
-    return open_tag_match(s, n, &rest) == 7;
-}
-
-/* End of a whole response read in hindsight mode: with no </think> (and no explicit
- * <think>), what looked like reasoning was the answer. */
-static void settle_hindsight(exchange *ex)
-{
-    ex->at.think_hindsight = false;
-    if (!ex->at.think || think_closed(ex->at.think) || ex->at.think_explicit) return;
-    chan *r = &ex->at.ch[LG_CH_REASONING], *c = &ex->at.ch[LG_CH_CONTENT];
-    lg_buf *rsent = &ex->cl.sent[LG_CH_REASONING];
-    lg_buf_append(&c->held, rsent->p, rsent->len);
-    lg_buf_append(&c->held, r->held.p, r->held.len);
-    c->attempt_bytes += r->attempt_bytes;
-    r->attempt_bytes = 0;
-    lg_buf_reset(rsent);
-    lg_buf_reset(&r->held);
-}
-
 static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
 {
     remember_meta(ex, d);
@@ -188,39 +145,13 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     }
 
     /* Split inline <think> out of content (no server-side reasoning parser). */
-    if (d->content_len && ex->req.chat && !ex->at.think && !d->reasoning_len &&
-        ex->at.ch[LG_CH_REASONING].attempt_bytes == 0 &&
-        ex->at.ch[LG_CH_CONTENT].attempt_bytes == 0) {
-        /* A whole response can be split in hindsight: read it as reasoning until a
-         * </think> and, if none comes, give it back to the answer (settle_hindsight). */
-        bool hindsight = !ex->req.client_stream && !ex->think_opened &&
-                         (!ex->rule || ex->rule->think_opened != 0) && ex->req.enable_thinking != 0;
-        if (ex->think_opened || hindsight || may_open_think(d->content, d->content_len)) {
-            ex->at.think = think_new(ex->think_opened || hindsight);
-            ex->think_inline = true;
-            ex->at.think_hindsight = hindsight;
-            ex->at.think_explicit = starts_with_open_tag(d->content, d->content_len);
-        }
-    }
-    /* The event's text per channel: the delta's own strings, unless the splitter reshapes
-     * them into the per-event buffers. */
-    bool reshaped = ex->at.think != NULL; /* the splitter saw this event */
     lg_buf r = LG_BUF_INIT, c = LG_BUF_INIT;
     const char *rs = d->reasoning, *cs = d->content;
     size_t rn = d->reasoning_len, cn = d->content_len;
-    if (reshaped) {
-        r = ex_text_borrow(ex, EX_TEXT_R), c = ex_text_borrow(ex, EX_TEXT_C);
-        if (d->reasoning_len) lg_buf_append(&r, d->reasoning, d->reasoning_len);
-        think_feed(ex->at.think, d->content, d->content_len, &r, &c);
-        if (d->finish_reason) think_finish(ex->at.think, &r, &c);
-        if (!think_inside(ex->at.think) && !think_closed(ex->at.think) && c.len) {
-            /* decided: no <think> at the start; plain content from here on */
-            think_free(ex->at.think);
-            ex->at.think = NULL;
-            ex->think_inline = false;
-        }
-        rs = r.p, rn = r.len, cs = c.p, cn = c.len;
-    }
+    bool reshaped =
+        ex->req.chat && ex_think_split(ex, d->reasoning, d->reasoning_len, d->content,
+                                       d->content_len, d->finish_reason != NULL, &r, &c);
+    if (reshaped) rs = r.p, rn = r.len, cs = c.p, cn = c.len;
 
     bool text = rn || cn;
     bool tripped =
@@ -237,7 +168,7 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     if (tripped) return 1; /* the verdict was taken */
     if (d->finish_reason) {
         ex->at.finished_gen = true;
-        if (ex->at.think_hindsight) settle_hindsight(ex);
+        ex_think_settle(ex);
         if (ex_end_checks(ex, strcmp(d->finish_reason, "length") != 0)) return 1;
     }
 

@@ -21,9 +21,16 @@
  * Withheld: meta_info.finish_reason {"type": "abort", "message": ...}, as SGLang reports an
  * aborted request.
  *
- * Batch requests (a list of prompts, a list of sampling_params, or n > 1) are relayed
- * unguarded: SGLang gives each sample a rid of its own and could abort one, but a retry of
- * one sample inside a batch stream is not built; the README says so. */
+ * Batches (a list of prompts, a list of sampling_params, or n > 1): SGLang runs each sample
+ * as a request of its own with its own rid (the client's rid list, "<rid>_<i>", or fresh
+ * ids; tokenizer_manager._handle_batch_request) and streams their events interleaved, each
+ * with "index" (the sample's place) and meta_info.id (its rid); a whole batch answers a
+ * list. Each sample is guarded on a channel of its own (ex_sample_swap); a sample that
+ * loops is aborted alone by its rid (/abort_request takes one rid; the others run on), its
+ * loop withheld, and it ends with finish_reason {"type": "abort", ...}, as an exhausted
+ * request does. A sample is not retried: its retry would be a new request outside the
+ * batch's stream. Samples past GEN_BATCH_GUARDED are relayed unguarded. The upstream always streams; a whole batch is the list of the samples'
+ * answers as released. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,8 +40,27 @@
 
 enum { MODE_UNKNOWN, MODE_CUMULATIVE, MODE_INCREMENTAL };
 
+/* A batch's samples past this many are relayed unguarded: a guard costs 16.5-32 KiB, and a
+ * batch of thousands of prompts fits in a request body. */
+#define GEN_BATCH_GUARDED 256
+
+/* One sample of a batch. */
+typedef struct sample {
+    char *rid;      /* meta_info.id: SGLang's rid of the sample */
+    chan ch;        /* its guard and held text (swapped into the attempt's to be fed) */
+    lg_buf sent;    /* its released text */
+    lg_buf up_text; /* its text so far upstream */
+    cJSON *last;    /* its last event (owned): the shape of its events and its answer */
+    cJSON *ids;     /* whole batch, incremental stream: its output_ids (owned) */
+    uint64_t tokens;
+    bool over; /* ended, or cut: later events of it are dropped */
+} sample;
+
 typedef struct gen_state {
-    int mode;        /* the upstream's stream mode, once known */
+    int mode; /* the upstream's stream mode, once known */
+    bool batch;
+    sample *samples; /* a batch's samples by index */
+    size_t n_samples;
     lg_buf up_text;  /* this attempt's text so far */
     char *id;        /* the meta_info.id the client sees (the first attempt's) */
     cJSON *last;     /* the last event of the current attempt (owned): the shape */
@@ -59,11 +85,11 @@ static void set_in_place(cJSON *obj, const char *key, cJSON *item)
     }
 }
 
-/* The client's event: the upstream's event (or a skeleton) with the client's text and id. */
-static cJSON *client_event(exchange *ex, const char *text, size_t n)
+/* The client's event: the upstream's event tmpl (or a skeleton) with the client's text and
+ * meta_info.id (id NULL: the event's own). */
+static cJSON *client_event(const cJSON *tmpl, const char *id, const char *text, size_t n)
 {
-    gen_state *g = GS(ex);
-    cJSON *o = dl_json_must(g->last ? cJSON_Duplicate(g->last, 1) : cJSON_CreateObject());
+    cJSON *o = dl_json_must(tmpl ? cJSON_Duplicate(tmpl, 1) : cJSON_CreateObject());
     char *t = strndup(text ? text : "", n);
     if (!t) lg_oom(n + 1);
     set_in_place(o, "text", cJSON_CreateString(t));
@@ -73,18 +99,20 @@ static cJSON *client_event(exchange *ex, const char *text, size_t n)
         meta = dl_json_must(cJSON_CreateObject());
         dl_json_set(o, "meta_info", meta);
     }
-    if (g->id) set_in_place(meta, "id", cJSON_CreateString(g->id));
+    if (id) set_in_place(meta, "id", cJSON_CreateString(id));
     return o;
 }
 
-/* Released text for a streaming client: the text so far (cumulative) or the piece. */
-static void emit(exchange *ex, const char *piece, size_t n, bool final)
+/* Released text for a streaming client, in an event shaped like tmpl: the text so far
+ * (cumulative: the released text, a batch sample's while it is swapped in) or the piece. */
+static void emit(exchange *ex, const cJSON *tmpl, const char *id, const char *piece, size_t n,
+                 bool final)
 {
     gen_state *g = GS(ex);
     if (!ex->req.client_stream || (!n && !final)) return;
     const lg_buf *all = &ex->cl.sent[LG_CH_CONTENT];
-    cJSON *o = g->mode == MODE_INCREMENTAL ? client_event(ex, piece, n)
-                                           : client_event(ex, all->p, all->len);
+    cJSON *o = g->mode == MODE_INCREMENTAL ? client_event(tmpl, id, piece, n)
+                                           : client_event(tmpl, id, all->p, all->len);
     if (!final) { /* the upstream's finish goes out with the last event only */
         cJSON *meta = cJSON_GetObjectItemCaseSensitive(o, "meta_info");
         if (cJSON_GetObjectItemCaseSensitive(meta, "finish_reason"))
@@ -97,9 +125,10 @@ static void emit(exchange *ex, const char *piece, size_t n, bool final)
 
 /* ---- upstream events --------------------------------------------------------------- */
 
-/* The new text of this event (into *delta), learning the stream's mode on the way. */
-static void new_text(gen_state *g, const cJSON *ev, const char *text, size_t n, const char **delta,
-                     size_t *dn)
+/* The new text of this event (into *delta) after the text so far `up` (of the request, or
+ * of a batch's sample), learning the stream's mode on the way. */
+static void new_text(gen_state *g, lg_buf *up, const cJSON *ev, const char *text, size_t n,
+                     const char **delta, size_t *dn)
 {
     if (g->mode == MODE_UNKNOWN) {
         const cJSON *ids = cJSON_GetObjectItemCaseSensitive(ev, "output_ids");
@@ -107,66 +136,157 @@ static void new_text(gen_state *g, const cJSON *ev, const char *text, size_t n, 
             cJSON_GetObjectItemCaseSensitive(ev, "meta_info"), "completion_tokens");
         if (cJSON_IsArray(ids) && cJSON_IsNumber(ct) && ct->valueint > 1)
             g->mode = cJSON_GetArraySize(ids) >= ct->valueint ? MODE_CUMULATIVE : MODE_INCREMENTAL;
-        else if (g->up_text.len && n)
-            g->mode = n > g->up_text.len && !memcmp(text, g->up_text.p, g->up_text.len)
-                          ? MODE_CUMULATIVE
-                          : MODE_INCREMENTAL;
+        else if (up->len && n)
+            g->mode =
+                n > up->len && !memcmp(text, up->p, up->len) ? MODE_CUMULATIVE : MODE_INCREMENTAL;
     }
-    bool prefix =
-        n >= g->up_text.len && (!g->up_text.len || !memcmp(text, g->up_text.p, g->up_text.len));
+    bool prefix = n >= up->len && (!up->len || !memcmp(text, up->p, up->len));
     if (g->mode != MODE_INCREMENTAL && prefix) {
-        *delta = text + g->up_text.len, *dn = n - g->up_text.len;
-        lg_buf_reset(&g->up_text);
-        lg_buf_append(&g->up_text, text, n);
+        *delta = text + up->len, *dn = n - up->len;
+        lg_buf_reset(up);
+        lg_buf_append(up, text, n);
     } else {
         *delta = text, *dn = n;
-        lg_buf_append(&g->up_text, text, n);
+        lg_buf_append(up, text, n);
     }
+}
+
+/* Takes one event of a text stream (the request's, or a batch sample's): its new text after
+ * the text so far *up, its output_ids kept for a whole answer, the event kept as *last. */
+static void take_event(exchange *ex, const cJSON *root, lg_buf *up, cJSON *ids, cJSON **last,
+                       const char **delta, size_t *dn)
+{
+    const char *text = cJSON_GetObjectItemCaseSensitive(root, "text")->valuestring;
+    new_text(GS(ex), up, root, text, strlen(text), delta, dn);
+    const cJSON *oi = cJSON_GetObjectItemCaseSensitive(root, "output_ids");
+    for (const cJSON *i = cJSON_IsArray(oi) && !ex->req.client_stream ? oi->child : NULL; i;
+         i = i->next) /* the whole answer's ids, should the stream be incremental */
+        cJSON_AddItemToArray(ids, dl_json_must(cJSON_Duplicate(i, 0)));
+    cJSON_Delete(*last);
+    *last = dl_json_must(cJSON_Duplicate(root, 1));
+}
+
+/* Guards an event's new text on the content channel (the request's, or a swapped-in
+ * sample's), and when the event ends the generation (final) the last checks. Returns true
+ * when a guard tripped. */
+static bool guard_event(exchange *ex, const cJSON *meta, const char *delta, size_t dn, bool final)
+{
+    if (ex_guard_text(ex, LG_CH_CONTENT, delta, dn)) return true;
+    if (!final) return false;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(meta, "finish_reason"), "type");
+    return ex_end_checks(ex, !cJSON_IsString(type) || strcmp(type->valuestring, "length") != 0);
+}
+
+/* Releases what the guard cleared of the content channel (all of it when final): as the
+ * upstream's own event when raw_ok and nothing stays held, else an event shaped like tmpl. */
+static void release_event(exchange *ex, const sse_event *ev, bool raw_ok, const cJSON *tmpl,
+                          const char *id, bool final)
+{
+    const chan *c = &ex->at.ch[LG_CH_CONTENT];
+    size_t k = final ? c->held.len : ex_releasable(ex, LG_CH_CONTENT);
+    if (ex->req.client_stream && raw_ok && k == c->held.len) {
+        ex_release(ex, LG_CH_CONTENT, k, NULL);
+        out_append(ex, ev->raw, ev->raw_len);
+        return;
+    }
+    lg_buf b = ex_text_borrow(ex, EX_TEXT_C);
+    ex_release(ex, LG_CH_CONTENT, k, &b);
+    emit(ex, tmpl, id, b.p, b.len, final);
+    ex_text_return(ex, EX_TEXT_C, &b);
 }
 
 static int on_output(exchange *ex, const sse_event *ev, cJSON *root)
 {
     gen_state *g = GS(ex);
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "text");
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "meta_info");
-    const cJSON *fin = cJSON_GetObjectItemCaseSensitive(meta, "finish_reason");
-    const char *id = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(meta, "id"))
-                         ? cJSON_GetObjectItemCaseSensitive(meta, "id")->valuestring
-                         : NULL;
-    if (!g->id && id) g->id = lg_xstrdup(id);
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(meta, "id");
+    bool final = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(meta, "finish_reason"));
+    if (!g->id && cJSON_IsString(id)) g->id = lg_xstrdup(id->valuestring);
     const char *delta;
     size_t dn;
-    new_text(g, root, t->valuestring, strlen(t->valuestring), &delta, &dn);
-    if (!ex->req.client_stream) { /* the whole answer's ids, should the stream be incremental */
-        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "output_ids");
-        for (const cJSON *i = cJSON_IsArray(ids) ? ids->child : NULL; i; i = i->next)
-            cJSON_AddItemToArray(g->ids, dl_json_must(cJSON_Duplicate(i, 0)));
-    }
-    cJSON_Delete(g->last);
-    g->last = dl_json_must(cJSON_Duplicate(root, 1));
-
+    take_event(ex, root, &g->up_text, g->ids, &g->last, &delta, &dn);
     bool held_before = ex->at.ch[LG_CH_CONTENT].held.len > 0;
-    if (ex_guard_text(ex, LG_CH_CONTENT, delta, dn)) return 1;
+    if (guard_event(ex, meta, delta, dn, final)) return 1;
     if (dn) ex->at.tokens++;
-    bool final = cJSON_IsObject(fin);
-    if (final) {
-        const char *type = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(fin, "type"))
-                               ? cJSON_GetObjectItemCaseSensitive(fin, "type")->valuestring
-                               : "";
-        if (ex_end_checks(ex, strcmp(type, "length") != 0)) return 1;
-        ex->at.finished_gen = true;
+    if (final) ex->at.finished_gen = true;
+    release_event(ex, ev, ex->attempt == 1 && !held_before, g->last, g->id, final);
+    return 0;
+}
+
+/* meta_info.finish_reason of an answer withheld (SGLang's shape of an aborted request). */
+static void mark_withheld(cJSON *ev, const char *message)
+{
+    cJSON *meta = cJSON_GetObjectItemCaseSensitive(ev, "meta_info");
+    if (!cJSON_IsObject(meta)) {
+        meta = dl_json_must(cJSON_CreateObject());
+        dl_json_set(ev, "meta_info", meta);
     }
-    const chan *c = &ex->at.ch[LG_CH_CONTENT];
-    size_t k = final ? c->held.len : ex_releasable(ex, LG_CH_CONTENT);
-    if (ex->req.client_stream && ex->attempt == 1 && !held_before && k == c->held.len) {
-        ex_release(ex, LG_CH_CONTENT, k, NULL);
+    cJSON *f = dl_json_must(cJSON_CreateObject());
+    cJSON_AddStringToObject(f, "type", "abort");
+    cJSON_AddStringToObject(f, "message", message);
+    set_in_place(meta, "finish_reason", f);
+    set_in_place(ev, "output_ids", cJSON_CreateArray());
+}
+
+/* The sample of a batch event (made when first seen), or NULL when it has none. */
+static sample *sample_of(gen_state *g, const cJSON *root)
+{
+    const cJSON *idx = cJSON_GetObjectItemCaseSensitive(root, "index");
+    if (!cJSON_IsNumber(idx) || idx->valuedouble < 0 || idx->valuedouble >= 65536) return NULL;
+    size_t i = (size_t)idx->valuedouble;
+    if (i >= g->n_samples) {
+        g->samples = lg_xrealloc(g->samples, (i + 1) * sizeof *g->samples);
+        memset(g->samples + g->n_samples, 0, (i + 1 - g->n_samples) * sizeof *g->samples);
+        for (size_t k = g->n_samples; k <= i; k++)
+            g->samples[k].ids = dl_json_must(cJSON_CreateArray());
+        g->n_samples = i + 1;
+    }
+    return &g->samples[i];
+}
+
+/* One event of a batch: its sample's text, guarded on the sample's own channel. A sample
+ * that loops is cut alone (ex_sample_tripped) and ends withheld; returns 1 only for an event
+ * that names no sample. */
+static int on_sample(exchange *ex, const sse_event *ev, cJSON *root)
+{
+    gen_state *g = GS(ex);
+    sample *s = sample_of(g, root);
+    if (!s) {
+        ex_set_outcome(ex, "upstream_error");
+        ex_fail(ex, 502, "the upstream sent a batch event without index", "upstream_error",
+                "bad_upstream");
+        return 1;
+    }
+    if (s->over) return 0; /* the abort's own end of a sample cut here, and anything after */
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "meta_info");
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(meta, "id");
+    bool final = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(meta, "finish_reason"));
+    if (!s->rid && cJSON_IsString(id)) s->rid = lg_xstrdup(id->valuestring);
+    const char *delta;
+    size_t dn;
+    take_event(ex, root, &s->up_text, s->ids, &s->last, &delta, &dn);
+    if (dn) s->tokens++, ex->at.tokens++;
+    if (s - g->samples >= GEN_BATCH_GUARDED) {
+        lg_buf_append(&s->sent, delta, dn);
         out_append(ex, ev->raw, ev->raw_len);
+        s->over = final;
         return 0;
     }
-    lg_buf b = ex_text_borrow(ex, EX_TEXT_C);
-    ex_release(ex, LG_CH_CONTENT, k, &b);
-    emit(ex, b.p, b.len, final);
-    ex_text_return(ex, EX_TEXT_C, &b);
+    ex_sample_swap(ex, LG_CH_CONTENT, &s->ch, &s->sent);
+    bool held_before = ex->at.ch[LG_CH_CONTENT].held.len > 0;
+    if (guard_event(ex, meta, delta, dn, final)) {
+        /* this sample alone: cut, its loop withheld, its end says so */
+        ex_sample_tripped(ex, s->rid, s->tokens);
+        mark_withheld(s->last, "loopguard: this sample degenerated into a loop and was cut (a "
+                               "batch's samples are not retried)");
+        emit(ex, s->last, NULL, "", 0, true);
+        s->over = true;
+    } else {
+        release_event(ex, ev, !held_before, s->last, NULL, final);
+        s->over = final;
+    }
+    ex_sample_swap(ex, LG_CH_CONTENT, &s->ch, &s->sent);
     return 0;
 }
 
@@ -179,10 +299,6 @@ static int gen_on_event(exchange *ex, const sse_event *ev)
         lg_buf_append(&g->done_raw, ev->raw, ev->raw_len);
         return 0;
     }
-    if (ex->passthrough) { /* a batch: every event as it came */
-        out_append(ex, ev->raw, ev->raw_len);
-        return 0;
-    }
     cJSON *root = cJSON_ParseWithLength(ev->data, ev->data_len);
     int rc = 0;
     if (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(root, "error"))) {
@@ -191,7 +307,7 @@ static int gen_on_event(exchange *ex, const sse_event *ev)
         if (ex_streaming_started(ex)) {
             lg_buf b = ex_text_borrow(ex, EX_TEXT_C);
             ex_release(ex, LG_CH_CONTENT, ex->at.ch[LG_CH_CONTENT].held.len, &b);
-            emit(ex, b.p, b.len, false);
+            emit(ex, g->last, g->id, b.p, b.len, false);
             ex_text_return(ex, EX_TEXT_C, &b);
             out_append(ex, ev->raw, ev->raw_len);
             ex->at.finished_gen = true; /* [DONE] follows the error */
@@ -204,7 +320,7 @@ static int gen_on_event(exchange *ex, const sse_event *ev)
         ex_fail(ex, 502, "the upstream sent a malformed event", "upstream_error", "bad_upstream");
         rc = 1;
     } else {
-        rc = on_output(ex, ev, root);
+        rc = g->batch ? on_sample(ex, ev, root) : on_output(ex, ev, root);
     }
     cJSON_Delete(root);
     return rc;
@@ -250,8 +366,8 @@ static int gen_parse(exchange *ex, const char *body, size_t len, rw_error *err)
                                .has_temperature = cJSON_IsNumber(t),
                                .enable_thinking = -1,
                                .prompt_is_string = cJSON_IsString(text)};
-        ex->passthrough = is_batch(root);
         gen_state *g = lg_xcalloc(1, sizeof *g);
+        g->batch = is_batch(root);
         g->ids = dl_json_must(cJSON_CreateArray());
         ex->api_state = g;
         return 0;
@@ -280,8 +396,12 @@ static char *gen_build(exchange *ex, const rw_opts *o, rw_error *err)
 {
     (void)err;
     cJSON *body = dl_json_must(cJSON_Duplicate(ex->req.root, 1));
-    if (ex->passthrough) return dl_json_print_free(body); /* a batch: as sent */
     dl_json_set(body, "stream", cJSON_CreateTrue());
+    if (GS(ex)->batch) { /* its rids are the client's (or SGLang's): each sample is aborted by
+                          * its own, learnt from its events */
+        ex->at.rid[0] = 0;
+        return dl_json_print_free(body);
+    }
     /* The client's own rid is kept (the client may abort by it): as it is on the first
      * attempt, with "-lg<attempt>" on retries; the exchange aborts by the rid sent. */
     const cJSON *crid = cJSON_GetObjectItemCaseSensitive(ex->req.root, "rid");
@@ -359,11 +479,25 @@ static void gen_finish(exchange *ex)
         gen_end_stream(ex);
         return;
     }
+    ex->cl.final_status = 200;
+    if (g->batch) { /* the samples' answers, in order, as SGLang lists them */
+        cJSON *list = dl_json_must(cJSON_CreateArray());
+        for (size_t i = 0; i < g->n_samples; i++) {
+            sample *s = &g->samples[i];
+            cJSON *o = client_event(s->last, NULL, s->sent.p, s->sent.len);
+            if (g->mode == MODE_INCREMENTAL &&
+                cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(o, "output_ids")))
+                set_in_place(o, "output_ids", dl_json_must(cJSON_Duplicate(s->ids, 1)));
+            cJSON_DeleteItemFromObjectCaseSensitive(o, "index");
+            cJSON_AddItemToArray(list, o);
+        }
+        ex->cl.final_body = dl_json_print_free(list);
+        return;
+    }
     const lg_buf *all = &ex->cl.sent[LG_CH_CONTENT];
-    cJSON *o = client_event(ex, all->p, all->len);
+    cJSON *o = client_event(g->last, g->id, all->p, all->len);
     if (g->mode == MODE_INCREMENTAL)
         set_in_place(o, "output_ids", dl_json_must(cJSON_Duplicate(g->ids, 1)));
-    ex->cl.final_status = 200;
     ex->cl.final_body = dl_json_print_free(o);
 }
 
@@ -372,18 +506,8 @@ static void gen_withheld(exchange *ex)
 {
     gen_state *g = GS(ex);
     if (!g->last) g->last = dl_json_must(cJSON_CreateObject());
-    cJSON *meta = cJSON_GetObjectItemCaseSensitive(g->last, "meta_info");
-    if (!cJSON_IsObject(meta)) {
-        meta = dl_json_must(cJSON_CreateObject());
-        dl_json_set(g->last, "meta_info", meta);
-    }
-    cJSON *f = dl_json_must(cJSON_CreateObject());
-    cJSON_AddStringToObject(f, "type", "abort");
-    cJSON_AddStringToObject(f, "message",
-                            "loopguard: the generation degenerated into a loop on every attempt");
-    set_in_place(meta, "finish_reason", f);
-    set_in_place(g->last, "output_ids", cJSON_CreateArray());
-    if (ex->req.client_stream) emit(ex, "", 0, true);
+    mark_withheld(g->last, "loopguard: the generation degenerated into a loop on every attempt");
+    if (ex->req.client_stream) emit(ex, g->last, g->id, "", 0, true);
 }
 
 static void gen_stream_error(exchange *ex, int status, const char *message, const char *type,
@@ -395,10 +519,30 @@ static void gen_stream_error(exchange *ex, int status, const char *message, cons
     gen_end_stream(ex);
 }
 
+/* A batch abandoned: every sample still running is aborted by its rid. */
+static void gen_abandon(exchange *ex)
+{
+    gen_state *g = GS(ex);
+    for (size_t i = 0; i < g->n_samples; i++)
+        if (!g->samples[i].over && g->samples[i].rid)
+            lg_buf_append(&ex->at.aborts, g->samples[i].rid, strlen(g->samples[i].rid) + 1);
+}
+
 static void gen_destroy(exchange *ex)
 {
     gen_state *g = GS(ex);
     if (!g) return;
+    for (size_t i = 0; i < g->n_samples; i++) {
+        sample *s = &g->samples[i];
+        free(s->rid);
+        guard_free(s->ch.g);
+        lg_buf_free(&s->ch.held);
+        lg_buf_free(&s->sent);
+        lg_buf_free(&s->up_text);
+        cJSON_Delete(s->last);
+        cJSON_Delete(s->ids);
+    }
+    free(g->samples);
     lg_buf_free(&g->up_text);
     lg_buf_free(&g->done_raw);
     free(g->id);
@@ -425,5 +569,6 @@ const lg_api api_generate = {
     .withheld = gen_withheld,
     .stream_error = gen_stream_error,
     .error_body = ex_openai_error_body,
+    .abandon = gen_abandon,
     .destroy = gen_destroy,
 };

@@ -9,11 +9,19 @@
  * is guarded and held like chat text, and a block's held text is released at its
  * content_block_stop (the block ended: whatever was held there was not a running loop).
  *
+ * A server without a reasoning parser leaves the reasoning inline in the text block,
+ * between <think> and </think>: ex_think_split (exchange_think.c) moves it to the reasoning
+ * channel, and the client gets it as a thinking block of its own before the text block
+ * ({"type":"thinking","thinking":"","signature":""} as the SDK's ThinkingBlock has it; no
+ * signature_delta: no server signed it). A text block's start is therefore held back until
+ * its first text says whether it opens with reasoning.
+ *
  * The client's event sequence stays valid across a retry: one message_start (the first
  * attempt's), block indexes continuous — a retry closes the client's open block and numbers
- * its own blocks after the client's last (client index = upstream index + offset). While
- * the offset is 0 and nothing is held, events go out as the upstream's own bytes (a clean
- * stream is byte-identical); otherwise they are rebuilt.
+ * its own blocks after the client's last (client index = upstream index + offset; a thinking
+ * block split out of a text block moves the offset on by one). While the offset is 0 and
+ * nothing is held, events go out as the upstream's own bytes (a clean stream is
+ * byte-identical); otherwise they are rebuilt.
  *
  * Retry sampling: SGLang's and vLLM's Anthropic request models carry temperature, top_p
  * and top_k (sglang entrypoints/anthropic/serving.py copies those three and stop_sequences
@@ -37,15 +45,19 @@ typedef struct wblock {
     int ch;          /* lg_channel, or -1: a block type without text (kept as sent) */
     cJSON *start;    /* the upstream's content_block (owned) */
     lg_buf text;     /* released text */
+    lg_buf think;    /* text: the reasoning split out of it (rendered as a thinking block) */
     char *signature; /* thinking: the signature_delta */
 } wblock;
 
 typedef struct msg_state {
     /* the client's stream */
-    bool started;    /* message_start went out */
-    int next;        /* the client's next block index */
-    int open;        /* the client's open block index, -1: none */
-    int offset;      /* this attempt: client index = upstream index + offset */
+    bool started;   /* message_start went out */
+    int next;       /* the client's next block index */
+    int open;       /* the client's open block index, -1: none */
+    int open_ch;    /* its channel, -1: not text */
+    int offset;     /* this attempt: client index = upstream index + offset */
+    lg_buf pending; /* the upstream's text block start, held until its first text */
+    cJSON *pending_root;
     bool errored;    /* an upstream error event ended the stream */
     lg_buf stop_raw; /* the upstream's message_stop event */
     /* this attempt's upstream block */
@@ -96,16 +108,62 @@ static void block_stop(exchange *ex, int index)
     out_named(ex, "content_block_stop", o);
 }
 
+static void out_indexed(exchange *ex, const char *raw, size_t raw_len, cJSON *root,
+                        const char *type);
+
+/* The held-back text block start of an attempt that ended is never shown. */
+static void drop_pending(msg_state *m)
+{
+    cJSON_Delete(m->pending_root);
+    m->pending_root = NULL;
+    lg_buf_reset(&m->pending);
+}
+
+/* Opens the client's block for released text of channel ch (reasoning or answer): the
+ * held-back upstream text block, or a thinking block split out of it (a block the upstream
+ * does not have: the offset moves on). The open block, if any, ends first. */
+static void open_block(exchange *ex, int ch)
+{
+    msg_state *m = MS(ex);
+    if (m->open >= 0) block_stop(ex, m->open);
+    if (ch == LG_CH_CONTENT && m->pending_root) {
+        out_indexed(ex, m->pending.p, m->pending.len, m->pending_root, "content_block_start");
+        cJSON_Delete(m->pending_root);
+        m->pending_root = NULL;
+        lg_buf_reset(&m->pending);
+    } else {
+        cJSON *o = dl_json_must(cJSON_CreateObject());
+        cJSON_AddStringToObject(o, "type", "content_block_start");
+        cJSON_AddNumberToObject(o, "index", m->next);
+        cJSON *b = dl_json_must(cJSON_AddObjectToObject(o, "content_block"));
+        if (ch == LG_CH_REASONING) {
+            cJSON_AddStringToObject(b, "type", "thinking");
+            cJSON_AddStringToObject(b, "thinking", "");
+            cJSON_AddStringToObject(b, "signature", "");
+        } else {
+            cJSON_AddStringToObject(b, "type", "text");
+            cJSON_AddStringToObject(b, "text", "");
+        }
+        out_named(ex, "content_block_start", o);
+        m->offset++;
+    }
+    m->open = m->next++;
+    m->open_ch = ch;
+}
+
 /* Released text of channel ch goes to the client's open block (stream) or the whole
- * response's last block. */
+ * response's last block (a text block's split reasoning to its thinking part). */
 static void put_text(exchange *ex, int ch, const char *s, size_t n)
 {
     msg_state *m = MS(ex);
     if (!n) return;
     if (!ex->req.client_stream) {
-        if (m->n_blocks) lg_buf_append(&m->blocks[m->n_blocks - 1].text, s, n);
+        if (!m->n_blocks) return;
+        wblock *b = &m->blocks[m->n_blocks - 1];
+        lg_buf_append(ch == LG_CH_REASONING && b->ch == LG_CH_CONTENT ? &b->think : &b->text, s, n);
         return;
     }
+    if (ch != LG_CH_TOOL_ARGS && (m->open < 0 || m->open_ch != ch)) open_block(ex, ch);
     cJSON *o = dl_json_must(cJSON_CreateObject());
     cJSON_AddStringToObject(o, "type", "content_block_delta");
     cJSON_AddNumberToObject(o, "index", m->open >= 0 ? m->open : m->next);
@@ -130,11 +188,12 @@ static void flush_channel(exchange *ex, int ch)
 
 /* The event with its index moved by the attempt's offset (or its own bytes when the
  * offset is 0). */
-static void out_indexed(exchange *ex, const sse_event *ev, cJSON *root, const char *type)
+static void out_indexed(exchange *ex, const char *raw, size_t raw_len, cJSON *root,
+                        const char *type)
 {
     msg_state *m = MS(ex);
     if (m->offset == 0) {
-        out_append(ex, ev->raw, ev->raw_len);
+        out_append(ex, raw, raw_len);
         return;
     }
     cJSON *copy = dl_json_must(cJSON_Duplicate(root, 1));
@@ -181,8 +240,16 @@ static void on_block_start(exchange *ex, const sse_event *ev, cJSON *root)
         whole_block(m, m->up_ch, cb);
         return;
     }
-    out_indexed(ex, ev, root, "content_block_start");
+    if (m->up_ch == LG_CH_CONTENT) { /* held until its text says whether it opens with <think> */
+        lg_buf_reset(&m->pending);
+        lg_buf_append(&m->pending, ev->raw, ev->raw_len);
+        cJSON_Delete(m->pending_root);
+        m->pending_root = dl_json_must(cJSON_Duplicate(root, 1));
+        return;
+    }
+    out_indexed(ex, ev->raw, ev->raw_len, root, "content_block_start");
     m->open = (cJSON_IsNumber(idx) ? idx->valueint : 0) + m->offset;
+    m->open_ch = m->up_ch;
     m->next = m->open + 1;
 }
 
@@ -205,15 +272,18 @@ static int on_block_delta(exchange *ex, const sse_event *ev, cJSON *root)
         }
         if (ex->req.client_stream) {
             flush_channel(ex, m->up_ch);
-            out_indexed(ex, ev, root, "content_block_delta");
+            out_indexed(ex, ev->raw, ev->raw_len, root, "content_block_delta");
         }
         return 0;
     }
     const char *s = str_at(d, delta_key(ch));
     size_t n = s ? strlen(s) : 0;
+    int rc = ch == LG_CH_CONTENT ? ex_think_text(ex, s, n, false, put_text) : -1;
+    if (rc >= 0) return rc;
     bool held_before = ex_held_any(ex);
     if (ex_guard_text(ex, (lg_channel)ch, s, n)) return 1;
     if (n) ex->at.tokens++;
+    if (m->pending_root && n) open_block(ex, LG_CH_CONTENT); /* plain text: its block starts */
     size_t k = ex_releasable(ex, (lg_channel)ch);
     if (ex->req.client_stream && m->offset == 0 && !held_before && k == ex->at.ch[ch].held.len) {
         ex_release(ex, (lg_channel)ch, k, NULL);
@@ -227,14 +297,25 @@ static int on_block_delta(exchange *ex, const sse_event *ev, cJSON *root)
     return 0;
 }
 
-static void on_block_stop(exchange *ex, const sse_event *ev, cJSON *root)
+/* The end of a block: its held text is released (a tag's held bytes too). Returns 1 when a
+ * guard tripped on them. */
+static int on_block_stop(exchange *ex, const sse_event *ev, cJSON *root)
 {
     msg_state *m = MS(ex);
+    if (m->up_ch == LG_CH_CONTENT && ex_think_text(ex, "", 0, true, put_text) == 1) return 1;
+    flush_channel(ex, LG_CH_REASONING);
     flush_channel(ex, m->up_ch);
     m->up_ch = -1;
-    if (!ex->req.client_stream) return;
-    out_indexed(ex, ev, root, "content_block_stop");
+    if (!ex->req.client_stream) return 0;
+    if (m->pending_root && m->open >= 0) { /* all of the text was reasoning */
+        drop_pending(m);
+        block_stop(ex, m->open);
+    } else {
+        if (m->pending_root) open_block(ex, LG_CH_CONTENT); /* an empty text block */
+        out_indexed(ex, ev->raw, ev->raw_len, root, "content_block_stop");
+    }
     m->open = -1;
+    return 0;
 }
 
 /* message_delta: the generation ended. Returns 1 when a last check tripped. */
@@ -242,6 +323,9 @@ static int on_message_delta(exchange *ex, const sse_event *ev, cJSON *root)
 {
     msg_state *m = MS(ex);
     const char *stop = str_at(cJSON_GetObjectItemCaseSensitive(root, "delta"), "stop_reason");
+    if (ex_think_settle(ex)) /* no </think>: the text block's reasoning was its answer */
+        for (size_t i = 0; i < m->n_blocks; i++)
+            lg_buf_reset(&m->blocks[i].think);
     if (ex_end_checks(ex, !stop || strcmp(stop, "max_tokens") != 0)) return 1;
     ex->at.finished_gen = true;
     for (int c = 0; c < LG_CH_COUNT; c++)
@@ -300,7 +384,7 @@ static int msg_on_event(exchange *ex, const sse_event *ev)
     } else if (!strcmp(type, "content_block_delta")) {
         rc = on_block_delta(ex, ev, root);
     } else if (!strcmp(type, "content_block_stop")) {
-        on_block_stop(ex, ev, root);
+        rc = on_block_stop(ex, ev, root);
     } else if (!strcmp(type, "message_delta")) {
         rc = on_message_delta(ex, ev, root);
     } else if (!strcmp(type, "message_stop")) {
@@ -352,7 +436,7 @@ static int msg_parse(exchange *ex, const char *body, size_t len, rw_error *err)
                            .has_temperature = cJSON_IsNumber(t),
                            .enable_thinking = -1};
     msg_state *m = lg_xcalloc(1, sizeof *m);
-    m->open = m->up_ch = -1;
+    m->open = m->open_ch = m->up_ch = -1;
     ex->api_state = m;
     return 0;
 fail:
@@ -404,6 +488,7 @@ static void free_blocks(msg_state *m)
     for (size_t i = 0; i < m->n_blocks; i++) {
         cJSON_Delete(m->blocks[i].start);
         lg_buf_free(&m->blocks[i].text);
+        lg_buf_free(&m->blocks[i].think);
         free(m->blocks[i].signature);
     }
     m->n_blocks = 0;
@@ -425,6 +510,7 @@ static void msg_attempt_begins(exchange *ex, bool restart)
         if (m->open >= 0) block_stop(ex, m->open);
         m->open = -1;
         m->offset = m->next;
+        drop_pending(m);
     }
 }
 
@@ -449,6 +535,15 @@ static char *render_whole(msg_state *m)
     cJSON *content = dl_json_must(cJSON_CreateArray());
     for (size_t i = 0; i < m->n_blocks; i++) {
         wblock *b = &m->blocks[i];
+        if (b->think.len) { /* reasoning split out of the text block: a thinking block */
+            lg_buf_append(&b->think, "", 0);
+            cJSON *t = dl_json_must(cJSON_CreateObject());
+            cJSON_AddStringToObject(t, "type", "thinking");
+            cJSON_AddStringToObject(t, "thinking", b->think.p);
+            cJSON_AddStringToObject(t, "signature", "");
+            cJSON_AddItemToArray(content, t);
+            if (!b->text.len) continue; /* all of it was reasoning */
+        }
         cJSON *o = dl_json_must(cJSON_Duplicate(b->start, 1));
         lg_buf_append(&b->text, "", 0);
         const char *text = b->text.p ? b->text.p : "";
@@ -501,6 +596,7 @@ static void msg_withheld(exchange *ex)
     }
     if (m->open >= 0) block_stop(ex, m->open);
     m->open = -1;
+    drop_pending(m);
     cJSON *o = dl_json_must(cJSON_CreateObject());
     cJSON_AddStringToObject(o, "type", "message_delta");
     cJSON *d = dl_json_must(cJSON_AddObjectToObject(o, "delta"));
@@ -546,6 +642,8 @@ static void msg_destroy(exchange *ex)
     free_blocks(m);
     free(m->blocks);
     lg_buf_free(&m->stop_raw);
+    lg_buf_free(&m->pending);
+    cJSON_Delete(m->pending_root);
     cJSON_Delete(m->message);
     cJSON_Delete(m->usage);
     free(m->stop_reason);

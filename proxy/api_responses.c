@@ -19,6 +19,15 @@
  * events go out as the upstream's own bytes — except vLLM's reasoning_part events, renamed
  * to OpenAI's content_part events (openai_name).
  *
+ * A server without a reasoning parser leaves the reasoning inline in the message's text,
+ * between <think> and </think>: ex_think_split (exchange_think.c) moves it to the reasoning
+ * channel and the client gets it as a reasoning item of its own before the message item
+ * (vLLM's item {"id":"rs_…","summary":[],"type":"reasoning","content":[reasoning_text
+ * parts]} with OpenAI's event names, response.reasoning_text.delta / .done). A message
+ * item's opening events are therefore held back until its first text says whether it
+ * opens with reasoning; a split item's events are all rebuilt from the client's text, and
+ * the final response lists the items the client saw.
+ *
  * Retry sampling: temperature (both servers' ResponsesRequest take it; SGLang's has no rid
  * field, vLLM's request_id is no abort handle), so the cut is the closed connection.
  * Withheld: response.incomplete with incomplete_details.reason "content_filter" — the
@@ -30,12 +39,24 @@
 #include "proxy/exchange_int.h"
 #include "proxy/xalloc.h"
 
+/* An upstream event held back: its tree and its own bytes. */
+typedef struct held_event {
+    cJSON *root;
+    lg_buf raw;
+    char name[48]; /* its `event:` name */
+} held_event;
+
 typedef struct rsp_state {
-    long seq;          /* the client's next sequence_number */
-    int offset;        /* this attempt: client output_index = upstream's + offset */
-    int next;          /* the client's next output_index */
-    int open;          /* the client's open item (output_index), -1: none */
-    int open_ch;       /* its channel, -1: not text */
+    long seq;              /* the client's next sequence_number */
+    int offset;            /* this attempt: client output_index = upstream's + offset */
+    int next;              /* the client's next output_index */
+    int open;              /* the client's open item (output_index), -1: none */
+    int open_ch;           /* its channel, -1: not text */
+    bool open_synth;       /* the open item is loopguard's (a split-out reasoning item) */
+    bool split;            /* the upstream's message item is being split (its events rebuilt) */
+    bool any_split;        /* some item was: the final response lists the client's items */
+    held_event pending[2]; /* the message item's added events, held until its first text */
+    int n_pending;
     cJSON *open_item;  /* the open item as added (owned) */
     lg_buf open_text;  /* text released into the open item */
     cJSON *delta_tmpl; /* the last delta event of this attempt (owned): released text's shape */
@@ -95,13 +116,141 @@ static void out_event(exchange *ex, const sse_event *ev, const cJSON *root, cons
     out_numbered(ex, type, copy);
 }
 
-/* Released text of channel ch into the open item: a delta event shaped like the last one. */
-static void put_text(exchange *ex, const char *s, size_t n)
+static void close_open_item(exchange *ex, const char *status);
+static cJSON *item_event(const rsp_state *r, const char *type);
+static void out_event(exchange *ex, const sse_event *ev, const cJSON *root, const char *type);
+
+static void drop_pending(rsp_state *r)
+{
+    for (int i = 0; i < r->n_pending; i++) {
+        cJSON_Delete(r->pending[i].root);
+        lg_buf_free(&r->pending[i].raw);
+    }
+    r->n_pending = 0;
+}
+
+static void flush_pending(exchange *ex);
+
+/* Holds an opening event of the upstream's message item. Past the two it has (item added,
+ * part added), the item goes out as it is and so does the event. */
+static void hold_event(exchange *ex, const sse_event *ev, const cJSON *root, const char *type)
+{
+    rsp_state *r = RS(ex);
+    if (r->n_pending == 2) {
+        flush_pending(ex);
+        out_event(ex, ev, root, type);
+        return;
+    }
+    held_event *h = &r->pending[r->n_pending++];
+    h->root = dl_json_must(cJSON_Duplicate(root, 1));
+    h->raw = (lg_buf)LG_BUF_INIT;
+    lg_buf_append(&h->raw, ev->raw, ev->raw_len);
+    snprintf(h->name, sizeof h->name, "%.*s", (int)ev->event_len, ev->event);
+}
+
+/* The held-back added events of the upstream's message item, for the client (renumbered
+ * after any item split out before it). */
+static void flush_pending(exchange *ex)
+{
+    rsp_state *r = RS(ex);
+    for (int i = 0; i < r->n_pending; i++) {
+        held_event *h = &r->pending[i];
+        const char *type = str_at(h->root, "type");
+        if (!strcmp(type, "response.output_item.added")) {
+            const cJSON *oi = cJSON_GetObjectItemCaseSensitive(h->root, "output_index");
+            r->open = (cJSON_IsNumber(oi) ? oi->valueint : 0) + r->offset;
+            r->next = r->open + 1;
+            r->open_ch = LG_CH_CONTENT;
+            r->open_synth = false;
+            cJSON_Delete(r->open_item);
+            r->open_item =
+                dl_json_must(cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(h->root, "item"), 1));
+            lg_buf_reset(&r->open_text);
+        }
+        sse_event ev = {
+            .raw = h->raw.p, .raw_len = h->raw.len, .event = h->name, .event_len = strlen(h->name)};
+        out_event(ex, &ev, h->root, type);
+    }
+    drop_pending(r);
+}
+
+/* A reasoning item of loopguard's, split out of a message's text, in vLLM's shape: its
+ * content the reasoning text s[0..n) (none when s is NULL: the item was just added). */
+static cJSON *reasoning_item(const char *s, size_t n, const char *status)
+{
+    char id[40] = "rs_";
+    ex_random_hex(id + 3, 16);
+    cJSON *ri = dl_json_must(cJSON_CreateObject());
+    cJSON_AddStringToObject(ri, "id", id);
+    cJSON_AddItemToObject(ri, "summary", cJSON_CreateArray());
+    cJSON_AddStringToObject(ri, "type", "reasoning");
+    cJSON *content = dl_json_must(cJSON_AddArrayToObject(ri, "content"));
+    if (s) {
+        char *t = strndup(s, n);
+        if (!t) lg_oom(n + 1);
+        cJSON *part = dl_json_must(cJSON_CreateObject());
+        cJSON_AddStringToObject(part, "text", t);
+        cJSON_AddStringToObject(part, "type", "reasoning_text");
+        cJSON_AddItemToArray(content, part);
+        free(t);
+    }
+    cJSON_AddNullToObject(ri, "encrypted_content");
+    cJSON_AddStringToObject(ri, "status", status);
+    return ri;
+}
+
+/* A reasoning item split out of the upstream's message item: added, its part added. */
+static void open_reasoning_item(exchange *ex)
+{
+    rsp_state *r = RS(ex);
+    if (r->open >= 0) close_open_item(ex, "completed");
+    cJSON_Delete(r->open_item);
+    r->open_item = reasoning_item(NULL, 0, "in_progress");
+    r->open = r->next++;
+    r->open_ch = LG_CH_REASONING;
+    r->open_synth = true;
+    r->offset++; /* an item the upstream does not have */
+    lg_buf_reset(&r->open_text);
+    cJSON *o = dl_json_must(cJSON_CreateObject());
+    cJSON_AddStringToObject(o, "type", "response.output_item.added");
+    cJSON_AddNumberToObject(o, "output_index", r->open);
+    cJSON_AddItemToObject(o, "item", dl_json_must(cJSON_Duplicate(r->open_item, 1)));
+    out_numbered(ex, "response.output_item.added", o);
+    o = item_event(r, "response.content_part.added");
+    cJSON_AddNumberToObject(o, "content_index", 0);
+    cJSON *part = dl_json_must(cJSON_AddObjectToObject(o, "part"));
+    cJSON_AddStringToObject(part, "text", "");
+    cJSON_AddStringToObject(part, "type", "reasoning_text");
+    out_numbered(ex, "response.content_part.added", o);
+}
+
+/* Released text of channel ch into the client's item of that channel (opened here when the
+ * upstream's message item is being split): a delta event shaped like the last one. */
+static void put_text(exchange *ex, int ch, const char *s, size_t n)
 {
     rsp_state *r = RS(ex);
     if (!n) return;
+    if (ex->req.client_stream && r->split && (r->open < 0 || r->open_ch != ch)) {
+        if (ch == LG_CH_REASONING) {
+            open_reasoning_item(ex);
+        } else if (r->n_pending) {
+            if (r->open >= 0) close_open_item(ex, "completed");
+            flush_pending(ex);
+        }
+    }
     lg_buf_append(&r->open_text, s, n);
-    if (!ex->req.client_stream || !r->delta_tmpl) return;
+    if (!ex->req.client_stream) return;
+    if (r->open_synth) {
+        cJSON *e = item_event(r, "response.reasoning_text.delta");
+        cJSON_AddNumberToObject(e, "content_index", 0);
+        char *t = strndup(s, n);
+        if (!t) lg_oom(n + 1);
+        cJSON_AddStringToObject(e, "delta", t);
+        free(t);
+        out_numbered(ex, "response.reasoning_text.delta", e);
+        return;
+    }
+    if (!r->delta_tmpl) return;
     cJSON *d = dl_json_must(cJSON_Duplicate(r->delta_tmpl, 1));
     char *t = strndup(s, n);
     if (!t) lg_oom(n + 1);
@@ -118,7 +267,7 @@ static void flush_channel(exchange *ex, int ch)
     if (ch < 0) return;
     lg_buf b = ex_text_borrow(ex, EX_TEXT_C);
     ex_release(ex, (lg_channel)ch, ex->at.ch[ch].held.len, &b);
-    put_text(ex, b.p, b.len);
+    put_text(ex, ch, b.p, b.len);
     ex_text_return(ex, EX_TEXT_C, &b);
 }
 
@@ -133,9 +282,9 @@ static cJSON *item_event(const rsp_state *r, const char *type)
     return o;
 }
 
-/* Ends the client's open item where the client's text ends (a retry, or the withheld
- * answer): its .done events with that text, status "incomplete". */
-static void close_open_item(exchange *ex)
+/* Ends the client's open item where the client's text ends: its .done events with that
+ * text and `status` ("incomplete" on a retry or the withheld answer). */
+static void close_open_item(exchange *ex, const char *status)
 {
     rsp_state *r = RS(ex);
     if (r->open < 0) return;
@@ -168,7 +317,7 @@ static void close_open_item(exchange *ex)
         cJSON_AddItemToArray(content, part);
         dl_json_set(item, "content", content);
     }
-    dl_json_set(item, "status", cJSON_CreateString("incomplete"));
+    dl_json_set(item, "status", cJSON_CreateString(status));
     o = dl_json_must(cJSON_CreateObject());
     cJSON_AddStringToObject(o, "type", "response.output_item.done");
     cJSON_AddNumberToObject(o, "output_index", r->open);
@@ -213,8 +362,14 @@ static int on_delta(exchange *ex, const sse_event *ev, const cJSON *root, int ch
     bool held_before = ex_held_any(ex);
     cJSON_Delete(r->delta_tmpl);
     r->delta_tmpl = dl_json_must(cJSON_Duplicate(root, 1));
+    int rc = ch == LG_CH_CONTENT ? ex_think_text(ex, s, n, false, put_text) : -1;
+    if (rc >= 0) {
+        r->split = r->any_split = true;
+        return rc;
+    }
     if (ex_guard_text(ex, (lg_channel)ch, s, n)) return 1;
     if (n) ex->at.tokens++;
+    if (r->n_pending && n && !r->split) flush_pending(ex); /* plain text: its item starts */
     size_t k = ex_releasable(ex, (lg_channel)ch);
     const cJSON *sq = cJSON_GetObjectItemCaseSensitive(root, "sequence_number");
     if (ex->req.client_stream && !held_before && k == ex->at.ch[ch].held.len && r->offset == 0 &&
@@ -227,8 +382,42 @@ static int on_delta(exchange *ex, const sse_event *ev, const cJSON *root, int ch
     }
     lg_buf b = ex_text_borrow(ex, EX_TEXT_C);
     ex_release(ex, (lg_channel)ch, k, &b);
-    put_text(ex, b.p, b.len);
+    put_text(ex, ch, b.p, b.len);
     ex_text_return(ex, EX_TEXT_C, &b);
+    return 0;
+}
+
+/* An item's .done event: its held text is released first. The upstream's message item
+ * being split ends with .done events rebuilt from the client's text. Returns 1 when a
+ * guard tripped on the text's last bytes. */
+static int on_item_done(exchange *ex, const sse_event *ev, const cJSON *root, const char *type)
+{
+    rsp_state *r = RS(ex);
+    bool stream = ex->req.client_stream;
+    if (r->split && r->up_ch == LG_CH_CONTENT && ex_think_text(ex, "", 0, true, put_text) == 1)
+        return 1;
+    flush_channel(ex, LG_CH_REASONING);
+    flush_channel(ex, r->up_ch); /* the item's text is complete */
+    bool item_done = !strcmp(type, "response.output_item.done");
+    if (stream && r->split) {
+        if (!item_done) return 0;
+        if (r->n_pending && r->open >= 0) { /* all of its text was reasoning */
+            drop_pending(r);
+        } else if (r->n_pending) {
+            flush_pending(ex);
+        }
+        close_open_item(ex, "completed");
+    } else if (stream) {
+        if (r->n_pending) flush_pending(ex); /* an item without text */
+        out_event(ex, ev, root, type);
+        if (item_done)
+            cJSON_AddItemToArray(r->items, dl_json_must(cJSON_Duplicate(
+                                               cJSON_GetObjectItemCaseSensitive(root, "item"), 1)));
+    }
+    if (item_done) {
+        r->open = r->up_ch = -1;
+        r->split = false;
+    }
     return 0;
 }
 
@@ -295,7 +484,11 @@ static int rsp_on_event(exchange *ex, const sse_event *ev)
         const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, "item");
         const cJSON *oi = cJSON_GetObjectItemCaseSensitive(root, "output_index");
         r->up_ch = item_channel(str_at(item, "type"));
-        if (stream) {
+        if (stream &&
+            r->up_ch == LG_CH_CONTENT) { /* until its text says if it opens with <think> */
+            drop_pending(r);
+            hold_event(ex, ev, root, type);
+        } else if (stream) {
             out_event(ex, ev, root, type);
             r->open = (cJSON_IsNumber(oi) ? oi->valueint : 0) + r->offset;
             r->open_ch = r->up_ch;
@@ -305,14 +498,9 @@ static int rsp_on_event(exchange *ex, const sse_event *ev)
             r->next = r->open + 1;
         }
     } else if (ends_with(type, ".done") && strcmp(type, "response.done") != 0) {
-        flush_channel(ex, r->up_ch); /* the item's text is complete */
-        if (stream) out_event(ex, ev, root, type);
-        if (!strcmp(type, "response.output_item.done")) {
-            const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, "item");
-            if (stream) cJSON_AddItemToArray(r->items, dl_json_must(cJSON_Duplicate(item, 1)));
-            r->open = r->up_ch = -1;
-        }
+        rc = on_item_done(ex, ev, root, type);
     } else if (!strcmp(type, "response.completed") || !strcmp(type, "response.incomplete")) {
+        ex_think_settle(ex); /* no </think>: what looked like reasoning was the answer */
         if (ex_end_checks(ex, !strcmp(type, "response.completed"))) {
             rc = 1;
         } else {
@@ -323,11 +511,14 @@ static int rsp_on_event(exchange *ex, const sse_event *ev)
             r->end = dl_json_must(cJSON_Duplicate(root, 1));
             const cJSON *sq = cJSON_GetObjectItemCaseSensitive(root, "sequence_number");
             lg_buf_reset(&r->end_raw);
-            if (r->offset == 0 && cJSON_IsNumber(sq) && (long)sq->valuedouble == r->seq)
+            if (r->offset == 0 && !r->any_split && cJSON_IsNumber(sq) &&
+                (long)sq->valuedouble == r->seq)
                 lg_buf_append(&r->end_raw, ev->raw, ev->raw_len);
         }
     } else if (!strcmp(type, "response.failed") || !strcmp(type, "error")) {
         on_failed(ex, ev, root, type);
+    } else if (stream && r->n_pending) { /* the held message item's part */
+        hold_event(ex, ev, root, type);
     } else if (stream) { /* parts added, and types this module does not know */
         out_event(ex, ev, root, type);
     }
@@ -411,15 +602,37 @@ static cJSON *rsp_prompt(const exchange *ex, bool full)
 static void rsp_attempt_begins(exchange *ex, bool restart)
 {
     rsp_state *r = RS(ex);
-    (void)restart; /* a whole response is the last attempt's terminal event */
+    if (restart) r->any_split = false; /* a whole response is the last attempt's */
     r->up_ch = -1;
+    r->split = false;
+    drop_pending(r);
     cJSON_Delete(r->delta_tmpl);
     r->delta_tmpl = NULL;
     cJSON_Delete(r->end);
     r->end = NULL;
     if (ex->attempt > 1 && ex->req.client_stream) {
-        close_open_item(ex);
+        close_open_item(ex, "incomplete");
         r->offset = r->next;
+    }
+}
+
+/* A whole response whose message text was split: the message item gets the answer, and a
+ * reasoning item with the reasoning goes before it. */
+static void split_output(exchange *ex, cJSON *output)
+{
+    const lg_buf *rs = &ex->cl.sent[LG_CH_REASONING], *cs = &ex->cl.sent[LG_CH_CONTENT];
+    int at = 0;
+    for (cJSON *it = cJSON_IsArray(output) ? output->child : NULL; it; it = it->next, at++) {
+        const char *type = str_at(it, "type");
+        cJSON *part = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(it, "content"), 0);
+        if (!type || strcmp(type, "message") != 0 || !cJSON_IsObject(part)) continue;
+        char *t = strndup(cs->p ? cs->p : "", cs->len);
+        if (!t) lg_oom(cs->len + 1);
+        dl_json_set(part, "text", cJSON_CreateString(t));
+        free(t);
+        if (rs->len)
+            cJSON_InsertItemInArray(output, at, reasoning_item(rs->p, rs->len, "completed"));
+        break;
     }
 }
 
@@ -434,8 +647,10 @@ static cJSON *final_response(exchange *ex)
     cJSON *resp = dl_json_must(src ? cJSON_Duplicate(src, 1) : cJSON_CreateObject());
     const char *id = str_at(r->response, "id");
     if (id) dl_json_set(resp, "id", cJSON_CreateString(id));
-    if (ex->req.client_stream && (ex->attempt > 1 || r->withheld))
+    if (ex->req.client_stream && (ex->attempt > 1 || r->withheld || r->any_split))
         dl_json_set(resp, "output", dl_json_must(cJSON_Duplicate(r->items, 1)));
+    else if (r->any_split && !r->withheld)
+        split_output(ex, cJSON_GetObjectItemCaseSensitive(resp, "output"));
     if (r->withheld) {
         dl_json_set(resp, "status", cJSON_CreateString("incomplete"));
         cJSON *d = dl_json_must(cJSON_CreateObject());
@@ -498,7 +713,8 @@ static void rsp_finish(exchange *ex)
 static void rsp_withheld(exchange *ex)
 {
     RS(ex)->withheld = true;
-    if (ex->req.client_stream) close_open_item(ex);
+    drop_pending(RS(ex));
+    if (ex->req.client_stream) close_open_item(ex, "incomplete");
 }
 
 static void rsp_stream_error(exchange *ex, int status, const char *message, const char *type,
@@ -527,6 +743,7 @@ static void rsp_destroy(exchange *ex)
     cJSON_Delete(r->response);
     cJSON_Delete(r->items);
     cJSON_Delete(r->end);
+    drop_pending(r);
     lg_buf_free(&r->open_text);
     lg_buf_free(&r->end_raw);
     free(r);

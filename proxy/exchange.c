@@ -117,18 +117,30 @@ void ex_set_outcome(exchange *ex, const char *outcome)
 
 /* ---- attempts ---------------------------------------------------------------------- */
 
-/* Tells SGLang to stop decoding the attempt's rid: recent SGLang versions keep decoding a
- * request whose client left (sglang issues 36333, 34894), so closing is not enough. */
-static void send_sglang_abort(exchange *ex)
+/* Tells SGLang to stop decoding `rid`: recent SGLang versions keep decoding a request whose
+ * client left (sglang issues 36333, 34894), so closing is not enough. */
+static void send_sglang_abort(exchange *ex, const char *rid)
 {
     lg_worker *w = ex->base.w;
     cJSON *o = dl_json_must(cJSON_CreateObject());
-    dl_json_set(o, "rid", cJSON_CreateString(ex->at.rid));
+    dl_json_set(o, "rid", cJSON_CreateString(rid));
     char *body = dl_json_print_free(o);
     char *url = pool_url(req_pool(&ex->base), ex->replica, "/abort_request");
     worker_post_detached(w, url, body);
     free(url);
     free(body);
+}
+
+/* Sends the aborts of a batch's cut samples (exchange_int.h's ex_attempt.aborts). Safe
+ * outside libcurl callbacks only. */
+static void send_pending_aborts(exchange *ex)
+{
+    const char *p = ex->at.aborts.p, *end = p + ex->at.aborts.len;
+    bool sglang =
+        ex->have_replica && pool_kind(req_pool(&ex->base), ex->replica) == LG_UPSTREAM_SGLANG;
+    for (; sglang && p && p < end; p += strlen(p) + 1)
+        send_sglang_abort(ex, p);
+    lg_buf_reset(&ex->at.aborts);
 }
 
 /* Closes the current attempt's transfer (if any) and frees its per-attempt state. Safe
@@ -154,10 +166,12 @@ static void stop_transfer(exchange *ex)
 static void abort_attempt(exchange *ex)
 {
     bool was_running = ex->at.easy != NULL;
+    if (was_running && ex->api->abandon) ex->api->abandon(ex);
+    send_pending_aborts(ex);
     stop_transfer(ex);
     if (was_running && pool_kind(req_pool(&ex->base), ex->replica) == LG_UPSTREAM_SGLANG &&
         ex->at.rid[0])
-        send_sglang_abort(ex);
+        send_sglang_abort(ex, ex->at.rid);
 }
 
 /* The one place an attempt's state ends: the transfer is stopped and everything the
@@ -173,6 +187,7 @@ static void attempt_reset(exchange *ex)
     }
     http_head_clear(&ex->at.head);
     lg_buf_free(&ex->at.errbody);
+    lg_buf_free(&ex->at.aborts);
     cJSON_Delete(ex->at.sampling);
     memset(&ex->at, 0, sizeof ex->at);
     http_head_clear(&ex->at.head);
@@ -272,14 +287,15 @@ static void exhausted(exchange *ex)
     finish_exchange(ex);
 }
 
-/* The guard tripped in the current attempt (its transfer is already closed). */
-static void after_trip(exchange *ex)
+/* Counts the trip whose verdict the attempt holds (`tokens` generated before the cut) and
+ * keeps the first trip's excerpt. */
+static void count_trip(exchange *ex, uint64_t tokens)
 {
     const guard_verdict *v = &ex->at.verdict;
     ex->rec.trips++;
     metrics_trip(req_metrics(&ex->base), ex->replica, ex->at.verdict_detector, (int)v->channel);
-    metrics_aborted_tokens(req_metrics(&ex->base), ex->at.tokens);
-    ex->rec.cut_tokens += ex->at.tokens;
+    metrics_aborted_tokens(req_metrics(&ex->base), tokens);
+    ex->rec.cut_tokens += tokens;
     if (pool_report_generation(req_pool(&ex->base), ex->replica, true))
         metrics_ejection(req_metrics(&ex->base), ex->replica);
     if (!ex->rec.excerpt) {
@@ -292,7 +308,34 @@ static void after_trip(exchange *ex)
         lg_buf_append(&e, c->held.p, c->held.len < EX_EXCERPT ? c->held.len : EX_EXCERPT);
         ex->rec.excerpt = lg_buf_steal(&e);
     }
-    ex_record_attempt(ex, v);
+}
+
+void ex_sample_tripped(exchange *ex, const char *rid, uint64_t tokens)
+{
+    ex->at.trip_pending = false; /* the attempt goes on for the other samples */
+    ex->rec.samples_cut = true;
+    count_trip(ex, tokens);
+    ex_set_outcome(ex, "failed");
+    /* The record names the sample: its rid, its tokens, the batch's sampling. */
+    char own_rid[sizeof ex->at.rid];
+    memcpy(own_rid, ex->at.rid, sizeof own_rid);
+    snprintf(ex->at.rid, sizeof ex->at.rid, "%s", rid ? rid : "");
+    uint64_t own_tokens = ex->at.tokens;
+    ex->at.tokens = tokens;
+    cJSON *sampling = ex->at.sampling;
+    ex->at.sampling = sampling ? dl_json_must(cJSON_Duplicate(sampling, 1)) : NULL;
+    ex_record_attempt(ex, &ex->at.verdict);
+    ex->at.sampling = sampling;
+    ex->at.tokens = own_tokens;
+    memcpy(ex->at.rid, own_rid, sizeof own_rid);
+    if (rid) lg_buf_append(&ex->at.aborts, rid, strlen(rid) + 1); /* sent at the next tick */
+}
+
+/* The guard tripped in the current attempt (its transfer is already closed). */
+static void after_trip(exchange *ex)
+{
+    count_trip(ex, ex->at.tokens);
+    ex_record_attempt(ex, &ex->at.verdict);
     attempt_reset(ex);
     if (ex->attempt >= cfg_of(ex)->retry.max_attempts) {
         exhausted(ex);
@@ -379,21 +422,11 @@ static void on_done(lg_xfer *x, CURLcode rc)
         (void)sse_parser_finish(ex->at.sse);
     if (ex->at.trip_pending) {
         ex->at.trip_pending = false;
-        if (sglang && ex->at.rid[0]) send_sglang_abort(ex);
+        if (sglang && ex->at.rid[0]) send_sglang_abort(ex, ex->at.rid);
         after_trip(ex);
         return;
     }
     if (ex->base.client_gone || ex->phase == PHASE_DONE) return;
-    if (ex->at.raw_body && rc == CURLE_OK && !ex->at.timed_out) { /* passthrough, whole */
-        pool_report_generation(req_pool(&ex->base), replica, false);
-        ex_conclude(ex);
-        ex->cl.final_status = 200;
-        ex->cl.final_body = lg_buf_steal(&ex->at.errbody);
-        if (ex->at.head.content_type) ex->cl.final_ctype = lg_xstrdup(ex->at.head.content_type);
-        ex->cl.stream_ready = false;
-        worker_resume(&ex->base);
-        return;
-    }
     if ((ex->at.head.complete && ex->at.head.status != 200) || ex->at.not_sse || rc != CURLE_OK ||
         ex->at.timed_out || !(ex->at.finished_gen || ex->at.saw_done)) {
         attempt_failed(ex, rc);
@@ -402,7 +435,7 @@ static void on_done(lg_xfer *x, CURLcode rc)
     pool_report_generation(req_pool(&ex->base), replica, false);
     /* The last attempt ran unguarded because attempts ran out: not a recovery. */
     if (ex->rec.trips && !ex->at.guarded) ex_set_outcome(ex, "failed");
-    if (ex->rec.trips) {
+    if (ex->rec.trips && !ex->rec.samples_cut) { /* the retry that recovered */
         ex_record_attempt(ex, NULL);
         metrics_retry_latency(req_metrics(&ex->base),
                               seconds_since(ex->rec.trip_ns, req_now(&ex->base)));
@@ -741,6 +774,7 @@ static void ex_tick(lg_req *base, uint64_t now)
     exchange *ex = (exchange *)base;
     const lg_config *cfg = cfg_of(ex);
     if (ex->phase != PHASE_RUNNING) return;
+    if (ex->at.aborts.len) send_pending_aborts(ex);
     if (ex->at.easy) {
         uint64_t cm = (uint64_t)cfg->timeouts.connect_ms * 1000000ull;
         if (!ex->at.connected && now > ex->at.start_ns && now - ex->at.start_ns > cm) {

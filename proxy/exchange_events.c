@@ -37,6 +37,16 @@ void ex_out_event(exchange *ex, const char *json)
 
 /* Lends the exchange's per-event text buffer i, empty; the caller owns it until
  * text_return. A nested lender would find the slot empty and start from no memory. */
+void ex_sample_swap(exchange *ex, lg_channel ch, chan *c, lg_buf *sent)
+{
+    chan t = ex->at.ch[ch];
+    ex->at.ch[ch] = *c;
+    *c = t;
+    lg_buf b = ex->cl.sent[ch];
+    ex->cl.sent[ch] = *sent;
+    *sent = b;
+}
+
 bool ex_held_any(const exchange *ex)
 {
     for (int c = 0; c < LG_CH_COUNT; c++)
@@ -218,13 +228,9 @@ size_t ex_on_header(char *line, size_t size, size_t n, void *ud)
 {
     exchange *ex = ud;
     http_head_line(&ex->at.head, line, size * n);
-    if (ex->at.head.complete && ex->at.head.status == 200 && !is_event_stream(&ex->at.head)) {
-        if (ex->passthrough)
-            ex->at.raw_body = true;
-        else
-            ex->at.not_sse = true;
-    }
-    if (ex->at.head.complete && ex->at.head.status == 200 && !ex->at.not_sse && !ex->at.raw_body &&
+    if (ex->at.head.complete && ex->at.head.status == 200 && !is_event_stream(&ex->at.head))
+        ex->at.not_sse = true;
+    if (ex->at.head.complete && ex->at.head.status == 200 && !ex->at.not_sse &&
         ex->req.client_stream) {
         ex->cl.stream_ready = true;
         worker_resume(&ex->base);
@@ -242,15 +248,6 @@ size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
         metrics_ttfb(req_metrics(&ex->base), ex->replica,
                      seconds_since(ex->at.start_ns, req_now(&ex->base)));
         pool_report_health(req_pool(&ex->base), ex->replica, ex->at.head.status < 500);
-    }
-    if (ex->at.raw_body) { /* a passthrough request's whole answer, kept whole */
-        if (ex->at.errbody.len + len > cfg_of(ex)->max_body_bytes) {
-            ex_fail(ex, 502, "the upstream's answer is too large", "upstream_error",
-                    "bad_upstream");
-            return 0;
-        }
-        lg_buf_append(&ex->at.errbody, data, len);
-        return len;
     }
     if (ex->at.head.status != 200 || ex->at.not_sse) {
         if (ex->at.errbody.len < EX_ERRBODY_MAX) lg_buf_append(&ex->at.errbody, data, len);

@@ -65,6 +65,9 @@ typedef struct ex_attempt {
     struct curl_slist *headers;
     char *up_body;
     char rid[80]; /* SGLang's rid for this attempt ("" when the route takes none) */
+    /* rids of a batch's cut samples, each NUL-terminated, to abort at the next tick:
+     * libcurl takes no new transfer inside the callback that found the loop */
+    lg_buf aborts;
     http_head head;
     lg_buf errbody;
     sse_parser *sse;
@@ -83,7 +86,6 @@ typedef struct ex_attempt {
     bool trip_pending;
     bool up_paused; /* the transfer is paused until the client drains `out` */
     bool not_sse;   /* 200 without text/event-stream: a broken upstream */
-    bool raw_body;  /* 200 without text/event-stream to a passthrough request: its answer */
     bool timed_out;
     guard_verdict verdict;
     char verdict_unit[260];
@@ -112,7 +114,8 @@ typedef struct ex_client {
 /* The incident record: lives from the request until the incident is written. */
 typedef struct ex_record {
     unsigned trips;
-    cJSON *attempts; /* NULL once the incident is written (record_open says which) */
+    bool samples_cut; /* the trips were a batch's samples (recorded each), not retried */
+    cJSON *attempts;  /* NULL once the incident is written (record_open says which) */
     bool written;
     char *excerpt;
     const char *outcome;
@@ -135,9 +138,6 @@ typedef struct exchange {
     bool guard_on;
     bool think_opened;
     bool think_inline; /* this exchange's upstream sends <think> inside content */
-    /* Set by the module's parse: the request is not guarded and the upstream's answer is
-     * the client's, byte for byte (a whole answer need not be an event stream). */
-    bool passthrough;
     char id[40];
 
     unsigned attempt;         /* attempts started */
@@ -199,9 +199,39 @@ bool ex_held_any(const exchange *ex);
 /* OpenAI's error body {"error":{"message","type","param","code"}}: api.h's error_body for
  * the routes that answer errors in OpenAI's shape. */
 char *ex_openai_error_body(int status, const char *message, const char *type, const char *code);
+/* A batch (one upstream request, many samples: api_generate.c) guards each sample on a
+ * channel of its own, which the module keeps with the sample's released text. The swap
+ * exchanges them with the attempt's channel ch and its sent text; swapped in, the sample is
+ * what ex_guard_text, ex_releasable, ex_release and ex_end_checks work on. Swap again to
+ * take it back out. */
+void ex_sample_swap(exchange *ex, lg_channel ch, chan *c, lg_buf *sent);
 /* The per-event text buffers (EX_TEXT_R, EX_TEXT_C), lent empty and taken back. */
 lg_buf ex_text_borrow(exchange *ex, int i);
 void ex_text_return(exchange *ex, int i, lg_buf *b);
+
+/* ---- exchange_think.c: reasoning left inline as <think> in the answer text ------------ */
+
+/* One event's answer text (and any reasoning the upstream sent beside it): splits
+ * <think>…</think> out of it when this attempt's text opens with one, the model's template
+ * opened it, or a whole response is read in hindsight. Returns true when the splitter took
+ * the event: *r and *c are then the borrowed EX_TEXT_R / EX_TEXT_C buffers holding its
+ * reasoning and answer parts (hand them back with ex_text_return); false: the text is as
+ * sent. final: the generation's last event (held tag bytes are flushed). */
+bool ex_think_split(exchange *ex, const char *reasoning, size_t rn, const char *text, size_t n,
+                    bool final, lg_buf *r, lg_buf *c);
+/* The generation of a whole response read in hindsight ended: with no </think> (and no
+ * explicit <think>), what looked like reasoning was the answer, and moves back to it.
+ * Returns true when it moved. */
+bool ex_think_settle(exchange *ex);
+/* Writes released text of channel ch (reasoning or answer) in the module's API shape. It
+ * must not borrow EX_TEXT_C (the text is lent from it). */
+typedef void ex_put_fn(exchange *ex, int ch, const char *s, size_t n);
+/* The answer text of an API whose answer is one text field (an Anthropic text block, a
+ * Responses message item): split (ex_think_split), each part guarded on its channel, and
+ * what the guards cleared handed to put, reasoning first (all of it once the answer began),
+ * everything at the end of the text (final). Returns -1 when the text is not split (the
+ * caller guards it as plain answer text), 1 when a guard tripped, else 0. */
+int ex_think_text(exchange *ex, const char *s, size_t n, bool final, ex_put_fn *put);
 
 /* ---- exchange.c: the exchange's life, for the API modules ------------------------------ */
 
@@ -226,6 +256,11 @@ void ex_fail_whole(exchange *ex, int status, char *body);
 /* The last bytes of a client stream: loopguard's X-Loopguard-* comments when it tripped,
  * then last[0..n); the stream is then complete. */
 void ex_end_stream(exchange *ex, const char *last, size_t n);
+/* The swapped-in sample tripped (ex_guard_text or ex_end_checks said so): the trip is
+ * counted and recorded like an attempt's (rid: the sample's, `tokens` its own), the
+ * exchange's outcome is "failed" (that sample's answer is withheld), SGLang is told to
+ * abort that rid only, and the attempt goes on for the other samples. */
+void ex_sample_tripped(exchange *ex, const char *rid, uint64_t tokens);
 /* Fresh hex digits (2 * nbytes + NUL into out): ids and rids. */
 void ex_random_hex(char *out, size_t nbytes);
 

@@ -4,7 +4,7 @@
 // /v1/responses. The first attempt loops in its reasoning (the seed's "lambda" loop); each
 // SDK must see one clean answer, as from a server that never looped.
 
-import { describe, it } from 'node:test';
+import { describe, it, beforeEach } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -27,10 +27,14 @@ for (const kind of ['sglang', 'vllm']) {
             openai = new OpenAI({ baseURL: lg.url + '/v1', apiKey: API_KEY, maxRetries: 0, timeout: 30000 });
         });
 
+        // The request just made looped first: it left an incident of its own.
+        let seen = 0;
+        beforeEach(async () => (seen = (await incidents(lg.url)).length));
         async function tripped(route) {
-            const inc = (await incidents(lg.url)).at(-1);
-            assert.equal(inc.endpoint, route);
-            assert.equal(inc.outcome, 'recovered');
+            const all = await incidents(lg.url);
+            assert.equal(all.length, seen + 1, 'this request tripped');
+            assert.equal(all.at(-1).endpoint, route);
+            assert.equal(all.at(-1).outcome, 'recovered');
         }
 
         it('anthropic messages.stream: a clean message after a looping first attempt', T, async () => {
@@ -74,6 +78,45 @@ for (const kind of ['sglang', 'vllm']) {
             assert.match(resp.output_text, /def is_prime/);
             assert.doesNotMatch(JSON.stringify(resp.output), LOOP_TEXT);
             await tripped('/v1/responses');
+        });
+    });
+}
+
+// A server without a reasoning parser: the reasoning comes inline in the text, between
+// <think> tags; loopguard gives it to the SDKs as a thinking block or a reasoning item, which
+// their stream accumulators must take.
+for (const kind of ['sglang', 'vllm']) {
+    describe(`official SDKs through loopguard, reasoning inline upstream (${kind})`, () => {
+        let lg, anthropic, openai;
+        usePair({ fake: { kind, scenario: { ...LOOP, dialect: 'inline' } }, lg: { kind } }, (f, l) => {
+            lg = l;
+            anthropic = new Anthropic({ baseURL: lg.url, apiKey: API_KEY, maxRetries: 0, timeout: 30000 });
+            openai = new OpenAI({ baseURL: lg.url + '/v1', apiKey: API_KEY, maxRetries: 0, timeout: 30000 });
+        });
+
+        it('anthropic messages.stream: a thinking block, then the clean text', T, async () => {
+            let thinking = '';
+            const stream = anthropic.messages.stream({ model: 'm', max_tokens: 2000, temperature: 0.6, messages: [{ role: 'user', content: PROMPT }] });
+            stream.on('thinking', (t) => (thinking += t));
+            const msg = await stream.finalMessage();
+            assert.equal(msg.stop_reason, 'end_turn');
+            const last = msg.content.slice(-2);
+            assert.deepEqual(last.map((b) => b.type), ['thinking', 'text']);
+            assert.match(last[0].thinking, /prime check/);
+            assert.match(last[1].text, /def is_prime/);
+            assert.ok(thinking.endsWith(last[0].thinking));
+            assert.doesNotMatch(JSON.stringify(msg.content), /<\/?think>|(lambda ){6}/);
+        });
+
+        it('openai responses.stream: a reasoning item, then the clean message', T, async () => {
+            const stream = openai.responses.stream({ model: 'm', input: PROMPT, temperature: 0.6, max_output_tokens: 2000 });
+            const resp = await stream.finalResponse();
+            assert.equal(resp.status, 'completed');
+            const last = resp.output.slice(-2);
+            assert.deepEqual(last.map((i) => i.type), ['reasoning', 'message']);
+            assert.match(last[0].content[0].text, /prime check/);
+            assert.match(resp.output_text, /def is_prime/);
+            assert.doesNotMatch(JSON.stringify(resp.output), /<\/?think>|(lambda ){6}/);
         });
     });
 }

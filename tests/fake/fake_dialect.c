@@ -306,7 +306,7 @@ void fake_render_whole(fbuf *b, const fake_ctx *c, const fake_whole *w)
 {
     if (c->ep == FAKE_EP_GENERATE) {
         fake_render_generate(b, c, w->content, 0, 0, w->usage.completion, w->finish,
-                             w->usage.completion, &w->usage, w->latency_s);
+                             w->usage.completion, &w->usage, w->latency_s, -1);
         return;
     }
     bool chat = c->ep == FAKE_EP_CHAT;
@@ -331,7 +331,7 @@ void fake_render_whole(fbuf *b, const fake_ctx *c, const fake_whole *w)
 
 void fake_render_generate(fbuf *b, const fake_ctx *c, const fbuf *text, size_t from, long ids_from,
                           long ids_to, const char *finish, long length_cap, const fake_usage *u,
-                          double latency_s)
+                          double latency_s, int index)
 {
     fbuf_puts(b, "{\"text\":");
     put_str(b, text->p ? text->p + from : "", text->len - from);
@@ -351,6 +351,8 @@ void fake_render_generate(fbuf *b, const fake_ctx *c, const fbuf *text, size_t f
         fbuf_printf(b, "{\"type\":\"%s\"}", finish);
     fbuf_printf(b,
                 ",\"prompt_tokens\":%ld,\"completion_tokens\":%ld,\"cached_tokens\":0,"
-                "\"e2e_latency\":%.6f}}",
+                "\"e2e_latency\":%.6f}",
                 u->prompt, u->completion, latency_s);
+    if (index >= 0) fbuf_printf(b, ",\"index\":%d", index);
+    fbuf_puts(b, "}");
 }

@@ -99,9 +99,10 @@ typedef struct fake_whole {
 void fake_render_whole(fbuf *b, const fake_ctx *c, const fake_whole *w);
 /* One /generate event (or the whole body): text[from..] (the text so far, or the new text
  * of an incremental stream), output_ids for tokens [ids_from, ids_to) (the fake's token id
- * of token i is 1000 + i), finish NULL until the end. */
+ * of token i is 1000 + i), finish NULL until the end; index >= 0: a batch stream's event of
+ * sample `index` (SGLang adds "index" last). */
 void fake_render_generate(fbuf *b, const fake_ctx *c, const fbuf *text, size_t from, long ids_from,
                           long ids_to, const char *finish, long length_cap, const fake_usage *u,
-                          double latency_s);
+                          double latency_s, int index);
 
 #endif

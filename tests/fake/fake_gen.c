@@ -10,6 +10,9 @@ static const char junk[] = "this is not sse\n{\"partial\": tru\n: comment\nevent
 static void gen_free(gen *g)
 {
     if (!g) return;
+    for (size_t i = 0; i < g->nkids; i++)
+        gen_free(g->kids[i]);
+    free(g->kids);
     fake_plan_free(&g->plan);
     fake_scenario_unref(g->sc);
     free(g->rid);
@@ -32,7 +35,12 @@ void gen_end(server *s, conn *c, const char *ended, bool client_gone)
 {
     gen *g = c->g;
     if (!g) return;
-    record_generation(s, g, ended, client_gone);
+    for (size_t i = 0; i < g->nkids; i++) /* a batch: the samples still running end too */
+        if (!g->kids[i]->ended) {
+            record_generation(s, g->kids[i], ended, client_gone);
+            s->n_tokens += g->kids[i]->sent;
+        }
+    if (!g->nkids) record_generation(s, g, ended, client_gone);
     s->n_tokens += g->sent;
     s->n_active--;
     gen_free(g);
@@ -71,6 +79,7 @@ gen *gen_new(server *s, conn *c, const cJSON *body, fake_endpoint ep, int ri)
     static fake_scenario *fallback;
     gen *g = calloc(1, sizeof *g);
     if (!g) return NULL;
+    g->index = -1;
     if (ri >= 0) {
         g->sc = fake_scenario_ref(s->sc);
         g->r = &s->sc->resp[ri];
@@ -166,6 +175,97 @@ gen *gen_new(server *s, conn *c, const cJSON *body, fake_endpoint ep, int ri)
     return g;
 }
 
+bool fake_generate_is_batch(const cJSON *body)
+{
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(body, "text");
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(body, "input_ids");
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(body, "sampling_params"), "n");
+    return cJSON_IsArray(text) || (cJSON_IsArray(ids) && cJSON_IsArray(ids->child)) ||
+           (cJSON_IsNumber(n) && n->valuedouble > 1);
+}
+
+/* Sample `k` of prompt `i`: the body with that prompt, its sampling_params and its rid. */
+static cJSON *sample_body(const cJSON *body, int i, const char *rid)
+{
+    cJSON *b = cJSON_Duplicate(body, 1);
+    if (!b) return NULL;
+    const char *key = cJSON_GetObjectItemCaseSensitive(body, "text") ? "text" : "input_ids";
+    const cJSON *prompts = cJSON_GetObjectItemCaseSensitive(body, key);
+    if (cJSON_IsArray(prompts) && (!strcmp(key, "text") || cJSON_IsArray(prompts->child)))
+        cJSON_ReplaceItemInObjectCaseSensitive(b, key,
+                                               cJSON_Duplicate(cJSON_GetArrayItem(prompts, i), 1));
+    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(body, "sampling_params");
+    if (cJSON_IsArray(sp))
+        cJSON_ReplaceItemInObjectCaseSensitive(b, "sampling_params",
+                                               cJSON_Duplicate(cJSON_GetArrayItem(sp, i), 1));
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "rid");
+    cJSON_AddStringToObject(b, "rid", rid);
+    return b;
+}
+
+gen *gen_new_batch(server *s, conn *c, const cJSON *body, const cJSON *headers, char *err,
+                   size_t errn)
+{
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(body, "text");
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(body, "input_ids");
+    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(body, "sampling_params");
+    const cJSON *rid = cJSON_GetObjectItemCaseSensitive(body, "rid");
+    const cJSON *nv = cJSON_GetObjectItemCaseSensitive(sp, "n");
+    int batch = cJSON_IsArray(text)                               ? cJSON_GetArraySize(text)
+                : cJSON_IsArray(ids) && cJSON_IsArray(ids->child) ? cJSON_GetArraySize(ids)
+                                                                  : 1;
+    int n = cJSON_IsNumber(nv) && nv->valuedouble > 1 ? (int)nv->valuedouble : 1;
+    err[0] = 0;
+    if (cJSON_IsArray(rid) && cJSON_GetArraySize(rid) != batch) {
+        snprintf(err, errn,
+                 "The specified rids length mismatch with the batch_size for batch "
+                 "processing.");
+        return NULL;
+    }
+    if (cJSON_IsArray(sp) && cJSON_GetArraySize(sp) != batch) {
+        snprintf(err, errn, "The sampling_params length mismatch with the batch_size.");
+        return NULL;
+    }
+    if (batch < 1 || batch > 1024) {
+        snprintf(err, errn, "A batch holds 1 to 1024 prompts.");
+        return NULL;
+    }
+    /* The parent frames the stream (its own plan stays unused); it paces as sample 0. */
+    cJSON *first = sample_body(body, 0, "");
+    gen *g = first ? gen_new(s, c, first, FAKE_EP_GENERATE, -1) : NULL;
+    cJSON_Delete(first);
+    if (!g || !(g->kids = calloc((size_t)batch * (size_t)n, sizeof *g->kids))) {
+        gen_free(g);
+        return NULL;
+    }
+    for (int i = 0; i < batch; i++)
+        for (int k = 0; k < n; k++) {
+            char r[80], hex[40];
+            rand_hex(s, hex, 32);
+            if (n == 1 && cJSON_IsArray(rid) && cJSON_IsString(cJSON_GetArrayItem(rid, i)))
+                snprintf(r, sizeof r, "%.79s", cJSON_GetArrayItem(rid, i)->valuestring);
+            else if (n == 1 && cJSON_IsString(rid))
+                snprintf(r, sizeof r, "%.60s_%d", rid->valuestring, i);
+            else
+                snprintf(r, sizeof r, "%s", hex);
+            cJSON *sb = sample_body(body, i, r);
+            gen *kid = sb ? gen_new(s, c, sb, FAKE_EP_GENERATE,
+                                    fake_scenario_match(s->sc, "/generate", headers, sb))
+                          : NULL;
+            cJSON_Delete(sb);
+            if (!kid) {
+                gen_free(g);
+                return NULL;
+            }
+            kid->index = (int)g->nkids;
+            g->kids[g->nkids++] = kid;
+        }
+    g->pace_ns = g->kids[0]->pace_ns;
+    g->wake = g->kids[0]->wake;
+    return g;
+}
+
 static void emit_delta(conn *c, const fake_delta *d)
 {
     gen *g = c->g;
@@ -201,7 +301,8 @@ static void emit_generate(server *s, conn *c, const char *finish)
     bool inc = s->cfg.incremental;
     fbuf_reset(&g->ev);
     fake_render_generate(&g->ev, &g->ctx, &g->content, inc ? g->gen_text_sent : 0,
-                         inc ? g->gen_ids_sent : 0, g->sent, finish, g->cap, &u, latency_s(g));
+                         inc ? g->gen_ids_sent : 0, g->sent, finish, g->cap, &u, latency_s(g),
+                         g->index);
     g->gen_text_sent = g->content.len;
     g->gen_ids_sent = g->sent;
     put_event(c, g->ev.p, g->ev.len);
@@ -361,9 +462,30 @@ static void stream_finish(server *s, conn *c)
     put_tail(c);
 }
 
+/* A whole batch: the samples' answers as a JSON array, in order. */
+static void batch_whole(conn *c)
+{
+    gen *g = c->g;
+    fbuf_reset(&g->ev);
+    fbuf_puts(&g->ev, "[");
+    for (size_t i = 0; i < g->nkids; i++) {
+        gen *k = g->kids[i];
+        fake_usage u = usage_of(k);
+        fbuf_puts(&g->ev, i ? "," : "");
+        fake_render_generate(&g->ev, &k->ctx, &k->content, 0, 0, k->sent, k->finish, k->cap, &u,
+                             latency_s(k), -1);
+    }
+    fbuf_puts(&g->ev, "]");
+    respond_json(c, 200, &g->ev);
+}
+
 static void whole_finish(conn *c)
 {
     gen *g = c->g;
+    if (g->nkids) {
+        batch_whole(c);
+        return;
+    }
     const char *names[g->ntools ? g->ntools : 1];
     for (size_t i = 0; i < g->ntools; i++)
         names[i] = g->r->tools[i].name;
@@ -519,6 +641,31 @@ static bool stream_fault(server *s, conn *c, bool *stop)
     }
 }
 
+/* One tick of a batch: every running sample sends its next token, or ends (its plan done,
+ * or aborted by its rid) with its last event and its record. Returns false once every
+ * sample has ended. */
+static bool batch_round(server *s, conn *c)
+{
+    gen *p = c->g;
+    bool running = false;
+    for (size_t i = 0; i < p->nkids; i++) {
+        gen *k = p->kids[i];
+        if (k->ended) continue;
+        c->g = k; /* the token writers work on c's generation */
+        bool more = !(k->aborted || p->aborted) && emit_token(s, c);
+        if (!more) {
+            if (k->aborted || p->aborted) k->aborted = true, k->finish = "abort";
+            if (k->stream && !k->finish_sent) emit_generate(s, c, k->finish);
+            record_generation(s, k, k->aborted ? "aborted" : "complete", false);
+            s->n_tokens += k->sent;
+            k->ended = true;
+        }
+        c->g = p;
+        running |= more;
+    }
+    return running;
+}
+
 /* Advances c's generation as far as pacing, the output budget and faults allow. May close
  * c. */
 void gen_pump(server *s, conn *c)
@@ -565,7 +712,7 @@ void gen_pump(server *s, conn *c)
                 schedule(s, c, g->wake);
                 goto out;
             }
-            if (!g->fault_done && !g->aborted && g->r->fault.at_token <= 0 &&
+            if (!g->fault_done && !g->aborted && !g->nkids && g->r->fault.at_token <= 0 &&
                 g->r->fault.kind != FAKE_FAULT_NONE) {
                 if (!stream_fault(s, c, &stop)) return;
                 if (stop) goto out;
@@ -583,6 +730,16 @@ void gen_pump(server *s, conn *c)
             g->next_tick = now + g->pace_ns;
             break;
         case PH_TOKENS:
+            if (g->nkids) { /* a batch: one token of each running sample a tick */
+                if (g->pace_ns && now < g->next_tick) {
+                    schedule(s, c, g->next_tick);
+                    goto out;
+                }
+                tokens += (long)g->nkids;
+                if (!batch_round(s, c)) g->phase = PH_FINISH;
+                g->next_tick += g->pace_ns;
+                break;
+            }
             if (g->aborted) {
                 g->finish = "abort";
                 g->phase = PH_FINISH;
@@ -612,7 +769,10 @@ void gen_pump(server *s, conn *c)
             }
             goto out;
         case PH_FINISH:
-            if (g->stream) {
+            if (g->stream && g->nkids) { /* each sample sent its last event */
+                put_tail(c);
+                c->state = C_DONE;
+            } else if (g->stream) {
                 stream_finish(s, c);
                 c->state = C_DONE;
             } else {

@@ -89,6 +89,12 @@ typedef struct gen {
     fake_rsp resp;        /* /v1/responses: sequence, open item, items done */
     size_t gen_text_sent; /* /generate: text and tokens sent in earlier events */
     long gen_ids_sent;
+    /* A /generate batch: the parent paces and frames the stream, each sample is a kid of
+     * its own (plan, rid, record), generated in turn, one token each per tick. */
+    struct gen **kids;
+    size_t nkids;
+    int index;  /* a kid's place in the batch (-1: not a kid) */
+    bool ended; /* a kid's generation ended (and is recorded) */
 } gen;
 
 typedef enum {
@@ -170,6 +176,16 @@ void respond_json(conn *c, int status, const fbuf *b);
 /* Sets up a generation for the request on c using scenario response ri (-1: the built-in
  * clean answer). Returns NULL on out-of-memory. */
 gen *gen_new(server *s, conn *c, const cJSON *body, fake_endpoint ep, int ri);
+/* True when a /generate body is a batch: a list of prompts (text, or input_ids lists), or
+ * sampling_params.n > 1. */
+bool fake_generate_is_batch(const cJSON *body);
+/* A /generate batch (fake_generate_is_batch) as SGLang's tokenizer manager expands it: one
+ * kid a sample, the prompts in order, each n times; rids as GenerateReqInput's
+ * _normalize_rid gives them (a list: one a prompt; a string: "<rid>_<i>"; none: fresh hex),
+ * a sample of n > 1 a fresh one. Each sample matches the scenario on its own body. Returns
+ * NULL with err set (the request's 400) or, err empty, on out-of-memory. */
+gen *gen_new_batch(server *s, conn *c, const cJSON *body, const cJSON *headers, char *err,
+                   size_t errn);
 /* Advances c's generation as far as pacing, the output budget and faults allow. May close c. */
 void gen_pump(server *s, conn *c);
 /* Ends c's generation: records it (ended: complete, client_gone, aborted, fault) and frees it. */

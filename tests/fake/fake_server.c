@@ -388,6 +388,13 @@ static void ep_abort(server *s, conn *c, const cJSON *body)
             if (g->g->phase == PH_STALL) g->g->phase = g->g->resume;
             schedule(s, g, 1);
         }
+        for (size_t i = 0; g->g && want && i < g->g->nkids; i++) { /* one sample of a batch */
+            gen *k = g->g->kids[i];
+            if (!k->ended && k->rid && !strcmp(want, k->rid)) {
+                found = k->aborted = true;
+                schedule(s, g, 1);
+            }
+        }
     }
     fbuf *b = &s->tmp;
     if (fake_records_begin(&s->rec, b, "abort", ms_since(s, fake_now_ns()))) {
@@ -466,9 +473,22 @@ static void ep_scenario(server *s, conn *c)
     respond(c, 200, "application/json", "{\"ok\":true}", 11);
 }
 
-static void start_generation(server *s, conn *c, fake_endpoint ep, const cJSON *body, int ri)
+static void start_generation(server *s, conn *c, fake_endpoint ep, const cJSON *body,
+                             const cJSON *headers, int ri)
 {
-    gen *g = gen_new(s, c, body, ep, ri);
+    char err[160] = "";
+    gen *g = ep == FAKE_EP_GENERATE && fake_generate_is_batch(body)
+                 ? gen_new_batch(s, c, body, headers, err, sizeof err)
+                 : gen_new(s, c, body, ep, ri);
+    if (!g && err[0]) { /* as SGLang's /generate answers a ValueError */
+        fbuf *b = &s->tmp;
+        fbuf_reset(b);
+        fbuf_puts(b, "{\"error\":{\"message\":");
+        fbuf_json_str(b, err, strlen(err), false);
+        fbuf_puts(b, "}}");
+        respond_json(c, 400, b);
+        return;
+    }
     if (!g) {
         respond_error(s, c, 500, "InternalServerError", "out of memory%s", "");
         return;
@@ -533,7 +553,9 @@ static void dispatch(server *s, conn *c)
                     !strcmp(p, "/v1/responses");
     bool known = kind_has(s, p);
     int ri = INT_MIN;
-    if (known && gen_path && post && cJSON_IsObject(body))
+    /* A batch is matched sample by sample (gen_new_batch), not as a whole. */
+    if (known && gen_path && post && cJSON_IsObject(body) &&
+        !(ep == FAKE_EP_GENERATE && fake_generate_is_batch(body)))
         ri = fake_scenario_match(s->sc, p, hj, body);
     record_request(s, c, hj, body, rids, ri);
 
@@ -545,7 +567,7 @@ static void dispatch(server *s, conn *c)
         else if (!cJSON_IsObject(body))
             respond_error(s, c, 400, "BadRequestError", "request body is not a JSON object%s", "");
         else if (gen_path)
-            start_generation(s, c, ep, body, ri);
+            start_generation(s, c, ep, body, hj, ri);
         else
             ep_abort(s, c, body);
     } else if (!get) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs every libFuzzer target under $FUZZ_DIR (default build/fuzz) for $FUZZ_SECONDS
-# seconds each (default 60). Each target starts from a scratch corpus,
-# $FUZZ_DIR/corpus-<name>, seeded from tests/fuzz/seeds/<name>/ (fuzz_<name> -> <name>).
+# Runs every libFuzzer target under $FUZZ_DIR (default build/fuzz), or the ones named
+# (tests/fuzz/run.sh sse guard), for $FUZZ_SECONDS seconds each (default 60). Each target
+# starts from a scratch corpus, $FUZZ_DIR/corpus-<name>, seeded from tests/fuzz/seeds/<name>/
+# (fuzz_<name> -> <name>); the committed seeds are only read.
 # Prints one line per target with the executions from libFuzzer's final stats, and exits
 # non-zero when any target crashed, leaked, timed out or violated a property (the log and
 # the reproducer are kept under $FUZZ_DIR).
@@ -11,7 +12,13 @@ FUZZ_DIR=${FUZZ_DIR:-build/fuzz}
 SECS=${FUZZ_SECONDS:-60}
 failed=0 ran=0
 
-for bin in "$FUZZ_DIR"/fuzz_*; do
+if [ $# -gt 0 ]; then
+    bins=()
+    for name in "$@"; do bins+=("$FUZZ_DIR/fuzz_$name"); done
+else
+    bins=("$FUZZ_DIR"/fuzz_*)
+fi
+for bin in "${bins[@]}"; do
     [ -f "$bin" ] && [ -x "$bin" ] || continue
     name=${bin##*/fuzz_}
     corpus=$FUZZ_DIR/corpus-$name
