@@ -145,7 +145,7 @@ typedef struct lg_config {
         unsigned header_timeout_ms; /* the request head must be complete within this */
         unsigned body_timeout_ms;   /* the body gets this long, plus 1 s per body_min_rate bytes */
         unsigned body_min_rate;     /* bytes per second */
-        unsigned max_conns_per_ip;  /* open connections per client address */
+        unsigned max_conns_per_ip;  /* open connections per client address (IPv6: per /64) */
         size_t max_json_nodes;      /* values in a guarded request's JSON body */
         unsigned max_json_depth;    /* nesting of that body */
     } limits;

@@ -103,14 +103,14 @@ static inline void seg_add(guard *g, unsigned char b, uint64_t pos)
 }
 
 /* A line [start, end) is complete when `now` bytes have been fed: hands its body to the
- * template and cycle detectors. Returns true on a trip. */
+ * template and block detectors. Returns true on a trip. */
 static bool line_end(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
     const guard_params *p = g->p;
     if (!p->lines.enabled) return false;
     if (start >= g->base) guard_line_body(g, &start, &end);
     if (p->lines.template_run && guard_template_line(g, start, end, now)) return true;
-    return g->cyc && guard_cycle_line(g, start, end, now);
+    return g->blk && guard_block_line(g, start, end, now);
 }
 
 /* Per byte b at offset pos, for the lines and novelty detectors. Returns true on a trip. */
@@ -396,14 +396,14 @@ static void text_init(guard *g)
 {
     g->seg_hash = g->w_hash = 0xCBF29CE484222325ull;
     g->seg_lead = true;
-    guard_cycle_init(g);
+    guard_block_init(g);
 }
 
 static void text_release(guard *g)
 {
     free(g->sw);
     guard_lines_release(g);
-    guard_cycle_release(g);
+    guard_block_release(g);
     guard_novelty_release(g);
 }
 

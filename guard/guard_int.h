@@ -88,11 +88,11 @@ struct guard_params {
         /* The counting detector (g_count.c): numbers in a row that count up with the same
          * text between them that trip (0: off). */
         unsigned count_run;
-        /* The cycle detector (g_cycle.c): copies and lines a block of lines needs (0
+        /* The block detector (g_block.c): copies and lines a block of lines needs (0
          * copies: off). */
-        unsigned cycle_copies;
-        unsigned cycle_lines;
-        /* Art lines in a row with one texture that trip (g_cycle.c; 0: off). */
+        unsigned block_copies;
+        unsigned block_lines;
+        /* Art lines in a row with one texture that trip (g_block.c; 0: off). */
         unsigned art_run;
     } lines;
 
@@ -264,7 +264,7 @@ struct guard {
     uint64_t cnt_value, cnt_gap_hash, cnt_from, cnt_last_end;
     unsigned cnt_run;
 
-    struct gcycle *cyc; /* cycle (g_cycle.c): its ring of lines; NULL when off */
+    struct gblock *blk; /* block (g_block.c): its ring of lines; NULL when off */
 
     /* novelty (g_novelty.c) */
     uint64_t wh[3], ws[3];
@@ -381,10 +381,11 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
  * base: a line longer than the history), for the template detector. Returns true on a
  * trip. */
 bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
-/* The same for the cycle detector (g_cycle.c), on when lines.cycle_copies is set. */
-void guard_cycle_init(guard *g);
-void guard_cycle_release(guard *g);
-bool guard_cycle_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
+/* The same for the block detector (g_block.c), on when lines.block_copies or art_run is
+ * set. */
+void guard_block_init(guard *g);
+void guard_block_release(guard *g);
+bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
 /* Narrows the line [*s, *e) to its body: without indentation, a list marker (bullet, or
  * digits and '.' or ')') and trailing spaces (g_template.c). */
 void guard_line_body(const guard *g, uint64_t *s, uint64_t *e);

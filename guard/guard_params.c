@@ -145,10 +145,10 @@ guard_params *guard_params_new(lg_channel ch)
      * loops with no false trip (16 still had none; 32 leaves room for the held-out sets).
      * Off in tool arguments, where ids count up by design. */
     p->lines.count_run = ch == LG_CH_TOOL_ARGS ? 0 : 32;
-    /* Cycles of lines: 4 copies and 12 lines (g_cycle.c says what that caught). Off in tool
+    /* Blocks of lines: 4 copies and 12 lines (g_block.c says what that caught). Off in tool
      * arguments, whose arrays of objects are cycles of lines by design. */
-    p->lines.cycle_copies = ch == LG_CH_TOOL_ARGS ? 0 : 4;
-    p->lines.cycle_lines = 12;
+    p->lines.block_copies = ch == LG_CH_TOOL_ARGS ? 0 : 4;
+    p->lines.block_lines = 12;
     /* Art lines of one texture: 16 in a row (12 had no false trip on AlpacaEval either). */
     p->lines.art_run = ch == LG_CH_TOOL_ARGS ? 0 : 16;
 
@@ -450,8 +450,8 @@ static const jfield lines_fields[] = {
     F_U32("template_bytes", lines.template_bytes, 1, 4096),
     F_DBL("template_share", lines.template_share, 0, 1),
     F_U32("count_run", lines.count_run, 0, 100000),
-    F_U32("cycle_copies", lines.cycle_copies, 0, 1024),
-    F_U32("cycle_lines", lines.cycle_lines, 2, 100000),
+    F_U32("block_copies", lines.block_copies, 0, 1024),
+    F_U32("block_lines", lines.block_lines, 2, 100000),
     F_U32("art_run", lines.art_run, 0, 100000),
 };
 static const jfield novelty_fields[] = {

@@ -28,13 +28,15 @@ struct edge_conn {
     uint64_t body_ns;   /* time spent waiting for body bytes while not suspended */
     uint64_t last_ns;   /* the last tick (or admission) that accounted body_ns */
     bool too_many_args; /* the query string was dropped before libmicrohttpd split it */
+    hh_stream stream;   /* the raw bytes libmicrohttpd read from the socket (edge_received) */
+    uint64_t admitted;  /* heads that reached edge_admit: the number of the current one */
 };
 
 /* ---- connections per client address -------------------------------------------------- */
 
-/* The address part of a peer (4 or 16 bytes) as a key; ports do not count. */
+/* A peer's edge_addr_key (4 or 8 bytes). */
 typedef struct ip_key {
-    unsigned char b[16];
+    unsigned char b[8];
     unsigned char len;
 } ip_key;
 
@@ -48,19 +50,27 @@ typedef struct ip_count {
 static pthread_mutex_t ip_lock = PTHREAD_MUTEX_INITIALIZER;
 static ip_count *ip_table[IP_BUCKETS];
 
+size_t edge_addr_key(const struct sockaddr *sa, unsigned char key[8])
+{
+    if (sa->sa_family == AF_INET) {
+        memcpy(key, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+        return 4;
+    }
+    if (sa->sa_family != AF_INET6) return 0;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(a)) { /* an IPv4 client of a dual-stack socket */
+        memcpy(key, a->s6_addr + 12, 4);
+        return 4;
+    }
+    memcpy(key, a->s6_addr, 8);
+    return 8;
+}
+
 static bool ip_key_of(const struct sockaddr *sa, ip_key *k)
 {
     memset(k, 0, sizeof *k);
-    if (sa->sa_family == AF_INET) {
-        memcpy(k->b, &((const struct sockaddr_in *)sa)->sin_addr, 4);
-        k->len = 4;
-    } else if (sa->sa_family == AF_INET6) {
-        memcpy(k->b, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
-        k->len = 16;
-    } else {
-        return false;
-    }
-    return true;
+    k->len = (unsigned char)edge_addr_key(sa, k->b);
+    return k->len != 0;
 }
 
 static ip_count **ip_slot(const ip_key *k)
@@ -127,6 +137,50 @@ static edge_conn *edge_of(struct MHD_Connection *conn)
     return ci ? ci->socket_context : NULL;
 }
 
+/* ---- raw bytes by socket ---------------------------------------------------------------- */
+
+/* The worker this thread runs, set at its first connection: libmicrohttpd runs on its
+ * worker's thread only (external epoll loop), so a recv of a client socket there finds
+ * the connection in that worker's w->edge_by_fd without a lock. Connections still open
+ * when the worker stops are closed by worker_free on the main thread after the join
+ * (their CLOSED notification then names the worker by its cls). The table is freed when
+ * its last connection closes. */
+static _Thread_local lg_worker *tl_worker;
+
+static void by_fd_add(lg_worker *w, int fd, edge_conn *e)
+{
+    if (fd < 0) return;
+    if ((size_t)fd >= w->edge_by_fd_cap) {
+        size_t cap = w->edge_by_fd_cap ? w->edge_by_fd_cap : 64;
+        while (cap <= (size_t)fd)
+            cap *= 2;
+        w->edge_by_fd = lg_xrealloc(w->edge_by_fd, cap * sizeof *w->edge_by_fd);
+        memset(w->edge_by_fd + w->edge_by_fd_cap, 0,
+               (cap - w->edge_by_fd_cap) * sizeof *w->edge_by_fd);
+        w->edge_by_fd_cap = cap;
+    }
+    w->edge_by_fd_used += !w->edge_by_fd[fd];
+    w->edge_by_fd[fd] = e;
+}
+
+static void by_fd_remove(lg_worker *w, int fd, const edge_conn *e)
+{
+    if (fd < 0 || (size_t)fd >= w->edge_by_fd_cap || w->edge_by_fd[fd] != e) return;
+    w->edge_by_fd[fd] = NULL;
+    if (--w->edge_by_fd_used == 0) {
+        free(w->edge_by_fd);
+        w->edge_by_fd = NULL;
+        w->edge_by_fd_cap = 0;
+    }
+}
+
+void edge_received(int fd, const void *buf, size_t n)
+{
+    lg_worker *w = tl_worker;
+    if (!w || fd < 0 || (size_t)fd >= w->edge_by_fd_cap || !w->edge_by_fd[fd]) return;
+    hh_stream_feed(&w->edge_by_fd[fd]->stream, buf, n);
+}
+
 /* ---- connection lifetime ------------------------------------------------------------- */
 
 void edge_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
@@ -145,12 +199,15 @@ void edge_connection(void *cls, struct MHD_Connection *conn, void **socket_conte
         e->next = w->edge_conns;
         if (e->next) e->next->prev = e;
         w->edge_conns = e;
+        tl_worker = w;
+        by_fd_add(w, e->fd, e);
         *socket_context = e;
         return;
     }
     edge_conn *e = *socket_context;
     if (!e) return;
     *socket_context = NULL;
+    by_fd_remove(w, e->fd, e);
     if (e->prev)
         e->prev->next = e->next;
     else
@@ -283,6 +340,7 @@ int edge_admit(lg_worker *w, struct MHD_Connection *conn, const char *url, const
     edge_conn *e = edge_of(conn);
     bool too_many_args = e && e->too_many_args;
     if (e) {
+        e->admitted++;
         e->too_many_args = false;
         e->in_head = false;
         e->in_body = true;
@@ -299,6 +357,11 @@ int edge_admit(lg_worker *w, struct MHD_Connection *conn, const char *url, const
     if (st) {
         *rc = refuse(conn, st, v.message, v.code);
         return st;
+    }
+    /* What libmicrohttpd hid of this head (or of the stream before it): NUL, obs-fold. */
+    if (e && e->stream.refuse_from && e->admitted >= e->stream.refuse_from) {
+        *rc = refuse(conn, 400, e->stream.why, e->stream.code);
+        return 400;
     }
     if (too_many_args) {
         *rc = refuse(conn, 414, "too many query arguments", "uri_too_long");

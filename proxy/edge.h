@@ -4,8 +4,9 @@
  * timeout does not give: a deadline for the request head, a minimum request-body rate
  * and a cap on connections per client address (config `limits`, README "Security").
  *
- * The worker wires it in at six points: the accept policy and connection notifications
- * of every daemon (edge_accept, edge_connection), the request line (edge_uri), the first access-handler call of a
+ * The worker wires it in at seven points: the accept policy and connection notifications
+ * of every daemon (edge_accept, edge_connection), the bytes read from a client socket
+ * (edge_received), the request line (edge_uri), the first access-handler call of a
  * request (edge_admit), each later one (edge_body), the request's completion
  * (edge_request_done) and its 250 ms tick (edge_tick). Everything runs on the worker
  * that owns the connection, except the per-address counts, which are process-wide under
@@ -22,14 +23,27 @@
 /* Per-connection state (libmicrohttpd's socket context). Owned by the worker's list. */
 typedef struct edge_conn edge_conn;
 
-/* libmicrohttpd accept policy: refuses a connection from an address that already holds
- * limits.max_conns_per_ip connections (0: no cap). cls is the worker. */
+/* libmicrohttpd accept policy: refuses a connection from an address (an IPv6 /64, see
+ * edge_addr_key) that already holds limits.max_conns_per_ip connections (0: no cap). cls
+ * is the worker. */
 enum MHD_Result edge_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen);
 
 /* libmicrohttpd connection notification: tracks the connection (started) and releases it
  * (closed). cls is the worker. */
 void edge_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                      enum MHD_ConnectionNotificationCode code);
+
+/* The process's recv calls this with every n > 0 bytes it read from socket fd. When fd is
+ * a client connection of this thread's worker, the bytes are followed (hh_stream) so
+ * that edge_admit can refuse what libmicrohttpd hides: a NUL or an obs-fold line in the
+ * head. Any other socket costs one bounds check. */
+void edge_received(int fd, const void *buf, size_t n);
+
+/* The key a client address is counted under for limits.max_conns_per_ip, written to key:
+ * an IPv4 address (4 bytes; also an IPv4-mapped IPv6 address), or the /64 prefix of an
+ * IPv6 address (8 bytes: one host is commonly given a whole /64, RFC 7421 §1). Returns its
+ * length, 0 for another address family. */
+size_t edge_addr_key(const struct sockaddr *sa, unsigned char key[8]);
 
 /* libmicrohttpd URI log callback (cls is the worker): a query string with more arguments
  * than max_header_bytes / 128 is dropped before libmicrohttpd splits it (it would run out

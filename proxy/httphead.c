@@ -206,6 +206,281 @@ bad:
     return -1;
 }
 
+/* ---- hh_stream ----------------------------------------------------------------------- */
+
+enum hs_state {
+    HS_IDLE,       /* before a request line (empty lines are skipped) */
+    HS_REQLINE,    /* in the request line */
+    HS_FIELDS,     /* in the field section */
+    HS_BODY,       /* passing over Content-Length bytes (left) */
+    HS_CHUNK_SIZE, /* reading a chunk size into left */
+    HS_CHUNK_EXT,  /* passing over a chunk extension to the LF */
+    HS_CHUNK_DATA, /* passing over chunk data (left) */
+    HS_CHUNK_END,  /* expecting the CRLF or LF after chunk data */
+    HS_TRAILERS,   /* in the trailer section */
+    HS_STOPPED,    /* framing lost; libmicrohttpd answers 400 and closes */
+};
+
+enum { F_NAME, F_BLANKS, F_VALUE, F_IGNORED };
+enum { FK_LENGTH = 1, FK_CODING = 2 };
+
+static bool is_blank(unsigned char c)
+{
+    return c == ' ' || c == '\t';
+}
+
+/* Refuses head number `head` (or an earlier one already named) for `why`. */
+static void hs_refuse(hh_stream *s, uint64_t head, const char *why, const char *code)
+{
+    if (s->refuse_from && s->refuse_from <= head) return;
+    s->refuse_from = head;
+    s->why = why;
+    s->code = code;
+}
+
+/* The framing value forms hh_stream follows: Content-Length 1-18 digits, Transfer-Encoding
+ * exactly "chunked"; blanks before either (libmicrohttpd skips them), none after (it keeps
+ * them, and then reads neither as a length nor as chunked). */
+static void field_byte(hh_stream *s, unsigned char c)
+{
+    static const char cl[] = "content-length", te[] = "transfer-encoding";
+    switch (s->fphase) {
+    case F_NAME: {
+        if (c == ':') {
+            s->fkind = (s->fcand & FK_LENGTH) && s->fpos == sizeof cl - 1   ? FK_LENGTH
+                       : (s->fcand & FK_CODING) && s->fpos == sizeof te - 1 ? FK_CODING
+                                                                            : 0;
+            s->lengths += s->fkind == FK_LENGTH;
+            s->codings += s->fkind == FK_CODING;
+            s->fphase = s->fkind ? F_BLANKS : F_IGNORED;
+            s->fpos = 0;
+            if (s->fkind == FK_LENGTH) s->length = 0;
+            return;
+        }
+        unsigned char l = (unsigned char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+        if (s->fpos >= sizeof cl - 1 || (unsigned char)cl[s->fpos] != l) s->fcand &= ~FK_LENGTH;
+        if (s->fpos >= sizeof te - 1 || (unsigned char)te[s->fpos] != l) s->fcand &= ~FK_CODING;
+        if (s->fcand)
+            s->fpos++;
+        else
+            s->fphase = F_IGNORED; /* names no framing field: the rest is skipped */
+        return;
+    }
+    case F_BLANKS:
+        if (is_blank(c)) return;
+        s->fphase = F_VALUE;
+        /* fall through */
+    case F_VALUE:
+        if (s->fkind == FK_LENGTH) {
+            if (c >= '0' && c <= '9' && s->fpos < 18) {
+                s->length = s->length * 10 + (c - '0');
+                s->fpos++;
+            } else {
+                s->fbad = true;
+            }
+        } else {
+            unsigned char l = (unsigned char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+            if (s->fpos < 7 && (unsigned char)"chunked"[s->fpos] == l)
+                s->fpos++;
+            else
+                s->fbad = true;
+        }
+        return;
+    default:
+        return;
+    }
+}
+
+/* A content byte of a line (CR included when no LF follows it). */
+static void line_byte(hh_stream *s, unsigned char c)
+{
+    bool first = !s->in_line;
+    s->in_line = true;
+    switch (s->state) {
+    case HS_IDLE:
+        s->heads++;
+        s->state = HS_REQLINE;
+        /* fall through */
+    case HS_REQLINE:
+        if (!c) hs_refuse(s, s->heads, "NUL byte in the request line", "bad_request_line");
+        return;
+    case HS_FIELDS:
+        if (!c) hs_refuse(s, s->heads, "NUL byte in a header field", "bad_header");
+        if (first && is_blank(c))
+            hs_refuse(s, s->heads, "obs-fold: a header line starts with a space or tab",
+                      "bad_header");
+        field_byte(s, c);
+        return;
+    default: /* HS_TRAILERS */
+        if (!c || (first && is_blank(c)))
+            hs_refuse(s, s->heads + 1, "NUL byte or obs-fold in the previous request's trailer",
+                      "bad_header");
+        return;
+    }
+}
+
+/* The end of a head: picks the body framing libmicrohttpd will use. */
+static void head_end(hh_stream *s)
+{
+    if (s->fbad || s->lengths > 1 || s->codings > 1 || (s->lengths && s->codings)) {
+        hs_refuse(s, s->heads, "request framing other than one Content-Length or chunked",
+                  "bad_framing");
+        s->state = HS_STOPPED;
+    } else if (s->codings) {
+        s->state = HS_CHUNK_SIZE;
+        s->left = 0;
+        s->fpos = 0;
+    } else if (s->length) {
+        s->state = HS_BODY;
+        s->left = s->length;
+    } else {
+        s->state = HS_IDLE;
+    }
+}
+
+static void line_end(hh_stream *s)
+{
+    bool empty = !s->in_line;
+    switch (s->state) {
+    case HS_REQLINE:
+        s->state = HS_FIELDS;
+        s->lengths = s->codings = 0;
+        s->fbad = false;
+        s->length = 0;
+        break;
+    case HS_FIELDS:
+        if (empty) {
+            head_end(s);
+        } else if ((s->fkind == FK_LENGTH && s->fpos == 0) ||
+                   (s->fkind == FK_CODING && s->fpos != 7)) {
+            s->fbad = true;
+        }
+        break;
+    case HS_TRAILERS:
+        if (empty) s->state = HS_IDLE;
+        break;
+    default: /* HS_IDLE: an empty line before a request line */
+        break;
+    }
+    s->in_line = s->cr = false;
+    s->fcand = FK_LENGTH | FK_CODING;
+    s->fkind = 0;
+    s->fpos = 0;
+    s->fphase = F_NAME;
+}
+
+static int hexdigit(unsigned char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* A byte of chunk framing (libmicrohttpd's process_request_body rules). */
+static void chunk_byte(hh_stream *s, unsigned char c)
+{
+    bool lf = c == '\n', cr = s->cr;
+    s->cr = c == '\r' && !cr;
+    if (s->state == HS_CHUNK_EXT) {
+        if (lf) goto size_done;
+        return;
+    }
+    if (s->state == HS_CHUNK_END) {
+        if (lf) {
+            s->state = HS_CHUNK_SIZE;
+            s->left = 0;
+            s->fpos = 0;
+            s->cr = false;
+        } else if (!s->cr) {
+            goto lost;
+        }
+        return;
+    }
+    /* HS_CHUNK_SIZE: 1*HEXDIG (no overflow), then ';' or [CR] LF */
+    int d = hexdigit(c);
+    if (d >= 0 && !cr && s->left <= UINT64_MAX >> 4) {
+        s->left = s->left * 16 + (unsigned)d;
+        s->fpos = 1;
+        return;
+    }
+    if (s->fpos && !cr && c == ';') {
+        s->state = HS_CHUNK_EXT;
+        return;
+    }
+    if (s->fpos && lf) goto size_done;
+    if (s->fpos && s->cr) return;
+lost:
+    hs_refuse(s, s->heads + 1, "malformed chunked body before this request", "bad_framing");
+    s->state = HS_STOPPED;
+    return;
+size_done:
+    s->cr = false;
+    if (s->left) {
+        s->state = HS_CHUNK_DATA;
+    } else {
+        s->state = HS_TRAILERS;
+        s->in_line = false;
+        s->fphase = F_NAME;
+    }
+}
+
+/* The rest of a line nothing more is read from (the request line, a field that frames
+ * nothing, a trailer) once it has content: only a NUL and its end matter, found with
+ * memchr rather than byte by byte. Returns where the line's end left p. */
+static const unsigned char *skip_line(hh_stream *s, const unsigned char *p,
+                                      const unsigned char *end)
+{
+    const unsigned char *lf = memchr(p, '\n', (size_t)(end - p)), *e = lf ? lf : end;
+    if (memchr(p, '\0', (size_t)(e - p))) line_byte(s, '\0');
+    if (lf) {
+        line_end(s);
+        return lf + 1;
+    }
+    s->cr = e[-1] == '\r'; /* held back: dropped if the next read starts with LF */
+    return end;
+}
+
+void hh_stream_feed(hh_stream *s, const char *buf, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)buf, *end = p + n;
+    while (p < end) {
+        switch (s->state) {
+        case HS_STOPPED:
+            return;
+        case HS_BODY:
+        case HS_CHUNK_DATA: {
+            uint64_t k = (uint64_t)(end - p) < s->left ? (uint64_t)(end - p) : s->left;
+            p += k;
+            s->left -= k;
+            if (!s->left) s->state = s->state == HS_BODY ? HS_IDLE : HS_CHUNK_END;
+            break;
+        }
+        case HS_CHUNK_SIZE:
+        case HS_CHUNK_EXT:
+        case HS_CHUNK_END:
+            chunk_byte(s, *p++);
+            break;
+        default: { /* a line: IDLE, REQLINE, FIELDS, TRAILERS */
+            if (s->in_line && (s->state == HS_REQLINE || s->state == HS_TRAILERS ||
+                               (s->state == HS_FIELDS && s->fphase == F_IGNORED))) {
+                p = skip_line(s, p, end);
+                break;
+            }
+            unsigned char c = *p++;
+            if (c == '\n') {
+                line_end(s);
+                break;
+            }
+            if (s->cr) line_byte(s, '\r');
+            s->cr = c == '\r';
+            if (!s->cr) line_byte(s, c);
+            break;
+        }
+        }
+    }
+}
+
 bool hh_secret_equal(const char *given, const char *secret)
 {
     if (!given || !secret) return false;

@@ -7,15 +7,15 @@
  * space or tab inside the request target, duplicate Content-Length and Host fields, any
  * Transfer-Encoding value, and versions such as HTTP/1.2. These functions judge what it
  * parsed; they are pure (no libmicrohttpd, no allocation except hh_path_normalize's
- * result) so that unit tests and the fuzzer drive them directly. What libmicrohttpd loses
- * before we see it (a NUL truncates the line at the NUL; an obs-fold line is glued onto
- * the previous field's name) is consistent between what loopguard routes and what it
- * forwards, because the relay re-creates every header from the parsed values. */
+ * result) so that unit tests and the fuzzer drive them directly. What libmicrohttpd hides
+ * from the access handler (a NUL cuts a line short; an obs-fold line is glued onto the
+ * previous field) is caught on the raw bytes by hh_stream below. */
 #ifndef LG_HTTPHEAD_H
 #define LG_HTTPHEAD_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* One header field as parsed (not NUL-terminated as far as these functions care). */
 typedef struct hh_field {
@@ -62,6 +62,53 @@ bool hh_query_piece_ok(const char *s, size_t n);
  * On success returns 0 with *out a malloc'd NUL-terminated path (caller frees), never
  * longer than the input. */
 int hh_path_normalize(const char *path, char **out);
+
+/* ---- the raw request stream of one connection ------------------------------------------ */
+
+/* libmicrohttpd 0.9.75 (Debian 12's) parses a head in place and hands the access handler
+ * only what survives: a NUL ends the string it is in (the rest of that line is lost), and
+ * an obs-fold line (one starting with SP or HTAB) is appended to the previous field with
+ * no trace. RFC 9112 §5.2 and RFC 9110 §5.5 let a server reject both with 400, as HAProxy
+ * and nginx do, and no option or value length of libmicrohttpd 0.9.75 reveals them. So the
+ * edge follows the bytes libmicrohttpd reads from each client socket (edge_received) with
+ * this tracker, which frames requests as libmicrohttpd does for every head hh_check
+ * accepts: lines end at LF, a CR right before it dropped; empty lines before a request
+ * line are skipped; the head ends at the first empty line; the body is Content-Length
+ * bytes, or chunks (hex size, an extension after ';', CRLF or LF, the data, CRLF or LF)
+ * up to a zero-size one and the trailer lines after it. Pipelined requests in one read
+ * are followed too. Heads are numbered from 1 in the order they begin; refuse_from names
+ * the first one to refuse:
+ *  - a NUL anywhere in a head or in the empty lines before it, or a line of the field
+ *    section that starts with SP or HTAB (obs-fold, also whitespace right after the
+ *    request line): that head;
+ *  - framing other than none, one Content-Length of 1-18 digits, or one Transfer-Encoding
+ *    of exactly "chunked" (what hh_check lets through but libmicrohttpd would frame
+ *    differently, e.g. "chunked " with a trailing blank): that head;
+ *  - a NUL or obs-fold in the trailer section, or a chunk framing error (libmicrohttpd
+ *    then answers 400 and closes): the head after it, as the tracker stops there.
+ * Constant memory; O(1) per read for body bytes, one pass over head, chunk-size and
+ * trailer bytes. The caller refuses a head with a number >= refuse_from (and closes). */
+typedef struct hh_stream {
+    uint64_t heads;       /* request heads begun so far */
+    uint64_t refuse_from; /* 0, or the number of the first head to refuse */
+    const char *why;      /* its reason and OpenAI-style error code (static; refuse_from != 0) */
+    const char *code;
+    uint64_t left;   /* body or chunk bytes still to pass over; a chunk size being read */
+    uint64_t length; /* the Content-Length of the head being read */
+    uint8_t state;   /* where in the stream (httphead.c's hs_state) */
+    bool in_line;    /* the current line has content */
+    bool cr;         /* a CR was read and is held back: it is dropped if LF follows */
+    uint8_t fcand;   /* framing names the current field name can still be (bit mask) */
+    uint8_t fkind;   /* the framing field whose value is being read, 0 none */
+    uint8_t fpos;    /* bytes matched of the name or of "chunked"; digits read */
+    uint8_t fphase;  /* name, blanks before the value, value, ignored */
+    bool fbad;       /* a framing value not of the one accepted form */
+    uint8_t lengths; /* Content-Length and Transfer-Encoding fields of this head */
+    uint8_t codings;
+} hh_stream;
+
+/* Follows n more bytes read from the connection (s zero-initialised at accept). */
+void hh_stream_feed(hh_stream *s, const char *buf, size_t n);
 
 /* Constant-time comparison of two NUL-terminated secrets: the time depends only on the
  * length of `given` (the attacker's input), never on where the first difference is.

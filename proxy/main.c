@@ -339,7 +339,8 @@ int main(int argc, char **argv)
     }
     fprintf(stderr, "loopguard: %zu workers, upstream %s (%s)\n", srv.n_workers,
             pool_base(srv.pool, 0), config_upstream_kind_name(pool_kind(srv.pool, 0)));
-    printf("listening on %s:%d\n", cfg->listen_host, srv.port);
+    bool v6 = strchr(cfg->listen_host, ':') != NULL; /* RFC 3986 §3.2.2: "[::1]:8000" */
+    printf("listening on %s%s%s:%d\n", v6 ? "[" : "", cfg->listen_host, v6 ? "]" : "", srv.port);
     fflush(stdout);
     serve_signals(&srv, &set);
     rc = 0;

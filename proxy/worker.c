@@ -463,6 +463,9 @@ ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
 {
     ssize_t n = recvfrom(fd, buf, len, flags, NULL, NULL);
     if (fd == curl_read_fd) curl_drained = n > 0 && (size_t)n < len;
+    /* libmicrohttpd reads its clients through this recv too: the edge follows those
+     * bytes for what libmicrohttpd's parser hides (edge.h). */
+    if (n > 0 && !(flags & MSG_PEEK)) edge_received(fd, buf, (size_t)n);
     return n;
 }
 

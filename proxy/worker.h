@@ -158,7 +158,9 @@ struct lg_worker {
     bool mhd_dirty;                  /* some shard is ready: run MHD again this iteration */
     lg_req *flush_head, *flush_tail; /* requests with output for a direct write */
     struct edge_conn *edge_conns;    /* every client connection's limits (edge.c) */
-    uint64_t now_ns;                 /* cached loop time */
+    struct edge_conn **edge_by_fd;   /* the same by socket, for edge_received (edge.c) */
+    size_t edge_by_fd_cap, edge_by_fd_used;
+    uint64_t now_ns; /* cached loop time */
 };
 
 /* What a request handler uses of the worker it lives on; handlers reach nothing else of

@@ -15,7 +15,13 @@
  *     mode, and every forwarded line is free of CR, LF and NUL;
  *  4. an accepted path normalises to a path of pchar and '/', with no "." or ".." segment,
  *     no longer than the input, and normalising it again changes nothing;
- *  5. X-Forwarded-For is the client's list, ", ", then the peer, whatever the length. */
+ *  5. X-Forwarded-For is the client's list, ", ", then the peer, whatever the length.
+ * The same input is also read as raw bytes from a client socket (hh_stream):
+ *  6. the verdict does not depend on how the bytes are split into reads (whole, at a point
+ *     the input picks, one byte at a time);
+ *  7. the first head is refused exactly when a plain re-reading of it (ref_first_head:
+ *     lines, not a state machine) finds a NUL, a field line starting with SP or HTAB, or
+ *     framing other than one Content-Length of 1-18 digits or one "chunked". */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,8 +122,65 @@ static void check_xff(const char *client, size_t n)
     free(c);
 }
 
+static bool ci_equal(const char *s, size_t n, const char *lit)
+{
+    return n == strlen(lit) && strncasecmp(s, lit, n) == 0;
+}
+
+/* Whether the first head in s[0..n) must be refused, judged line by line. */
+static bool ref_first_head(const char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n && (s[i] == '\n' || (s[i] == '\r' && i + 1 < n && s[i + 1] == '\n')))
+        i += s[i] == '\n' ? 1 : 2; /* empty lines before the request line */
+    bool bad = false, fbad = false;
+    unsigned lengths = 0, codings = 0;
+    for (size_t line = 0; i < n; line++) {
+        const char *lf = memchr(s + i, '\n', n - i);
+        size_t e = lf ? (size_t)(lf - s) : n, len = e - i;
+        if (lf && len && s[e - 1] == '\r') len--;
+        const char *l = s + i;
+        if (line && lf && len == 0) /* the end of the head */
+            return bad || fbad || lengths > 1 || codings > 1 || (lengths && codings);
+        if (memchr(l, '\0', len) || (line && len && (l[0] == ' ' || l[0] == '\t'))) bad = true;
+        const char *colon = line && lf ? memchr(l, ':', len) : NULL;
+        if (colon) {
+            const char *v = colon + 1, *ve = l + len;
+            while (v < ve && (*v == ' ' || *v == '\t'))
+                v++;
+            size_t vn = (size_t)(ve - v);
+            if (ci_equal(l, (size_t)(colon - l), "Content-Length")) {
+                lengths++;
+                fbad |= vn == 0 || vn > 18 || strspn(v, "0123456789") < vn;
+            } else if (ci_equal(l, (size_t)(colon - l), "Transfer-Encoding")) {
+                codings++;
+                fbad |= !ci_equal(v, vn, "chunked");
+            }
+        }
+        i = lf ? e + 1 : n;
+    }
+    return bad; /* the head is not complete: framing is not judged yet */
+}
+
+static void check_stream(const char *s, size_t n)
+{
+    hh_stream whole = {0}, two = {0}, bytes = {0};
+    hh_stream_feed(&whole, s, n);
+    size_t cut = n ? (unsigned char)s[n - 1] % (n + 1) : 0;
+    hh_stream_feed(&two, s, cut);
+    hh_stream_feed(&two, s + cut, n - cut);
+    for (size_t i = 0; i < n; i++)
+        hh_stream_feed(&bytes, s + i, 1);
+    if (two.heads != whole.heads || two.refuse_from != whole.refuse_from) abort();
+    if (bytes.heads != whole.heads || bytes.refuse_from != whole.refuse_from) abort();
+    if (whole.refuse_from && (!whole.why || !whole.code)) abort();
+    if ((whole.refuse_from == 1) != ref_first_head(s, n)) abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
 {
+    check_stream((const char *)data, len);
+
     const char *s = (const char *)data, *end = s + len;
     const char *nl = memchr(s, '\n', len);
     const char *line_end = nl ? nl : end;

@@ -72,8 +72,8 @@ static cJSON *guard_settings_json(const guard_params *p)
     cJSON_AddNumberToObject(l, "template_bytes", p->lines.template_bytes);
     cJSON_AddNumberToObject(l, "template_share", p->lines.template_share);
     cJSON_AddNumberToObject(l, "count_run", p->lines.count_run);
-    cJSON_AddNumberToObject(l, "cycle_copies", p->lines.cycle_copies);
-    cJSON_AddNumberToObject(l, "cycle_lines", p->lines.cycle_lines);
+    cJSON_AddNumberToObject(l, "block_copies", p->lines.block_copies);
+    cJSON_AddNumberToObject(l, "block_lines", p->lines.block_lines);
     cJSON_AddNumberToObject(l, "art_run", p->lines.art_run);
     cJSON *n = cJSON_AddObjectToObject(o, "novelty");
     cJSON_AddBoolToObject(n, "enabled", p->novelty.enabled);

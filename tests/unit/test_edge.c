@@ -13,6 +13,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "config/config.h"
 #include "proxy/edge.h"
 #include "proxy/http.h"
@@ -143,6 +147,123 @@ static void test_path_normalisation(void **state)
     assert_false(hh_query_piece_ok("a b", 3));
     assert_false(hh_query_piece_ok("a#", 2));
     assert_false(hh_query_piece_ok("a\r", 2));
+}
+
+/* Feeds `wire` (n bytes) to a fresh tracker whole, then again one byte per call and split
+ * at every point: the verdict must not depend on how the reads fall. Returns the whole
+ * feed's state. */
+static hh_stream stream_of(const char *wire, size_t n)
+{
+    hh_stream whole = {0};
+    hh_stream_feed(&whole, wire, n);
+    hh_stream bytes = {0};
+    for (size_t i = 0; i < n; i++)
+        hh_stream_feed(&bytes, wire + i, 1);
+    assert_int_equal(bytes.heads, whole.heads);
+    assert_int_equal(bytes.refuse_from, whole.refuse_from);
+    for (size_t cut = 1; cut < n; cut++) {
+        hh_stream two = {0};
+        hh_stream_feed(&two, wire, cut);
+        hh_stream_feed(&two, wire + cut, n - cut);
+        assert_int_equal(two.heads, whole.heads);
+        assert_int_equal(two.refuse_from, whole.refuse_from);
+    }
+    return whole;
+}
+
+#define STREAM(lit) stream_of(lit, sizeof(lit) - 1)
+#define REQ         "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+
+static void test_stream_frames_like_libmicrohttpd(void **state)
+{
+    (void)state;
+    /* Clean pipelines: every head counted, none refused; bodies are skipped whatever they
+     * hold (NUL, a CRLF followed by a blank). */
+    hh_stream s = STREAM("\r\n\n" REQ "POST / HTTP/1.1\r\nHost: x\r\ncontent-LENGTH:  5\r\n\r\n"
+                         "\0\r\n x" REQ);
+    assert_int_equal(s.heads, 3);
+    assert_int_equal(s.refuse_from, 0);
+    s = STREAM("POST / HTTP/1.1\nHost: x\nTransfer-Encoding: CHUNKED\n\n"
+               "5;ext=\"a\0\"\r\n\0\r\n x\r\n00a\n0123456789\n0\r\nX-T: t\r\n\r\n" REQ);
+    assert_int_equal(s.heads, 2);
+    assert_int_equal(s.refuse_from, 0);
+    /* A bare CR inside a line is content, not a line end (hh_check refuses it by value). */
+    s = STREAM("GET / HTTP/1.1\r\nHost: x\r\nX-A: a\rb\r\r\n\r\n" REQ);
+    assert_int_equal(s.heads, 2);
+    assert_int_equal(s.refuse_from, 0);
+}
+
+static void test_stream_refuses_hidden_bytes(void **state)
+{
+    (void)state;
+    hh_stream s = STREAM(REQ "GET / HTTP/1.1\r\nHost: x\r\nX-A: one\r\n two\r\n\r\n" REQ);
+    assert_int_equal(s.refuse_from, 2);
+    assert_string_equal(s.code, "bad_header");
+    assert_int_equal(STREAM("GET / HTTP/1.1\r\n\tHost: x\r\n\r\n").refuse_from, 1);
+    assert_int_equal(STREAM("GET / HTTP/1.1\r\nHost: x\r\nX-A: a\0b\r\n\r\n").refuse_from, 1);
+    assert_int_equal(STREAM("GET /\0/x HTTP/1.1\r\nHost: x\r\n\r\n").refuse_from, 1);
+    assert_int_equal(STREAM(REQ "\0\r\n" REQ).refuse_from, 2);
+    assert_int_equal(STREAM("GET / HTTP/1.1\r\nHost: x\r\n\0X: y\r\n\r\n").refuse_from, 1);
+    /* Hidden bytes in a trailer, or chunk framing libmicrohttpd refuses: the next head. */
+    s = STREAM("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               "0\r\n\0X: y\r\n\r\n" REQ);
+    assert_int_equal(s.refuse_from, 2);
+    assert_int_equal(STREAM("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            "2\r\nabX\r\n" REQ)
+                         .refuse_from,
+                     2);
+    for (size_t i = 0; i < 6; i++) {
+        static const char *const bad_sizes[] = {";x\r\n",  "\r\n",   "5 \r\n",
+                                                "5\r\r\n", "-1\r\n", "11111111111111111\r\n"};
+        char wire[256];
+        int n = snprintf(wire, sizeof wire,
+                         "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%s",
+                         bad_sizes[i]);
+        hh_stream b = {0};
+        hh_stream_feed(&b, wire, (size_t)n);
+        assert_int_equal(b.refuse_from, 2);
+    }
+    /* Framing hh_check lets through but libmicrohttpd reads otherwise: that head. */
+    assert_int_equal(
+        STREAM("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked \r\n\r\n").refuse_from, 1);
+    assert_int_equal(STREAM("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5 \r\n\r\n").refuse_from,
+                     1);
+    assert_int_equal(STREAM("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                            "Transfer-Encoding: chunked\r\n\r\n")
+                         .refuse_from,
+                     1);
+    /* The first refusal stands: a later one never moves it. */
+    s = STREAM(REQ "GET / HTTP/1.1\r\nHost: x\r\nX: \0\r\n\r\nGET / HTTP/1.1\r\n x\r\n\r\n");
+    assert_int_equal(s.refuse_from, 2);
+}
+
+static void test_addr_key_ipv6_per_64(void **state)
+{
+    (void)state;
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6}, b = a;
+    unsigned char ka[8], kb[8];
+    inet_pton(AF_INET6, "2001:db8:1:2:aaaa::1", &a.sin6_addr);
+    inet_pton(AF_INET6, "2001:db8:1:2:ffff:1:2:3", &b.sin6_addr);
+    assert_int_equal(edge_addr_key((struct sockaddr *)&a, ka), 8);
+    assert_int_equal(edge_addr_key((struct sockaddr *)&b, kb), 8);
+    assert_memory_equal(ka, kb, 8); /* one /64, one count */
+    inet_pton(AF_INET6, "2001:db8:1:3::1", &b.sin6_addr);
+    edge_addr_key((struct sockaddr *)&b, kb);
+    assert_memory_not_equal(ka, kb, 8); /* the next /64 is another client */
+    /* An IPv4-mapped address counts as its IPv4 address, not as the ::ffff:0:0/96 prefix
+     * every IPv4 client of a dual-stack socket shares. */
+    struct sockaddr_in v4 = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "192.0.2.7", &v4.sin_addr);
+    inet_pton(AF_INET6, "::ffff:192.0.2.7", &a.sin6_addr);
+    inet_pton(AF_INET6, "::ffff:192.0.2.8", &b.sin6_addr);
+    unsigned char k4[8];
+    assert_int_equal(edge_addr_key((struct sockaddr *)&v4, k4), 4);
+    assert_int_equal(edge_addr_key((struct sockaddr *)&a, ka), 4);
+    assert_memory_equal(ka, k4, 4);
+    edge_addr_key((struct sockaddr *)&b, kb);
+    assert_memory_not_equal(ka, kb, 4);
+    struct sockaddr un = {.sa_family = AF_UNIX};
+    assert_int_equal(edge_addr_key(&un, ka), 0);
 }
 
 static void test_secret_equal(void **state)
@@ -339,6 +460,9 @@ int main(void)
         cmocka_unit_test(test_head_accepts_plain_requests),
         cmocka_unit_test(test_head_rejects_ambiguity),
         cmocka_unit_test(test_path_normalisation),
+        cmocka_unit_test(test_stream_frames_like_libmicrohttpd),
+        cmocka_unit_test(test_stream_refuses_hidden_bytes),
+        cmocka_unit_test(test_addr_key_ipv6_per_64),
         cmocka_unit_test(test_secret_equal),
         cmocka_unit_test(test_jsonguard_accepts_json),
         cmocka_unit_test(test_jsonguard_rejects),

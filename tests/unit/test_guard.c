@@ -590,7 +590,7 @@ static void test_count(void **state)
     free(t.s);
 }
 
-/* ---- cycles of lines and art textures ------------------------------------------------ */
+/* ---- blocks of lines and art textures ------------------------------------------------ */
 
 /* Expects `s` to trip `detector` within `max_after` bytes past `loop_at` (the start of the
  * loop's second copy), or not to trip at all (detector NULL); tool arguments never trip the
@@ -609,12 +609,12 @@ static void expect_shape(const char *what, const char *s, const char *detector, 
             fail_msg("%s: tripped at %zu, loop at %zu", what, (size_t)r.at_byte, loop_at);
     }
     result ta = scan_text(LG_CH_TOOL_ARGS, s);
-    if (ta.tripped && (!strcmp(ta.detector, "cycle") || !strcmp(ta.detector, "art")))
+    if (ta.tripped && (!strcmp(ta.detector, "block") || !strcmp(ta.detector, "art")))
         fail_msg("%s: %s in tool_args", what, ta.detector);
     assert_chunking_invariant(s);
 }
 
-static void test_cycles(void **state)
+static void test_blocks(void **state)
 {
     (void)state;
     text t = {0};
@@ -629,7 +629,7 @@ static void test_cycles(void **state)
         tcat(&t, line);
         tcat(&t, "  \\shade (0,0) box (6,6);\n}\n\n");
     }
-    expect_shape("panel block with a counter", t.s, "cycle", at, 600);
+    expect_shape("panel block with a counter", t.s, "block", at, 600);
 
     /* Two items alternating, one of them with a year that keeps changing. */
     t.n = 0;
@@ -642,7 +642,18 @@ static void test_cycles(void **state)
             snprintf(line, sizeof(line), "%d. The Last Station (1938)\n", i);
         tcat(&t, line);
     }
-    expect_shape("two items alternating", t.s, "cycle", at, 400);
+    expect_shape("two items alternating", t.s, "block", at, 400);
+
+    /* A question and its answer asked again, both lines counting up together. */
+    t.n = 0;
+    tcat(&t, "A short quiz:\n\n");
+    for (int i = 1; i < 16; i++) {
+        if (i == 2) at = t.n;
+        snprintf(line, sizeof(line),
+                 "Question %d: which planet is the red one?\nAnswer %d: Mars.\n\n", i, i);
+        tcat(&t, line);
+    }
+    expect_shape("a question and answer counting up", t.s, "block", at, 400);
 
     /* A proof block re-emitted under names recombined from the earlier ones. */
     t.n = 0;
@@ -658,7 +669,7 @@ static void test_cycles(void **state)
         tcat(&t, line);
         tcat(&t, "  sorted (merge xs) = merge xs\n  length (merge xs) = length xs\n}\n\n");
     }
-    expect_shape("a block under recombined names", t.s, "cycle", at, 900);
+    expect_shape("a block under recombined names", t.s, "block", at, 900);
 
     /* Two rows of numbers cycling inside a fence. */
     t.n = 0;
@@ -1282,7 +1293,7 @@ int main(void)
         cmocka_unit_test(test_settings),    cmocka_unit_test(test_fence_closing_in_the_chunk),
         cmocka_unit_test(test_loop_shapes), cmocka_unit_test(test_prompt_slack),
         cmocka_unit_test(test_template),    cmocka_unit_test(test_count),
-        cmocka_unit_test(test_cycles),      cmocka_unit_test(test_prompt_count_word),
+        cmocka_unit_test(test_blocks),      cmocka_unit_test(test_prompt_count_word),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,4 +1,4 @@
-/* g_cycle.c — the cycle detector: a block of two or more lines that keeps coming back, its
+/* g_block.c — the block detector: a block of two or more lines that keeps coming back, its
  * copies equal apart from a counter ("\begin{scope}[xshift=9cm] ... [xshift=18cm] ...",
  * "7. The Maltese Falcon (1941)\n8. The Big Sleep (1946)\n9. ..."), an ingredient or
  * playlist cycle, a drawing redrawn. The repeat detector sees verbatim blocks too, but only
@@ -9,14 +9,15 @@
  * without indentation and list marker (guard_line_body), every run of digits one '0'. Blank
  * lines are skipped (a blank line between blocks is part of neither), and digits inside a
  * name ("sha256") are no number. Two lines match when their skeletons are equal, and one
- * line at most "moved" in the last P lines: a counter may move, a row of data may not (a
+ * line at most "moved" in the last P lines, or several by one step ("Question 7:" and
+ * "Answer 7:"): a counter may move, a row of data may not (a
  * monthly calculation, a table of figures, ABC notes keep their skeleton and change their
  * numbers: that is content). A line also moves when it keeps the other's frame (first and
  * last ENDS bytes) and a name in it grew or shrank by text written just before ("lemma
  * a_b_c (x) {" after "lemma a_b (x) {"): a block re-emitted under recombined names. A name
  * replaced by a new one is a new variant, which code declares on purpose. For every P of 2 to
  * CYCLE_MAX_PERIOD lines, run[P] counts the lines in a row that match the line P before.
- * A cycle trips when its copies (run / P + 1) reach cycle_copies and its lines cycle_lines,
+ * A cycle trips when its copies (run / P + 1) reach block_copies and its lines block_lines,
  * P being the smallest period of the block (two equal lines are a one-line loop: the lines
  * and repeat detectors judge those). A cycle whose characters are less than a quarter letters (a
  * drawing, a grid, section titles between rules) needs CYCLE_ART_COPIES: a tall house
@@ -45,6 +46,7 @@
 #define ART_MAX          256  /* bytes of a collapsed art line */
 #define ENDS             8    /* bytes of each end that make a line's frame */
 #define RECENT           2048 /* bytes before a line where a grown name's parts are looked for */
+#define GROWN            UINT32_MAX /* the step of a line whose name grew */
 
 typedef struct cline {
     uint64_t skel;  /* hash of the skeleton */
@@ -55,12 +57,13 @@ typedef struct cline {
     uint64_t ends;            /* its first and last ENDS bytes (lines of 2 * ENDS or more) */
 } cline;
 
-struct gcycle {
+struct gblock {
     cline ring[CYCLE_RING];
     uint64_t n; /* lines seen since the last reset */
     uint16_t run[CYCLE_MAX_PERIOD + 1];
     uint64_t from[CYCLE_MAX_PERIOD + 1];  /* where each run's first copy began */
     uint16_t moved[CYCLE_MAX_PERIOD + 1]; /* bit k: the line k back changed a number */
+    uint32_t step[CYCLE_MAX_PERIOD + 1];  /* how much the last moved line's number went up */
     bool active;                          /* some run is going on */
     /* How many of the last CYCLE_MAX_PERIOD lines have each value of skel's low 6 bits: a
      * line whose bits no earlier line has, while no run goes on, matches nothing. */
@@ -70,14 +73,14 @@ struct gcycle {
     unsigned art_run;
 };
 
-void guard_cycle_init(guard *g)
+void guard_block_init(guard *g)
 {
-    if (g->p->lines.cycle_copies || g->p->lines.art_run) g->cyc = guard_xcalloc(1, sizeof(*g->cyc));
+    if (g->p->lines.block_copies || g->p->lines.art_run) g->blk = guard_xcalloc(1, sizeof(*g->blk));
 }
 
-void guard_cycle_release(guard *g)
+void guard_block_release(guard *g)
 {
-    free(g->cyc);
+    free(g->blk);
 }
 
 /* Line a has line b's frame: is what a puts in the middle old text, found in the RECENT
@@ -102,20 +105,25 @@ static bool recombined(const guard *g, const cline *a, const cline *b)
     return mid >= 3 && memmem(g->buf + (from - g->base), (size_t)(b->start - from), m, mid) != NULL;
 }
 
-/* How lines a and b compare: 0 equal; 1 one skeleton with one number different, or (when
- * `grown` is asked) one frame (the same first and last ENDS bytes) around a grown or shrunk
- * name; 2 else. */
-static unsigned lines_compare(const guard *g, const cline *a, const cline *b, bool grown)
+/* How lines a and b compare: 0 equal; 1 one skeleton with one number different (*step: by
+ * how much it went up, mod 2^16), or (when `grown` is asked) one frame (the same first and
+ * last ENDS bytes) around a grown or shrunk name (*step: GROWN); 2 else. */
+static unsigned lines_compare(const guard *g, const cline *a, const cline *b, bool grown,
+                              uint32_t *step)
 {
+    *step = GROWN;
     if (a->skel != b->skel) return grown && a->ends == b->ends && recombined(g, a, b) ? 1 : 2;
     unsigned diff = a->rest != b->rest;
     for (unsigned k = 0; k < CYCLE_NUMS; k++)
-        diff += a->num[k] != b->num[k];
+        if (a->num[k] != b->num[k]) {
+            diff++;
+            *step = (uint16_t)(a->num[k] - b->num[k]);
+        }
     return diff < 2 ? diff : 2;
 }
 
 /* Is the block of the last P lines made of a shorter period? */
-static bool has_shorter_period(const struct gcycle *c, unsigned P)
+static bool has_shorter_period(const struct gblock *c, unsigned P)
 {
     for (unsigned d = 1; d < P; d++) {
         if (P % d) continue;
@@ -266,7 +274,7 @@ static bool art_texture(const guard *g, uint64_t s, uint64_t e, uint64_t *tex)
  * in texture; a tall wall repeats the same row, which the repeat detector judges. */
 static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
-    struct gcycle *c = g->cyc;
+    struct gblock *c = g->blk;
     uint64_t tex, raw = 0xCBF29CE484222325ull;
     if (!art_texture(g, start, end, &tex)) {
         c->art_run = 0;
@@ -291,10 +299,10 @@ static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     return true;
 }
 
-bool guard_cycle_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
+bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
     const guard_params *p = g->p;
-    struct gcycle *c = g->cyc;
+    struct gblock *c = g->blk;
     if (start < g->base || end - start > UINT32_MAX) { /* longer than the history: a break */
         c->n = 0;
         memset(c->run, 0, sizeof(c->run));
@@ -305,7 +313,7 @@ bool guard_cycle_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     }
     if (start == end) return false;
     if (p->lines.art_run && art_line(g, start, end, now)) return true;
-    if (!p->lines.cycle_copies) return false;
+    if (!p->lines.block_copies) return false;
     cline *l = &c->ring[c->n % CYCLE_RING];
     read_line(g, start, end, l);
     uint64_t n = c->n++;
@@ -321,20 +329,24 @@ bool guard_cycle_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
          * repeats lines' frames all the time, and a run starts on equal lines anyway. */
         uint16_t kept = (uint16_t)((c->moved[P] << 1) & ((1u << P) - 1));
         bool grown = c->run[P] && !kept && l->ends;
-        unsigned cmp = lines_compare(g, l, &c->ring[(n - P) % CYCLE_RING], grown);
+        uint32_t step;
+        unsigned cmp = lines_compare(g, l, &c->ring[(n - P) % CYCLE_RING], grown, &step);
         uint16_t moved = (uint16_t)(kept | (cmp == 1));
-        bool m = cmp < 2 && !(moved & (moved - 1));
+        /* More lines of a copy may move when they count up together ("Question 7:" and
+         * "Answer 7:"): one counter, not a row of data. */
+        bool m = cmp < 2 && (!(moved & (moved - 1)) || (step != GROWN && step == c->step[P]));
+        if (cmp == 1) c->step[P] = step;
         if (m && !c->run[P]) c->from[P] = c->ring[(n - P) % CYCLE_RING].start;
         c->run[P] = m ? (uint16_t)(c->run[P] < UINT16_MAX ? c->run[P] + 1 : c->run[P]) : 0;
         c->moved[P] = m ? moved : 0;
         c->active |= m;
         if (m && c->run[P] + P > longest) longest = c->run[P] + P;
     }
-    if (longest < p->lines.cycle_lines) return false;
+    if (longest < p->lines.block_lines) return false;
     for (unsigned P = 2; P <= CYCLE_MAX_PERIOD && P <= n; P++) {
         uint64_t lines = (uint64_t)c->run[P] + P;
-        if (!c->run[P] || lines < p->lines.cycle_lines ||
-            lines < (uint64_t)p->lines.cycle_copies * P)
+        if (!c->run[P] || lines < p->lines.block_lines ||
+            lines < (uint64_t)p->lines.block_copies * P)
             continue;
         const cline *first = &c->ring[(n - P + 1) % CYCLE_RING];
         uint64_t from = first->start, to = l->start + l->len;
@@ -346,7 +358,7 @@ bool guard_cycle_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         if (copies <= guard_prompt_slack(g, g->buf + (from - g->base), (size_t)(to - from)))
             continue;
         guard_set_unit(g, from, to);
-        guard_trip(g, "cycle", c->from[P], now, copies);
+        guard_trip(g, "block", c->from[P], now, copies);
         return true;
     }
     return false;
