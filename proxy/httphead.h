@@ -100,7 +100,8 @@ typedef struct hh_stream {
     bool cr;         /* a CR was read and is held back: it is dropped if LF follows */
     uint8_t fcand;   /* framing names the current field name can still be (bit mask) */
     uint8_t fkind;   /* the framing field whose value is being read, 0 none */
-    uint8_t fpos;    /* bytes matched of the name or of "chunked"; digits read */
+    uint8_t fpos;    /* bytes matched of the name or of "chunked", digits of a length;
+                      * in a chunk size line, whether a digit was read */
     uint8_t fphase;  /* name, blanks before the value, value, ignored */
     bool fbad;       /* a framing value not of the one accepted form */
     uint8_t lengths; /* Content-Length and Transfer-Encoding fields of this head */
