@@ -76,6 +76,7 @@ RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
                             (sentence && len >= p->lines.min_segment_bytes) || item, prose || item,
                             plain, one_word, now))
         return true;
+    if (p->cycle.enabled && ok && guard_cycle_segment(g, nw, start, end, prose, now)) return true;
     if (p->novelty.enabled)
         for (unsigned i = 0; i < nw; i++)
             if (guard_novelty_word(g, g->sw[i].hash, g->sw[i].start, g->sw[i].alpha, prose, now))
@@ -364,7 +365,7 @@ static inline bool text_other(guard *g, unsigned char b, uint64_t pos, bool word
  * the novelty detector reads them. */
 static size_t text_pass(guard *g, size_t lim, uint64_t fed0)
 {
-    const bool words = g->p->novelty.enabled;
+    const bool words = g->p->novelty.enabled || g->p->cycle.enabled;
     const unsigned char *s = g->buf + (size_t)(fed0 - g->base);
     size_t before = (size_t)(s - g->buf), i = 0;
     while (i < lim) {
@@ -387,6 +388,7 @@ static void text_init(guard *g)
     guard_lines_init(g);
     guard_block_init(g);
     guard_novelty_init(g);
+    guard_cycle_init(g);
 }
 
 static void text_release(guard *g)
@@ -394,20 +396,21 @@ static void text_release(guard *g)
     guard_lines_release(g);
     guard_block_release(g);
     guard_novelty_release(g);
+    guard_cycle_release(g);
 }
 
 /* The last word and the last segment are complete at the end of the text. */
 static bool text_finish(guard *g)
 {
     const guard_params *p = g->p;
-    if (p->novelty.enabled) word_end(g);
+    if (p->novelty.enabled || p->cycle.enabled) word_end(g);
     if (g->seg_len && seg_end(g, g->fed, g->fed, true)) return true;
     return g->line_start < g->fed && line_end(g, g->line_start, g->fed, g->fed);
 }
 
 static bool text_on(const guard_params *p)
 {
-    return p->lines.enabled || p->novelty.enabled;
+    return p->lines.enabled || p->novelty.enabled || p->cycle.enabled;
 }
 
 const guard_detector guard_det_text = {

@@ -101,7 +101,17 @@ struct guard_params {
         unsigned window; /* trigrams judged together */
         double min_ratio;
         unsigned memory_words; /* how far back a trigram counts as seen */
+        unsigned min_seen;     /* earlier occurrences that make a trigram not novel (1-3) */
+        bool mask_numbers;     /* a word starting with a digit counts as any number */
     } novelty;
+
+    struct {
+        bool enabled;
+        unsigned window;       /* segments remembered: the longest cycle + 1 */
+        unsigned copies;       /* copies of the cycle, the first included, that trip */
+        unsigned min_segments; /* segments of the replay equal with their numbers */
+        uint32_t min_bytes;    /* bytes of the replay */
+    } cycle;
 
     guard_rule *rules;
     size_t n_rules;
@@ -141,6 +151,7 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 #define GUARD_TTAB_BITS     10
 #define GUARD_UNIT_MAX      256
 #define GUARD_SEG_BUCKETS   1024
+#define GUARD_CYC_BUCKETS   256
 #define GUARD_SEG_WORDS     128 /* words of one segment the novelty detector reads */
 
 /* A helper the per-byte loops call only now and then (a new period, a candidate at its
@@ -169,11 +180,21 @@ typedef struct gseg {
     bool prose;
 } gseg;
 
-/* A trigram table entry, 4 bytes: memory per stream counts. Both fields are the low 16
- * bits of what they stand for; a wrong "seen" needs a 16-bit tag collision, 1 in 65,536. */
+/* A segment remembered by the cycle detector (g_cycle.c): its skeletons with and without
+ * numbers, and how many segments before it the previous one of its bucket came (0: none in
+ * the ring). */
+typedef struct gcyc {
+    uint32_t exact, masked;
+    uint16_t prev;
+} gcyc;
+
+/* A trigram table entry, 4 bytes: memory per stream counts. The tag is 14 bits of the
+ * trigram's hash, `word` the low 16 bits of the index of the word that last completed it;
+ * a wrong "seen" needs a tag collision in one of two slots, 1 in 8,192. `seen`: how many
+ * times it came within memory_words of the time before, up to 3. */
 typedef struct gtri {
-    uint16_t tag;
-    uint16_t word; /* index of the word that completed it, mod 2^16 */
+    uint16_t tag : 14, seen : 2;
+    uint16_t word;
 } gtri;
 
 struct guard {
@@ -257,6 +278,16 @@ struct guard {
     unsigned char *tri_novel;
     uint64_t ntri;
     unsigned novel; /* novel trigrams in the window */
+
+    /* cycle (g_cycle.c): the ring of segments, how many there were, and the replay: its
+     * lag, segments, those equal with their numbers, bytes, prose bytes and first byte. */
+    gcyc *cyc;
+    unsigned cyc_mask;                    /* the ring holds cyc_mask + 1 segments, >= window */
+    uint16_t cyc_last[GUARD_CYC_BUCKETS]; /* per low bits of the masked skeleton: the newest
+                                             segment's number + 1, mod 2^16; 0: none */
+    uint64_t cyc_n, cyc_from;
+    unsigned cyc_lag, cyc_run, cyc_exact;
+    uint32_t cyc_bytes, cyc_prose;
 
     /* rules (g_rules.c) */
     pcre2_match_data *md;
@@ -378,6 +409,12 @@ void guard_line_body(const guard *g, uint64_t *s, uint64_t *e);
 /* A number ended at `end` (the byte there is neither a letter nor a digit), for the
  * counting detector. Returns true on a trip. */
 bool guard_count_number(guard *g, uint64_t end, uint64_t now);
+/* The cycle detector (g_cycle.c), for a completed segment with a letter [start, end) whose
+ * nw words are in g->sw; `prose` as for the lines detector. Returns true on a trip. */
+bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bool prose,
+                         uint64_t now);
+void guard_cycle_init(guard *g);
+void guard_cycle_release(guard *g);
 void guard_novelty_init(guard *g);
 void guard_novelty_release(guard *g);
 /* One word (hash, first byte, starts with a letter) of a segment that ended. Returns true

@@ -80,6 +80,14 @@ static cJSON *guard_settings_json(const guard_params *p)
     cJSON_AddNumberToObject(n, "window", p->novelty.window);
     cJSON_AddNumberToObject(n, "min_ratio", p->novelty.min_ratio);
     cJSON_AddNumberToObject(n, "memory_words", p->novelty.memory_words);
+    cJSON_AddNumberToObject(n, "min_seen", p->novelty.min_seen);
+    cJSON_AddBoolToObject(n, "mask_numbers", p->novelty.mask_numbers);
+    cJSON *cy = cJSON_AddObjectToObject(o, "cycle");
+    cJSON_AddBoolToObject(cy, "enabled", p->cycle.enabled);
+    cJSON_AddNumberToObject(cy, "window", p->cycle.window);
+    cJSON_AddNumberToObject(cy, "copies", p->cycle.copies);
+    cJSON_AddNumberToObject(cy, "min_segments", p->cycle.min_segments);
+    cJSON_AddNumberToObject(cy, "min_bytes", p->cycle.min_bytes);
     cJSON_AddArrayToObject(o, "rules");
     cJSON_AddNumberToObject(o, "rule_max_match_bytes", p->rule_max_match_bytes);
     cJSON *lk = cJSON_AddArrayToObject(o, "leak_tokens");

@@ -914,6 +914,190 @@ static void test_loops(void **state)
     free(t.s);
 }
 
+/* ---- prose-like loops: sentence cycles and paraphrase --------------------------------- */
+
+/* Appends `fmt` with each '#' replaced by n. */
+static void tnum(text *t, const char *fmt, int n)
+{
+    char num[16];
+    snprintf(num, sizeof(num), "%d", n);
+    for (const char *c = fmt; *c; c++)
+        if (*c == '#')
+            tcat(t, num);
+        else
+            tput(t, c, 1);
+}
+
+/* `prefix`, then the sentences of `cycle` said `rounds` times, '#' counting the rounds (so a
+ * loop whose only change is a step or chapter number). A loop (`detector` set) must trip no
+ * later than `max_after` bytes after the first round ends; the rest must stay clean on every
+ * channel. */
+static const struct prose_case {
+    const char *what;
+    lg_channel ch;
+    const char *prefix;
+    const char *cycle[5];
+    int rounds;
+    const char *detector;
+    size_t max_after;
+} prose_cases[] = {
+    {"reasoning Wait/Alternatively/Let me cycle with a step number",
+     LG_CH_REASONING,
+     "Okay, the question asks how many pairs five cards make.\n\n",
+     {"Step #: wait, let me count the pairs again. ",
+      "Alternatively, I could write out every pair and count them one at a time. ",
+      "Let me check the formula once more: five times four, over two, gives ten.\n",
+      "$\\boxed{10}$\n\n"},
+     30,
+     "cycle",
+     700},
+    {"reasoning sentences around a JSON fragment",
+     LG_CH_REASONING,
+     "The user wants the weather in Paris, so I need the tool.\n",
+     {"Attempt #. Wait, I have to give the call in the exact format the tool expects.\n",
+      "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n",
+      "Let me make sure the city name is spelled out in full before I send it.\n"},
+     30,
+     "cycle",
+     700},
+    {"chapters that come round with new numbers",
+     LG_CH_CONTENT,
+     "Here is the story.\n\n",
+     {"Chapter #\n\n", "The heroes met at the old lighthouse at dawn to plan the rescue.\n\n",
+      "Their leader spread a map on the table and pointed at the harbour.\n\n",
+      "By nightfall the thieves were caught and the city was safe again.\n\n"},
+     12,
+     "cycle",
+     700},
+    {"a counter stepping through two sentences",
+     LG_CH_CONTENT,
+     "Here is the procedure:\n\n",
+     {"#. Check whether n is equal to #. ", "If it is, return false.\n"},
+     27,
+     NULL,
+     0},
+};
+
+/* A song: three verses, a chorus after each and the chorus once more to close. */
+static const char *const song_verses[] = {
+    "I walked along the river when the morning light was new\nThe boats were leaving harbour "
+    "and the sky was turning blue\n",
+    "The market filled with voices and the bakers sang along\nI carried every rumour like the "
+    "chorus of a song\n",
+    "And when the evening gathered all the lanterns on the quay\nI found the road was turning "
+    "and it turned me back to sea\n",
+};
+static const char *const song_chorus =
+    "\nSo sing it loud, sing it slow\nEvery tide will come and go\nHold the rope and "
+    "mind the line\nThe river keeps its time\n\n";
+
+/* Thirty tiny stories, of which the storyteller retells ten (4-13 again as 20-29). */
+static const char *const tiny_stories[] = {
+    "The clock stopped. She smiled anyway.",
+    "A letter arrived, forty years too late.",
+    "He planted a seed and waited for spring.",
+    "The last lamp went out. Stars took over.",
+    "Two strangers shared an umbrella and a lifetime.",
+    "The robot learned to hum off key.",
+    "Snow fell on the empty stadium all night.",
+    "She found her name carved in the oak.",
+    "The ferry left without its only passenger.",
+    "A kite escaped and crossed the border.",
+    "The baker burned the bread and invented toast.",
+    "Grandfather's radio finally caught "
+    "the signal.",
+    "The cat returned with a stranger's key.",
+    "Rain wrote poems on the "
+    "window.",
+    "The map ended where the sea began.",
+    "A violin waited ten years in the attic.",
+    "The lighthouse keeper counted ships, not days.",
+    "He lost the race but found the path.",
+    "An old song played and the room went quiet.",
+};
+
+static void test_prose_loops(void **state)
+{
+    (void)state;
+    text t = {0};
+    for (size_t i = 0; i < sizeof(prose_cases) / sizeof(prose_cases[0]); i++) {
+        const struct prose_case *c = &prose_cases[i];
+        t.n = 0;
+        tcat(&t, c->prefix);
+        size_t first_round = 0;
+        for (int r = 1; r <= c->rounds; r++) {
+            for (int k = 0; k < 5 && c->cycle[k]; k++)
+                tnum(&t, c->cycle[k], r);
+            if (r == 1) first_round = t.n;
+        }
+        if (!c->detector) {
+            assert_clean(c->what, t.s);
+            continue;
+        }
+        assert_chunking_invariant(t.s);
+        result r = scan_text(c->ch, t.s);
+        if (!r.tripped) fail_msg("%s: did not trip", c->what);
+        if (strcmp(r.detector, c->detector))
+            fail_msg("%s: tripped %s, expected %s", c->what, r.detector, c->detector);
+        if (r.at_byte < first_round) fail_msg("%s: tripped in the first round", c->what);
+        if (r.at_byte - first_round > c->max_after)
+            fail_msg("%s: tripped %zu bytes after the first round, more than %zu", c->what,
+                     (size_t)(r.at_byte - first_round), c->max_after);
+    }
+
+    /* A chorus after each verse and once more at the end is a song, not a loop. */
+    t.n = 0;
+    tcat(&t, "Here is a song about the harbour.\n\n");
+    for (int v = 0; v < 3; v++) {
+        tcat(&t, song_verses[v]);
+        tcat(&t, song_chorus);
+    }
+    tcat(&t, song_chorus);
+    assert_clean("a song with its chorus", t.s);
+
+    /* Ten of thirty items told again, in order, is a careless list, not a loop: the retold
+     * run never comes round to itself. */
+    t.n = 0;
+    tcat(&t, "Here are thirty stories of under ten words:\n\n");
+    size_t ns = sizeof(tiny_stories) / sizeof(tiny_stories[0]);
+    for (int i = 0; i < 30; i++) {
+        size_t k = i >= 19 && i < 29 ? (size_t)(i - 16) : (size_t)i % ns;
+        if (i >= 29) k = ns - 1;
+        tnum(&t, "#. ", i + 1);
+        tcat(&t, tiny_stories[k]);
+        tcat(&t, "\n");
+    }
+    assert_clean("ten retold items", t.s);
+
+    /* Sentences rotating among a few paraphrases, in no fixed order: novelty. */
+    static const char *const subj[] = {"The angle between the two points",
+                                       "The distance between the two points",
+                                       "The arc between the two points"};
+    static const char *const verb[] = {"is equal to the difference between",
+                                       "can be found from the difference between"};
+    static const char *const obj[] = {"the two altitudes of the moon.",
+                                      "the two angles, measured in degrees.",
+                                      "zero degrees and ninety degrees."};
+    t.n = 0;
+    tcat(&t, "We can now find how far north the next point lies.\n\n");
+    size_t start = t.n;
+    for (unsigned i = 0; i < 60; i++) {
+        unsigned x = i * 7 + i / 5;
+        tcat(&t, subj[x % 3]);
+        tcat(&t, " ");
+        tcat(&t, verb[(x / 3) % 2]);
+        tcat(&t, " ");
+        tcat(&t, obj[(x / 2) % 3]);
+        tcat(&t, i % 4 == 3 ? "\n\n" : " ");
+    }
+    assert_chunking_invariant(t.s);
+    result r = scan_text(LG_CH_CONTENT, t.s);
+    assert_true(r.tripped);
+    if (r.at_byte - start > 1500)
+        fail_msg("paraphrase: tripped %zu bytes in", (size_t)(r.at_byte - start));
+    free(t.s);
+}
+
 /* ---- chunking invariance ----------------------------------------------------------- */
 
 /* A pseudo-random text: prose words, code, UTF-8, sometimes a loop of some kind. */
@@ -1294,6 +1478,7 @@ int main(void)
         cmocka_unit_test(test_loop_shapes), cmocka_unit_test(test_prompt_slack),
         cmocka_unit_test(test_template),    cmocka_unit_test(test_count),
         cmocka_unit_test(test_blocks),      cmocka_unit_test(test_prompt_count_word),
+        cmocka_unit_test(test_prose_loops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
