@@ -670,10 +670,24 @@ static enum MHD_Result queue_final(exchange *ex)
     return rc;
 }
 
+/* A stream that ended before its head went out (a short answer, read whole from the
+ * upstream) leaves as one response of known length: libmicrohttpd sends its head and body
+ * in one call, where a chunked one takes three (head, events, last chunk), each in a loop
+ * pass of its own. */
 static enum MHD_Result queue_stream(exchange *ex)
 {
-    struct MHD_Response *resp =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, EX_BLOCK, reader, ex, NULL);
+    struct MHD_Response *resp;
+    if (ex->cl.ended) {
+        size_t n;
+        const char *p = lg_fifo_peek(&ex->cl.out, &n);
+        resp = MHD_create_response_from_buffer(n, (void *)p, MHD_RESPMEM_MUST_COPY);
+        if (resp) {
+            lg_fifo_drop(&ex->cl.out, n);
+            output_taken(ex);
+        }
+    } else {
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, EX_BLOCK, reader, ex, NULL);
+    }
     if (!resp) return MHD_NO;
     if (ex->at.head.complete)
         http_head_apply(&ex->at.head, resp, false);

@@ -36,9 +36,17 @@ enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT };
 #define TICK_NS    (250ull * 1000 * 1000)
 #define MAX_EVENTS 256
 
+/* A client socket the worker watches (fd map entry). The watch belongs to the connection,
+ * not to a request: it is registered for the connection's first request and stays
+ * registered between keep-alive requests (an EPOLL_CTL_ADD and a DEL per request saved),
+ * until the client hangs up or libmicrohttpd closes the connection, whose close takes the
+ * socket out of the epoll set (a new connection on the same number starts unwatched:
+ * on_connection). */
 typedef struct lg_fdslot {
-    lg_req *req;
-    uint32_t gen;
+    lg_req *req;                 /* the request on the connection, NULL between requests */
+    struct MHD_Connection *conn; /* the connection whose socket is registered; NULL: none */
+    uint32_t gen;                /* the registration's tag: a new connection gets a new one */
+    bool nodelay;                /* TCP_NODELAY is set on the socket */
 } lg_fdslot;
 
 static uint64_t ev_pack(unsigned tag, uint32_t gen, int fd)
@@ -143,19 +151,24 @@ void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops, struct MHD_
         if (w->shards[i].mhd == di->daemon) r->shard = &w->shards[i];
     r->conn = conn;
     r->client_fd = ci ? ci->connect_fd : -1;
-    r->gen = ++w->last_gen;
     r->start_ns = w->now_ns ? w->now_ns : lg_now_ns();
     list_push(&w->live, r);
     w->n_live++;
 
     /* Watch the client socket for hang-ups ourselves: a suspended connection is out of
      * libmicrohttpd's epoll set and would not notice the client leaving. */
-    if (r->client_fd >= 0 && (size_t)r->client_fd < w->fdmap_len) {
-        w->fdmap[r->client_fd] = (lg_fdslot){r, r->gen};
-        if (ep_ctl(w, EPOLL_CTL_ADD, r->client_fd, EPOLLRDHUP,
-                   ev_pack(TAG_CLIENT, r->gen, r->client_fd)) != 0)
-            w->fdmap[r->client_fd].req = NULL;
+    if (r->client_fd < 0 || (size_t)r->client_fd >= w->fdmap_len) return;
+    lg_fdslot *s = &w->fdmap[r->client_fd];
+    if (s->conn == conn) { /* a keep-alive connection's next request: already watched */
+        s->req = r;
+        r->gen = s->gen;
+        return;
     }
+    r->gen = ++w->last_gen;
+    *s = (lg_fdslot){.req = r, .conn = conn, .gen = r->gen};
+    if (ep_ctl(w, EPOLL_CTL_ADD, r->client_fd, EPOLLRDHUP,
+               ev_pack(TAG_CLIENT, r->gen, r->client_fd)) != 0)
+        *s = (lg_fdslot){0};
 }
 
 void worker_suspend(lg_req *r)
@@ -187,19 +200,24 @@ static bool watched(const lg_req *r)
            w->fdmap[r->client_fd].req == r;
 }
 
-static void unwatch_client(lg_worker *w, lg_req *r)
+/* The socket's watch ends: the client hung up (or its request ends with a chunk unsent). */
+static void unwatch_socket(lg_worker *w, int fd)
 {
-    if (!watched(r)) return;
-    w->fdmap[r->client_fd].req = NULL;
-    (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, r->client_fd, NULL); /* fd may be closing */
+    w->fdmap[fd] = (lg_fdslot){0};
+    (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, fd, NULL); /* fd may be closing */
 }
 
-/* The request behind a client-socket event, or NULL when that request is gone. */
-static lg_req *client_req(lg_worker *w, int fd, uint32_t gen)
+static void unwatch_client(lg_worker *w, lg_req *r)
+{
+    if (watched(r)) unwatch_socket(w, r->client_fd);
+}
+
+/* The watched slot behind a client-socket event, or NULL when its connection is gone. */
+static lg_fdslot *client_slot(lg_worker *w, int fd, uint32_t gen)
 {
     if (fd < 0 || (size_t)fd >= w->fdmap_len) return NULL;
     lg_fdslot *s = &w->fdmap[fd];
-    return s->req && (s->gen & 0xffffff) == gen ? s->req : NULL;
+    return s->conn && (s->gen & 0xffffff) == gen ? s : NULL;
 }
 
 static void client_hung_up(lg_worker *w, lg_req *r)
@@ -240,10 +258,11 @@ bool worker_go_direct(lg_req *r, char *buf, size_t max)
     if (r->client_gone || r->retired || !watched(r)) return false;
     worker_suspend(r);
     release_pages(buf, max);
-    if (!r->nodelay) { /* a token must not wait for the client's delayed ACK */
+    lg_fdslot *s = &r->w->fdmap[r->client_fd];
+    if (!s->nodelay) { /* a token must not wait for the client's delayed ACK */
         int one = 1;
         (void)setsockopt(r->client_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        r->nodelay = true;
+        s->nodelay = true;
     }
     r->direct = true;
     return true;
@@ -335,7 +354,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     edge_request_done(w, conn);
     if (!r) return;
     *con_cls = NULL;
-    unwatch_client(w, r);
+    if (lg_fifo_len(&r->tail))
+        unwatch_client(w, r); /* watched for EPOLLOUT too: the next request starts afresh */
+    else if (watched(r))
+        w->fdmap[r->client_fd].req = NULL; /* the watch stays for the next request */
     r->retired = true;
     r->suspended = false;
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !r->client_gone) {
@@ -345,6 +367,22 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     list_unlink(r);
     w->n_live--;
     list_push(&w->graveyard, r);
+}
+
+/* libmicrohttpd's connection notification: edge.c's bookkeeping, and a new connection's
+ * socket starts unwatched. Its number may be that of a closed connection whose watch
+ * the fd map still holds; the close took that one out of the epoll set. */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    lg_worker *w = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci && ci->connect_fd >= 0 && (size_t)ci->connect_fd < w->fdmap_len)
+            w->fdmap[ci->connect_fd] = (lg_fdslot){0};
+    }
+    edge_connection(cls, conn, socket_context, code);
 }
 
 static void bury_the_dead(lg_worker *w)
@@ -452,7 +490,11 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
  * level-triggered and reports the socket again. Everything else (full reads, other
  * sockets, writability, libcurl's liveness check of a pooled connection, which comes only
  * after the socket callback that clears the note, any call outside that socket action,
- * other libraries) goes to the kernel as before. Both are defined
+ * other libraries, a peek, which takes nothing) goes to the kernel as before. Under the
+ * sanitizers these definitions also take the place of their recv and poll interceptors,
+ * and call recvfrom and ppoll, which are intercepted: ASan still checks the buffer and
+ * TSan still sees the socket's synchronisation (recvfrom's interceptor does what recv's would).
+ * Both are defined
  * under their assembler names because <sys/socket.h> and <poll.h> declare their buffers
  * write-only, which a definition that reads fds[0] would contradict. */
 static _Thread_local int curl_read_fd = -1; /* the socket of this thread's socket action */
@@ -462,7 +504,7 @@ ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags) __asm__("recv"
 ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
 {
     ssize_t n = recvfrom(fd, buf, len, flags, NULL, NULL);
-    if (fd == curl_read_fd) curl_drained = n > 0 && (size_t)n < len;
+    if (fd == curl_read_fd && !(flags & MSG_PEEK)) curl_drained = n > 0 && (size_t)n < len;
     /* libmicrohttpd reads its clients through this recv too: the edge follows those
      * bytes for what libmicrohttpd's parser hides (edge.h). */
     if (n > 0 && !(flags & MSG_PEEK)) edge_received(fd, buf, (size_t)n);
@@ -482,22 +524,65 @@ int curl_aware_poll(struct pollfd *fds, nfds_t n, int timeout_ms)
     return ppoll(fds, n, timeout_ms < 0 ? NULL : &ts, NULL);
 }
 
+/* Upstream sockets in the epoll set (lg_worker.curl_fds, per fd). A pooled connection's
+ * socket stays registered between its transfers ("parked"): libcurl asks to stop watching
+ * it when a transfer ends and to watch it again when the next one reuses the connection,
+ * an EPOLL_CTL_DEL and an ADD per request that parking saves. Only the sockets libcurl
+ * opens and closes through on_curl_open and on_curl_close are parked, so that a number
+ * is never taken for registered after its socket was closed (the close takes it out of
+ * the set); the threaded resolver's pipe is unregistered as before. A parked socket that
+ * becomes readable (the upstream closed an idle connection) is unregistered then, before
+ * level-triggered epoll reports it again; libcurl finds the connection dead when it next
+ * checks it. */
+enum {
+    CFD_IN = 1,     /* registered for EPOLLIN */
+    CFD_OUT = 2,    /* registered for EPOLLOUT */
+    CFD_CONN = 4,   /* a connection's socket, opened through on_curl_open */
+    CFD_PARKED = 8, /* registered (for EPOLLIN only) while libcurl waits for nothing on it */
+};
+
+static curl_socket_t on_curl_open(void *userp, curlsocktype purpose, struct curl_sockaddr *a)
+{
+    lg_worker *w = userp;
+    (void)purpose;
+    int s = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+    if (s >= 0 && (size_t)s < w->fdmap_len) w->curl_fds[s] = CFD_CONN;
+    return s < 0 ? CURL_SOCKET_BAD : s;
+}
+
+static int on_curl_close(void *userp, curl_socket_t s)
+{
+    lg_worker *w = userp;
+    if (s >= 0 && (size_t)s < w->fdmap_len) w->curl_fds[s] = 0;
+    return close(s);
+}
+
 static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 {
     lg_worker *w = userp;
-    (void)easy;
+    uint8_t spare = 0, *st = s >= 0 && (size_t)s < w->fdmap_len ? &w->curl_fds[s] : &spare;
+    (void)socketp;
 
     /* libcurl changes what it waits for on the socket being read (a transfer ended): a poll
      * of it that follows is not its read loop's check, which never comes after this. */
     if (s == curl_read_fd) curl_drained = false;
     if (what == CURL_POLL_REMOVE) {
+        if ((*st & ~CFD_PARKED) == (CFD_CONN | CFD_IN)) {
+            *st |= CFD_PARKED;
+            return 0;
+        }
         (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, s, NULL);
-        curl_multi_assign(w->multi, s, NULL);
+        *st &= CFD_CONN;
+        return 0;
+    }
+    uint8_t want = (what & CURL_POLL_IN ? CFD_IN : 0) | (what & CURL_POLL_OUT ? CFD_OUT : 0);
+    if ((*st & (CFD_IN | CFD_OUT)) == want) { /* registered so already: a parked socket */
+        *st &= (uint8_t)~CFD_PARKED;
         return 0;
     }
     uint32_t ev = (what & CURL_POLL_IN ? EPOLLIN : 0) | (what & CURL_POLL_OUT ? EPOLLOUT : 0);
     uint64_t data = ev_pack(TAG_CURL_SOCK, 0, s);
-    int op = socketp ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    int op = *st & (CFD_IN | CFD_OUT) ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
     /* The fd may already be (ADD: EEXIST) or no longer be (MOD: ENOENT) in the set. */
     if (ep_ctl(w, op, s, ev, data) != 0 &&
         (errno != (op == EPOLL_CTL_ADD ? EEXIST : ENOENT) ||
@@ -511,10 +596,20 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
             w->unwatched = lg_xrealloc(w->unwatched, (w->n_unwatched + 1) * sizeof *w->unwatched);
             w->unwatched[w->n_unwatched++] = easy;
         }
+        *st &= CFD_CONN;
         return 0;
     }
-    curl_multi_assign(w->multi, s, (void *)1);
+    *st = (uint8_t)((*st & CFD_CONN) | want);
     return 0;
+}
+
+/* A parked socket reported an event: see above. */
+static bool curl_unpark(lg_worker *w, int fd)
+{
+    if (fd < 0 || (size_t)fd >= w->fdmap_len || !(w->curl_fds[fd] & CFD_PARKED)) return false;
+    (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, fd, NULL);
+    w->curl_fds[fd] = CFD_CONN;
+    return true;
 }
 
 /* Ends the transfers whose socket could not be watched (on_curl_socket) as failed. */
@@ -592,9 +687,20 @@ void worker_easy_put(lg_worker *w, CURL *easy)
         curl_easy_cleanup(easy);
 }
 
+/* Every transfer of the worker's multi handle opens and closes its sockets through the
+ * worker (see on_curl_open). */
+static CURLMcode add_xfer(lg_worker *w, CURL *easy)
+{
+    curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, on_curl_open);
+    curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, w);
+    curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, on_curl_close);
+    curl_easy_setopt(easy, CURLOPT_CLOSESOCKETDATA, w);
+    return curl_multi_add_handle(w->multi, easy);
+}
+
 int worker_add_xfer(lg_worker *w, CURL *easy)
 {
-    return curl_multi_add_handle(w->multi, easy) == CURLM_OK ? 0 : -1;
+    return add_xfer(w, easy) == CURLM_OK ? 0 : -1;
 }
 
 void worker_remove_xfer(lg_worker *w, CURL *easy)
@@ -663,13 +769,16 @@ void worker_post_detached(lg_worker *w, const char *url, const char *json)
     d->next = w->detached;
     if (w->detached) w->detached->prev = d;
     w->detached = d;
-    if (curl_multi_add_handle(w->multi, d->easy) != CURLM_OK) detached_free(d);
+    if (add_xfer(w, d->easy) != CURLM_OK) detached_free(d);
 }
 
 /* ---- the loop ---------------------------------------------------------------------- */
 
 /* Runs the ready shards. A resume inside MHD's own callbacks needs one more pass to take
- * effect, so up to four passes while some shard became ready again. */
+ * effect, and so does a connection libmicrohttpd leaves on its ready list (after each
+ * response, until a read of the next request would block: its timeout is then 0), so up to
+ * four passes while some shard is ready again, without an epoll_wait of the worker's in
+ * between. */
 static void run_mhd(lg_worker *w)
 {
     for (int pass = 0; pass < 4 && w->mhd_dirty; pass++) {
@@ -679,6 +788,11 @@ static void run_mhd(lg_worker *w)
             if (!s->ready) continue;
             s->ready = false;
             MHD_run(s->mhd);
+            MHD_UNSIGNED_LONG_LONG to;
+            if (MHD_get_timeout(s->mhd, &to) == MHD_YES && to == 0) {
+                s->ready = true;
+                w->mhd_dirty = true;
+            }
         }
     }
 }
@@ -800,6 +914,7 @@ static void *worker_main(void *arg)
                     perror("loopguard: eventfd read");
                 break;
             case TAG_CURL_SOCK: {
+                if (curl_unpark(w, fd)) break;
                 int flags = (evs[i].events & EPOLLIN ? CURL_CSELECT_IN : 0) |
                             (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
                             (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
@@ -810,8 +925,13 @@ static void *worker_main(void *arg)
                 break;
             }
             case TAG_CLIENT: {
-                lg_req *r = client_req(w, fd, (uint32_t)(d >> 32) & 0xffffff);
-                if (r && (evs[i].events & ~(uint32_t)EPOLLOUT))
+                lg_fdslot *s = client_slot(w, fd, (uint32_t)(d >> 32) & 0xffffff);
+                lg_req *r = s ? s->req : NULL;
+                if (s && !r)
+                    unwatch_socket(w, fd); /* hung up between requests: libmicrohttpd
+                                              closes it; the level-triggered watch must
+                                              not report it again meanwhile */
+                else if (r && (evs[i].events & ~(uint32_t)EPOLLOUT))
                     client_hung_up(w, r);
                 else if (r)
                     send_tail(w, r);
@@ -862,7 +982,7 @@ static int shard_start(lg_worker *w, size_t i, int fd, unsigned limit, char *err
     s->mhd = MHD_start_daemon(
         MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_SUPPRESS_DATE_NO_CLOCK | MHD_USE_TURBO,
         0, edge_accept, w, on_access, w, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, w, MHD_OPTION_NOTIFY_CONNECTION, edge_connection,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, w, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
         w, MHD_OPTION_URI_LOG_CALLBACK, edge_uri, w, MHD_OPTION_CONNECTION_LIMIT, limit,
         MHD_OPTION_CONNECTION_TIMEOUT, cfg->client_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         cfg->max_header_bytes, MHD_OPTION_UNESCAPE_CALLBACK, http_keep_escaped, NULL,
@@ -897,8 +1017,9 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
     w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     w->fdmap_len = cfg->rlimit_nofile ? cfg->rlimit_nofile : 65536;
     w->fdmap = calloc(w->fdmap_len, sizeof *w->fdmap);
+    w->curl_fds = calloc(w->fdmap_len, sizeof *w->curl_fds);
     w->metrics = metrics_new(srv->cfg->n_upstreams);
-    if (w->epfd < 0 || w->curl_timerfd < 0 || w->wake_fd < 0 || !w->fdmap) {
+    if (w->epfd < 0 || w->curl_timerfd < 0 || w->wake_fd < 0 || !w->fdmap || !w->curl_fds) {
         snprintf(err, errlen, "worker %d: %s", id, strerror(errno));
         goto fail;
     }
@@ -972,5 +1093,6 @@ void worker_free(lg_worker *w)
     metrics_free(w->metrics);
     free(w->unwatched);
     free(w->fdmap);
+    free(w->curl_fds);
     free(w);
 }

@@ -102,13 +102,12 @@ struct lg_req {
     lg_shard *shard; /* the daemon that owns conn */
     struct MHD_Connection *conn;
     int client_fd;
-    uint32_t gen;      /* distinguishes reuses of client_fd in the fd map */
+    uint32_t gen;      /* distinguishes connections on client_fd in the fd map */
     bool suspended;    /* MHD connection suspended by us */
     bool client_gone;  /* client left; every MHD callback must now end the request */
     bool retired;      /* MHD completed it; destroy pending */
     bool direct;       /* suspended with MHD's buffer drained: we may write the socket */
     bool resume_due;   /* resume MHD once the tail is sent */
-    bool nodelay;      /* TCP_NODELAY set for direct writes */
     bool flush_queued; /* on the worker's flush list */
     lg_req *flush_next;
     lg_fifo tail;     /* the unsent rest of a directly written chunk (owned by the worker) */
@@ -147,6 +146,7 @@ struct lg_worker {
     struct lg_fdslot *fdmap; /* indexed by client fd */
     size_t fdmap_len;
     uint32_t last_gen; /* the last lg_req.gen handed out: the worker's own fd map's */
+    uint8_t *curl_fds; /* per fd: how an upstream socket is in the epoll set (worker.c) */
     CURL **unwatched;  /* transfers whose socket epoll refused, to be failed */
     size_t n_unwatched;
     lg_req live;      /* sentinel of the circular list of live requests */

@@ -35,6 +35,7 @@ import {
     SCENARIOS,
     cleanup,
     underValgrind,
+    isSlowBuild,
     DEADLINE,
 } from './lib.mjs';
 
@@ -264,8 +265,15 @@ describe('guarded exchange: a loop under the original sampling is cut and retrie
                     assert.equal(a1.body.stream, true, 'upstream always streamed');
                     assert.equal(a2.body.stream, true, 'upstream always streamed');
                     const g1 = up.gens.get(a1.rid), g2 = up.gens.get(a2.rid);
-                    assert.notEqual(g1.ended, 'complete', 'attempt 1 was cut');
-                    assert.ok(g1.client_gone || g1.aborted, 'attempt 1 released at the upstream');
+                    const fastPace = (looping.pace_us ?? plan.pace_us ?? 1000) < 1000;
+                    // At 0.2 ms a token the fake can write all 8,000 tokens into the socket
+                    // buffers before a slow build (ASan, valgrind) on a busy machine has read
+                    // up to the loop; the fake then records a complete generation, and the cut
+                    // shows in loopguard's own count and its abort by rid (below).
+                    if (!(fastPace && isSlowBuild)) {
+                        assert.notEqual(g1.ended, 'complete', 'attempt 1 was cut');
+                        assert.ok(g1.client_gone || g1.aborted, 'attempt 1 released at the upstream');
+                    }
                     // "Aborted within 40 tokens" of the loop. At 10 ms a token (a fast GPU) the fake's
                     // own count is the witness. The 5,000-token scenario runs at 0.2 ms a token so
                     // that it stays quick; there, socket buffering alone is worth ~100 tokens, so
@@ -274,7 +282,6 @@ describe('guarded exchange: a loop under the original sampling is cut and retrie
                     // valgrind loopguard runs ~30x slower than the fake's clock, so only its own
                     // count is meaningful.
                     const pre = tokensBeforeLoop(looping);
-                    const fastPace = (looping.pace_us ?? plan.pace_us ?? 1000) < 1000;
                     const byProxy = fastPace || UNDER_VALGRIND;
                     const seen = byProxy ? inc.attempts[0].tokens : g1.tokens_sent;
                     assert.ok(seen - pre <= 40, `attempt 1 cut within 40 tokens of the loop (${seen - pre} loop tokens ${byProxy ? 'read by loopguard' : 'sent by the fake'}; ${g1.tokens_sent} sent in all)`);
@@ -667,7 +674,9 @@ function timedStream(url, body) {
 }
 
 test('holdback: with clean text every event reaches the client promptly and unchanged', T, async () => {
-    const PACE = 30;
+    // Under valgrind loopguard's delay per event varies by tens of milliseconds on a busy
+    // machine, so the tokens are paced further apart there.
+    const PACE = UNDER_VALGRIND ? 100 : 30;
     const plan = {
         dialect: 'sglang',
         pace_ms: PACE,

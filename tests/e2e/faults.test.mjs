@@ -11,7 +11,7 @@
 // must stay up, and a fault during a retry must end in an incident that says so.
 //
 // Client faults: disconnect before the body is complete, while loopguard holds a suspect
-// tail back, and during a retry — the upstream generation is released (the fake sees the
+// tail back (also on a keep-alive connection's second request), and during a retry — the upstream generation is released (the fake sees the
 // close, and SGLang gets /abort_request for that rid); a slow reader with a fast upstream —
 // loopguard's RSS stays bounded and the stream completes when the client reads again;
 // malformed requests, oversized headers, invalid UTF-8 and JSON bodies; an idle half-sent
@@ -317,6 +317,47 @@ describe('client faults: the upstream is always released', () => {
         assert.ok(gen.tokens_sent < 14 + 4, `released before the guard would have tripped (${gen.tokens_sent} tokens)`);
         await fake.waitRecord((r) => r.kind === 'abort' && r.rid === chatReq.rid, 2000);
         assert.equal((await fake.requests('/v1/chat/completions')).length, 1, 'no retry for a client that left');
+        await assertHealthy(lg);
+    });
+
+    test('disconnect on a keep-alive connection\'s second request, while a tail is held back: released and aborted', T, async () => {
+        // The worker watches a client socket for the hang-up from the connection's first
+        // request on; the second request on the same connection must be watched as well
+        // (nothing is written to the client while the tail is held, so only the watch sees
+        // it leave before the guard would trip).
+        await fake.setScenario({ dialect: 'sglang', pace_ms: 30, responses: [{ reasoning: ['You can use the ', { repeat: 'lambda ', times: -1 }] }] });
+        await fake.reset();
+        const s = net.connect(lg.port, '127.0.0.1');
+        await new Promise((r) => s.on('connect', r));
+        let got = '';
+        s.setEncoding('latin1');
+        s.on('data', (d) => (got += d));
+        s.on('error', () => {});
+        const post = (body) => `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`;
+        // A first request that ends by itself (2 tokens), read to its end.
+        s.write(post(JSON.stringify({ messages: MSG, stream: true, max_tokens: 2 })));
+        const complete = () => {
+            const i = got.indexOf('\r\n\r\n');
+            if (i < 0) return false;
+            const len = /\r\ncontent-length: *(\d+)/i.exec(got.slice(0, i));
+            return len ? got.length - i - 4 >= Number(len[1]) : got.endsWith('\r\n0\r\n\r\n');
+        };
+        await waitFor(complete, 5000 * SLACK);
+        assert.match(got, /^HTTP\/1\.1 200/);
+        assert.ok(!/\r\nconnection: close/i.test(got), 'the connection is kept alive');
+        got = '';
+        s.write(post(JSON.stringify({ messages: MSG, stream: true })));
+        await waitFor(() => got.includes('lambda'), 5000 * SLACK);
+        await sleep(150);
+        s.destroy();
+        const reqs = await fake.requests('/v1/chat/completions');
+        assert.equal(reqs.length, 2);
+        const rid = reqs[1].rid;
+        const gen = await fake.waitRecord((r) => r.kind === 'generation' && r.rid === rid, 2000 * SLACK);
+        assert.equal(gen.ended, 'client_gone', 'the upstream transfer was closed');
+        assert.ok(gen.tokens_sent < 14 + 4, `released before the guard would have tripped (${gen.tokens_sent} tokens)`);
+        await fake.waitRecord((r) => r.kind === 'abort' && r.rid === rid, 2000 * SLACK);
+        assert.equal((await fake.requests('/v1/chat/completions')).length, 2, 'no retry for a client that left');
         await assertHealthy(lg);
     });
 
