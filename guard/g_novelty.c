@@ -19,7 +19,9 @@
 
 #include "guard/guard_int.h"
 
-void guard_novelty_init(guard *g)
+/* The tables, made at the first trigram: a text of fewer than three words, or one that
+ * never ends a segment, needs none. RARE_PATH. */
+RARE_PATH static void novelty_alloc(guard *g)
 {
     g->ttab = guard_xcalloc((size_t)1 << GUARD_TTAB_BITS, sizeof(*g->ttab));
     g->tri_start = guard_xcalloc(g->p->novelty.window, sizeof(*g->tri_start));
@@ -79,6 +81,7 @@ bool guard_novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool p
     g->ws[2] = start;
     g->walpha = (unsigned char)((g->walpha << 1 | alpha) & 7);
     if (++g->nwords < 3 || !g->walpha) return false;
+    if (!g->ttab) novelty_alloc(g);
 
     /* A word new within memory_words (a key of its own in the same table): a loop brings
      * none, a list of one product in several colours one an item. */

@@ -73,6 +73,7 @@ static void derive(guard_params *p)
     for (uint32_t d = 0; d <= GUARD_HISTORY / 2; d++)
         p->repeat.base_need[d] =
             guard_need_for(d ? d : 1, guard_steps_repeats(p, d ? d : 1), p->repeat.min_bytes);
+    guard_leak_derive(p);
 }
 
 /* Template tokens that never belong in an answer. `</think>` is a second one: the proxy
