@@ -12,6 +12,8 @@
  * are the text between the numbers, and they differ.
  *
  * Cost: O(digits + gap) per number, reading the history; memory: four offsets and a count. */
+#include <string.h>
+
 #include "guard/guard_int.h"
 
 #define GAP_MAX    24 /* bytes of text between two numbers of a count */
@@ -23,8 +25,29 @@ static inline bool is_digit(unsigned char c)
     return c >= '0' && c <= '9';
 }
 
+/* Are the DIGITS_MAX + 1 bytes of history before `end` all digits (a number too long to
+ * count: an id, a timestamp)? Eight of them at once: a digit is 0x30-0x39, the one byte
+ * value whose high nibble stays 3 with 6 added. */
+static inline bool too_long(const guard *g, uint64_t end)
+{
+    _Static_assert(DIGITS_MAX + 1 == 10, "eight bytes and two");
+    if (end - g->base < DIGITS_MAX + 1) return false;
+    const unsigned char *p = g->buf + (end - g->base) - 10;
+    uint64_t v;
+    memcpy(&v, p + 2, 8);
+    const uint64_t hi = 0xF0F0F0F0F0F0F0F0ull, three = 0x3030303030303030ull;
+    return (v & hi) == three && ((v + 0x0606060606060606ull) & hi) == three && is_digit(p[0]) &&
+           is_digit(p[1]);
+}
+
 bool guard_count_number(guard *g, uint64_t end, uint64_t now)
 {
+    if (too_long(g, end)) { /* as the walk below would find, without the walk */
+        g->cnt_last_end = end;
+        g->cnt_run = 0;
+        g->cnt_gap_hash = 0;
+        return false;
+    }
     uint64_t start = end;
     while (start > g->base && end - start <= DIGITS_MAX && is_digit(guard_at(g, start - 1)))
         start--;

@@ -1,10 +1,10 @@
 /* g_leak.c — the leak detector: a configured template token (`<|im_end|>`, a second
  * `</think>`) appears in the text, the sign of a chat template leaking into the output.
  *
- * Bitsets of the tokens' first and last bytes make most bytes cost one test, and when the
- * tokens use at most four distinct first/last bytes a piece is scanned 16 bytes at a time;
- * only at a token's last byte are the tokens compared. O(1) per byte, O(tokens) at a
- * candidate byte. */
+ * A table of the tokens' first and last bytes, derived once per params and shared by
+ * their guards, makes most bytes cost one load and test, and when the tokens use at most
+ * four distinct first/last bytes a piece is scanned 16 bytes at a time; only at a token's
+ * last byte are the tokens compared. O(1) per byte, O(tokens) at a candidate byte. */
 #include <string.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -12,36 +12,29 @@
 
 #include "guard/guard_int.h"
 
-static void leak_init(guard *g)
+void guard_leak_derive(guard_params *p)
 {
-    const guard_params *p = g->p;
+    memset(p->leak_class, 0, sizeof p->leak_class);
+    p->leak_maxlen = 0;
     for (size_t i = 0; i < p->n_leaks; i++) {
-        unsigned char last = (unsigned char)p->leaks[i][p->leak_len[i] - 1];
-        unsigned char first = (unsigned char)p->leaks[i][0];
-        g->leak_last[last >> 3] |= (unsigned char)(1u << (last & 7));
-        g->leak_first[first >> 3] |= (unsigned char)(1u << (first & 7));
-        g->leak_any[last >> 3] |= (unsigned char)(1u << (last & 7));
-        g->leak_any[first >> 3] |= (unsigned char)(1u << (first & 7));
-        if (p->leak_len[i] > g->leak_maxlen) g->leak_maxlen = p->leak_len[i];
+        p->leak_class[(unsigned char)p->leaks[i][0]] |= GUARD_LEAK_FIRST;
+        p->leak_class[(unsigned char)p->leaks[i][p->leak_len[i] - 1]] |= GUARD_LEAK_LAST;
+        if (p->leak_len[i] > p->leak_maxlen) p->leak_maxlen = p->leak_len[i];
     }
-    for (unsigned c = 0; c < 256 && g->n_leak_bytes <= 4; c++) {
-        if (!(g->leak_any[c >> 3] & (1u << (c & 7)))) continue;
-        if (g->n_leak_bytes < 4) g->leak_bytes[g->n_leak_bytes] = (unsigned char)c;
-        g->n_leak_bytes++;
+    p->n_leak_bytes = 0;
+    for (unsigned c = 0; c < 256 && p->n_leak_bytes <= 4; c++) {
+        if (!p->leak_class[c]) continue;
+        if (p->n_leak_bytes < 4) p->leak_bytes[p->n_leak_bytes] = (unsigned char)c;
+        p->n_leak_bytes++;
     }
-    if (g->n_leak_bytes > 4) g->n_leak_bytes = 0;
-    for (unsigned k = g->n_leak_bytes; k && k < 4; k++)
-        g->leak_bytes[k] = g->leak_bytes[0];
+    if (p->n_leak_bytes > 4) p->n_leak_bytes = 0;
+    for (unsigned k = p->n_leak_bytes; k && k < 4; k++)
+        p->leak_bytes[k] = p->leak_bytes[0];
 }
 
 void guard_disable_leaks(guard *g)
 {
-    /* With no last-byte candidates leak_step never compares and leak_suspect is 0. */
-    memset(g->leak_last, 0, sizeof g->leak_last);
-    memset(g->leak_first, 0, sizeof g->leak_first);
-    memset(g->leak_any, 0, sizeof g->leak_any);
-    g->n_leak_bytes = 0;
-    g->leak_maxlen = 0;
+    g->leaks_off = true; /* leak_pass and leak_suspect then do nothing */
 }
 
 /* Per byte b, when `now` bytes have been fed (b the last): does a leak token end here?
@@ -49,9 +42,10 @@ void guard_disable_leaks(guard *g)
 static inline bool leak_step(guard *g, unsigned char b, uint64_t now)
 {
     const guard_params *p = g->p;
-    if (!(g->leak_any[b >> 3] & (1u << (b & 7)))) return false;
-    g->leak_start = g->leak_first[b >> 3] & (1u << (b & 7)) ? now : g->leak_start;
-    if (!(g->leak_last[b >> 3] & (1u << (b & 7)))) return false;
+    unsigned cls = p->leak_class[b];
+    if (!cls) return false;
+    g->leak_start = cls & GUARD_LEAK_FIRST ? now : g->leak_start;
+    if (!(cls & GUARD_LEAK_LAST)) return false;
     for (size_t i = 0; i < p->n_leaks; i++) {
         size_t n = p->leak_len[i];
         if (now < n || now - n < g->base) continue;
@@ -79,12 +73,13 @@ static inline unsigned leak_hits(const __m128i *k, __m128i x)
  * with the history before it masked off: the pieces that get here are often 9-15 bytes. */
 static size_t leak_scan(const guard *g, const unsigned char *s, size_t n)
 {
+    const guard_params *p = g->p;
     size_t i = 0;
 #ifdef __SSE2__
-    if (g->n_leak_bytes) {
+    if (p->n_leak_bytes) {
         const __m128i k[4] = {
-            _mm_set1_epi8((char)g->leak_bytes[0]), _mm_set1_epi8((char)g->leak_bytes[1]),
-            _mm_set1_epi8((char)g->leak_bytes[2]), _mm_set1_epi8((char)g->leak_bytes[3])};
+            _mm_set1_epi8((char)p->leak_bytes[0]), _mm_set1_epi8((char)p->leak_bytes[1]),
+            _mm_set1_epi8((char)p->leak_bytes[2]), _mm_set1_epi8((char)p->leak_bytes[3])};
         for (; i + 16 <= n; i += 16) {
             unsigned m = leak_hits(k, _mm_loadu_si128((const __m128i *)(const void *)(s + i)));
             if (m) return i + (unsigned)__builtin_ctz(m);
@@ -98,7 +93,7 @@ static size_t leak_scan(const guard *g, const unsigned char *s, size_t n)
         }
     }
 #endif
-    while (i < n && !(g->leak_any[s[i] >> 3] & (1u << (s[i] & 7))))
+    while (i < n && !p->leak_class[s[i]])
         i++;
     return i;
 }
@@ -107,11 +102,12 @@ static size_t leak_scan(const guard *g, const unsigned char *s, size_t n)
  * It reads the piece from the history, where feed_piece copied it. */
 static size_t leak_pass(guard *g, size_t lim, uint64_t fed0)
 {
-    if (!g->leak_maxlen) return lim;
+    if (g->leaks_off) return lim;
     const unsigned char *s = g->buf + (size_t)(fed0 - g->base);
     if (lim < GUARD_SHORT) { /* a token or so: the scan's set-up costs more than it saves */
+        const unsigned char *cls = g->p->leak_class;
         for (size_t i = 0; i < lim; i++)
-            if (leak_step(g, s[i], fed0 + i + 1)) return i;
+            if (cls[s[i]] && leak_step(g, s[i], fed0 + i + 1)) return i;
         return lim;
     }
     size_t i = leak_scan(g, s, lim);
@@ -130,12 +126,12 @@ static size_t leak_suspect(const guard *g)
     const guard_params *p = g->p;
     size_t have = (size_t)(g->fed - g->base);
     /* No byte that starts a token among the last max length: nothing to hold. */
-    if (!g->leak_maxlen || g->fed - g->leak_start >= g->leak_maxlen) return 0;
+    if (g->leaks_off || g->fed - g->leak_start >= p->leak_maxlen) return 0;
     /* Longest first; a tail can only match where it starts with a token's first byte. */
-    for (size_t k = g->leak_maxlen - 1; k > 0; k--) {
+    for (size_t k = p->leak_maxlen - 1; k > 0; k--) {
         if (k > have) continue;
         const unsigned char *t = g->buf + (g->fed - k - g->base);
-        if (!(g->leak_first[t[0] >> 3] & (1u << (t[0] & 7)))) continue;
+        if (!(p->leak_class[t[0]] & GUARD_LEAK_FIRST)) continue;
         for (size_t i = 0; i < p->n_leaks; i++)
             if (p->leak_len[i] > k && !memcmp(t, p->leaks[i], k)) return k;
     }
@@ -150,7 +146,6 @@ static bool leak_on(const guard_params *p)
 const guard_detector guard_det_leak = {
     .name = "leak",
     .on = leak_on,
-    .init = leak_init,
     .pass = leak_pass,
     .suspect = leak_suspect,
 };

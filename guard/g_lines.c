@@ -5,22 +5,30 @@
  * It reads the segments g_text.c cuts the text into. The window remembers the last
  * lines.window segments with a letter (a ring of hashes) and a count per hash bucket, so a
  * segment seen for the first time, most of them, costs O(1); a returning one O(window).
- * Memory: the ring, 32 bytes a segment, and 1 KiB of bucket counts. */
+ * Memory, from the first segment on: the ring, 24 bytes a segment, and a byte of bucket
+ * counts per GUARD_SEG_BUCKETS of them (2 KiB for the default window). */
 #include <stdlib.h>
 
 #include "guard/guard_int.h"
 
-void guard_lines_init(guard *g)
+/* The window, made at the first segment: a text that never ends a line or a sentence needs
+ * none. The ring is sized to a power of two so that indexing is a mask, not a division, and
+ * the bucket counts to GUARD_SEG_BUCKETS per segment of it: they only spare scans, so their
+ * number changes no verdict. RARE_PATH. */
+RARE_PATH static void lines_alloc(guard *g)
 {
-    /* Rings are sized to a power of two so that indexing is a mask, not a division. */
     for (g->seg_mask = 1; g->seg_mask < g->p->lines.window; g->seg_mask <<= 1)
         ;
-    g->segs = guard_xcalloc(g->seg_mask--, sizeof(*g->segs));
+    g->segs = guard_xcalloc(g->seg_mask, sizeof(*g->segs));
+    g->seg_count = guard_xcalloc(g->seg_mask * GUARD_SEG_BUCKETS, 1);
+    g->seg_bmask = g->seg_mask * GUARD_SEG_BUCKETS - 1;
+    g->seg_mask--;
 }
 
 void guard_lines_release(guard *g)
 {
     free(g->segs);
+    free(g->seg_count);
 }
 
 /* The lines detector, for a completed segment with a letter. The window keeps every such
@@ -31,28 +39,27 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
                          bool prose, bool plain, bool in_row, uint64_t now)
 {
     const guard_params *p = g->p;
-    unsigned w = p->lines.window, m = g->seg_mask;
+    if (!g->segs) lines_alloc(g);
+    unsigned w = p->lines.window, m = g->seg_mask, bm = g->seg_bmask;
     uint64_t first = g->nsegs > w - 1 ? g->nsegs - (w - 1) : 0;
     uint64_t occ[64];
     unsigned nocc = 0, need = p->lines.min_repeats - 1;
     /* Newest first, remembering the last min_repeats-1 earlier occurrences. The bucket
      * counts spare the O(window) scan for the segments seen for the first time (most). */
-    if (g->seg_count[h & (GUARD_SEG_BUCKETS - 1)]) {
+    if (g->seg_count[h & bm]) {
         for (uint64_t k = g->nsegs; k-- > first;) {
             if (g->segs[k & m].hash != h) continue;
             if (nocc < need && nocc < 64) occ[nocc] = k;
             nocc++;
         }
     }
-    g->seg_count[h & (GUARD_SEG_BUCKETS - 1)]++;
-    if (g->nsegs >= w - 1)
-        g->seg_count[g->segs[(g->nsegs - (w - 1)) & m].hash & (GUARD_SEG_BUCKETS - 1)]--;
+    g->seg_count[h & bm]++;
+    if (g->nsegs >= w - 1) g->seg_count[g->segs[(g->nsegs - (w - 1)) & m].hash & bm]--;
     bool again = g->nsegs && g->segs[(g->nsegs - 1) & m].hash == h;
     g->lines_same = again ? g->lines_same + 1 : 0;
     gseg *s = &g->segs[g->nsegs & m];
     s->hash = h;
     s->start = start;
-    s->end = end;
     s->seen = nocc > 0;
     s->prose = prose;
     g->nsegs++;

@@ -149,11 +149,24 @@ static bool lines_step(guard *g, unsigned char b, uint64_t pos)
 
 /* ---- words ------------------------------------------------------------------------- */
 
+/* Makes room for one more word in the segment's list: 16 words at first, doubled up to
+ * GUARD_SEG_WORDS. RARE_PATH. */
+RARE_PATH static void words_grow(guard *g)
+{
+    unsigned cap = g->sw_cap ? g->sw_cap * 2 : 16;
+    if (cap > GUARD_SEG_WORDS) cap = GUARD_SEG_WORDS;
+    gword *sw = realloc(g->sw, cap * sizeof(*sw));
+    if (!sw) abort();
+    g->sw = sw;
+    g->sw_cap = cap;
+}
+
 /* A word ended: it joins the current segment's word list (judged at the segment's end). */
-static void word_end(guard *g)
+static inline void word_end(guard *g)
 {
     if (!g->w_len) return;
     if (g->nsw < GUARD_SEG_WORDS) {
+        if (g->nsw == g->sw_cap) words_grow(g);
         g->sw[g->nsw].hash = g->w_hash;
         g->sw[g->nsw].start = g->w_start;
         g->sw[g->nsw].alpha = g->w_alpha;
@@ -189,14 +202,13 @@ static void word_add(guard *g, unsigned char c, uint64_t pos, bool letter)
 /* Splits the stream into words: runs of ASCII letters, digits and '_', and of non-ASCII
  * letters; each CJK character is a word of its own. Must run before lines_step for the
  * same byte, so that a word is in its segment's list when the segment ends. b is the byte
- * at offset pos. */
+ * at offset pos, never an ASCII letter or digit: alnum_run takes those. */
 static void words_step(guard *g, unsigned char b, uint64_t pos)
 {
     if (b < 0x80) {
         g->cp_need = 0;
-        bool alpha = ((b | 0x20) >= 'a' && (b | 0x20) <= 'z') || b == '_';
-        if (alpha || (b >= '0' && b <= '9'))
-            word_add(g, b, pos, alpha);
+        if (b == '_')
+            word_add(g, b, pos, true);
         else
             word_end(g);
         return;
@@ -385,14 +397,13 @@ static void text_init(guard *g)
 {
     g->seg_hash = g->w_hash = 0xCBF29CE484222325ull;
     g->seg_lead = true;
-    guard_lines_init(g);
     guard_block_init(g);
-    guard_novelty_init(g);
     guard_cycle_init(g);
 }
 
 static void text_release(guard *g)
 {
+    free(g->sw);
     guard_lines_release(g);
     guard_block_release(g);
     guard_novelty_release(g);

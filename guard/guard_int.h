@@ -100,9 +100,10 @@ struct guard_params {
         bool enabled;
         unsigned window; /* trigrams judged together */
         double min_ratio;
-        unsigned memory_words; /* how far back a trigram counts as seen */
-        unsigned min_seen;     /* earlier occurrences that make a trigram not novel (1-3) */
-        bool mask_numbers;     /* a word starting with a digit counts as any number */
+        unsigned memory_words;  /* how far back a trigram counts as seen */
+        unsigned min_seen;      /* earlier occurrences that make a trigram not novel (1-3) */
+        bool mask_numbers;      /* a word starting with a digit counts as any number */
+        unsigned max_new_words; /* words new within memory_words the window may hold */
     } novelty;
 
     struct {
@@ -120,6 +121,14 @@ struct guard_params {
     size_t n_leaks;
     char leaks[GUARD_MAX_LEAKS][GUARD_MAX_LEAK_LEN + 1];
     size_t leak_len[GUARD_MAX_LEAKS];
+    /* Derived (guard_leak_derive), read-only and shared by every guard of these params:
+     * per byte value, GUARD_LEAK_FIRST / GUARD_LEAK_LAST when it starts / ends a token; the
+     * longest token (0: none); the bytes that start or end one when they are at most 4 (the
+     * rest repeat the first), for a 16-byte scan, else n_leak_bytes 0. */
+    unsigned char leak_class[256];
+    size_t leak_maxlen;
+    unsigned char leak_bytes[4];
+    unsigned n_leak_bytes;
 
     uint64_t budget_bytes;               /* 0: off */
     uint64_t empty_answer_min_reasoning; /* 0: off */
@@ -127,6 +136,11 @@ struct guard_params {
 };
 
 const char *guard_rclass_name(guard_rclass c);
+
+#define GUARD_LEAK_FIRST 1
+#define GUARD_LEAK_LAST  2
+/* Fills the params' derived leak tables from their leak tokens (g_leak.c). */
+void guard_leak_derive(guard_params *p);
 
 /* Repeats the period table asks of a unit of `period` bytes or characters; 0 past it. */
 double guard_steps_repeats(const guard_params *p, uint32_t period);
@@ -137,7 +151,7 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 
 #define GUARD_BUF (2 * GUARD_HISTORY) /* linear history, slid down by half when full */
 #define GUARD_BUF_FIRST                                                                            \
-    1024 /* the history starts this small and doubles up to GUARD_BUF:                             \
+    1024 /* the history starts this small and grows by half up to GUARD_BUF:                       \
             most answers are short, and memory per stream counts */
 /* The 8-gram table has 2^11 slots, 4 KiB. 2^12 costs 4 KiB more per guard for 139 bytes less
  * of loop shown to clients over the 1,800 loops of the recall corpus (22 loops, ≤ 19 bytes
@@ -150,7 +164,7 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 #define GUARD_RULE_STEP     64
 #define GUARD_TTAB_BITS     10
 #define GUARD_UNIT_MAX      256
-#define GUARD_SEG_BUCKETS   1024
+#define GUARD_SEG_BUCKETS   8 /* bucket counts per segment of the lines window */
 #define GUARD_CYC_BUCKETS   256
 #define GUARD_SEG_WORDS     128 /* words of one segment the novelty detector reads */
 
@@ -175,10 +189,17 @@ typedef struct gcand {
 
 typedef struct gseg {
     uint64_t hash;
-    uint64_t start, end; /* absolute offsets of the segment's text */
-    bool seen;           /* its hash was already in the window when it arrived */
+    uint64_t start; /* absolute offset of the segment's first byte */
+    bool seen;      /* its hash was already in the window when it arrived */
     bool prose;
 } gseg;
+
+/* A word of the current segment, judged when the segment ends (16 bytes, not 24: memory per
+ * stream counts). */
+typedef struct gword {
+    uint64_t hash;
+    uint64_t start : 63, alpha : 1;
+} gword;
 
 /* A segment remembered by the cycle detector (g_cycle.c): its skeletons with and without
  * numbers, and how many segments before it the previous one of its bucket came (0: none in
@@ -234,11 +255,8 @@ struct guard {
     bool seg_numbered; /* the segment's first word is a number */
     bool seg_gap;
     unsigned char prev, prev2;
-    struct {
-        uint64_t hash;
-        uint64_t start : 63, alpha : 1; /* 16 bytes a word, not 24: memory per stream */
-    } sw[GUARD_SEG_WORDS];
-    unsigned nsw;
+    gword *sw;            /* the segment's first words, up to GUARD_SEG_WORDS; grown on */
+    unsigned nsw, sw_cap; /* demand from 16: most segments are short */
     uint64_t w_hash, w_start;
     uint32_t w_len;
     bool w_alpha;      /* the word starts with a letter */
@@ -246,10 +264,11 @@ struct guard {
     unsigned cp_need;  /* continuation bytes still expected */
     uint64_t cp_start; /* offset of its first byte */
 
-    /* lines (g_lines.c) */
+    /* lines (g_lines.c): allocated at the first segment */
     gseg *segs;
     unsigned seg_mask;
-    unsigned char seg_count[GUARD_SEG_BUCKETS]; /* window segments per hash bucket */
+    unsigned char *seg_count; /* window segments per hash bucket (seg_bmask + 1 of them) */
+    unsigned seg_bmask;
     uint64_t nsegs;
     unsigned lines_run, lines_run_text; /* the trailing run of returns, and its text ones */
     unsigned lines_same;                /* segments in a row equal to the one before */
@@ -274,10 +293,11 @@ struct guard {
     unsigned char walpha; /* bit i: word i of the trigram starts with a letter */
     uint32_t nwords;
     gtri *ttab;
-    uint64_t *tri_start; /* ring over the novelty window: first byte of each trigram */
-    unsigned char *tri_novel;
+    uint64_t *tri_start;      /* ring over the novelty window: first byte of each trigram */
+    unsigned char *tri_novel; /* per window slot: bit 0 novel trigram, bit 1 new word */
     uint64_t ntri;
     unsigned novel; /* novel trigrams in the window */
+    unsigned fresh; /* words new within memory_words among the window's last words */
 
     /* cycle (g_cycle.c): the ring of segments, how many there were, and the replay: its
      * lag, segments, those equal with their numbers, bytes, prose bytes and first byte. */
@@ -296,14 +316,9 @@ struct guard {
      * is why it lives behind a pointer: the suspect query takes a const guard. */
     uint64_t *rule_from;
 
-    /* leak (g_leak.c) */
-    unsigned char leak_last[32];  /* bitset: last bytes of leak tokens */
-    unsigned char leak_first[32]; /* and first bytes */
-    unsigned char leak_any[32];   /* both together: most bytes are in neither */
-    unsigned char leak_bytes[4];  /* the bytes of leak_any when it has at most 4 (the */
-    unsigned n_leak_bytes;        /* rest repeat the first), for a 16-byte scan; else 0 */
-    size_t leak_maxlen;           /* 0: no leak tokens (none configured, or disabled) */
-    uint64_t leak_start;          /* offset + 1 of the last byte that can start a token */
+    /* leak (g_leak.c); its tables are the params' */
+    bool leaks_off;      /* guard_disable_leaks */
+    uint64_t leak_start; /* offset + 1 of the last byte that can start a token */
 
     /* The request's prompt (g_prompt.c): the last bytes of its text, and the largest count
      * of copies it asks for. */
@@ -317,13 +332,14 @@ struct guard {
     unsigned prompt_nof;
     uint32_t prompt_number; /* the largest number in the prompt (g_count.c's slack) */
 
-    /* The detectors that are on, in table order (guard.c). */
-    const struct guard_detector *det[GUARD_MAX_DETECTORS];
-    unsigned ndet;
+    /* The detectors that are on, in table order, and those of them with a suspect hook
+     * (guard.c). */
+    const struct guard_detector *det[GUARD_MAX_DETECTORS], *sus[GUARD_MAX_DETECTORS];
+    unsigned ndet, nsus;
 
-    /* The verdict (guard.c). */
+    /* The verdict (guard.c); unit is allocated when it trips. */
     guard_verdict v;
-    char unit[GUARD_UNIT_MAX + 1];
+    char *unit;
 };
 
 /* ---- the detector interface ------------------------------------------------------------ */
@@ -387,7 +403,7 @@ uint32_t guard_prompt_slack(const guard *g, const unsigned char *u, size_t n);
 void guard_prompt_release(guard *g);
 
 /* The segment consumers of g_text.c's segmenter (g_lines.c, g_novelty.c): */
-void guard_lines_init(guard *g);
+/* Frees what the consumers allocated, when they first needed it. */
 void guard_lines_release(guard *g);
 /* A completed segment with a letter, hashed h, [start, end); `trigger`: it is a sentence or
  * an item that may trip; `prose`: it is text; `plain`: a line flush left without a bullet;
@@ -415,7 +431,6 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bo
                          uint64_t now);
 void guard_cycle_init(guard *g);
 void guard_cycle_release(guard *g);
-void guard_novelty_init(guard *g);
 void guard_novelty_release(guard *g);
 /* One word (hash, first byte, starts with a letter) of a segment that ended. Returns true
  * on a trip. */

@@ -19,6 +19,7 @@
 #define _XOPEN_SOURCE 700
 #include <cjson/cJSON.h>
 #include <ftw.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,11 +264,184 @@ static double stamps(const guard_params *p, const stamp_set *st, size_t streams,
     return t / (double)events * 1e9;
 }
 
+/* The ways of feeding, in the order they take turns; "stamps100" is BENCH_STREAMS streams. */
+enum { W_WHOLE, W_TOKENS, W_RULES, W_STREAMS, W_STAMPS1, W_STAMPSN, W_COUNT };
+static const char *const way_names[W_COUNT] = {"whole",   "tokens", "rules",
+                                               "streams", "stamps", "stamps100"};
+/* Their keys in the JSON line, and what the table calls them. */
+static const char *const way_keys[W_COUNT] = {"whole_mbps",   "tokens_mbps", "rules_mbps",
+                                              "streams_mbps", "stamp_ns_1",  "stamp_ns_100"};
+static const char *const way_labels[W_COUNT] = {
+    "whole files            ", "token chunks + suspect ", "same with 2 rules      ",
+    "tokens, 100 streams    ", "stamps, 1 stream       ", "stamps, 100 streams    "};
+_Static_assert(BENCH_STREAMS == 100, "the labels and keys say 100 streams");
+
+/* The index of way `name`, or -1. */
+static int way_index(const char *name)
+{
+    for (int k = 0; k < W_COUNT; k++)
+        if (!strcmp(name, way_names[k])) return k;
+    return -1;
+}
+
+static bool is_ns(int way)
+{
+    return way >= W_STAMPS1;
+}
+
+/* Heap bytes per guard: just made, after the MEM_PACED stamps of one of make bench's paced
+ * requests, and after the first MEM_ANSWER bytes of a real text in token chunks (an
+ * answer). */
+enum { M_NEW, M_PACED, M_ANSWER, M_COUNT };
+static const char *const mem_keys[M_COUNT] = {"guard_bytes_new", "guard_bytes_paced",
+                                              "guard_bytes_answer"};
+static const char *const mem_labels[M_COUNT] = {
+    "bytes/guard, new       ", "bytes/guard, 60 tokens ", "bytes/guard, 2,000 B   "};
+#define MEM_GUARDS 1000
+#define MEM_PACED  60 /* tokens per request in make bench's paced runs */
+#define MEM_ANSWER 2000
+
+/* Bytes malloc has handed out and not had back, its own overhead included. */
+static size_t heap_used(void)
+{
+    struct mallinfo2 m = mallinfo2();
+    return m.uordblks + m.hblkhd;
+}
+
+/* Fills out[M_COUNT]: the heap MEM_GUARDS live guards hold, per guard, in each state. */
+static void memory(const guard_params *p, const stamp_set *st, const blob *b, size_t n, double *out)
+{
+    static guard *g[MEM_GUARDS];
+    for (int m = 0; m < M_COUNT; m++) {
+        size_t before = heap_used(), susp = 0, f = 0;
+        unsigned r = 12345;
+        for (size_t i = 0; i < MEM_GUARDS; i++) {
+            g[i] = guard_new(p, LG_CH_CONTENT);
+            const size_t *o = st->off[i % BENCH_STREAMS];
+            for (size_t e = 0; m == M_PACED && e < MEM_PACED; e++) {
+                guard_feed(g[i], st->text[i % BENCH_STREAMS] + o[e], o[e + 1] - o[e]);
+                susp += guard_suspect(g[i]);
+            }
+            if (m != M_ANSWER) continue;
+            for (size_t k = 0; k < n && b[f].len < MEM_ANSWER; k++) /* the next text that long */
+                f = (f + 1) % n;
+            blob cut = {b[f].data, b[f].len < MEM_ANSWER ? b[f].len : MEM_ANSWER};
+            f = (f + 1) % n;
+            for (size_t off = 0; feed_token(g[i], &cut, &off, &r, &susp);)
+                ;
+        }
+        out[m] = (double)(heap_used() - before) / MEM_GUARDS;
+        for (size_t i = 0; i < MEM_GUARDS; i++)
+            guard_free(g[i]);
+        if (susp == (size_t)-1) abort(); /* keep the calls from being optimised away */
+    }
+}
+
+/* One run's figures: per way MB/s, or ns per event for the stamps (0: not measured), and
+ * the bytes per guard. */
+typedef struct figures {
+    double way[W_COUNT];
+    double mem[M_COUNT];
+} figures;
+
+/* Keeps the better of each figure of f and g in f (more MB/s, fewer ns). */
+static void keep_best(figures *f, const figures *g)
+{
+    for (int k = 0; k < W_COUNT; k++)
+        if (g->way[k] > 0 &&
+            (f->way[k] <= 0 || (is_ns(k) ? g->way[k] < f->way[k] : g->way[k] > f->way[k])))
+            f->way[k] = g->way[k];
+    for (int m = 0; m < M_COUNT; m++)
+        if (g->mem[m] > 0) f->mem[m] = g->mem[m];
+}
+
+/* Runs the guard_bench `bin` (one built against another guard: tests/bench/guard_vs.sh) for
+ * one round of the same ways and sizes and reads its figures from its JSON line. Returns
+ * false when it fails. */
+static bool run_baseline(const char *bin, const char *only, size_t mib, double min_s, figures *f)
+{
+    if (strchr(bin, '\'')) return false;
+    char cmd[1024], line[4096];
+    snprintf(cmd, sizeof cmd, "'%s' --rounds 1 --mib %zu --min-s %g%s%s", bin, mib, min_s,
+             only ? " --only " : "", only ? only : "");
+    FILE *p = popen(cmd, "r");
+    if (!p) return false;
+    cJSON *j = NULL;
+    while (fgets(line, sizeof line, p))
+        if (!j && !strncmp(line, "{\"bench\":\"guard\"", 16)) j = cJSON_Parse(line);
+    int rc = pclose(p);
+    if (!j || rc != 0) {
+        cJSON_Delete(j);
+        return false;
+    }
+    memset(f, 0, sizeof *f);
+    for (int k = 0; k < W_COUNT; k++)
+        f->way[k] = cJSON_GetNumberValue(cJSON_GetObjectItem(j, way_keys[k]));
+    for (int m = 0; m < M_COUNT; m++) {
+        double v = cJSON_GetNumberValue(cJSON_GetObjectItem(j, mem_keys[m]));
+        f->mem[m] = isnan(v) ? 0 : v; /* a baseline without the figure */
+    }
+    for (int k = 0; k < W_COUNT; k++)
+        if (isnan(f->way[k]) || isinf(f->way[k])) f->way[k] = 0;
+    cJSON_Delete(j);
+    return true;
+}
+
+/* This guard's speed over the baseline's for way k (above 1: faster), or 0. */
+static double speed_ratio(const figures *f, const figures *base, int k)
+{
+    if (f->way[k] <= 0 || base->way[k] <= 0) return 0;
+    return is_ns(k) ? base->way[k] / f->way[k] : f->way[k] / base->way[k];
+}
+
+static void print_figures(const figures *f, const figures *base, size_t n, size_t total,
+                          size_t trips)
+{
+    printf("guard_bench: %zu files, %.1f MiB of real text, one core%s\n", n, total / 1048576.0,
+           base ? "; beside the baseline guard, in alternating rounds" : "");
+    if (base) printf("                           %12s %12s %8s\n", "this", "baseline", "speed");
+    for (int k = 0; k < W_COUNT; k++) {
+        if (f->way[k] <= 0) continue;
+        const char *unit = is_ns(k) ? "ns/event" : "MB/s";
+        if (!base)
+            printf("  %s %8.1f %s\n", way_labels[k], f->way[k], unit);
+        else
+            printf("  %s %8.1f %-8s %8.1f %-8s %5.2fx\n", way_labels[k], f->way[k], unit,
+                   base->way[k], unit, speed_ratio(f, base, k));
+    }
+    for (int m = 0; m < M_COUNT; m++) {
+        if (!base)
+            printf("  %s %8.0f B\n", mem_labels[m], f->mem[m]);
+        else
+            printf("  %s %8.0f B        %8.0f B        %5.2fx\n", mem_labels[m], f->mem[m],
+                   base->mem[m], base->mem[m] > 0 ? f->mem[m] / base->mem[m] : 0);
+    }
+    printf("{\"bench\":\"guard\",\"files\":%zu,\"bytes\":%zu", n, total);
+    for (int k = 0; k < W_COUNT; k++)
+        printf(",\"%s\":%.1f", way_keys[k], f->way[k]);
+    for (int m = 0; m < M_COUNT; m++)
+        printf(",\"%s\":%.0f", mem_keys[m], f->mem[m]);
+    printf(",\"trips\":%zu", trips);
+    if (base) {
+        printf(",\"baseline\":{");
+        for (int k = 0; k < W_COUNT; k++)
+            printf("%s\"%s\":%.1f", k ? "," : "", way_keys[k], base->way[k]);
+        for (int m = 0; m < M_COUNT; m++)
+            printf(",\"%s\":%.0f", mem_keys[m], base->mem[m]);
+        printf("},\"speed_vs_baseline\":{");
+        for (int k = 0; k < W_COUNT; k++)
+            printf("%s\"%s\":%.3f", k ? "," : "", way_names[k], speed_ratio(f, base, k));
+        printf("}");
+    }
+    printf("}\n");
+}
+
 int main(int argc, char **argv)
 {
     double min_mbps = 0, min_s = 0.5;
     size_t mib = 24;
     int rounds = BENCH_ROUNDS;
+    const char *only = NULL, *baseline = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--min-mbps") && i + 1 < argc)
             min_mbps = atof(argv[++i]);
@@ -275,8 +449,21 @@ int main(int argc, char **argv)
             mib = (size_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick"))
             min_s = 0.2, mib = 4, rounds = 1; /* make bench QUICK=1 has 60 s for everything */
+        else if (!strcmp(argv[i], "--once"))
+            min_s = 0, rounds = 1; /* a fixed amount of work, for counting instructions */
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc && atoi(argv[i + 1]) > 0)
+            rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--min-s") && i + 1 < argc)
+            min_s = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && way_index(argv[i + 1]) >= 0)
+            only = argv[++i];
+        else if (!strcmp(argv[i], "--baseline") && i + 1 < argc)
+            baseline = argv[++i];
         else {
-            fprintf(stderr, "usage: guard_bench [--quick] [--mib N] [--min-mbps X]\n");
+            fprintf(stderr,
+                    "usage: guard_bench [--quick] [--once] [--rounds N] [--min-s S] [--only WAY] "
+                    "[--mib N] [--min-mbps X] [--baseline GUARD_BENCH]\n"
+                    "  WAY: whole tokens rules streams stamps stamps100\n");
             return 2;
         }
     }
@@ -300,36 +487,38 @@ int main(int argc, char **argv)
 
     size_t trips = 0;
     /* The host's speed drifts by tens of percent over seconds on a shared VM: the six ways
-     * take turns for BENCH_ROUNDS rounds (one with --quick) and each keeps its best. */
+     * take turns for BENCH_ROUNDS rounds (one with --quick) and each keeps its best; with a
+     * baseline, its rounds alternate with these, so that both see the same moments. */
     stamp_set *st = make_stamps();
-    double whole = 0, tokens = 0, rl = 0, many = 0, st1 = INFINITY, stn = INFINITY;
+    figures best = {{0}, {0}}, base = {{0}, {0}};
+    int w = only ? way_index(only) : -1; /* -1: every way */
     for (int round = 0; round < rounds; round++) {
-        whole = fmax(whole, measure(plain, b, n, false, 1, min_s, &trips));
-        tokens = fmax(tokens, measure(plain, b, n, true, 1, min_s, &trips));
-        rl = fmax(rl, measure(rules, b, n, true, 1, min_s, &trips));
-        many = fmax(many, measure(plain, b, n, true, BENCH_STREAMS, min_s, &trips));
-        st1 = fmin(st1, stamps(plain, st, 1, min_s));
-        stn = fmin(stn, stamps(plain, st, BENCH_STREAMS, min_s));
+        figures f = {{0}, {0}};
+        if (w < 0 || w == W_WHOLE) f.way[W_WHOLE] = measure(plain, b, n, false, 1, min_s, &trips);
+        if (w < 0 || w == W_TOKENS) f.way[W_TOKENS] = measure(plain, b, n, true, 1, min_s, &trips);
+        if (w < 0 || w == W_RULES) f.way[W_RULES] = measure(rules, b, n, true, 1, min_s, &trips);
+        if (w < 0 || w == W_STREAMS)
+            f.way[W_STREAMS] = measure(plain, b, n, true, BENCH_STREAMS, min_s, &trips);
+        if (w < 0 || w == W_STAMPS1) f.way[W_STAMPS1] = stamps(plain, st, 1, min_s);
+        if (w < 0 || w == W_STAMPSN) f.way[W_STAMPSN] = stamps(plain, st, BENCH_STREAMS, min_s);
+        if (round == 0 && w < 0) memory(plain, st, b, n, f.mem);
+        keep_best(&best, &f);
+        figures bf;
+        if (baseline && !run_baseline(baseline, only, mib, min_s, &bf)) {
+            fprintf(stderr, "guard_bench: the baseline %s failed\n", baseline);
+            return 1;
+        }
+        if (baseline) keep_best(&base, &bf);
     }
-    printf("guard_bench: %zu files, %.1f MiB of real text, one core\n", n, total / 1048576.0);
-    printf("  whole files            %8.1f MB/s\n", whole);
-    printf("  token chunks + suspect %8.1f MB/s\n", tokens);
-    printf("  same with 2 rules      %8.1f MB/s\n", rl);
-    printf("  tokens, %d streams    %8.1f MB/s\n", BENCH_STREAMS, many);
-    printf("  stamps, 1 stream       %8.1f ns/event\n", st1);
-    printf("  stamps, %d streams    %8.1f ns/event\n", BENCH_STREAMS, stn);
-    printf("{\"bench\":\"guard\",\"files\":%zu,\"bytes\":%zu,\"whole_mbps\":%.1f,"
-           "\"tokens_mbps\":%.1f,\"rules_mbps\":%.1f,\"streams_mbps\":%.1f,"
-           "\"stamp_ns_1\":%.1f,\"stamp_ns_%d\":%.1f,\"trips\":%zu}\n",
-           n, total, whole, tokens, rl, many, st1, BENCH_STREAMS, stn, trips);
+    print_figures(&best, baseline ? &base : NULL, n, total, trips);
     for (size_t i = 0; i < n; i++)
         free(b[i].data);
     free(b);
     free_stamps(st);
     guard_params_free(plain);
     guard_params_free(rules);
-    if (min_mbps > 0 && tokens < min_mbps) {
-        fprintf(stderr, "guard_bench: %.1f MB/s is below %.1f\n", tokens, min_mbps);
+    if (min_mbps > 0 && best.way[W_TOKENS] < min_mbps) {
+        fprintf(stderr, "guard_bench: %.1f MB/s is below %.1f\n", best.way[W_TOKENS], min_mbps);
         return 1;
     }
     return 0;

@@ -432,6 +432,8 @@ esac
 python3 tests/bench/report.py summary "$OUT" "$BUILD/bench.json" "${QUICK:+quick}" ||
     die "report failed"
 
-# ---- the guard alone: MB/s of real text on one core (goal: >= 50 MB/s in token pieces) ----
+# ---- the guard alone: MB/s of real text on one core (goal: >= 50 MB/s in token pieces), ----
+# ---- bytes per guard, and both beside the guard before its split (guard_vs.sh)          ----
 echo
-"$BUILD/guard_bench" ${QUICK:+--quick} | tee "$OUT/guard_bench.txt" || die "guard_bench failed"
+BUILD=$BUILD tests/bench/guard_vs.sh ${QUICK:+--quick} | tee "$OUT/guard_bench.txt" ||
+    die "guard_bench failed"

@@ -246,6 +246,20 @@ for (const start of [startC, startLenient]) {
             if (!up.fake) assert.deepEqual(seen.slice(1).map((s) => s.body), [body, body, tricky], 'each body whole, in order');
         });
 
+        it('a NUL in a chunked request\'s trailer: that request is served, the next head on the connection is refused (10)', T, async () => {
+            for (const trailer of ['X-T: a\0b\r\n', '\0X-T: b\r\n']) {
+                await up.reset();
+                const body = '{"input":"a"}';
+                const post = `POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n${auth}Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n${chunk(body)}0\r\n${trailer}\r\n`;
+                const get = `GET /v1/models HTTP/1.1\r\nHost: x\r\n${auth}\r\n`;
+                const r = await raw(lg.port, Buffer.from(post + get + get, 'latin1'));
+                const statuses = [...r.text.matchAll(/HTTP\/1\.1 (\d{3}) [A-Z]/g)].map((m) => Number(m[1]));
+                assert.deepEqual(statuses, [up.fake ? 404 : 200, 400], `${JSON.stringify(trailer)}: ${r.text.slice(0, 300)}`);
+                assert.ok(r.closed);
+                assert.deepEqual((await up.seen()).map((x) => `${x.method} ${x.path}`), ['POST /v1/embeddings']);
+            }
+        });
+
         it("framing headers are loopguard's own: the client's never reach the upstream", T, async () => {
             await up.reset();
             const body = '{"hello":"world"}';
