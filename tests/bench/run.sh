@@ -35,7 +35,8 @@
 # Environment: BENCH_TARGETS="direct nginx ..." runs a subset; BENCH_PERF=1 records a perf
 # profile of loopguard during its saturation run (build/bench/perf-loopguard.txt);
 # BENCH_LOOPGUARD_JSON='{"workers":4}' adds settings to both loopguard targets' configuration
-# (the report names them beside the machine).
+# (the report names them beside the machine); LOOPGUARD_BIN and FAKE_BIN run other binaries
+# (an older build, to compare in the same hour).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -48,6 +49,7 @@ RESULTS=$OUT/results.jsonl
 LOADGEN=$BUILD/loadgen
 FAKE=${FAKE_BIN:-$BUILD/fake_upstream}
 LOOPGUARD=${LOOPGUARD_BIN:-$BUILD/loopguard}
+unset LOOPGUARD_BIN # loopguard reads every LOOPGUARD_* variable as a setting and refuses this one
 PORTKEY_DIR=tests/bench/portkey
 PORTKEY_JS=$PORTKEY_DIR/node_modules/@portkey-ai/gateway/build/start-server.js
 TARGETS=${BENCH_TARGETS:-direct nginx loopguard_guard_off loopguard portkey}
