@@ -1,13 +1,18 @@
-/* g_novelty.c — the novelty detector: almost no new word trigrams over a window, the
- * signature of a paraphrase loop ("Let me check 5 again. Wait, let me verify 5 once more.").
+/* g_novelty.c — the novelty detector: almost no new word trigrams and no new words over a
+ * window, the signature of a paraphrase loop ("Let me check 5 again. Wait, let me verify 5
+ * once more.").
  *
- * It reads the words of each segment g_text.c completes. A trigram table (1,024 entries of 4
- * bytes, tagged with 16 bits of the hash, in sets of two) says whether a trigram was seen
- * within the last memory_words words; a ring over the last novelty.window trigrams counts the
- * novel ones. O(1) per word.
+ * It reads the words of each segment g_text.c completes. A table (1,024 entries of 4 bytes,
+ * tagged with 14 bits of the hash, in sets of two) says how often a trigram, or a word, came
+ * within memory_words of its last time; a ring over the last novelty.window trigrams counts
+ * the novel ones (seen fewer than min_seen times before) and the new words among the words
+ * that completed them. It trips when fewer than min_ratio of the trigrams are novel and at
+ * most max_new_words words are new: a block said twice is no loop (its trigrams were seen
+ * once), nor is a list of one product in several colours (each item brings a word). O(1)
+ * per word.
  *
- * The table is two-way: a trigram may sit in either slot of its set, and a new one evicts
- * the older. Direct-mapped, a trigram seen 200 words before had lost its slot to another one
+ * The table is two-way: a key may sit in either slot of its set, and a new one evicts the
+ * older. Direct-mapped, a trigram seen 200 words before had lost its slot to another one
  * time in five on a 1,024-entry table, and every loss counted as a novel trigram: a loop
  * with 10 % new trigrams looked like 25 %. */
 #include <stdlib.h>
@@ -38,6 +43,26 @@ static inline uint64_t mix(uint64_t x)
     return x;
 }
 
+/* Looks the key t up in the table and records it as seen at this word: returns how many
+ * times it came before, each within memory_words of the next (0: new), up to 3. The table
+ * is two-way: t sits in either slot of its set, and a new key evicts the older entry. */
+static inline unsigned table_seen(guard *g, uint64_t t)
+{
+    gtri *set = &g->ttab[(t >> (64 - GUARD_TTAB_BITS)) & ~(uint64_t)1];
+    uint16_t tag = (uint16_t)(t & 0x3FFF), now_w = (uint16_t)g->nwords;
+    uint16_t age0 = (uint16_t)(now_w - set[0].word), age1 = (uint16_t)(now_w - set[1].word);
+    gtri *e = set[1].tag == tag   ? &set[1]
+              : set[0].tag == tag ? &set[0]
+              : age1 > age0       ? &set[1]
+                                  : &set[0];
+    unsigned seen =
+        e->tag == tag && (uint16_t)(now_w - e->word) <= g->p->novelty.memory_words ? e->seen : 0;
+    e->tag = tag;
+    e->seen = seen < 3 ? seen + 1 : 3;
+    e->word = now_w;
+    return seen;
+}
+
 /* The novelty detector, for one word: is the trigram ending here new within
  * memory_words? Trips when fewer than min_ratio of the last `window` trigrams were. Words
  * outside prose only ever count as evidence of novelty (code and templated comments repeat
@@ -58,29 +83,24 @@ bool guard_novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool p
     if (++g->nwords < 3 || !g->walpha) return false;
     if (!g->ttab) novelty_alloc(g);
 
-    uint64_t t = mix(g->wh[0] * 3 + mix(g->wh[1] * 5 + mix(g->wh[2])));
-    gtri *set = &g->ttab[(t >> (64 - GUARD_TTAB_BITS)) & ~(uint64_t)1];
-    uint16_t tag = (uint16_t)(t & 0x3FFF), now_w = (uint16_t)g->nwords;
-    uint16_t age0 = (uint16_t)(now_w - set[0].word), age1 = (uint16_t)(now_w - set[1].word);
-    /* The slot holding this trigram, else the older of the two. */
-    gtri *e = set[1].tag == tag   ? &set[1]
-              : set[0].tag == tag ? &set[0]
-              : age1 > age0       ? &set[1]
-                                  : &set[0];
-    unsigned seen =
-        e->tag == tag && (uint16_t)(now_w - e->word) <= p->novelty.memory_words ? e->seen : 0;
+    /* A word new within memory_words (a key of its own in the same table): a loop brings
+     * none, a list of one product in several colours one an item. */
+    bool fresh = alpha && !table_seen(g, mix(h ^ 0x5BD1E9955BD1E995ull));
+    unsigned seen = table_seen(g, mix(g->wh[0] * 3 + mix(g->wh[1] * 5 + mix(g->wh[2]))));
     bool novel = seen < p->novelty.min_seen;
-    e->tag = tag & 0x3FFF;
-    e->seen = seen < 3 ? seen + 1 : 3;
-    e->word = now_w;
     if (!novel && !prose) return false;
 
     unsigned w = p->novelty.window, slot = (unsigned)(g->ntri % w);
-    if (g->ntri >= w) g->novel -= g->tri_novel[slot];
-    g->tri_novel[slot] = novel;
+    if (g->ntri >= w) {
+        g->novel -= g->tri_novel[slot] & 1;
+        g->fresh -= g->tri_novel[slot] >> 1;
+    }
+    g->tri_novel[slot] = (unsigned char)(novel | fresh << 1);
     g->tri_start[slot] = g->ws[0];
     g->novel += novel;
+    g->fresh += fresh;
     g->ntri++;
+    if (g->fresh > p->novelty.max_new_words) return false;
     if (g->ntri < w || g->novel >= p->novelty.min_ratio * w) return false;
     /* Repetition the prompt asks for, or the words of a trigram it holds, are no paraphrase
      * loop (g_prompt.c). */

@@ -100,9 +100,10 @@ struct guard_params {
         bool enabled;
         unsigned window; /* trigrams judged together */
         double min_ratio;
-        unsigned memory_words; /* how far back a trigram counts as seen */
-        unsigned min_seen;     /* earlier occurrences that make a trigram not novel (1-3) */
-        bool mask_numbers;     /* a word starting with a digit counts as any number */
+        unsigned memory_words;  /* how far back a trigram counts as seen */
+        unsigned min_seen;      /* earlier occurrences that make a trigram not novel (1-3) */
+        bool mask_numbers;      /* a word starting with a digit counts as any number */
+        unsigned max_new_words; /* words new within memory_words the window may hold */
     } novelty;
 
     struct {
@@ -292,10 +293,11 @@ struct guard {
     unsigned char walpha; /* bit i: word i of the trigram starts with a letter */
     uint32_t nwords;
     gtri *ttab;
-    uint64_t *tri_start; /* ring over the novelty window: first byte of each trigram */
-    unsigned char *tri_novel;
+    uint64_t *tri_start;      /* ring over the novelty window: first byte of each trigram */
+    unsigned char *tri_novel; /* per window slot: bit 0 novel trigram, bit 1 new word */
     uint64_t ntri;
     unsigned novel; /* novel trigrams in the window */
+    unsigned fresh; /* words new within memory_words among the window's last words */
 
     /* cycle (g_cycle.c): the ring of segments, how many there were, and the replay: its
      * lag, segments, those equal with their numbers, bytes, prose bytes and first byte. */

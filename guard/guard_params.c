@@ -154,20 +154,23 @@ guard_params *guard_params_new(lg_channel ch)
     p->lines.art_run = ch == LG_CH_TOOL_ARGS ? 0 : 24;
 
     /* Paraphrase loops: fewer than min_ratio of the last `window` word trigrams are new, a
-     * trigram being new unless it came twice before within memory_words: a block said twice
-     * (a procedure told again for a second gene, an essay restarted) is no loop, a template
-     * said a third time is. On the AlpacaEval answers 0.2 so caught one more paraphrase loop
-     * and three more cycling lists than "once before" at 0.1, whose two false trips were
-     * blocks said twice; it trips on a list of one product in thirteen sizes and on one
-     * campaign described country by country. Masking numbers caught two more paraphrases
-     * (sudoku steps) but also a counter stepping through a sentence, which is content: off.
-     * Reasoning keeps its 0.05 over 128: no labelled reasoning traces measure a higher bar. */
+     * trigram being new unless it came twice before within memory_words (a block said twice,
+     * a procedure told again for a second gene, an essay restarted, is no loop; a template
+     * said a third time is), and at most max_new_words new words among them (a list of one
+     * product in several colours, one campaign told country by country bring one an item).
+     * On the AlpacaEval answers 0.2 caught three loops more than 0.1, and the new-word bound
+     * took away the three false trips 0.2 had (lists of one product, the campaign); a bound
+     * of 1 or 2 also lost a paraphrase loop, where words whose table entry another key had
+     * evicted counted as new. Masking numbers caught two more paraphrases (sudoku steps) but
+     * also a counter stepping through a sentence, which is content: off. Reasoning keeps
+     * its 0.05 over 128: no labelled reasoning traces measure a higher bar. */
     p->novelty.enabled = true;
     p->novelty.window = ch == LG_CH_REASONING ? 128 : 160;
     p->novelty.min_ratio = ch == LG_CH_REASONING ? 0.05 : 0.2;
     p->novelty.memory_words = 256;
     p->novelty.min_seen = 2;
     p->novelty.mask_numbers = false;
+    p->novelty.max_new_words = 3;
 
     /* Replayed sentences (g_cycle.c): a cycle of up to 63 segments come round once, 4 of its
      * segments equal with their numbers, 300 bytes. On the AlpacaEval answers 200 bytes
@@ -487,6 +490,7 @@ static const jfield novelty_fields[] = {
     F_U32("memory_words", novelty.memory_words, 16, 32768),
     F_U32("min_seen", novelty.min_seen, 1, 3),
     F_BOOL("mask_numbers", novelty.mask_numbers),
+    F_U32("max_new_words", novelty.max_new_words, 0, 4096),
 };
 
 /* Applies the object `obj` (a detector's settings, named obj->string under `pre`): each

@@ -82,6 +82,7 @@ static cJSON *guard_settings_json(const guard_params *p)
     cJSON_AddNumberToObject(n, "memory_words", p->novelty.memory_words);
     cJSON_AddNumberToObject(n, "min_seen", p->novelty.min_seen);
     cJSON_AddBoolToObject(n, "mask_numbers", p->novelty.mask_numbers);
+    cJSON_AddNumberToObject(n, "max_new_words", p->novelty.max_new_words);
     cJSON *cy = cJSON_AddObjectToObject(o, "cycle");
     cJSON_AddBoolToObject(cy, "enabled", p->cycle.enabled);
     cJSON_AddNumberToObject(cy, "window", p->cycle.window);

@@ -1069,6 +1069,22 @@ static void test_prose_loops(void **state)
     }
     assert_clean("ten retold items", t.s);
 
+    /* One product in fourteen colours (fewer than the template detector's run): the
+     * template recurs, but every item brings a word of its own, which a loop does not
+     * (novelty.max_new_words). */
+    static const char *const colours[] = {"red",      "blue",     "green",     "black",   "white",
+                                          "silver",   "copper",   "yellow",    "orange",  "purple",
+                                          "teal",     "ivory",    "navy",      "olive",   "maroon",
+                                          "charcoal", "lavender", "turquoise", "crimson", "amber"};
+    t.n = 0;
+    tcat(&t, "You might also like these kettles:\n\n");
+    for (int i = 0; i < 14; i++) {
+        tcat(&t, "- The Harbourline stainless steel whistling kettle with a cool grip handle in ");
+        tcat(&t, colours[i]);
+        tcat(&t, ", suitable for every kind of hob\n");
+    }
+    assert_clean("one product in fourteen colours", t.s);
+
     /* Sentences rotating among a few paraphrases, in no fixed order: novelty. */
     static const char *const subj[] = {"The angle between the two points",
                                        "The distance between the two points",
