@@ -33,7 +33,7 @@
  * the labelled loops with no false trip; 8 lines tripped on an ABC tune written out four
  * times. Cost: O(line) once per line (the skeleton hash; art lines a second pass) and
  * CYCLE_MAX_PERIOD compares; memory: about 1 KiB (a ring of CYCLE_RING lines), allocated
- * when the detector is on. */
+ * at the first line. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,11 +72,6 @@ struct gblock {
     uint64_t art_tex, art_raw, art_from;
     unsigned art_run;
 };
-
-void guard_block_init(guard *g)
-{
-    if (g->p->lines.block_copies || g->p->lines.art_run) g->blk = guard_xcalloc(1, sizeof(*g->blk));
-}
 
 void guard_block_release(guard *g)
 {
@@ -302,6 +297,9 @@ static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
     const guard_params *p = g->p;
+    /* Made at the first line (memory per stream counts: a text without a newline needs
+     * none). */
+    if (!g->blk) g->blk = guard_xcalloc(1, sizeof(*g->blk));
     struct gblock *c = g->blk;
     if (start < g->base || end - start > UINT32_MAX) { /* longer than the history: a break */
         c->n = 0;

@@ -24,10 +24,11 @@
 
 #include "guard/guard_int.h"
 
-void guard_cycle_init(guard *g)
+/* The ring, made at the first segment (memory per stream counts: a text that never ends a
+ * line or a sentence needs none); a power of two, so that indexing is a mask, not a
+ * division. RARE_PATH. */
+RARE_PATH static void cycle_alloc(guard *g)
 {
-    if (!g->p->cycle.enabled) return;
-    /* A power of two, so that indexing is a mask, not a division. */
     for (g->cyc_mask = 1; g->cyc_mask < g->p->cycle.window; g->cyc_mask <<= 1)
         ;
     g->cyc = guard_xcalloc(g->cyc_mask--, sizeof(*g->cyc));
@@ -64,6 +65,7 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bo
                          uint64_t now)
 {
     const guard_params *p = g->p;
+    if (!g->cyc) cycle_alloc(g);
     unsigned w = p->cycle.window, m = g->cyc_mask;
     uint32_t exact, masked;
     /* A line of numbers and box drawing ("╟── 1 ╾ 2") has no skeleton to compare: it is

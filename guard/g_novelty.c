@@ -83,9 +83,11 @@ bool guard_novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool p
     if (++g->nwords < 3 || !g->walpha) return false;
     if (!g->ttab) novelty_alloc(g);
 
-    /* A word new within memory_words (a key of its own in the same table): a loop brings
-     * none, a list of one product in several colours one an item. */
-    bool fresh = alpha && !table_seen(g, mix(h ^ 0x5BD1E9955BD1E995ull));
+    /* A word of prose new within memory_words (a key of its own in the same table): a loop
+     * brings none, a list of one product in several colours one an item. Words outside
+     * prose are not looked up: code's names would only crowd the table (and so evict the
+     * prose's), and a word of code never counts as evidence against a loop. */
+    bool fresh = alpha && prose && !table_seen(g, mix(h ^ 0x5BD1E9955BD1E995ull));
     unsigned seen = table_seen(g, mix(g->wh[0] * 3 + mix(g->wh[1] * 5 + mix(g->wh[2]))));
     bool novel = seen < p->novelty.min_seen;
     if (!novel && !prose) return false;

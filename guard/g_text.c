@@ -111,7 +111,7 @@ static bool line_end(guard *g, uint64_t start, uint64_t end, uint64_t now)
     if (!p->lines.enabled) return false;
     if (start >= g->base) guard_line_body(g, &start, &end);
     if (p->lines.template_run && guard_template_line(g, start, end, now)) return true;
-    return g->blk && guard_block_line(g, start, end, now);
+    return (p->lines.block_copies || p->lines.art_run) && guard_block_line(g, start, end, now);
 }
 
 /* Per byte b at offset pos, for the lines and novelty detectors. Returns true on a trip. */
@@ -397,8 +397,6 @@ static void text_init(guard *g)
 {
     g->seg_hash = g->w_hash = 0xCBF29CE484222325ull;
     g->seg_lead = true;
-    guard_block_init(g);
-    guard_cycle_init(g);
 }
 
 static void text_release(guard *g)

@@ -416,7 +416,6 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
 bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
 /* The same for the block detector (g_block.c), on when lines.block_copies or art_run is
  * set. */
-void guard_block_init(guard *g);
 void guard_block_release(guard *g);
 bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
 /* Narrows the line [*s, *e) to its body: without indentation, a list marker (bullet, or
@@ -429,7 +428,6 @@ bool guard_count_number(guard *g, uint64_t end, uint64_t now);
  * nw words are in g->sw; `prose` as for the lines detector. Returns true on a trip. */
 bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bool prose,
                          uint64_t now);
-void guard_cycle_init(guard *g);
 void guard_cycle_release(guard *g);
 void guard_novelty_release(guard *g);
 /* One word (hash, first byte, starts with a letter) of a segment that ended. Returns true

@@ -395,7 +395,7 @@ static void apply_step(cJSON *obj, const exchange *ex, const rw_opts *o)
 static char *gen_build(exchange *ex, const rw_opts *o, rw_error *err)
 {
     (void)err;
-    cJSON *body = dl_json_must(cJSON_Duplicate(ex->req.root, 1));
+    cJSON *body = dl_json_overlay(ex->req.root);
     dl_json_set(body, "stream", cJSON_CreateTrue());
     if (GS(ex)->batch) { /* its rids are the client's (or SGLang's): each sample is aborted by
                           * its own, learnt from its events */
@@ -412,12 +412,7 @@ static char *gen_build(exchange *ex, const rw_opts *o, rw_error *err)
             snprintf(ex->at.rid, sizeof ex->at.rid, "%s-lg%u", crid->valuestring, ex->attempt);
     }
     if (o->rid) dl_json_set(body, "rid", cJSON_CreateString(ex->at.rid));
-    cJSON *sp = cJSON_GetObjectItemCaseSensitive(body, "sampling_params");
-    if (!cJSON_IsObject(sp)) {
-        sp = dl_json_must(cJSON_CreateObject());
-        dl_json_set(body, "sampling_params", sp);
-    }
-    apply_step(sp, ex, o);
+    apply_step(dl_json_overlay_member(body, "sampling_params"), ex, o);
     if (o->continue_text) { /* the client's clean prefix, appended to the prompt */
         const cJSON *text = cJSON_GetObjectItemCaseSensitive(body, "text");
         lg_buf b = LG_BUF_INIT;

@@ -188,6 +188,31 @@ void dl_json_set(cJSON *obj, const char *key, cJSON *item)
     if (!cJSON_AddItemToObject(obj, key, dl_json_must(item))) lg_oom(0);
 }
 
+/* A member that refers to its contents (see dl_json_overlay). */
+static cJSON *refer_to(const cJSON *it)
+{
+    if (cJSON_IsObject(it)) return cJSON_CreateObjectReference(it->child);
+    if (cJSON_IsArray(it)) return cJSON_CreateArrayReference(it->child);
+    if (cJSON_IsString(it)) return cJSON_CreateStringReference(it->valuestring);
+    return cJSON_Duplicate(it, 0);
+}
+
+cJSON *dl_json_overlay(const cJSON *src)
+{
+    cJSON *ov = dl_json_must(cJSON_CreateObject());
+    for (const cJSON *it = src ? src->child : NULL; it; it = it->next)
+        if (!cJSON_AddItemToObject(ov, it->string, dl_json_must(refer_to(it)))) lg_oom(0);
+    return ov;
+}
+
+cJSON *dl_json_overlay_member(cJSON *obj, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    cJSON *ov = dl_json_overlay(cJSON_IsObject(v) ? v : NULL);
+    dl_json_set(obj, key, ov);
+    return ov;
+}
+
 /* obj[key] = the n bytes at s as a JSON string, replacing any earlier value. */
 static void set_strn(cJSON *obj, const char *key, const char *s, size_t n)
 {

@@ -117,4 +117,18 @@ void dl_json_del(cJSON *obj, const char *key);
 void dl_json_set(cJSON *obj, const char *key, cJSON *item);
 char *dl_json_print_free(cJSON *root);
 
+/* A shallow overlay of the object src: a new object whose members refer to the contents of
+ * src's members instead of copying them (numbers, booleans and null, which hold nothing,
+ * are copied). O(members of src), not O(src): an attempt's upstream body is built on one
+ * without a deep copy of the client's request. Replace or delete the overlay's members
+ * (dl_json_set, dl_json_del); never edit a referred member in place — overlay it first
+ * (dl_json_overlay_member). src must outlive the overlay; deleting the overlay leaves src
+ * untouched. Caller owns the result. */
+cJSON *dl_json_overlay(const cJSON *src);
+
+/* In the overlay obj, obj[key] replaced by an overlay of itself (an empty object when
+ * absent or not an object), returned ready to edit; owned by obj. obj must be an overlay
+ * (or own nothing under key that anything else refers to). */
+cJSON *dl_json_overlay_member(cJSON *obj, const char *key);
+
 #endif

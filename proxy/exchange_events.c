@@ -142,7 +142,7 @@ static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
 static void take_verdict(exchange *ex, const guard *g);
 
 /* The guard of channel ch, made when first needed (most streams use one or two channels, a
- * guard is 16.5–32 KiB); NULL when this attempt or channel is unguarded. */
+ * guard is 7–33 KiB); NULL when this attempt or channel is unguarded. */
 static guard *channel_guard(exchange *ex, lg_channel ch)
 {
     chan *c = &ex->at.ch[ch];

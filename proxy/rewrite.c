@@ -1,8 +1,10 @@
 /* rewrite.c — client request validation and the per-attempt upstream body
  * (see rewrite.h for the contract).
  *
- * Every attempt starts from a deep copy of the client's parsed body (O(body)), so the
- * request stays pristine for the next attempt and for incident records. */
+ * Every attempt's body is an overlay of the client's parsed body (dl_json_overlay: the
+ * members the attempt changes are replaced, the rest refer to the request's tree), so the
+ * request stays pristine for the next attempt and for incident records, and an attempt
+ * costs no deep copy of it. */
 #include "proxy/rewrite.h"
 
 #include <stdlib.h>
@@ -171,6 +173,17 @@ static void apply_step(cJSON *obj, const rw_request *req, const rw_opts *o)
     if (st->new_seed) dl_json_set(obj, "seed", cJSON_CreateNumber((double)o->seed));
 }
 
+/* body["messages"] (an array of objects: rw_parse checked) replaced by an array of
+ * overlays of its messages, each ready to edit; returned, owned by body. */
+static cJSON *overlay_messages(cJSON *body)
+{
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(body, "messages"), *m;
+    cJSON *copy = dl_json_must(cJSON_CreateArray());
+    cJSON_ArrayForEach(m, msgs) cJSON_AddItemToArray(copy, dl_json_overlay(m));
+    dl_json_set(body, "messages", copy);
+    return copy;
+}
+
 /* Moves, keeps or drops the reasoning of assistant messages in the history. */
 static void rewrite_history(cJSON *msgs, const rw_opts *o)
 {
@@ -259,14 +272,10 @@ static int add_continuation(cJSON *body, const rw_request *req, const rw_opts *o
 
 char *rw_build_upstream(const rw_request *req, const rw_opts *o, rw_error *err)
 {
-    cJSON *body = dl_json_must(cJSON_Duplicate(req->root, 1));
+    cJSON *body = dl_json_overlay(req->root);
     dl_json_set(body, "stream", cJSON_CreateTrue());
-    cJSON *so = cJSON_GetObjectItemCaseSensitive(body, "stream_options");
-    if (!cJSON_IsObject(so)) {
-        so = dl_json_must(cJSON_CreateObject());
-        dl_json_set(body, "stream_options", so);
-    }
-    dl_json_set(so, "include_usage", cJSON_CreateTrue());
+    dl_json_set(dl_json_overlay_member(body, "stream_options"), "include_usage",
+                cJSON_CreateTrue());
     if (o->rid && o->upstream_kind == LG_UPSTREAM_SGLANG)
         dl_json_set(body, "rid", cJSON_CreateString(o->rid));
     apply_step(body, req, o);
@@ -276,7 +285,7 @@ char *rw_build_upstream(const rw_request *req, const rw_opts *o, rw_error *err)
         if (mct) dl_json_set(body, "max_completion_tokens", cJSON_CreateNumber(o->max_tokens));
         if (mt || !mct) dl_json_set(body, "max_tokens", cJSON_CreateNumber(o->max_tokens));
     }
-    if (req->chat) rewrite_history(cJSON_GetObjectItemCaseSensitive(body, "messages"), o);
+    if (req->chat) rewrite_history(overlay_messages(body), o);
     if (o->continue_text && add_continuation(body, req, o, err)) {
         cJSON_Delete(body);
         return NULL;
@@ -286,7 +295,7 @@ char *rw_build_upstream(const rw_request *req, const rw_opts *o, rw_error *err)
 
 char *rw_build_streamed(const rw_request *req, const rw_opts *o)
 {
-    cJSON *body = dl_json_must(cJSON_Duplicate(req->root, 1));
+    cJSON *body = dl_json_overlay(req->root);
     dl_json_set(body, "stream", cJSON_CreateTrue());
     if (o->step && o->step->temperature_add != 0)
         dl_json_set(body, "temperature", cJSON_CreateNumber(rw_step_temperature(req, o->step)));

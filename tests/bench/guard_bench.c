@@ -409,7 +409,7 @@ static void print_figures(const figures *f, const figures *base, size_t n, size_
             printf("  %s %8.1f %-8s %8.1f %-8s %5.2fx\n", way_labels[k], f->way[k], unit,
                    base->way[k], unit, speed_ratio(f, base, k));
     }
-    for (int m = 0; m < M_COUNT; m++) {
+    for (int m = 0; m < M_COUNT && f->mem[M_NEW] > 0; m++) { /* measured: every way ran */
         if (!base)
             printf("  %s %8.0f B\n", mem_labels[m], f->mem[m]);
         else

@@ -345,6 +345,49 @@ static void test_history(void **state)
     rw_request_clear(&r);
 }
 
+/* Attempts are built on overlays of the request, never on the request itself: after a
+ * retry body that rewrites the history, continues the last message and sets sampling, the
+ * parsed request prints as before, and the same options give the same body again. */
+static void test_request_pristine(void **state)
+{
+    (void)state;
+    rw_request r =
+        parse_ok("{\"model\":\"q\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"},"
+                 "{\"role\":\"assistant\",\"reasoning_content\":\"r\",\"content\":\"y\"},"
+                 "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"z\"}]}],"
+                 "\"stream_options\":{\"continuous_usage_stats\":true},\"temperature\":0.5}",
+                 true);
+    char *before = cJSON_PrintUnformatted(r.root);
+    lg_sampling_step st = {
+        .temperature_add = 0.3, .has_presence_penalty = true, .presence_penalty = 1.0};
+    rw_opts o = {.upstream_kind = LG_UPSTREAM_VLLM,
+                 .history = LG_HISTORY_REWRITE,
+                 .step = &st,
+                 .continue_text = "so far",
+                 .continue_len = 6};
+    rw_error e = {0};
+    char *first = rw_build_upstream(&r, &o, &e);
+    char *again = rw_build_upstream(&r, &o, &e);
+    assert_non_null(first);
+    assert_string_equal(first, again);
+    char *after = cJSON_PrintUnformatted(r.root);
+    assert_string_equal(before, after);
+    cJSON *j = cJSON_Parse(first);
+    const cJSON *msgs = at(j, "messages");
+    assert_int_equal(cJSON_GetArraySize(msgs), 4);
+    assert_string_equal(at(cJSON_GetArrayItem(msgs, 1), "reasoning")->valuestring, "r");
+    assert_null(at(cJSON_GetArrayItem(msgs, 1), "reasoning_content"));
+    assert_string_equal(at(cJSON_GetArrayItem(msgs, 3), "content")->valuestring, "so far");
+    assert_true(cJSON_IsTrue(at(at(j, "stream_options"), "include_usage")));
+    assert_true(at(j, "temperature")->valuedouble == 0.8);
+    cJSON_Delete(j);
+    free(first);
+    free(again);
+    free(after);
+    free(before);
+    rw_request_clear(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -354,6 +397,7 @@ int main(void)
         cmocka_unit_test(test_sampling_steps),
         cmocka_unit_test(test_continuation),
         cmocka_unit_test(test_history),
+        cmocka_unit_test(test_request_pristine),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
