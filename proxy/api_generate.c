@@ -151,6 +151,17 @@ static void new_text(gen_state *g, lg_buf *up, const cJSON *ev, const char *text
     }
 }
 
+/* An event's meta_info, and whether it ends the generation (*final); its meta_info.id is
+ * kept in *id (malloc'd) when *id is still NULL. */
+static const cJSON *event_meta(const cJSON *root, char **id, bool *final)
+{
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "meta_info");
+    const cJSON *mid = cJSON_GetObjectItemCaseSensitive(meta, "id");
+    *final = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(meta, "finish_reason"));
+    if (!*id && cJSON_IsString(mid)) *id = lg_xstrdup(mid->valuestring);
+    return meta;
+}
+
 /* Takes one event of a text stream (the request's, or a batch sample's): its new text after
  * the text so far *up, its output_ids kept for a whole answer, the event kept as *last. */
 static void take_event(exchange *ex, const cJSON *root, lg_buf *up, cJSON *ids, cJSON **last,
@@ -199,10 +210,8 @@ static void release_event(exchange *ex, const sse_event *ev, bool raw_ok, const 
 static int on_output(exchange *ex, const sse_event *ev, cJSON *root)
 {
     gen_state *g = GS(ex);
-    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "meta_info");
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(meta, "id");
-    bool final = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(meta, "finish_reason"));
-    if (!g->id && cJSON_IsString(id)) g->id = lg_xstrdup(id->valuestring);
+    bool final;
+    const cJSON *meta = event_meta(root, &g->id, &final);
     const char *delta;
     size_t dn;
     take_event(ex, root, &g->up_text, g->ids, &g->last, &delta, &dn);
@@ -259,10 +268,8 @@ static int on_sample(exchange *ex, const sse_event *ev, cJSON *root)
         return 1;
     }
     if (s->over) return 0; /* the abort's own end of a sample cut here, and anything after */
-    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "meta_info");
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(meta, "id");
-    bool final = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(meta, "finish_reason"));
-    if (!s->rid && cJSON_IsString(id)) s->rid = lg_xstrdup(id->valuestring);
+    bool final;
+    const cJSON *meta = event_meta(root, &s->rid, &final);
     const char *delta;
     size_t dn;
     take_event(ex, root, &s->up_text, s->ids, &s->last, &delta, &dn);
