@@ -92,7 +92,8 @@ bool guard_novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool p
     bool novel = seen < p->novelty.min_seen;
     if (!novel && !prose) return false;
 
-    unsigned w = p->novelty.window, slot = (unsigned)(g->ntri % w);
+    unsigned w = p->novelty.window, slot = g->tri_slot;
+    g->tri_slot = slot + 1 < w ? slot + 1 : 0; /* ntri % w, without a division per word */
     if (g->ntri >= w) {
         g->novel -= g->tri_novel[slot] & 1;
         g->fresh -= g->tri_novel[slot] >> 1;
@@ -109,7 +110,7 @@ bool guard_novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool p
     if (g->ws[0] >= g->base && g->ws[0] < now &&
         guard_prompt_slack(g, g->buf + (g->ws[0] - g->base), (size_t)(now - g->ws[0])))
         return false;
-    uint64_t from = g->tri_start[g->ntri % w];
+    uint64_t from = g->tri_start[g->tri_slot];
     guard_set_unit(g, from, now);
     guard_trip(g, "novelty", from, now, w - g->novel);
     return true;
