@@ -77,11 +77,7 @@ RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
                             plain, one_word, now))
         return true;
     if (p->cycle.enabled && ok && guard_cycle_segment(g, nw, start, end, prose, now)) return true;
-    if (p->novelty.enabled)
-        for (unsigned i = 0; i < nw; i++)
-            if (guard_novelty_word(g, g->sw[i].hash, g->sw[i].start, g->sw[i].alpha, prose, now))
-                return true;
-    return false;
+    return p->novelty.enabled && guard_novelty_words(g, nw, prose, now);
 }
 
 /* A non-space byte joins the current segment (one space stands for each gap). */

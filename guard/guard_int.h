@@ -432,8 +432,8 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bo
                          uint64_t now);
 void guard_cycle_release(guard *g);
 void guard_novelty_release(guard *g);
-/* One word (hash, first byte, starts with a letter) of a segment that ended. Returns true
- * on a trip. */
-bool guard_novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool prose, uint64_t now);
+/* The nw words of a segment that ended, in g->sw (hash, first byte, starts with a letter).
+ * Returns true on a trip. */
+bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now);
 
 #endif
