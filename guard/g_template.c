@@ -15,8 +15,11 @@
  *     template_bytes, and the slots are one word of at most TOKEN_MAX bytes, no space, no
  *     digit ("npm install @types/X@latest -D", "\\renewcommand{\\X}{}", "What is the most
  *     X type of snow?" every other line). Such lines follow in any list of names, so only
- *     those whose slot is old count (see follows): template_run of them in one run trip.
- *     Code and changelogs name a new thing on every line; a loop recombines and recycles.
+ *     those whose slot is old count (see follows): template_run of them in one run trip,
+ *     or a quarter of a run of 2 × template_run lines (a name growing by new words between
+ *     recombinations). Code and changelogs name a new thing on every line (the machine
+ *     files' longest such runs hold under a tenth of old slots); a loop recombines and
+ *     recycles.
  * Digits in the slot are numbered data ("Check if n is 17", a table's "4.5-Ounce",
  * coordinates), which answers list on purpose. A period P above 1 counts only lines that
  * neither follow nor equal the line just before: a list on one template follows at every
@@ -188,6 +191,14 @@ static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uin
     return old ? T_OLD : T_TOKEN;
 }
 
+/* Does the run of period P trip: template_run old slots, or a quarter of a run twice as
+ * long (a name that grows by new words between recombinations)? */
+static bool old_run(const struct gtemplate *t, unsigned P, unsigned template_run)
+{
+    return t->old[P] >= template_run ||
+           (t->run[P] >= 2 * template_run && 4 * t->old[P] >= t->run[P]);
+}
+
 /* The first and last 8 bytes of the body [s, e), or (shorter) its bytes twice. A frame of
  * template_bytes (16 or more) leaves one of them equal, so most pairs of lines are told
  * apart by these two compares, without calling follows. */
@@ -246,7 +257,7 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     uint64_t from = t->text_from;
     unsigned copies = t->text + 1, P;
     if (t->text < p->lines.template_run) {
-        for (P = 1; P <= TPL_LAGS && t->old[P] < p->lines.template_run; P++)
+        for (P = 1; P <= TPL_LAGS && !old_run(t, P, p->lines.template_run); P++)
             ;
         if (P > TPL_LAGS) return false;
         from = t->from[P];
