@@ -808,6 +808,7 @@ static void ex_tick(lg_req *base, uint64_t now)
             return;
         }
     }
+    lg_fifo_shrink(&ex->cl.out, EX_OUT_KEEP);
     /* Keep intermediaries from timing out while text is held back or a retry runs. */
     uint64_t ka = (uint64_t)cfg->guard.keepalive_ms * 1000000ull;
     if (ex->req.client_stream && ex->cl.queued && !ex->cl.ended && ka &&
