@@ -289,10 +289,12 @@ static bool key_is(str k, const char *name)
 enum { F_CONTENT, F_RC, F_R, F_COUNT };
 
 typedef struct view {
-    str role, text[F_COUNT];
+    str role, text[F_COUNT], finish;
     const char *tok[F_COUNT], *tok_end[F_COUNT]; /* where each text key's value token lies */
     unsigned seen;                               /* one bit per key we read, to refuse duplicates */
-    bool choice_seen;
+    bool choices_seen;
+    size_t n_choices; /* 0 or 1 */
+    bool usage;       /* a usage object (accepted only without choices) */
 } view;
 
 enum { K_ROLE = 1, K_CONTENT = 2, K_RC = 4, K_R = 8, K_INDEX = 16, K_DELTA = 32, K_FINISH = 64 };
@@ -338,10 +340,11 @@ static bool number_zero(scan *c)
 static bool choice_member(scan *c, str key, void *ud, int depth)
 {
     view *v = ud;
-    str s;
     if (key_is(key, "index")) return once(v, K_INDEX) && number_zero(c);
     if (key_is(key, "delta")) return once(v, K_DELTA) && object(c, delta_member, v, depth);
-    if (key_is(key, "finish_reason")) return once(v, K_FINISH) && string_or_null(c, &s) && s.n == 0;
+    if (key_is(key, "finish_reason"))
+        return once(v, K_FINISH) && string_or_null(c, &v->finish) &&
+               v->finish.n < CHUNKSCAN_FINISH_MAX;
     if (key_is(key, "text")) return false; /* a text completion: the full parser */
     return skip_value(c, depth);
 }
@@ -351,18 +354,25 @@ static bool top_member(scan *c, str key, void *ud, int depth)
     view *v = ud;
     str o;
     if (key_is(key, "choices")) {
-        if (v->choice_seen || !eat(c, '[')) return false;
-        v->choice_seen = true;
-        return object(c, choice_member, v, depth) && eat(c, ']'); /* exactly one choice */
+        if (v->choices_seen || !eat(c, '[')) return false;
+        v->choices_seen = true;
+        if (eat(c, ']')) return true; /* none: a usage chunk */
+        v->n_choices = 1;
+        return object(c, choice_member, v, depth) && eat(c, ']'); /* at most one choice */
     }
-    if (key_is(key, "usage")) return literal(c, "null");
+    if (key_is(key, "usage")) {
+        ws(c);
+        if (literal(c, "null")) return true;
+        v->usage = true;
+        return c->p < c->end && *c->p == '{' && skip_value(c, depth);
+    }
     if (key_is(key, "error")) return false;
     if (key_is(key, "object")) return string(c, &o) && key_is(o, "chat.completion.chunk");
     return skip_value(c, depth);
 }
 
-/* Fills *out from an accepted view. `role` stands for the role's presence: the exchange only
- * tests it for NULL. */
+/* Fills *out from an accepted view with one choice. `role` stands for the role's presence:
+ * the exchange only tests it for NULL. */
 static void fill(dl_delta *out, const char *role, const str *text)
 {
     const str *rc = &text[F_RC], *r = &text[F_R], *content = &text[F_CONTENT];
@@ -377,18 +387,31 @@ static void fill(dl_delta *out, const char *role, const str *text)
     out->reasoning_keys = (rc->n ? DL_KEY_REASONING_CONTENT : 0) | (r->n ? DL_KEY_REASONING : 0);
 }
 
-/* The whole walk. On acceptance with exactly one text key holding text, the chunk's bytes
- * around that value become st's frame. */
+/* The whole walk. On acceptance with exactly one text key holding text and no
+ * finish_reason, the chunk's bytes around that value become st's frame (a framed reading
+ * reports texts only). */
 static bool scan_chunk(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
 {
     scan c = {data, data + len, &st->scratch, len};
     view v = {0};
     if (!object(&c, top_member, &v, 0)) return false;
     ws(&c);
-    if (c.p != c.end || !v.choice_seen || !(v.seen & K_DELTA)) return false;
-    /* Both reasoning keys with text: the full parser decides how they combine. */
-    if (v.text[F_RC].n && v.text[F_R].n) return false;
+    if (c.p != c.end || !v.choices_seen) return false;
+    if (!v.n_choices) { /* usage alone: nothing else in it is read */
+        out->kind = DL_CHUNK;
+        out->chat = true;
+        return true;
+    }
+    /* With a choice: its delta, and the usage that dl_delta reports as a tree. Both
+     * reasoning keys with text: the full parser decides how they combine. */
+    if (!(v.seen & K_DELTA) || v.usage || (v.text[F_RC].n && v.text[F_R].n)) return false;
     fill(out, v.role.n ? data : NULL, v.text);
+    if (v.finish.n) {
+        memcpy(st->finish, v.finish.s, v.finish.n);
+        st->finish[v.finish.n] = '\0';
+        out->finish_reason = st->finish;
+        return true;
+    }
     int with_text = 0, f = 0;
     for (int i = 0; i < F_COUNT; i++)
         if (v.text[i].n) with_text++, f = i;

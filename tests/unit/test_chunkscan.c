@@ -22,6 +22,9 @@ static const char *const primer =
 static void assert_same_delta(const dl_delta *a, const dl_delta *b)
 {
     assert_int_equal(a->kind, b->kind);
+    assert_int_equal(a->n_choices, b->n_choices);
+    assert_int_equal(a->finish_reason != NULL, b->finish_reason != NULL);
+    if (a->finish_reason) assert_string_equal(a->finish_reason, b->finish_reason);
     assert_int_equal(a->role != NULL, b->role != NULL);
     assert_int_equal(a->reasoning_keys, b->reasoning_keys);
     assert_int_equal(a->reasoning_len, b->reasoning_len);
@@ -41,10 +44,9 @@ static bool agrees(const char *json)
     dl_parse(json, strlen(json), &full);
     if (ok) {
         assert_int_equal(full.kind, DL_CHUNK);
-        assert_int_equal(full.n_choices, 1);
         assert_int_equal(full.choice_index, 0);
-        assert_null(full.finish_reason);
-        assert_null(full.usage);
+        assert_null(fast.usage); /* a usage object comes only without choices */
+        if (full.n_choices) assert_null(full.usage);
         assert_int_equal(full.n_tools, 0);
         assert_same_delta(&fast, &full);
     }
@@ -83,6 +85,41 @@ static void test_accepts_common_shapes(void **state)
                        "\"logprobs\":null,\"finish_reason\":null}]}"));
 }
 
+/* The last chunks of every stream: finish_reason (with or without text) and usage. */
+static void test_accepts_the_ends_of_a_stream(void **state)
+{
+    (void)state;
+    /* SGLang's last chunk, then its usage chunk */
+    assert_true(
+        agrees("{\"id\":\"ab\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+               "\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":null},\"logprobs\":null,"
+               "\"finish_reason\":\"length\",\"matched_stop\":null}]}"));
+    assert_true(
+        agrees("{\"id\":\"ab\",\"object\":\"chat.completion.chunk\",\"created\":1,"
+               "\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":9,"
+               "\"total_tokens\":69,\"completion_tokens\":60,\"prompt_tokens_details\":null}}"));
+    /* SGLang <= 0.4: the reason on the last text, sometimes ""; an escaped reason */
+    assert_true(agrees("{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"end\"},"
+                       "\"finish_reason\":\"stop\"}]}"));
+    assert_true(agrees("{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},"
+                       "\"finish_reason\":\"\"}]}"));
+    assert_true(agrees("{\"choices\":[{\"index\":0,\"delta\":{},"
+                       "\"finish_reason\":\"tool\\u005fcalls\"}]}"));
+    assert_true(agrees("{\"choices\":[],\"usage\":null}"));
+    assert_true(agrees("{\"choices\":[]}"));
+
+    /* A text with a reason is no frame: the next chunk with the same bytes around its text
+     * must not be read as if it had none (or as if it had this one). */
+    const char *last = "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"end\"},"
+                       "\"finish_reason\":\"stop\"}]}";
+    chunkscan_state st = CHUNKSCAN_INIT;
+    dl_delta d;
+    assert_true(chunkscan(last, strlen(last), &st, &d));
+    assert_string_equal(d.finish_reason, "stop");
+    assert_int_equal(st.field, 0);
+    chunkscan_free(&st);
+}
+
 /* Two escaped strings in one chunk, the second much longer than the first: both decoded
  * texts must still be readable (the scratch buffer may not move between them; ASan run). */
 static void test_two_escaped_texts(void **state)
@@ -102,8 +139,14 @@ static void test_refuses_what_needs_the_full_parser(void **state)
 {
     (void)state;
     const char *refuse[] = {
-        "{\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}",
-        "{\"choices\":[],\"usage\":{\"prompt_tokens\":1}}",
+        "{\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],"
+        "\"usage\":{\"prompt_tokens\":1}}",
+        "{\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":7}]}",
+        "{\"choices\":[{\"index\":0,\"delta\":{},"
+        "\"finish_reason\":\"a_reason_of_thirty_two_characters\"}]}",
+        "{\"choices\":[],\"usage\":7}",
+        "{\"usage\":{\"prompt_tokens\":1}}",
+        "{\"object\":\"text_completion\",\"choices\":[],\"usage\":{\"prompt_tokens\":1}}",
         "{\"error\":{\"message\":\"x\"}}",
         "{\"choices\":[{\"index\":1,\"delta\":{\"content\":\"a\"}}]}",
         "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}},{\"index\":1,\"delta\":{}}]}",
@@ -214,6 +257,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accepts_common_shapes),
+        cmocka_unit_test(test_accepts_the_ends_of_a_stream),
         cmocka_unit_test(test_refuses_what_needs_the_full_parser),
         cmocka_unit_test(test_two_escaped_texts),
         cmocka_unit_test(test_every_position_in_a_text),
