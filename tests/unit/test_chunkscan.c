@@ -33,6 +33,17 @@ static void assert_same_delta(const dl_delta *a, const dl_delta *b)
     if (a->content_len) assert_memory_equal(a->content, b->content, a->content_len);
 }
 
+/* id, model and created: only a walk reports them (see chunkscan.h). */
+static void assert_same_meta(const dl_delta *a, const dl_delta *b)
+{
+    assert_int_equal(a->id != NULL, b->id != NULL);
+    if (a->id) assert_string_equal(a->id, b->id);
+    assert_int_equal(a->model != NULL, b->model != NULL);
+    if (a->model) assert_string_equal(a->model, b->model);
+    assert_int_equal(a->has_created, b->has_created);
+    if (a->has_created) assert_true(a->created == b->created);
+}
+
 /* Returns whether chunkscan accepted `json`; when it did, asserts that every field the
  * exchange reads equals dl_parse's view of the same bytes. A state framed by `primer`
  * must give the same answer as the fresh one. */
@@ -49,6 +60,7 @@ static bool agrees(const char *json)
         if (full.n_choices) assert_null(full.usage);
         assert_int_equal(full.n_tools, 0);
         assert_same_delta(&fast, &full);
+        assert_same_meta(&fast, &full);
     }
     assert_true(chunkscan(primer, strlen(primer), &primed, &framed));
     assert_int_equal(primed.field, 1);
@@ -106,6 +118,13 @@ static void test_accepts_the_ends_of_a_stream(void **state)
     assert_true(agrees("{\"choices\":[{\"index\":0,\"delta\":{},"
                        "\"finish_reason\":\"tool\\u005fcalls\"}]}"));
     assert_true(agrees("{\"choices\":[],\"usage\":null}"));
+    /* The stream's identity, whatever its form: escaped, empty, not a string, negative */
+    assert_true(
+        agrees("{\"id\":\"a\\u00e9\",\"model\":\"\",\"created\":-12,\"choices\":[{\"index\":0,"
+               "\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}"));
+    assert_true(agrees("{\"id\":7,\"model\":null,\"created\":\"1\",\"choices\":[]}"));
+    assert_true(agrees("{\"id\":{\"a\":[1]},\"model\":\"m\",\"created\":999999999999999,"
+                       "\"choices\":[]}"));
     assert_true(agrees("{\"choices\":[]}"));
 
     /* A text with a reason is no frame: the next chunk with the same bytes around its text
@@ -148,6 +167,10 @@ static void test_refuses_what_needs_the_full_parser(void **state)
         "{\"usage\":{\"prompt_tokens\":1}}",
         "{\"object\":\"text_completion\",\"choices\":[],\"usage\":{\"prompt_tokens\":1}}",
         "{\"error\":{\"message\":\"x\"}}",
+        "{\"created\":1.5,\"choices\":[]}",
+        "{\"created\":1e3,\"choices\":[]}",
+        "{\"created\":1234567890123456,\"choices\":[]}",
+        "{\"id\":\"a\",\"id\":\"b\",\"choices\":[]}",
         "{\"choices\":[{\"index\":1,\"delta\":{\"content\":\"a\"}}]}",
         "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}},{\"index\":1,\"delta\":{}}]}",
         "{\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0}]}}]}",
