@@ -324,6 +324,7 @@ static void text_release(guard *g)
 {
     free(g->sw);
     guard_lines_release(g);
+    guard_template_release(g);
     guard_block_release(g);
     guard_novelty_release(g);
     guard_cycle_release(g);

@@ -274,12 +274,9 @@ struct guard {
     unsigned lines_run, lines_run_text; /* the trailing run of returns, and its text ones */
     unsigned lines_same;                /* segments in a row equal to the one before */
 
-    /* template (g_template.c): the current line's first byte, the previous line's body, the
-     * first body of the run and the run's length. */
-    uint64_t line_start;
-    uint64_t tpl_start, tpl_end, tpl_from;
-    unsigned tpl_run;
-    bool tpl_valid;
+    uint64_t line_start;   /* g_text.c: the current line's first byte */
+    struct gtemplate *tpl; /* template (g_template.c): its last lines and runs; NULL until
+                              the first line */
 
     /* count (g_count.c): the last number, the hash of the text before it, the offset
      * where the count began and the end of the last number; how many numbers in a row
@@ -416,6 +413,7 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
  * base: a line longer than the history), for the template detector. Returns true on a
  * trip. */
 bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
+void guard_template_release(guard *g);
 /* The same for the block detector (g_block.c), on when lines.block_copies or art_run is
  * set. */
 void guard_block_release(guard *g);
