@@ -322,19 +322,23 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     uint64_t longest = 0;     /* lines of the longest run */
     c->active = false;
     for (unsigned P = 2; P <= CYCLE_MAX_PERIOD && P <= n; P++) {
+        const cline *o = &c->ring[(n - P) % CYCLE_RING];
+        /* No run at P and another skeleton: the compare says 2 and nothing changes (a run
+         * of 0 has no line moved). Most periods of most lines. */
+        if (!c->run[P] && o->skel != l->skel) continue;
         /* One line may move per copy (a counter), not one per line. A grown name is looked
          * for (memmem, the costly part) only inside a run with no line moved yet: code
          * repeats lines' frames all the time, and a run starts on equal lines anyway. */
         uint16_t kept = (uint16_t)((c->moved[P] << 1) & ((1u << P) - 1));
         bool grown = c->run[P] && !kept && l->ends;
         uint32_t step;
-        unsigned cmp = lines_compare(g, l, &c->ring[(n - P) % CYCLE_RING], grown, &step);
+        unsigned cmp = lines_compare(g, l, o, grown, &step);
         uint16_t moved = (uint16_t)(kept | (cmp == 1));
         /* More lines of a copy may move when they count up together ("Question 7:" and
          * "Answer 7:"): one counter, not a row of data. */
         bool m = cmp < 2 && (!(moved & (moved - 1)) || (step != GROWN && step == c->step[P]));
         if (cmp == 1) c->step[P] = step;
-        if (m && !c->run[P]) c->from[P] = c->ring[(n - P) % CYCLE_RING].start;
+        if (m && !c->run[P]) c->from[P] = o->start;
         c->run[P] = m ? (uint16_t)(c->run[P] < UINT16_MAX ? c->run[P] + 1 : c->run[P]) : 0;
         c->moved[P] = m ? moved : 0;
         c->active |= m;

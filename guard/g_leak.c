@@ -21,15 +21,18 @@ void guard_leak_derive(guard_params *p)
         p->leak_class[(unsigned char)p->leaks[i][p->leak_len[i] - 1]] |= GUARD_LEAK_LAST;
         if (p->leak_len[i] > p->leak_maxlen) p->leak_maxlen = p->leak_len[i];
     }
+    unsigned char bytes[4] = {0};
     p->n_leak_bytes = 0;
     for (unsigned c = 0; c < 256 && p->n_leak_bytes <= 4; c++) {
         if (!p->leak_class[c]) continue;
-        if (p->n_leak_bytes < 4) p->leak_bytes[p->n_leak_bytes] = (unsigned char)c;
+        if (p->n_leak_bytes < 4) bytes[p->n_leak_bytes] = (unsigned char)c;
         p->n_leak_bytes++;
     }
     if (p->n_leak_bytes > 4) p->n_leak_bytes = 0;
     for (unsigned k = p->n_leak_bytes; k && k < 4; k++)
-        p->leak_bytes[k] = p->leak_bytes[0];
+        bytes[k] = bytes[0];
+    for (unsigned k = 0; k < 4; k++)
+        memset(p->leak_splat[k], bytes[k], sizeof p->leak_splat[k]);
 }
 
 void guard_disable_leaks(guard *g)
@@ -71,15 +74,16 @@ static inline unsigned leak_hits(const __m128i *k, __m128i x)
 /* The index of the first byte of s[0..n) that starts or ends a leak token, or n. s lies in
  * g's history, so a last block shorter than 16 bytes is read as the 16 bytes that end it,
  * with the history before it masked off: the pieces that get here are often 9-15 bytes. */
-static size_t leak_scan(const guard *g, const unsigned char *s, size_t n)
+static inline size_t leak_scan(const guard *g, const unsigned char *s, size_t n)
 {
     const guard_params *p = g->p;
     size_t i = 0;
 #ifdef __SSE2__
     if (p->n_leak_bytes) {
-        const __m128i k[4] = {
-            _mm_set1_epi8((char)p->leak_bytes[0]), _mm_set1_epi8((char)p->leak_bytes[1]),
-            _mm_set1_epi8((char)p->leak_bytes[2]), _mm_set1_epi8((char)p->leak_bytes[3])};
+        const __m128i k[4] = {_mm_loadu_si128((const __m128i *)(const void *)p->leak_splat[0]),
+                              _mm_loadu_si128((const __m128i *)(const void *)p->leak_splat[1]),
+                              _mm_loadu_si128((const __m128i *)(const void *)p->leak_splat[2]),
+                              _mm_loadu_si128((const __m128i *)(const void *)p->leak_splat[3])};
         for (; i + 16 <= n; i += 16) {
             unsigned m = leak_hits(k, _mm_loadu_si128((const __m128i *)(const void *)(s + i)));
             if (m) return i + (unsigned)__builtin_ctz(m);
@@ -98,19 +102,12 @@ static size_t leak_scan(const guard *g, const unsigned char *s, size_t n)
     return i;
 }
 
-/* The leak detector over a piece (guard_detector): leak_step at the bytes leak_scan finds.
- * It reads the piece from the history, where feed_piece copied it. */
-static size_t leak_pass(guard *g, size_t lim, uint64_t fed0)
+/* The rest of a piece from s[i], a byte that starts or ends a leak token: leak_step at the
+ * bytes leak_scan finds. RARE_PATH: kept out of the common pass, which then needs no
+ * registers saved. */
+RARE_PATH static size_t leak_steps(guard *g, const unsigned char *s, size_t i, size_t lim,
+                                   uint64_t fed0)
 {
-    if (g->leaks_off) return lim;
-    const unsigned char *s = g->buf + (size_t)(fed0 - g->base);
-    if (lim < GUARD_SHORT) { /* a token or so: the scan's set-up costs more than it saves */
-        const unsigned char *cls = g->p->leak_class;
-        for (size_t i = 0; i < lim; i++)
-            if (cls[s[i]] && leak_step(g, s[i], fed0 + i + 1)) return i;
-        return lim;
-    }
-    size_t i = leak_scan(g, s, lim);
     while (i < lim) {
         if (leak_step(g, s[i], fed0 + i + 1)) return i;
         i++;
@@ -119,14 +116,24 @@ static size_t leak_pass(guard *g, size_t lim, uint64_t fed0)
     return lim;
 }
 
-/* Longest tail that is a proper prefix of a leak token. O(max length) byte checks, and a
- * compare per token only where a token could start. */
-static size_t leak_suspect(const guard *g)
+/* The leak detector over a piece (guard_detector). It reads the piece from the history,
+ * where feed_piece copied it. A token goes through leak_scan too: one 16-byte compare where
+ * a byte loop's exit, at the token's length, was mispredicted about once per token. */
+static size_t leak_pass(guard *g, size_t lim, uint64_t fed0)
+{
+    if (g->leaks_off) return lim;
+    const unsigned char *s = g->buf + (size_t)(fed0 - g->base);
+    size_t i = leak_scan(g, s, lim);
+    return i < lim ? leak_steps(g, s, i, lim, fed0) : lim;
+}
+
+/* Longest tail that is a proper prefix of a leak token, when a byte that starts one is
+ * among the last max length. O(max length) byte checks, and a compare per token only where
+ * a token could start. RARE_PATH, as leak_steps. */
+RARE_PATH static size_t leak_prefix(const guard *g)
 {
     const guard_params *p = g->p;
     size_t have = (size_t)(g->fed - g->base);
-    /* No byte that starts a token among the last max length: nothing to hold. */
-    if (g->leaks_off || g->fed - g->leak_start >= p->leak_maxlen) return 0;
     /* Longest first; a tail can only match where it starts with a token's first byte. */
     for (size_t k = p->leak_maxlen - 1; k > 0; k--) {
         if (k > have) continue;
@@ -136,6 +143,13 @@ static size_t leak_suspect(const guard *g)
             if (p->leak_len[i] > k && !memcmp(t, p->leaks[i], k)) return k;
     }
     return 0;
+}
+
+static size_t leak_suspect(const guard *g)
+{
+    /* No byte that starts a token among the last max length: nothing to hold. */
+    if (g->leaks_off || g->fed - g->leak_start >= g->p->leak_maxlen) return 0;
+    return leak_prefix(g);
 }
 
 static bool leak_on(const guard_params *p)

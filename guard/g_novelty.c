@@ -43,13 +43,14 @@ static inline uint64_t mix(uint64_t x)
     return x;
 }
 
-/* Looks the key t up in the table and records it as seen at this word: returns how many
- * times it came before, each within memory_words of the next (0: new), up to 3. The table
- * is two-way: t sits in either slot of its set, and a new key evicts the older entry. */
-static inline unsigned table_seen(guard *g, uint64_t t)
+/* Looks the key t up in the table and records it as seen at word now_w (the word count,
+ * mod 2^16): returns how many times it came before, each within memory_words of the next
+ * (0: new), up to 3. The table is two-way: t sits in either slot of its set, and a new key
+ * evicts the older entry. */
+static inline unsigned table_seen(guard *g, uint64_t t, uint16_t now_w)
 {
     gtri *set = &g->ttab[(t >> (64 - GUARD_TTAB_BITS)) & ~(uint64_t)1];
-    uint16_t tag = (uint16_t)(t & 0x3FFF), now_w = (uint16_t)g->nwords;
+    uint16_t tag = (uint16_t)(t & 0x3FFF);
     uint16_t age0 = (uint16_t)(now_w - set[0].word), age1 = (uint16_t)(now_w - set[1].word);
     gtri *e = set[1].tag == tag   ? &set[1]
               : set[0].tag == tag ? &set[0]
@@ -63,54 +64,76 @@ static inline unsigned table_seen(guard *g, uint64_t t)
     return seen;
 }
 
-/* The novelty detector, for one word: is the trigram ending here new within
- * memory_words? Trips when fewer than min_ratio of the last `window` trigrams were. Words
- * outside prose only ever count as evidence of novelty (code and templated comments repeat
- * on purpose, but their fresh names still show the text is going somewhere), and a
- * trigram made only of numbers does not count at all (zero tables, version lists). `now`
- * is the number of bytes fed when it is decided. */
-bool guard_novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool prose, uint64_t now)
+/* The novelty detector, for each word of a segment that ended: is the trigram ending there
+ * new within memory_words? Trips when fewer than min_ratio of the last `window` trigrams
+ * were. Words outside prose only ever count as evidence of novelty (code and templated
+ * comments repeat on purpose, but their fresh names still show the text is going
+ * somewhere), and a trigram made only of numbers does not count at all (zero tables,
+ * version lists). `now` is the number of bytes fed when it is decided. The last three
+ * words are kept in locals over the segment's words, written back once: per word, not per
+ * segment, they cost their loads and stores and the call. */
+bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
 {
     const guard_params *p = g->p;
-    if (p->novelty.mask_numbers && !alpha) h = 0x9E3779B97F4A7C15ull; /* "7" is "12" */
-    g->wh[0] = g->wh[1];
-    g->wh[1] = g->wh[2];
-    g->wh[2] = h;
-    g->ws[0] = g->ws[1];
-    g->ws[1] = g->ws[2];
-    g->ws[2] = start;
-    g->walpha = (unsigned char)((g->walpha << 1 | alpha) & 7);
-    if (++g->nwords < 3 || !g->walpha) return false;
-    if (!g->ttab) novelty_alloc(g);
+    uint64_t wh0 = g->wh[0], wh1 = g->wh[1], wh2 = g->wh[2];
+    uint64_t ws0 = g->ws[0], ws1 = g->ws[1], ws2 = g->ws[2];
+    unsigned walpha = g->walpha;
+    uint32_t nwords = g->nwords;
+    bool tripped = false;
+    for (unsigned i = 0; i < nw && !tripped; i++) {
+        uint64_t h = g->sw[i].hash;
+        bool alpha = g->sw[i].alpha;
+        if (p->novelty.mask_numbers && !alpha) h = 0x9E3779B97F4A7C15ull; /* "7" is "12" */
+        wh0 = wh1;
+        wh1 = wh2;
+        wh2 = h;
+        ws0 = ws1;
+        ws1 = ws2;
+        ws2 = g->sw[i].start;
+        walpha = (walpha << 1 | alpha) & 7;
+        if (++nwords < 3 || !walpha) continue;
+        if (!g->ttab) novelty_alloc(g);
 
-    /* A word of prose new within memory_words (a key of its own in the same table): a loop
-     * brings none, a list of one product in several colours one an item. Words outside
-     * prose are not looked up: code's names would only crowd the table (and so evict the
-     * prose's), and a word of code never counts as evidence against a loop. */
-    bool fresh = alpha && prose && !table_seen(g, mix(h ^ 0x5BD1E9955BD1E995ull));
-    unsigned seen = table_seen(g, mix(g->wh[0] * 3 + mix(g->wh[1] * 5 + mix(g->wh[2]))));
-    bool novel = seen < p->novelty.min_seen;
-    if (!novel && !prose) return false;
+        /* A word of prose new within memory_words (a key of its own in the same table): a
+         * loop brings none, a list of one product in several colours one an item. Words
+         * outside prose are not looked up: code's names would only crowd the table (and so
+         * evict the prose's), and a word of code never counts as evidence against a loop. */
+        uint16_t now_w = (uint16_t)nwords;
+        bool fresh = alpha && prose && !table_seen(g, mix(h ^ 0x5BD1E9955BD1E995ull), now_w);
+        unsigned seen = table_seen(g, mix(wh0 * 3 + mix(wh1 * 5 + mix(wh2))), now_w);
+        bool novel = seen < p->novelty.min_seen;
+        if (!novel && !prose) continue;
 
-    unsigned w = p->novelty.window, slot = (unsigned)(g->ntri % w);
-    if (g->ntri >= w) {
-        g->novel -= g->tri_novel[slot] & 1;
-        g->fresh -= g->tri_novel[slot] >> 1;
+        unsigned w = p->novelty.window, slot = g->tri_slot;
+        g->tri_slot = slot + 1 < w ? slot + 1 : 0; /* ntri % w, without a division per word */
+        if (g->ntri >= w) {
+            g->novel -= g->tri_novel[slot] & 1;
+            g->fresh -= g->tri_novel[slot] >> 1;
+        }
+        g->tri_novel[slot] = (unsigned char)(novel | fresh << 1);
+        g->tri_start[slot] = ws0;
+        g->novel += novel;
+        g->fresh += fresh;
+        g->ntri++;
+        if (g->fresh > p->novelty.max_new_words) continue;
+        if (g->ntri < w || g->novel >= p->novelty.min_ratio * w) continue;
+        /* Repetition the prompt asks for, or the words of a trigram it holds, are no
+         * paraphrase loop (g_prompt.c). */
+        if (ws0 >= g->base && ws0 < now &&
+            guard_prompt_slack(g, g->buf + (ws0 - g->base), (size_t)(now - ws0)))
+            continue;
+        uint64_t from = g->tri_start[g->tri_slot];
+        guard_set_unit(g, from, now);
+        guard_trip(g, "novelty", from, now, w - g->novel);
+        tripped = true;
     }
-    g->tri_novel[slot] = (unsigned char)(novel | fresh << 1);
-    g->tri_start[slot] = g->ws[0];
-    g->novel += novel;
-    g->fresh += fresh;
-    g->ntri++;
-    if (g->fresh > p->novelty.max_new_words) return false;
-    if (g->ntri < w || g->novel >= p->novelty.min_ratio * w) return false;
-    /* Repetition the prompt asks for, or the words of a trigram it holds, are no paraphrase
-     * loop (g_prompt.c). */
-    if (g->ws[0] >= g->base && g->ws[0] < now &&
-        guard_prompt_slack(g, g->buf + (g->ws[0] - g->base), (size_t)(now - g->ws[0])))
-        return false;
-    uint64_t from = g->tri_start[g->ntri % w];
-    guard_set_unit(g, from, now);
-    guard_trip(g, "novelty", from, now, w - g->novel);
-    return true;
+    g->wh[0] = wh0;
+    g->wh[1] = wh1;
+    g->wh[2] = wh2;
+    g->ws[0] = ws0;
+    g->ws[1] = ws1;
+    g->ws[2] = ws2;
+    g->walpha = (unsigned char)walpha;
+    g->nwords = nwords;
+    return tripped;
 }

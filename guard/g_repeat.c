@@ -318,16 +318,17 @@ static inline uint32_t gram_period(guard *g, uint16_t *gtab, uint64_t gram, uint
  * byte by byte: where each one's period breaks in the piece is found first, 16 bytes at a
  * time, and the per-byte loop only records 8-grams, looks for new periods and stops where
  * something happens (cand_event). */
-/* The repeat detector for byte b of a short piece at offset pos (gram: the 8 bytes ending
- * there), with the result of repeat_pass over that one byte: for a byte or two a compare
- * per candidate costs less than finding where its period breaks. Returns true on a trip. */
-static inline bool repeat_byte(guard *g, uint64_t gram, unsigned char b, uint64_t pos)
+/* The repeat detector for the byte *at of a short piece, at offset pos (gram: the 8 bytes
+ * ending there), with the result of repeat_pass over that one byte: for a byte or two a
+ * compare per candidate costs less than finding where its period breaks. Returns true on
+ * a trip. */
+static inline bool repeat_byte(guard *g, uint64_t gram, const unsigned char *at, uint64_t pos)
 {
-    const unsigned char *now = g->buf + (pos - g->base);
+    unsigned char b = *at;
     bool due = false, died = false;
     for (unsigned k = 0; k < g->ncand; k++) {
         gcand *c = &g->cand[k];
-        bool holds = now[-(ptrdiff_t)c->period] == b;
+        bool holds = at[-(ptrdiff_t)c->period] == b;
         c->breaks = holds ? pos + 1 : pos;
         died |= !holds;
         due |= holds && pos >= c->ready_at;
@@ -464,13 +465,16 @@ static size_t repeat_pass(guard *g, size_t lim, uint64_t fed0)
 {
     const unsigned char *s = g->buf + (size_t)(fed0 - g->base);
     if (lim < GUARD_SHORT) {
-        for (size_t i = 0; i < lim; i++) {
+        uint64_t gram = g->gram; /* in a register: nothing the bytes call reads it */
+        size_t i = 0;
+        for (; i < lim; i++) {
             unsigned char b = s[i];
             if (g->fstate != 2 || b == '\n') fence_step(g, b); /* as fence_pass */
-            g->gram = g->gram << 8 | b;
-            if (repeat_byte(g, g->gram, b, fed0 + i)) return i;
+            gram = gram << 8 | b;
+            if (repeat_byte(g, gram, s + i, fed0 + i)) break;
         }
-        return lim;
+        g->gram = gram;
+        return i;
     }
     for (size_t i = 0; i < lim;) {
         size_t n = fence_pass(g, s + i, lim - i);

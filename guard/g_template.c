@@ -3,18 +3,35 @@
  * long after the answer stopped saying anything new. Verbatim returns are the lines
  * detector's; here no two lines need be equal.
  *
- * Each completed line (g_text.c hands them over) is compared with the previous one, both
- * without their list marker ("12. ", "- ", "* ") and indentation: they share a template
- * when their common prefix plus common suffix holds at least template_bytes and
- * template_share of the longer line, they differ, and the slot (what is left of the new
- * line) holds no digit. Digits in the slot are numbered data ("Check if n is 17", a
- * table's "4.5-Ounce", coordinates), which answers list on purpose. A run of
- * template_run such lines in a row trips, unless the prompt asks for or holds that many
- * (guard_prompt_slack of the line). Blank lines neither extend nor break a run.
+ * Each completed line (g_text.c hands them over) is compared with the lines 1 to TPL_LAGS
+ * before it, all without their list marker ("12. ", "- ", "* ") and indentation. Blank
+ * lines neither extend nor break a run. A line follows the line P before when the two
+ * differ and share one of two templates:
+ *   - text (P = 1 only): their common prefix plus common suffix holds at least
+ *     template_bytes and template_share of the longer line, the slot (what is left of the
+ *     new line) holds no digit, and the line is text (is_text). template_run such lines
+ *     in a row trip.
+ *   - token: the frame around the slot (prefix and suffix cut back to whole words) holds
+ *     template_bytes, and the slots are one word of at most TOKEN_MAX bytes, no space, no
+ *     digit ("npm install @types/X@latest -D", "\\renewcommand{\\X}{}", "What is the most
+ *     X type of snow?" every other line). Such lines follow in any list of names, so only
+ *     those whose slot is old count (see follows): template_run of them in one run trip.
+ *     Code and changelogs name a new thing on every line; a loop recombines and recycles.
+ * Digits in the slot are numbered data ("Check if n is 17", a table's "4.5-Ounce",
+ * coordinates), which answers list on purpose. A period P above 1 counts only lines that
+ * neither follow nor equal the line just before: a list on one template follows at every
+ * period, and is judged at period 1. A run trips unless the prompt asks for or holds that
+ * many copies (guard_prompt_slack of the line).
  *
  * Legitimate lists share templates too ("- 1 cup of X"), which is why the run is long and
- * the template must be most of the line. Cost: O(line) once per line, over bytes still in
- * the history; memory: three offsets and a count. */
+ * the template must be most of the line. Measured on the AlpacaEval answers (tests/corpus):
+ * counting every token slot, not only old ones, tripped on 20 of the 2,247 machine files
+ * (imports, includes, prototypes); counting text templates at periods 2 and 3 tripped on
+ * a table of contents cycling three phrasings. Cost: O(line) up to TPL_LAGS times once per
+ * line, plus a search of RECENT bytes for a token slot; memory: about 120 bytes, allocated
+ * at the first line. */
+#include <stdlib.h>
+
 #include "guard/guard_int.h"
 
 void guard_line_body(const guard *g, uint64_t *s, uint64_t *e)
@@ -42,30 +59,53 @@ void guard_line_body(const guard *g, uint64_t *s, uint64_t *e)
     *e = b;
 }
 
-/* Do the bodies [a, ae) and [b, be) share a template, the slot of b holding no digit? */
-static bool same_template(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uint64_t be)
+#define TPL_LAGS  3    /* periods of one to three lines */
+#define TPL_RING  4    /* the last lines kept: a power of two above TPL_LAGS - 1 */
+#define TOKEN_MAX 48   /* bytes of a token slot */
+#define RECENT    2048 /* bytes before a line where its slot is looked for */
+
+struct gtemplate {
+    uint64_t s[TPL_RING], e[TPL_RING];       /* the last bodies; line k at k % TPL_RING */
+    uint64_t head[TPL_RING], tail[TPL_RING]; /* their first and last 8 bytes (see ends) */
+    uint64_t n;                              /* lines held since the last break */
+    unsigned text;                           /* lines in a row that follow by the text template */
+    uint64_t text_from;                      /* the first line of that run */
+    unsigned run[TPL_LAGS + 1];              /* per period: lines in a row that follow */
+    unsigned old[TPL_LAGS + 1];              /* per period: those of them with an old token slot */
+    uint64_t from[TPL_LAGS + 1];             /* per period: the first line of the run */
+};
+
+void guard_template_release(guard *g)
 {
-    const guard_params *p = g->p;
-    uint64_t la = ae - a, lb = be - b, n = la < lb ? la : lb, pre = 0, suf = 0;
-    if (n < p->lines.template_bytes) return false; /* prefix + suffix <= the shorter line */
-    while (pre < n && guard_at(g, a + pre) == guard_at(g, b + pre))
-        pre++;
-    if (pre == la && la == lb) return false; /* the same line: the lines detector's */
-    while (suf < n - pre && guard_at(g, ae - 1 - suf) == guard_at(g, be - 1 - suf))
-        suf++;
-    uint64_t longer = la > lb ? la : lb;
-    if (pre + suf < p->lines.template_bytes ||
-        (double)(pre + suf) < p->lines.template_share * (double)longer)
-        return false;
-    for (uint64_t o = b + pre; o < be - suf; o++)
-        if (guard_at(g, o) >= '0' && guard_at(g, o) <= '9') return false;
-    return true;
+    free(g->tpl);
+}
+
+static inline bool is_word(unsigned char c)
+{
+    return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c == '_' ||
+           c >= 0x80;
+}
+
+enum { S_DIGIT = 1, S_SPACE = 2, S_LETTER = 4 };
+static const unsigned char slot_cls[256] = {
+    ['0' ... '9'] = S_DIGIT,  [' '] = S_SPACE,          ['\t'] = S_SPACE,
+    ['A' ... 'Z'] = S_LETTER, ['a' ... 'z'] = S_LETTER, [0x80 ... 0xFF] = S_LETTER,
+};
+
+/* What history [s, e) holds: S_DIGIT, S_SPACE (a space or tab), S_LETTER (ASCII, or any
+ * byte of a non-ASCII character). */
+static unsigned holds(const guard *g, uint64_t s, uint64_t e)
+{
+    unsigned h = 0;
+    for (const unsigned char *c = g->buf + (s - g->base), *end = c + (e - s); c < end; c++)
+        h |= slot_cls[*c];
+    return h;
 }
 
 /* Text: three words at least, letters at least half the body, and no code character
  * (= ; < > @ [ \\ ] _ ` { | }). Code and data declare lines on one template by design
  * (imports, tables of constants, dict entries): 25 of the 2,247 machine files tripped when
- * code lines counted. Asked only of a line that follows the template. */
+ * code lines counted for the text template. */
 static bool is_text(const guard *g, uint64_t s, uint64_t e)
 {
     static const unsigned char code[128] = {
@@ -81,26 +121,140 @@ static bool is_text(const guard *g, uint64_t s, uint64_t e)
     return gaps >= 2 && letters * 2 >= e - s;
 }
 
+/* Is history [s, e) found in the RECENT bytes before `before`? */
+static bool recent(const guard *g, uint64_t s, uint64_t e, uint64_t before)
+{
+    uint64_t from = before > g->base + RECENT ? before - RECENT : g->base;
+    return memmem(g->buf + (from - g->base), (size_t)(before - from), g->buf + (s - g->base),
+                  (size_t)(e - s)) != NULL;
+}
+
+enum { T_NONE, T_TEXT, T_TOKEN, T_OLD }; /* how a line follows another */
+
+/* How the body [b, be) follows [a, ae): T_TEXT by the text template (asked when `text`),
+ * T_TOKEN by the token template, T_OLD by the token template with an old slot; *equal:
+ * the two are the same line. `copy`: the first line of b's copy of the cycle. A slot is
+ * old when b only grew a name by text written in the RECENT bytes
+ * ("cftsubsubsubsecfont" after "cftsubsubsecfont"), or, in a text line, when its word
+ * was written before the copy (the adjective of a pair of questions, cycled again), or,
+ * in a code line, when it is one character (a letter counting through the alphabet). The
+ * next name of a list of imports is new: a program declares one name per line on
+ * purpose. */
+static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uint64_t be, bool text,
+                        uint64_t copy, bool *equal)
+{
+    const guard_params *p = g->p;
+    const unsigned char *x = g->buf + (a - g->base), *y = g->buf + (b - g->base);
+    uint64_t la = ae - a, lb = be - b, n = la < lb ? la : lb, pre = 0, suf = 0;
+    *equal = false;
+    uint64_t u, v;
+    while (pre + 8 <= n && (memcpy(&u, x + pre, 8), memcpy(&v, y + pre, 8), u == v))
+        pre += 8;
+    while (pre < n && x[pre] == y[pre])
+        pre++;
+    if (pre == la && la == lb) {
+        *equal = true;
+        return T_NONE;
+    }
+    if (n < p->lines.template_bytes) return T_NONE; /* prefix + suffix <= the shorter line */
+    while (suf + 8 <= n - pre &&
+           (memcpy(&u, x + la - suf - 8, 8), memcpy(&v, y + lb - suf - 8, 8), u == v))
+        suf += 8;
+    while (suf < n - pre && x[la - 1 - suf] == y[lb - 1 - suf])
+        suf++;
+    uint64_t frame = pre + suf, longer = la > lb ? la : lb;
+    if (frame < p->lines.template_bytes) return T_NONE;
+    if (text && (double)frame >= p->lines.template_share * (double)longer &&
+        !(holds(g, b + pre, be - suf) & S_DIGIT) && is_text(g, b, be))
+        return T_TEXT;
+    if (longer - frame > TOKEN_MAX) return T_NONE; /* widening only makes the slot longer */
+    /* b grew a name, nothing replaced, by text written in the RECENT bytes. */
+    bool grown = (frame == la || frame == lb) && frame < lb && recent(g, b + pre, be - suf, b);
+    /* The token template: the slot widened to whole words ("cftsubsecfont", not "ubsec"). */
+    while (pre && is_word(x[pre - 1]) &&
+           ((pre < la && is_word(x[pre])) || (pre < lb && is_word(y[pre]))))
+        pre--;
+    while (suf && is_word(x[la - suf]) &&
+           ((suf < la && is_word(x[la - suf - 1])) || (suf < lb && is_word(y[lb - suf - 1]))))
+        suf--;
+    if (pre + suf < p->lines.template_bytes || la - pre - suf > TOKEN_MAX ||
+        lb - pre - suf > TOKEN_MAX)
+        return T_NONE;
+    unsigned ha = holds(g, a + pre, ae - suf), hb = holds(g, b + pre, be - suf);
+    if ((ha | hb) & (S_DIGIT | S_SPACE) || !((ha | hb) & S_LETTER)) return T_NONE;
+    uint64_t slot = lb - pre - suf;
+    bool old =
+        grown || (is_text(g, b, be) ? !slot || recent(g, b + pre, be - suf, copy) : slot <= 1);
+    return old ? T_OLD : T_TOKEN;
+}
+
+/* The first and last 8 bytes of the body [s, e), or (shorter) its bytes twice. A frame of
+ * template_bytes (16 or more) leaves one of them equal, so most pairs of lines are told
+ * apart by these two compares, without calling follows. */
+static void ends(const guard *g, uint64_t s, uint64_t e, uint64_t *head, uint64_t *tail)
+{
+    const unsigned char *x = g->buf + (s - g->base);
+    *head = *tail = 0;
+    if (e - s < 8) {
+        memcpy(head, x, (size_t)(e - s));
+        *tail = *head;
+        return;
+    }
+    memcpy(head, x, 8);
+    memcpy(tail, x + (e - s) - 8, 8);
+}
+
 bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
     const guard_params *p = g->p;
+    if (!g->tpl) g->tpl = guard_xcalloc(1, sizeof(*g->tpl));
+    struct gtemplate *t = g->tpl;
     if (start < g->base) { /* longer than the history: no template */
-        g->tpl_run = 0;
-        g->tpl_valid = false;
+        memset(t, 0, sizeof(*t));
         return false;
     }
     if (start == end) return false;
-    bool follows = g->tpl_valid && g->tpl_start >= g->base &&
-                   same_template(g, g->tpl_start, g->tpl_end, start, end) && is_text(g, start, end);
-    g->tpl_run = follows ? g->tpl_run + 1 : 0;
-    if (!follows) g->tpl_from = start;
-    g->tpl_start = start;
-    g->tpl_end = end;
-    g->tpl_valid = true;
-    if (g->tpl_run < p->lines.template_run) return false;
+    uint64_t head, tail;
+    ends(g, start, end, &head, &tail);
+    /* Lines whose heads and tails both differ share no frame of 16 bytes (the template's
+     * bytes are a parameter: below 16 every pair is compared). */
+    const bool filter = p->lines.template_bytes >= 16;
+    bool tied = false; /* the line follows or equals the one before */
+    for (unsigned P = 1; P <= TPL_LAGS && P <= t->n; P++) {
+        const unsigned k = (unsigned)((t->n - P) % TPL_RING);
+        /* The first line of this copy: the line P - 1 before this one. */
+        uint64_t a = t->s[k], copy = P == 1 ? start : t->s[(t->n - P + 1) % TPL_RING];
+        bool equal = false, apart = filter && head != t->head[k] && tail != t->tail[k];
+        unsigned f = a >= g->base && !tied && !apart
+                         ? follows(g, a, t->e[k], start, end, P == 1, copy, &equal)
+                         : T_NONE;
+        if (P == 1) {
+            tied = f || equal;
+            if (f == T_TEXT && !t->text) t->text_from = a;
+            t->text = f == T_TEXT ? t->text + 1 : 0;
+        }
+        if (f && !t->run[P]) t->from[P] = a;
+        t->run[P] = f ? t->run[P] + 1 : 0;
+        t->old[P] = f ? t->old[P] + (f == T_OLD) : 0;
+    }
+    t->s[t->n % TPL_RING] = start;
+    t->e[t->n % TPL_RING] = end;
+    t->head[t->n % TPL_RING] = head;
+    t->tail[t->n % TPL_RING] = tail;
+    t->n++;
+    /* The text run (period 1), then the runs of old token slots. */
+    uint64_t from = t->text_from;
+    unsigned copies = t->text + 1, P;
+    if (t->text < p->lines.template_run) {
+        for (P = 1; P <= TPL_LAGS && t->old[P] < p->lines.template_run; P++)
+            ;
+        if (P > TPL_LAGS) return false;
+        from = t->from[P];
+        copies = t->run[P] / P + 1;
+    }
     uint32_t slack = guard_prompt_slack(g, g->buf + (start - g->base), (size_t)(end - start));
-    if (g->tpl_run + 1 <= slack) return false;
+    if (copies <= slack) return false;
     guard_set_unit(g, start, end);
-    guard_trip(g, "template", g->tpl_from, now, g->tpl_run + 1);
+    guard_trip(g, "template", from, now, copies);
     return true;
 }

@@ -6,13 +6,10 @@
  *
  * Words are runs of ASCII letters, digits and '_', and of non-ASCII letters; each CJK
  * character is a word of its own. A segment ends at a newline, at a space after . ! ?, or
- * at a CJK stop. Runs of ASCII letters and digits, most of the text, are hashed 16 bytes at a
- * time (alnum_run); every other byte goes through words_step and lines_step. */
+ * at a CJK stop. Runs of ASCII letters and digits, most of the text, are hashed in a loop of
+ * their own (alnum_run); every other byte goes through words_step and lines_step. */
 #include <stdlib.h>
 #include <string.h>
-#ifdef __SSE2__
-#include <emmintrin.h>
-#endif
 
 #include "guard/guard_int.h"
 
@@ -83,11 +80,7 @@ RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
                             plain, one_word, now))
         return true;
     if (p->cycle.enabled && ok && guard_cycle_segment(g, nw, start, end, kind, now)) return true;
-    if (p->novelty.enabled)
-        for (unsigned i = 0; i < nw; i++)
-            if (guard_novelty_word(g, g->sw[i].hash, g->sw[i].start, g->sw[i].alpha, prose, now))
-                return true;
-    return false;
+    return p->novelty.enabled && guard_novelty_words(g, nw, prose, now);
 }
 
 /* A non-space byte joins the current segment (one space stands for each gap). */
@@ -247,86 +240,14 @@ static void words_step(guard *g, unsigned char b, uint64_t pos)
 static const unsigned char alnum_class[256] = {
     ['0' ... '9'] = 1, ['A' ... 'Z'] = 2, ['a' ... 'z'] = 2};
 
-#ifdef __SSE2__
-/* The bits set in a 16-bit mask. __builtin_popcount is a call into libgcc on baseline
- * x86-64 (no POPCNT instruction), once per 16 bytes of a letter run. */
-static inline uint32_t popcount16(unsigned m)
-{
-    m = m - ((m >> 1) & 0x5555u);
-    m = (m & 0x3333u) + ((m >> 2) & 0x3333u);
-    m = (m + (m >> 4)) & 0x0F0Fu;
-    return (m + (m >> 8)) & 0x1Fu;
-}
-#endif
-
-#ifdef __SSE2__
-/* The constants of alnum_masks, made once per call of alnum_span. */
-typedef struct alnum_k {
-    __m128i flip, low, a, zero, nlet, ndig;
-} alnum_k;
-
-/* The ASCII letters and digits among the 16 bytes at p (*in) and the letters (*lm), as
- * 16-bit masks. (x - lo) < span unsigned is a signed compare once both sides have the top
- * bit flipped. */
-static inline void alnum_masks(const alnum_k *k, const unsigned char *p, unsigned *in, unsigned *lm)
-{
-    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)p);
-    __m128i lx = _mm_sub_epi8(_mm_or_si128(x, k->low), k->a);
-    __m128i let = _mm_cmplt_epi8(_mm_xor_si128(lx, k->flip), k->nlet);
-    __m128i dig = _mm_cmplt_epi8(_mm_xor_si128(_mm_sub_epi8(x, k->zero), k->flip), k->ndig);
-    *in = (unsigned)_mm_movemask_epi8(_mm_or_si128(let, dig));
-    *lm = (unsigned)_mm_movemask_epi8(let);
-}
-#endif
-
-/* The length of the run of ASCII letters and digits that starts s[0..n); adds the letters
- * among them to *letters. Sixteen bytes at a time where SSE2 exists (every x86-64); when
- * `before` bytes before s may be read (s lies in the guard's history), a last block shorter
- * than 16 is read as the 16 bytes that end it, with those before it shifted out. */
-static size_t alnum_span(const unsigned char *s, size_t n, size_t before, uint32_t *letters)
-{
-    size_t i = 0;
-#ifdef __SSE2__
-    const alnum_k k = {_mm_set1_epi8((char)0x80),
-                       _mm_set1_epi8(0x20),
-                       _mm_set1_epi8('a'),
-                       _mm_set1_epi8('0'),
-                       _mm_set1_epi8((char)(26 ^ 0x80)),
-                       _mm_set1_epi8((char)(10 ^ 0x80))};
-    unsigned in, lm;
-    for (; i + 16 <= n; i += 16) {
-        alnum_masks(&k, s + i, &in, &lm);
-        if (in != 0xFFFF) {
-            unsigned e = (unsigned)__builtin_ctz(~in);
-            *letters += popcount16(lm & ((1u << e) - 1));
-            return i + e;
-        }
-        *letters += popcount16(lm);
-    }
-    size_t rest = n - i;
-    if (rest && before + n >= 16) {
-        alnum_masks(&k, s + n - 16, &in, &lm);
-        unsigned full = (1u << rest) - 1;
-        in = (in >> (16 - rest)) & full;
-        lm = (lm >> (16 - rest)) & full;
-        unsigned e = (unsigned)__builtin_ctz(~in); /* rest when the whole block is a run */
-        *letters += popcount16(lm & ((1u << e) - 1));
-        return i + e;
-    }
-#else
-    (void)before;
-#endif
-    for (unsigned c; i < n && (c = alnum_class[s[i]]); i++)
-        *letters += c >> 1;
-    return i;
-}
-
 /* The most common bytes, a run of ASCII letters and digits from s[i] (offset fed0 + i) up
  * to lim: does exactly what words_step and lines_step do with each of them, with the two
- * hashes in registers. `before` bytes before s may be read (see alnum_span). Returns the
- * index past the run. */
+ * hashes in registers. One loop finds the run's end and hashes it: most runs are words of a
+ * few letters, where finding the end 16 bytes at a time first, then hashing, cost a second
+ * loop and its mispredicted exit per word, and more instructions than they saved. Returns
+ * the index past the run. */
 static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, uint64_t fed0,
-                        bool words, size_t before)
+                        bool words)
 {
     uint64_t pos = fed0 + i;
     if (g->seg_gap) { /* one space stands for the gap */
@@ -345,16 +266,16 @@ static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, 
     }
     uint64_t wh = g->w_hash, sh = g->seg_hash;
     uint32_t letters = 0;
-    size_t j = i + alnum_span(s + i, lim - i, before + i, &letters);
-    size_t k0 = i;
+    size_t j = i;
     if (g->seg_lead) { /* a number opening the segment is left out: "7. X" is "8. X" */
-        while (k0 < j && s[k0] <= '9')
-            wh = fnv(wh, s[k0++]);
-        g->seg_lead = k0 == j;
+        while (j < lim && alnum_class[s[j]] == 1)
+            wh = fnv(wh, s[j++]);
+        g->seg_lead = j == lim || !alnum_class[s[j]];
     }
-    for (size_t k = k0; k < j; k++) {
-        wh = fnv(wh, s[k] | 0x20); /* lower case; digits have that bit already */
-        sh = fnv(sh, s[k]);
+    for (unsigned c; j < lim && (c = alnum_class[s[j]]); j++) {
+        letters += c >> 1;
+        wh = fnv(wh, s[j] | 0x20); /* lower case; digits have that bit already */
+        sh = fnv(sh, s[j]);
     }
     uint32_t run = (uint32_t)(j - i);
     if (words) {
@@ -385,10 +306,10 @@ static size_t text_pass(guard *g, size_t lim, uint64_t fed0)
 {
     const bool words = g->p->novelty.enabled || g->p->cycle.enabled;
     const unsigned char *s = g->buf + (size_t)(fed0 - g->base);
-    size_t before = (size_t)(s - g->buf), i = 0;
+    size_t i = 0;
     while (i < lim) {
         if (alnum_class[s[i]]) {
-            i = alnum_run(g, s, i, lim, fed0, words, before);
+            i = alnum_run(g, s, i, lim, fed0, words);
             continue;
         }
         if (text_other(g, s[i], fed0 + i, words)) return i;
@@ -409,6 +330,7 @@ static void text_release(guard *g)
 {
     free(g->sw);
     guard_lines_release(g);
+    guard_template_release(g);
     guard_block_release(g);
     guard_novelty_release(g);
     guard_cycle_release(g);

@@ -253,34 +253,12 @@ uint64_t guard_bytes(const guard *g)
 
 /* ---- holdback ---------------------------------------------------------------------- */
 
-size_t guard_suspect(const guard *g)
+/* The holdback of s trailing bytes moved onto character boundaries: an unfinished UTF-8
+ * sequence at the end held whole, the release point on a character boundary, within the
+ * cap. Out of line: most calls return before it (guard_suspect). */
+RARE_PATH static size_t suspect_bounds(const guard *g, size_t s)
 {
-    const guard_params *p = g->p;
-    uint64_t fed = g->fed;
-    size_t s = 0;
-    if (!p->enabled || fed == 0) return 0;
-    if (g->tripped) {
-        s = (size_t)(fed - g->v.loop_start);
-    } else {
-        /* One call site per place in the list, as in feed_piece. */
-#define SUSPECT(k)                                                                                 \
-    if ((k) < g->nsus) {                                                                           \
-        size_t d = g->sus[k]->suspect(g);                                                          \
-        if (d > s) s = d;                                                                          \
-    }
-        SUSPECT(0);
-        SUSPECT(1);
-        SUSPECT(2);
-        SUSPECT(3);
-        SUSPECT(4);
-        SUSPECT(5);
-#undef SUSPECT
-        /* Nothing suspect and an ASCII byte last, the common answer: no character to keep
-         * whole, no boundary to move. */
-        if (!s && guard_at(g, fed - 1) < 0x80) return 0;
-    }
-    /* An unfinished UTF-8 sequence at the end is held whole. */
-    uint64_t keep = g->base;
+    uint64_t fed = g->fed, keep = g->base;
     for (uint64_t o = fed; o-- > keep && fed - o <= 4;) {
         unsigned char c = guard_at(g, o);
         if (guard_is_cont(c)) continue;
@@ -296,11 +274,36 @@ size_t guard_suspect(const guard *g)
     uint64_t cut = fed - s;
     for (int k = 0; k < 3 && cut > g->base && cut < fed && guard_is_cont(guard_at(g, cut)); k++)
         cut--;
-    if (fed - cut > p->holdback_max) {
-        cut = fed - p->holdback_max;
+    if (fed - cut > g->p->holdback_max) {
+        cut = fed - g->p->holdback_max;
         for (int k = 0; k < 3 && cut < fed && cut >= g->base && guard_is_cont(guard_at(g, cut));
              k++)
             cut++;
     }
     return (size_t)(fed - cut);
+}
+
+size_t guard_suspect(const guard *g)
+{
+    uint64_t fed = g->fed;
+    size_t s = 0;
+    if (!g->p->enabled || fed == 0) return 0;
+    if (g->tripped) return suspect_bounds(g, (size_t)(fed - g->v.loop_start));
+        /* One call site per place in the list, as in feed_piece. */
+#define SUSPECT(k)                                                                                 \
+    if ((k) < g->nsus) {                                                                           \
+        size_t d = g->sus[k]->suspect(g);                                                          \
+        if (d > s) s = d;                                                                          \
+    }
+    SUSPECT(0);
+    SUSPECT(1);
+    SUSPECT(2);
+    SUSPECT(3);
+    SUSPECT(4);
+    SUSPECT(5);
+#undef SUSPECT
+    /* Nothing suspect and an ASCII byte last, the common answer: no character to keep
+     * whole, no boundary to move. */
+    if (!s && guard_at(g, fed - 1) < 0x80) return 0;
+    return suspect_bounds(g, s);
 }

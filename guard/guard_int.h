@@ -130,11 +130,12 @@ struct guard_params {
     size_t leak_len[GUARD_MAX_LEAKS];
     /* Derived (guard_leak_derive), read-only and shared by every guard of these params:
      * per byte value, GUARD_LEAK_FIRST / GUARD_LEAK_LAST when it starts / ends a token; the
-     * longest token (0: none); the bytes that start or end one when they are at most 4 (the
-     * rest repeat the first), for a 16-byte scan, else n_leak_bytes 0. */
+     * longest token (0: none); for a 16-byte scan, when at most 4 bytes start or end one
+     * (else n_leak_bytes is 0), those bytes each repeated 16 times (the rest repeat the
+     * first). */
     unsigned char leak_class[256];
     size_t leak_maxlen;
-    unsigned char leak_bytes[4];
+    unsigned char leak_splat[4][16];
     unsigned n_leak_bytes;
 
     uint64_t budget_bytes;               /* 0: off */
@@ -283,12 +284,9 @@ struct guard {
     unsigned lines_run, lines_run_text; /* the trailing run of returns, and its text ones */
     unsigned lines_same;                /* segments in a row equal to the one before */
 
-    /* template (g_template.c): the current line's first byte, the previous line's body, the
-     * first body of the run and the run's length. */
-    uint64_t line_start;
-    uint64_t tpl_start, tpl_end, tpl_from;
-    unsigned tpl_run;
-    bool tpl_valid;
+    uint64_t line_start;   /* g_text.c: the current line's first byte */
+    struct gtemplate *tpl; /* template (g_template.c): its last lines and runs; NULL until
+                              the first line */
 
     /* count (g_count.c): the last number, the hash of the text before it, the offset
      * where the count began and the end of the last number; how many numbers in a row
@@ -306,8 +304,9 @@ struct guard {
     uint64_t *tri_start;      /* ring over the novelty window: first byte of each trigram */
     unsigned char *tri_novel; /* per window slot: bit 0 novel trigram, bit 1 new word */
     uint64_t ntri;
-    unsigned novel; /* novel trigrams in the window */
-    unsigned fresh; /* words new within memory_words among the window's last words */
+    unsigned tri_slot; /* ntri % the window: the ring's next slot */
+    unsigned novel;    /* novel trigrams in the window */
+    unsigned fresh;    /* words new within memory_words among the window's last words */
 
     /* cycle (g_cycle.c): the ring of segments, how many there were, and the replay: its
      * lag, segments, those equal with their numbers, bytes, prose bytes and first byte. */
@@ -428,6 +427,7 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
  * base: a line longer than the history), for the template detector. Returns true on a
  * trip. */
 bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
+void guard_template_release(guard *g);
 /* The same for the block detector (g_block.c), on when lines.block_copies or art_run is
  * set. */
 void guard_block_release(guard *g);
@@ -448,8 +448,8 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, un
                          uint64_t now);
 void guard_cycle_release(guard *g);
 void guard_novelty_release(guard *g);
-/* One word (hash, first byte, starts with a letter) of a segment that ended. Returns true
- * on a trip. */
-bool guard_novelty_word(guard *g, uint64_t h, uint64_t start, bool alpha, bool prose, uint64_t now);
+/* The nw words of a segment that ended, in g->sw (hash, first byte, starts with a letter).
+ * Returns true on a trip. */
+bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now);
 
 #endif

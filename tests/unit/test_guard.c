@@ -877,6 +877,74 @@ static void test_template(void **state)
     free(t.s);
 }
 
+/* Token slots: one word in a frame of 16 bytes or more changes from line to line (period
+ * 1 to 3), and the word is old: a name grown from pieces already written, a word the
+ * answer used before the copy, one letter counting through the alphabet. A list of new
+ * names, code or text, is a program or a changelog, and passes. */
+static void test_template_slots(void **state)
+{
+    (void)state;
+    static const char *adj[8] = {"gentle", "stormy", "freezing", "heavy",
+                                 "sudden", "silent", "bitter",   "golden"};
+    text t = {0};
+    char line[160];
+    /* A style name that keeps growing by a piece it already has. */
+    tcat(&t, "Add these to the preamble:\n\n");
+    for (int i = 0; i < 18; i++) {
+        char name[96] = "toc";
+        for (int k = 0; k <= i; k++)
+            strcat(name, "in");
+        strcat(name, "part");
+        snprintf(line, sizeof(line), "\\setcounterstyle{\\%s}{}\n", name);
+        tcat(&t, line);
+    }
+    assert_chunking_invariant(t.s);
+    assert_trips("a name growing by its own pieces", LG_CH_CONTENT, t.s, "template");
+    /* Pairs of questions on one adjective, the adjectives cycled again in a new order each
+     * round (period 2; a round in the same order would be a cycle of lines). */
+    t.n = 0;
+    tcat(&t, "Questions to start a talk about the rain:\n\n");
+    for (int i = 0; i < 32; i++) {
+        const char *a = adj[(i % 8 * (2 * (i / 8) + 1) + i / 8) % 8];
+        snprintf(line, sizeof(line), "%d. \"Which is the most %s kind of rain?\"\n", 2 * i + 1, a);
+        tcat(&t, line);
+        snprintf(line, sizeof(line), "%d. \"Should the city plan ahead for %s rain?\"\n", 2 * i + 2,
+                 a);
+        tcat(&t, line);
+    }
+    assert_trips("question pairs cycling their adjectives", LG_CH_CONTENT, t.s, "template");
+    /* One letter counting through the alphabet in a line of code. */
+    t.n = 0;
+    tcat(&t, "symbols = {\n");
+    for (int i = 0; i < 52; i++) {
+        snprintf(line, sizeof(line), "    glyph_table.code('%c'): '#',\n",
+                 i < 26 ? 'A' + i : 'a' + i - 26);
+        tcat(&t, line);
+    }
+    assert_trips("a letter counting in a code line", LG_CH_CONTENT, t.s, "template");
+    /* Look-alikes: includes of new headers, and a changelog moving new files (period 2). */
+    static const char *mod[32] = {
+        "alpha",  "beacon", "cinder",  "delta",   "ember",  "falcon", "garnet", "harbor",
+        "indigo", "jasper", "kestrel", "lumen",   "marble", "nectar", "onyx",   "pepper",
+        "quartz", "raven",  "saffron", "tundra",  "umber",  "velvet", "willow", "xenon",
+        "yarrow", "zephyr", "acorn",   "bramble", "cobalt", "dune",   "fennel", "gossamer"};
+    t.n = 0;
+    for (int i = 0; i < 32; i++) {
+        snprintf(line, sizeof(line), "#include \"workshop/plugins/%s_hook.h\"\n", mod[i]);
+        tcat(&t, line);
+    }
+    assert_clean_both("includes of new headers", t.s);
+    t.n = 0;
+    tcat(&t, "2024-03-01  A. Maintainer\n\n");
+    for (int i = 0; i < 32; i++) {
+        snprintf(line, sizeof(line), "\t* %s.c: Moved to...\n\t* %s.cc: ...here.\n", mod[i],
+                 mod[i]);
+        tcat(&t, line);
+    }
+    assert_clean_both("a changelog moving new files", t.s);
+    free(t.s);
+}
+
 static void test_loops(void **state)
 {
     (void)state;
@@ -1613,15 +1681,25 @@ static void test_settings(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_seed_cases),  cmocka_unit_test(test_traps),
-        cmocka_unit_test(test_loops),       cmocka_unit_test(test_chunking_invariance),
-        cmocka_unit_test(test_suspect),     cmocka_unit_test(test_leak),
-        cmocka_unit_test(test_rules),       cmocka_unit_test(test_budget_and_empty),
-        cmocka_unit_test(test_settings),    cmocka_unit_test(test_fence_closing_in_the_chunk),
-        cmocka_unit_test(test_loop_shapes), cmocka_unit_test(test_prompt_slack),
-        cmocka_unit_test(test_template),    cmocka_unit_test(test_count),
-        cmocka_unit_test(test_blocks),      cmocka_unit_test(test_prompt_count_word),
-        cmocka_unit_test(test_prose_loops), cmocka_unit_test(test_masked_cycle),
+        cmocka_unit_test(test_seed_cases),
+        cmocka_unit_test(test_traps),
+        cmocka_unit_test(test_loops),
+        cmocka_unit_test(test_chunking_invariance),
+        cmocka_unit_test(test_suspect),
+        cmocka_unit_test(test_leak),
+        cmocka_unit_test(test_rules),
+        cmocka_unit_test(test_budget_and_empty),
+        cmocka_unit_test(test_settings),
+        cmocka_unit_test(test_fence_closing_in_the_chunk),
+        cmocka_unit_test(test_loop_shapes),
+        cmocka_unit_test(test_prompt_slack),
+        cmocka_unit_test(test_template),
+        cmocka_unit_test(test_template_slots),
+        cmocka_unit_test(test_count),
+        cmocka_unit_test(test_blocks),
+        cmocka_unit_test(test_prompt_count_word),
+        cmocka_unit_test(test_prose_loops),
+        cmocka_unit_test(test_masked_cycle),
         cmocka_unit_test(test_mixed_cycle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
