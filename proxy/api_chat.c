@@ -207,9 +207,10 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
 static int chat_on_event(exchange *ex, const sse_event *ev)
 {
     dl_delta d;
-    /* The fast path once the stream's identity is known; whole responses and retries need
-     * the full tree (assembler, id rewriting). */
-    bool fast = ex->req.client_stream && CS(ex)->c_id && ex->attempt == 1 &&
+    /* The fast path for a stream's first attempt (its first chunk, a walk, brings the
+     * stream's identity); whole responses and retries need the full tree (assembler, id
+     * rewriting). */
+    bool fast = ex->req.client_stream && ex->attempt == 1 &&
                 chunkscan(ev->data, ev->data_len, &CS(ex)->scan, &d);
     if (!fast) dl_parse(ev->data, ev->data_len, &d);
     int rc = 0;

@@ -289,13 +289,28 @@ static bool key_is(str k, const char *name)
 enum { F_CONTENT, F_RC, F_R, F_COUNT };
 
 typedef struct view {
-    str role, text[F_COUNT];
+    str role, text[F_COUNT], finish, id, model;
+    long long created;
+    bool has_created;
     const char *tok[F_COUNT], *tok_end[F_COUNT]; /* where each text key's value token lies */
     unsigned seen;                               /* one bit per key we read, to refuse duplicates */
-    bool choice_seen;
+    bool choices_seen;
+    size_t n_choices; /* 0 or 1 */
+    bool usage;       /* a usage object (accepted only without choices) */
 } view;
 
-enum { K_ROLE = 1, K_CONTENT = 2, K_RC = 4, K_R = 8, K_INDEX = 16, K_DELTA = 32, K_FINISH = 64 };
+enum {
+    K_ROLE = 1,
+    K_CONTENT = 2,
+    K_RC = 4,
+    K_R = 8,
+    K_INDEX = 16,
+    K_DELTA = 32,
+    K_FINISH = 64,
+    K_ID = 128,
+    K_MODEL = 256,
+    K_CREATED = 512,
+};
 
 static bool once(view *v, unsigned bit)
 {
@@ -338,31 +353,72 @@ static bool number_zero(scan *c)
 static bool choice_member(scan *c, str key, void *ud, int depth)
 {
     view *v = ud;
-    str s;
     if (key_is(key, "index")) return once(v, K_INDEX) && number_zero(c);
     if (key_is(key, "delta")) return once(v, K_DELTA) && object(c, delta_member, v, depth);
-    if (key_is(key, "finish_reason")) return once(v, K_FINISH) && string_or_null(c, &s) && s.n == 0;
+    if (key_is(key, "finish_reason"))
+        return once(v, K_FINISH) && string_or_null(c, &v->finish) &&
+               v->finish.n < CHUNKSCAN_FINISH_MAX;
     if (key_is(key, "text")) return false; /* a text completion: the full parser */
     return skip_value(c, depth);
+}
+
+/* id or model: a string with text, or anything else, which dl_parse reads as none. */
+static bool meta_string(scan *c, str *out, int depth)
+{
+    ws(c);
+    if (c->p < c->end && *c->p == '"') return string(c, out);
+    return skip_value(c, depth);
+}
+
+/* created: an integer of up to 15 digits, which a double holds exactly, so that it reads as
+ * dl_parse's (long long)valuedouble; another number is refused (the full parser decides);
+ * anything else is no time, as for dl_parse. */
+static bool created(scan *c, view *v, int depth)
+{
+    ws(c);
+    const char *s = c->p;
+    if (c->p >= c->end || (*c->p != '-' && (*c->p < '0' || *c->p > '9')))
+        return skip_value(c, depth);
+    if (!number(c)) return false;
+    bool neg = *s == '-';
+    size_t n = (size_t)(c->p - s) - neg;
+    long long t = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (n > 15 || s[neg + i] < '0' || s[neg + i] > '9') return false; /* fraction, exponent */
+        t = t * 10 + (s[neg + i] - '0');
+    }
+    v->created = neg ? -t : t;
+    v->has_created = true;
+    return true;
 }
 
 static bool top_member(scan *c, str key, void *ud, int depth)
 {
     view *v = ud;
     str o;
+    if (key_is(key, "id")) return once(v, K_ID) && meta_string(c, &v->id, depth);
+    if (key_is(key, "model")) return once(v, K_MODEL) && meta_string(c, &v->model, depth);
+    if (key_is(key, "created")) return once(v, K_CREATED) && created(c, v, depth);
     if (key_is(key, "choices")) {
-        if (v->choice_seen || !eat(c, '[')) return false;
-        v->choice_seen = true;
-        return object(c, choice_member, v, depth) && eat(c, ']'); /* exactly one choice */
+        if (v->choices_seen || !eat(c, '[')) return false;
+        v->choices_seen = true;
+        if (eat(c, ']')) return true; /* none: a usage chunk */
+        v->n_choices = 1;
+        return object(c, choice_member, v, depth) && eat(c, ']'); /* at most one choice */
     }
-    if (key_is(key, "usage")) return literal(c, "null");
+    if (key_is(key, "usage")) {
+        ws(c);
+        if (literal(c, "null")) return true;
+        v->usage = true;
+        return c->p < c->end && *c->p == '{' && skip_value(c, depth);
+    }
     if (key_is(key, "error")) return false;
     if (key_is(key, "object")) return string(c, &o) && key_is(o, "chat.completion.chunk");
     return skip_value(c, depth);
 }
 
-/* Fills *out from an accepted view. `role` stands for the role's presence: the exchange only
- * tests it for NULL. */
+/* Fills *out from an accepted view with one choice. `role` stands for the role's presence:
+ * the exchange only tests it for NULL. */
 static void fill(dl_delta *out, const char *role, const str *text)
 {
     const str *rc = &text[F_RC], *r = &text[F_R], *content = &text[F_CONTENT];
@@ -377,18 +433,47 @@ static void fill(dl_delta *out, const char *role, const str *text)
     out->reasoning_keys = (rc->n ? DL_KEY_REASONING_CONTENT : 0) | (r->n ? DL_KEY_REASONING : 0);
 }
 
-/* The whole walk. On acceptance with exactly one text key holding text, the chunk's bytes
- * around that value become st's frame. */
+/* The chunk's id, model and created into *out, the strings copied into st->meta. */
+static void fill_meta(dl_delta *out, const view *v, chunkscan_state *st)
+{
+    lg_buf_reset(&st->meta);
+    lg_buf_append(&st->meta, v->id.s, v->id.n);
+    lg_buf_append(&st->meta, "", 1);
+    lg_buf_append(&st->meta, v->model.s, v->model.n);
+    lg_buf_append(&st->meta, "", 1);
+    out->id = v->id.n ? st->meta.p : NULL;
+    out->model = v->model.n ? st->meta.p + v->id.n + 1 : NULL;
+    out->created = v->created;
+    out->has_created = v->has_created;
+}
+
+/* The whole walk. On acceptance with exactly one text key holding text and no
+ * finish_reason, the chunk's bytes around that value become st's frame (a framed reading
+ * reports texts only). */
 static bool scan_chunk(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
 {
     scan c = {data, data + len, &st->scratch, len};
     view v = {0};
     if (!object(&c, top_member, &v, 0)) return false;
     ws(&c);
-    if (c.p != c.end || !v.choice_seen || !(v.seen & K_DELTA)) return false;
-    /* Both reasoning keys with text: the full parser decides how they combine. */
-    if (v.text[F_RC].n && v.text[F_R].n) return false;
+    if (c.p != c.end || !v.choices_seen) return false;
+    if (!v.n_choices) { /* usage alone: nothing else in it is read */
+        out->kind = DL_CHUNK;
+        out->chat = true;
+        fill_meta(out, &v, st);
+        return true;
+    }
+    /* With a choice: its delta, and the usage that dl_delta reports as a tree. Both
+     * reasoning keys with text: the full parser decides how they combine. */
+    if (!(v.seen & K_DELTA) || v.usage || (v.text[F_RC].n && v.text[F_R].n)) return false;
     fill(out, v.role.n ? data : NULL, v.text);
+    fill_meta(out, &v, st);
+    if (v.finish.n) {
+        memcpy(st->finish, v.finish.s, v.finish.n);
+        st->finish[v.finish.n] = '\0';
+        out->finish_reason = st->finish;
+        return true;
+    }
     int with_text = 0, f = 0;
     for (int i = 0; i < F_COUNT; i++)
         if (v.text[i].n) with_text++, f = i;
@@ -433,5 +518,6 @@ void chunkscan_free(chunkscan_state *st)
 {
     lg_buf_free(&st->scratch);
     lg_buf_free(&st->frame);
+    lg_buf_free(&st->meta);
     memset(st, 0, sizeof *st);
 }

@@ -4,11 +4,17 @@
  * or content. Building a cJSON tree for each and freeing it again was a third of the proxy's
  * CPU (bench profile), so this scanner walks the JSON once without allocating and fills a
  * dl_delta (root NULL) for exactly that shape: choices[0] with index 0 and a delta of
- * role / content / reasoning_content / reasoning, no finish_reason, tool calls, usage or
- * error. Anything else returns false and the caller takes the full dialect parser
- * (dl_parse), which stays the single authority on meaning: whenever chunkscan accepts a
- * chunk it reports the same fields dl_parse would, and a framed reading (below) the same as
- * a fresh walk (both checked by tests/unit/test_chunkscan.c and the fuzz target). */
+ * role / content / reasoning_content / reasoning, maybe a finish_reason, no tool calls,
+ * usage or error. Two more shapes end every stream and are taken too: the last chunk
+ * (finish_reason, usually no text) and the usage chunk ("choices":[] and a usage object),
+ * which would otherwise cost a tree each per request. Anything else returns false and the
+ * caller takes the full dialect parser (dl_parse), which stays the single authority on
+ * meaning: whenever chunkscan accepts a chunk it reports the same fields dl_parse would,
+ * except `usage`, which needs a tree and is left NULL (a chunk with usage is accepted only
+ * without choices, n_choices 0, where the exchange does not read it), and a framed reading
+ * (below) the same as a fresh walk, except id, model and created, which only a walk reports
+ * (a framed chunk has the frame's, which its caller got from the walk that made the frame);
+ * both checked by tests/unit/test_chunkscan.c and the fuzz target. */
 #ifndef LG_CHUNKSCAN_H
 #define LG_CHUNKSCAN_H
 
@@ -18,6 +24,8 @@
 #include "proxy/buf.h"
 #include "proxy/dialect.h"
 
+#define CHUNKSCAN_FINISH_MAX 32 /* a longer finish_reason is left to dl_parse */
+
 /* Per stream: the buffer escaped strings are decoded into, and the frame of the last chunk
  * with exactly one text value — its bytes before and after that value's token. The next
  * chunk that has the same bytes around a new string (a stream's chunks nearly always do)
@@ -26,20 +34,22 @@
 typedef struct chunkscan_state {
     lg_buf scratch;
     lg_buf frame;
-    size_t head; /* bytes of the frame before the text token */
-    int field;   /* 0: no frame; else which key holds the text (1 content, 2
+    lg_buf meta;                       /* the last walk's id and model, each NUL-terminated */
+    char finish[CHUNKSCAN_FINISH_MAX]; /* the last chunk's finish_reason, NUL-terminated */
+    size_t head;                       /* bytes of the frame before the text token */
+    int field;                         /* 0: no frame; else which key holds the text (1 content, 2
                        reasoning_content, 3 reasoning) */
-    bool role;   /* the framed chunk had a role */
+    bool role;                         /* the framed chunk had a role */
 } chunkscan_state;
 
 #define CHUNKSCAN_INIT                                                                             \
     {                                                                                              \
-        LG_BUF_INIT, LG_BUF_INIT, 0, 0, false                                                      \
+        LG_BUF_INIT, LG_BUF_INIT, LG_BUF_INIT, {0}, 0, 0, false                                    \
     }
 
 /* Scans data[0..len). On true, *out describes the chunk (kind DL_CHUNK, root NULL, no
  * owned parts: dl_delta_clear is not needed); text pointers point into `data` or into
- * st's scratch, valid until the next call. `role` is non-NULL exactly when the delta has a
+ * st's scratch, finish_reason, id and model into st, all valid until the next call. `role` is non-NULL exactly when the delta has a
  * role, and points at no role text: test it for NULL only. On false, *out is zeroed and the
  * chunk needs dl_parse. O(len), no allocation once the buffers have grown. */
 bool chunkscan(const char *data, size_t len, chunkscan_state *st, dl_delta *out);

@@ -297,11 +297,27 @@ static void flush_all(lg_worker *w)
     }
 }
 
+/* A chunk's size line, "<hex>\r\n", written at the end of head[0..24); returns where it
+ * starts. Once per token, where snprintf's format machinery costs hundreds of instructions. */
+static char *chunk_size_line(char head[24], size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    char *s = head + 24;
+    *--s = '\n';
+    *--s = '\r';
+    do {
+        *--s = hex[n & 15];
+        n >>= 4;
+    } while (n);
+    return s;
+}
+
 void worker_write_chunk(lg_req *r, const char *p, size_t n)
 {
     char head[24];
-    int hn = snprintf(head, sizeof head, "%zx\r\n", n);
-    struct iovec iov[3] = {{head, (size_t)hn}, {(void *)p, n}, {"\r\n", 2}};
+    char *line = chunk_size_line(head, n);
+    struct iovec iov[3] = {
+        {line, (size_t)(head + sizeof head - line)}, {(void *)p, n}, {"\r\n", 2}};
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 3};
     ssize_t k = sendmsg(r->client_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
@@ -309,6 +325,7 @@ void worker_write_chunk(lg_req *r, const char *p, size_t n)
         return;
     }
     size_t sent = k < 0 ? 0 : (size_t)k;
+    if (sent == iov[0].iov_len + n + 2) return; /* all of it: the usual case */
     for (size_t i = 0; i < 3; i++) {
         size_t skip = sent < iov[i].iov_len ? sent : iov[i].iov_len;
         sent -= skip;
@@ -823,24 +840,6 @@ static void ready_all(lg_worker *w)
     w->mhd_dirty = true;
 }
 
-/* The earliest of the shards' timeouts, capped at `cap` ms. A shard whose timeout is 0 has
- * work now (libmicrohttpd keeps a connection on its ready list until a read or write
- * would block, which after each response is one more pass) and is marked ready, so that
- * only it runs, not every shard. */
-static int mhd_timeout(lg_worker *w, int cap)
-{
-    for (size_t i = 0; i < w->n_shards; i++) {
-        MHD_UNSIGNED_LONG_LONG to = 0;
-        if (MHD_get_timeout(w->shards[i].mhd, &to) != MHD_YES) continue;
-        if (to == 0) {
-            w->shards[i].ready = true;
-            w->mhd_dirty = true;
-        }
-        if (to < (unsigned)cap) cap = (int)to;
-    }
-    return cap;
-}
-
 static void tick_all(lg_worker *w)
 {
     uint64_t stuck = (uint64_t)w->srv->cfg->client_timeout_s * 1000000000ull;
@@ -883,7 +882,12 @@ static void *worker_main(void *arg)
     uint64_t stop_at = 0;
 
     for (;;) {
-        int timeout = mhd_timeout(w, 250);
+        /* libmicrohttpd's own timeouts (an idle or stalled client, client_timeout_s) are
+         * whole seconds: every shard runs at each tick for them (below) rather than asking
+         * each daemon for its timeout in every iteration. A shard with work left after a
+         * run (timeout 0) is marked ready by run_mhd. */
+        uint64_t left = next_tick > w->now_ns ? next_tick - w->now_ns : 0;
+        int timeout = left < TICK_NS ? (int)((left + 999999) / 1000000) : (int)(TICK_NS / 1000000);
         if (w->curl_due || w->mhd_dirty) timeout = 0; /* work left or due now: do not block */
         int n = epoll_wait(w->epfd, evs, MAX_EVENTS, timeout);
         if (n < 0 && errno != EINTR) {
@@ -891,7 +895,6 @@ static void *worker_main(void *arg)
             break;
         }
         w->now_ns = lg_now_ns();
-        if (n == 0 && timeout > 0) ready_all(w); /* a connection's timeout may be due */
         for (int i = 0; i < n; i++) {
             uint64_t d = evs[i].data.u64;
             unsigned tag = (unsigned)(d >> 56);
@@ -948,6 +951,7 @@ static void *worker_main(void *arg)
             next_tick = w->now_ns + TICK_NS;
             tick_all(w);
             edge_tick(w);
+            ready_all(w); /* libmicrohttpd's timeouts, see above */
             run_pending(w);
         }
         flush_all(w); /* before the dead are freed: nothing on the list may outlive them */

@@ -22,12 +22,26 @@ static const char *const primer =
 static void assert_same_delta(const dl_delta *a, const dl_delta *b)
 {
     assert_int_equal(a->kind, b->kind);
+    assert_int_equal(a->n_choices, b->n_choices);
+    assert_int_equal(a->finish_reason != NULL, b->finish_reason != NULL);
+    if (a->finish_reason) assert_string_equal(a->finish_reason, b->finish_reason);
     assert_int_equal(a->role != NULL, b->role != NULL);
     assert_int_equal(a->reasoning_keys, b->reasoning_keys);
     assert_int_equal(a->reasoning_len, b->reasoning_len);
     assert_int_equal(a->content_len, b->content_len);
     if (a->reasoning_len) assert_memory_equal(a->reasoning, b->reasoning, a->reasoning_len);
     if (a->content_len) assert_memory_equal(a->content, b->content, a->content_len);
+}
+
+/* id, model and created: only a walk reports them (see chunkscan.h). */
+static void assert_same_meta(const dl_delta *a, const dl_delta *b)
+{
+    assert_int_equal(a->id != NULL, b->id != NULL);
+    if (a->id) assert_string_equal(a->id, b->id);
+    assert_int_equal(a->model != NULL, b->model != NULL);
+    if (a->model) assert_string_equal(a->model, b->model);
+    assert_int_equal(a->has_created, b->has_created);
+    if (a->has_created) assert_true(a->created == b->created);
 }
 
 /* Returns whether chunkscan accepted `json`; when it did, asserts that every field the
@@ -41,12 +55,12 @@ static bool agrees(const char *json)
     dl_parse(json, strlen(json), &full);
     if (ok) {
         assert_int_equal(full.kind, DL_CHUNK);
-        assert_int_equal(full.n_choices, 1);
         assert_int_equal(full.choice_index, 0);
-        assert_null(full.finish_reason);
-        assert_null(full.usage);
+        assert_null(fast.usage); /* a usage object comes only without choices */
+        if (full.n_choices) assert_null(full.usage);
         assert_int_equal(full.n_tools, 0);
         assert_same_delta(&fast, &full);
+        assert_same_meta(&fast, &full);
     }
     assert_true(chunkscan(primer, strlen(primer), &primed, &framed));
     assert_int_equal(primed.field, 1);
@@ -83,6 +97,48 @@ static void test_accepts_common_shapes(void **state)
                        "\"logprobs\":null,\"finish_reason\":null}]}"));
 }
 
+/* The last chunks of every stream: finish_reason (with or without text) and usage. */
+static void test_accepts_the_ends_of_a_stream(void **state)
+{
+    (void)state;
+    /* SGLang's last chunk, then its usage chunk */
+    assert_true(
+        agrees("{\"id\":\"ab\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+               "\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":null},\"logprobs\":null,"
+               "\"finish_reason\":\"length\",\"matched_stop\":null}]}"));
+    assert_true(
+        agrees("{\"id\":\"ab\",\"object\":\"chat.completion.chunk\",\"created\":1,"
+               "\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":9,"
+               "\"total_tokens\":69,\"completion_tokens\":60,\"prompt_tokens_details\":null}}"));
+    /* SGLang <= 0.4: the reason on the last text, sometimes ""; an escaped reason */
+    assert_true(agrees("{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"end\"},"
+                       "\"finish_reason\":\"stop\"}]}"));
+    assert_true(agrees("{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},"
+                       "\"finish_reason\":\"\"}]}"));
+    assert_true(agrees("{\"choices\":[{\"index\":0,\"delta\":{},"
+                       "\"finish_reason\":\"tool\\u005fcalls\"}]}"));
+    assert_true(agrees("{\"choices\":[],\"usage\":null}"));
+    /* The stream's identity, whatever its form: escaped, empty, not a string, negative */
+    assert_true(
+        agrees("{\"id\":\"a\\u00e9\",\"model\":\"\",\"created\":-12,\"choices\":[{\"index\":0,"
+               "\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}"));
+    assert_true(agrees("{\"id\":7,\"model\":null,\"created\":\"1\",\"choices\":[]}"));
+    assert_true(agrees("{\"id\":{\"a\":[1]},\"model\":\"m\",\"created\":999999999999999,"
+                       "\"choices\":[]}"));
+    assert_true(agrees("{\"choices\":[]}"));
+
+    /* A text with a reason is no frame: the next chunk with the same bytes around its text
+     * must not be read as if it had none (or as if it had this one). */
+    const char *last = "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"end\"},"
+                       "\"finish_reason\":\"stop\"}]}";
+    chunkscan_state st = CHUNKSCAN_INIT;
+    dl_delta d;
+    assert_true(chunkscan(last, strlen(last), &st, &d));
+    assert_string_equal(d.finish_reason, "stop");
+    assert_int_equal(st.field, 0);
+    chunkscan_free(&st);
+}
+
 /* Two escaped strings in one chunk, the second much longer than the first: both decoded
  * texts must still be readable (the scratch buffer may not move between them; ASan run). */
 static void test_two_escaped_texts(void **state)
@@ -102,9 +158,19 @@ static void test_refuses_what_needs_the_full_parser(void **state)
 {
     (void)state;
     const char *refuse[] = {
-        "{\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}",
-        "{\"choices\":[],\"usage\":{\"prompt_tokens\":1}}",
+        "{\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],"
+        "\"usage\":{\"prompt_tokens\":1}}",
+        "{\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":7}]}",
+        "{\"choices\":[{\"index\":0,\"delta\":{},"
+        "\"finish_reason\":\"a_reason_of_thirty_two_characters\"}]}",
+        "{\"choices\":[],\"usage\":7}",
+        "{\"usage\":{\"prompt_tokens\":1}}",
+        "{\"object\":\"text_completion\",\"choices\":[],\"usage\":{\"prompt_tokens\":1}}",
         "{\"error\":{\"message\":\"x\"}}",
+        "{\"created\":1.5,\"choices\":[]}",
+        "{\"created\":1e3,\"choices\":[]}",
+        "{\"created\":1234567890123456,\"choices\":[]}",
+        "{\"id\":\"a\",\"id\":\"b\",\"choices\":[]}",
         "{\"choices\":[{\"index\":1,\"delta\":{\"content\":\"a\"}}]}",
         "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}},{\"index\":1,\"delta\":{}}]}",
         "{\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0}]}}]}",
@@ -214,6 +280,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accepts_common_shapes),
+        cmocka_unit_test(test_accepts_the_ends_of_a_stream),
         cmocka_unit_test(test_refuses_what_needs_the_full_parser),
         cmocka_unit_test(test_two_escaped_texts),
         cmocka_unit_test(test_every_position_in_a_text),
