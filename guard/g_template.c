@@ -130,12 +130,18 @@ static bool is_text(const guard *g, uint64_t s, uint64_t e)
     return gaps >= 2 && letters * 2 >= e - s;
 }
 
-/* Is history [s, e) found in the RECENT bytes before `before`? */
-static bool recent(const guard *g, uint64_t s, uint64_t e, uint64_t before)
+/* Is history [s, e) found in the RECENT bytes before `before` (`word`: as a whole word, not
+ * inside another: "red" is not in "hundred")? */
+static bool recent(const guard *g, uint64_t s, uint64_t e, uint64_t before, bool word)
 {
     uint64_t from = before > g->base + RECENT ? before - RECENT : g->base;
-    return memmem(g->buf + (from - g->base), (size_t)(before - from), g->buf + (s - g->base),
-                  (size_t)(e - s)) != NULL;
+    const unsigned char *h = g->buf + (from - g->base), *end = g->buf + (before - g->base),
+                        *n = g->buf + (s - g->base), *m;
+    size_t len = (size_t)(e - s);
+    for (; (m = memmem(h, (size_t)(end - h), n, len)) != NULL; h = m + 1)
+        if (!word || ((m == g->buf || !is_word(m[-1])) && (m + len >= end || !is_word(m[len]))))
+            return true;
+    return false;
 }
 
 enum { T_NONE, T_TEXT, T_TOKEN, T_OLD }; /* how a line follows another */
@@ -178,7 +184,8 @@ static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uin
         return T_TEXT;
     if (longer - frame > TOKEN_MAX) return T_NONE; /* widening only makes the slot longer */
     /* b grew a name, nothing replaced, by text written in the RECENT bytes. */
-    bool grown = (frame == la || frame == lb) && frame < lb && recent(g, b + pre, be - suf, b);
+    bool grown =
+        (frame == la || frame == lb) && frame < lb && recent(g, b + pre, be - suf, b, false);
     /* The token template: the slot widened to whole words ("cftsubsecfont", not "ubsec"). */
     while (pre && is_word(x[pre - 1]) &&
            ((pre < la && is_word(x[pre])) || (pre < lb && is_word(y[pre]))))
@@ -192,8 +199,8 @@ static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uin
     unsigned ha = holds(g, a + pre, ae - suf), hb = holds(g, b + pre, be - suf);
     if ((ha | hb) & (S_DIGIT | S_SPACE) || !((ha | hb) & S_LETTER)) return T_NONE;
     uint64_t slot = lb - pre - suf;
-    bool old =
-        grown || (is_text(g, b, be) ? !slot || recent(g, b + pre, be - suf, copy) : slot <= 1);
+    bool old = grown ||
+               (is_text(g, b, be) ? !slot || recent(g, b + pre, be - suf, copy, true) : slot <= 1);
     return old ? T_OLD : T_TOKEN;
 }
 
