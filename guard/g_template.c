@@ -37,8 +37,8 @@
  * counting every token slot, not only old ones, tripped on 20 of the 2,247 machine files
  * (imports, includes, prototypes); counting text templates at periods 2 and 3 tripped on
  * a table of contents cycling three phrasings. Cost: O(line) up to TPL_LAGS times once per
- * line, plus a search of RECENT bytes for a token slot; memory: about 120 bytes, allocated
- * at the first line. */
+ * line, plus a search of RECENT bytes for a token slot; memory: 408 bytes, allocated at the
+ * first line or item. */
 #include <stdlib.h>
 
 #include "guard/guard_int.h"
