@@ -887,7 +887,7 @@ static void test_template_slots(void **state)
     static const char *adj[8] = {"gentle", "stormy", "freezing", "heavy",
                                  "sudden", "silent", "bitter",   "golden"};
     text t = {0};
-    char line[160];
+    char line[256];
     /* A style name that keeps growing by a piece it already has. */
     tcat(&t, "Add these to the preamble:\n\n");
     for (int i = 0; i < 18; i++) {
@@ -913,6 +913,23 @@ static void test_template_slots(void **state)
         tcat(&t, line);
     }
     assert_trips("question pairs cycling their adjectives", LG_CH_CONTENT, t.s, "template");
+    /* A package name growing by a word per line, every third word one it already has:
+     * fewer than template_run old slots, but a third of a run of 33 lines. */
+    static const char *fresh[34] = {"moss", "fern", "reed", "oak",  "elm",  "yew",  "ash",
+                                    "fir",  "ivy",  "bay",  "box",  "gum",  "fig",  "lime",
+                                    "pear", "plum", "rue",  "rye",  "oat",  "pea",  "bean",
+                                    "kale", "leek", "mint", "sage", "dill", "balm", "flax",
+                                    "hemp", "jute", "reel", "cork", "teak", "palm"};
+    t.n = 0;
+    tcat(&t, "Install the type packages:\n\n");
+    char pkg[200] = "kit";
+    for (int i = 0; i < 34; i++) {
+        strcat(pkg, "-");
+        strcat(pkg, i % 3 == 2 ? "kit" : fresh[i]);
+        snprintf(line, sizeof(line), "yarn add -D @t/%s@next\n", pkg);
+        tcat(&t, line);
+    }
+    assert_trips("a name growing, a third of its words old", LG_CH_CONTENT, t.s, "template");
     /* One letter counting through the alphabet in a line of code. */
     t.n = 0;
     tcat(&t, "symbols = {\n");
@@ -929,8 +946,9 @@ static void test_template_slots(void **state)
         "quartz", "raven",  "saffron", "tundra",  "umber",  "velvet", "willow", "xenon",
         "yarrow", "zephyr", "acorn",   "bramble", "cobalt", "dune",   "fennel", "gossamer"};
     t.n = 0;
-    for (int i = 0; i < 32; i++) {
-        snprintf(line, sizeof(line), "#include \"workshop/plugins/%s_hook.h\"\n", mod[i]);
+    for (int i = 0; i < 40; i++) {
+        snprintf(line, sizeof(line), "#include \"workshop/plugins/%s%s_hook.h\"\n", mod[i % 32],
+                 i < 32 ? "" : "_extra");
         tcat(&t, line);
     }
     assert_clean_both("includes of new headers", t.s);
