@@ -110,10 +110,12 @@ static bool mix_trips(guard *g, unsigned nw, uint64_t i, uint64_t end, unsigned 
     if (g->prompt_number && nw && !g->sw[0].alpha && number_at(g, 0, end) <= g->prompt_number)
         return false;
     uint32_t win = n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1;
+    /* Most segments end here: few of the last n came before. */
     unsigned ret = (unsigned)__builtin_popcount(g->cyc_ret & win);
+    if (ret + p->cycle.mix_new < n) return false;
     unsigned brk = (unsigned)__builtin_popcount(g->cyc_brk & win);
     unsigned third = (unsigned)__builtin_popcount(g->cyc_third & win);
-    if (ret + p->cycle.mix_new < n || brk < p->cycle.mix_breaks || third * 2 < n) return false;
+    if (brk < p->cycle.mix_breaks || third * 2 < n) return false;
     /* Three quarters of the segments' bytes text: a changelog's entries recombine their
      * author, date and "New release" lines, but the dates and addresses are no text. */
     uint32_t seg_bytes = 0, text_bytes = 0;
