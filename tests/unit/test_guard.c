@@ -930,6 +930,21 @@ static void test_template_slots(void **state)
         tcat(&t, line);
     }
     assert_trips("a name growing, a third of its words old", LG_CH_CONTENT, t.s, "template");
+    /* A cycle of two lines, one near fixed (one character changes now and then), the other
+     * recycling ordinal words section after section. */
+    static const char *nth[8] = {"First", "Second", "Third",   "Fourth",
+                                 "Fifth", "Sixth",  "Seventh", "Eighth"};
+    static const char *piece[5] = {"rooks", "knights", "bishops", "queens", "kings"};
+    t.n = 0;
+    tcat(&t, "\\begin{board}\n");
+    for (int i = 0; i < 40; i++) {
+        snprintf(line, sizeof(line),
+                 "%% %s layout of %s\n[rnbqkbnr/pppppppp/8/8/PPPPPPPP/RNBQKBNR %c]\n", nth[i % 8],
+                 piece[i / 8], i % 3 ? 'b' : 'w');
+        tcat(&t, line);
+        if (i % 8 == 7) tcat(&t, "\n");
+    }
+    assert_trips("an ordinal cycle beside a near-fixed line", LG_CH_CONTENT, t.s, "template");
     /* One letter counting through the alphabet in a line of code. */
     t.n = 0;
     tcat(&t, "symbols = {\n");
@@ -960,6 +975,14 @@ static void test_template_slots(void **state)
         tcat(&t, line);
     }
     assert_clean_both("a changelog moving new files", t.s);
+    /* Flash cards: a new term on one template, a fixed line between. */
+    t.n = 0;
+    for (int i = 0; i < 40; i++) {
+        snprintf(line, sizeof(line), "Card for the term: %s%s\nDefinition: to be written.\n",
+                 mod[i % 32], i < 32 ? "" : "wood");
+        tcat(&t, line);
+    }
+    assert_clean_both("flash cards of new terms", t.s);
     free(t.s);
 }
 
