@@ -1,7 +1,8 @@
 /* g_cycle.c — the cycle detector: the text replays its own recent sentences, one after
  * another, in the same order: a sentence or line said again and again ("Thank you." ×5), a
  * two-line reasoning cycle ("Wait, …" / "$\boxed{5}$"), a dialogue or a chapter of ten
- * paragraphs coming round again with only its numbers changed ("Chapter 4:" / "Chapter 6:").
+ * paragraphs coming round again with only its numbers changed ("Chapter 4:" / "Chapter 6:");
+ * or it draws its lines again and again from a few it said before, in any order.
  *
  * It reads the segments (lines and sentences) g_text.c completes, each as its list of words.
  * A segment has two skeletons: its words (case folded, a leading item number left out) and
@@ -9,17 +10,27 @@
  * at lag L is a run of segments each equal, numbers aside, to the one L before; it trips when
  * it has come round (copies − 1) times (run ≥ L × (copies − 1)), holds min_segments segments
  * equal with their numbers, at least two thirds of the run, and min_bytes, at least half of
- * them prose.
+ * them text (three words and 16 letters, no code characters, letters at least half). Equal only with its numbers aside,
+ * a replay trips when it has come round (masked_copies − 1) times over masked_min_segments,
+ * is a cycle of two segments or more and does not count (its first number moving by the
+ * same step each round). A mixed replay: the last mix_window segments all came before but
+ * mix_new, at least half of them a third time, the order changing at least mix_breaks times.
+ * A third copy: a sentence of third_bytes comes a third time, its last copy having been
+ * replayed with the segments on both sides of it.
  *
- * Why these bounds, measured on real answers: numbers alone changing is not enough ("Check if
- * n is equal to 4." for n = 1 … 27, one product in several sizes are lists, not loops), so
- * such segments carry a replay but do not count for it; a replay that has not yet come round
- * (thirteen items of a list of fifty told again, a song's chorus sung twice after its verses)
- * is content; code repeats lines on purpose, so half the run must be prose.
+ * Why these bounds, measured on real answers: one sentence said again with its numbers
+ * changed ("Check if n is equal to 4." for n = 1 … 27, one product in several sizes) is a
+ * list, not a loop; two or more taking turns with new numbers each round are a procedure
+ * going round (sudoku steps "The cell in row 8 … can only be 7." / "… filled with 2." over
+ * grids that never converge); a replay that has not yet come round (thirteen items of a list
+ * of fifty told again, a song's chorus sung twice after its verses) is content; code repeats
+ * lines on purpose, so half the run must be text. A summary that lists earlier items again
+ * says each a second time, and a chorus is one replay however often it comes; book titles
+ * drawn again and again from a handful, in no fixed order, are a loop.
  *
- * Cost: nothing per byte; per segment a hash over its words and one compare, and a scan of
- * the chain of the segments in the ring that share its bucket (256 buckets) when a replay breaks.
- * Memory: the ring, 12 bytes a segment, and 512 bytes of buckets. */
+ * Cost: nothing per byte; per segment a hash over its words, one compare and a scan of the
+ * chain of the segments in the ring that share its bucket (256 buckets). Memory: the ring,
+ * 20 bytes a segment, and 512 bytes of buckets. */
 #include <stdlib.h>
 
 #include "guard/guard_int.h"
@@ -61,9 +72,97 @@ static unsigned skeletons(const guard *g, unsigned nw, uint32_t *exact, uint32_t
     return words;
 }
 
-bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bool prose,
+/* The value of the segment's word k, a number (its first 9 digits; the segment ends at
+ * `end`). */
+static uint32_t number_at(const guard *g, unsigned k, uint64_t end)
+{
+    uint32_t v = 0;
+    for (uint64_t o = g->sw[k].start, e = o + 9; o < e && o < end && o >= g->base; o++) {
+        unsigned char c = guard_at(g, o);
+        if (c < '0' || c > '9') break;
+        v = v * 10 + (c - '0');
+    }
+    return v;
+}
+
+/* The value of the segment's first number after a leading item number, or UINT32_MAX for
+ * none. */
+static uint32_t first_number(const guard *g, unsigned nw, uint64_t end)
+{
+    for (unsigned i = 1; i < nw; i++)
+        if (!g->sw[i].alpha) return number_at(g, i, end);
+    return UINT32_MAX;
+}
+
+/* The mixed replay: the last mix_window segments all came before (but mix_new of them),
+ * and not as one replay: the order changed at least mix_breaks times ("A C B A B C": a few
+ * lines drawn again and again in any order). A chorus sung again, even twice, is one
+ * replay, and a song's verses are new lines. */
+static bool mix_trips(guard *g, unsigned nw, uint64_t i, uint64_t end, unsigned copies,
+                      uint64_t now)
+{
+    const guard_params *p = g->p;
+    unsigned n = p->cycle.mix_window;
+    if (!n || i + 1 < n) return false;
+    /* An item of a numbered list the prompt asks for ("write 50 stories": its number at most
+     * the prompt's largest) may draw on the items before it: the list is within what was
+     * asked. */
+    if (g->prompt_number && nw && !g->sw[0].alpha && number_at(g, 0, end) <= g->prompt_number)
+        return false;
+    uint32_t win = n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1;
+    /* Most segments end here: few of the last n came before. */
+    unsigned ret = (unsigned)__builtin_popcount(g->cyc_ret & win);
+    if (ret + p->cycle.mix_new < n) return false;
+    unsigned brk = (unsigned)__builtin_popcount(g->cyc_brk & win);
+    unsigned third = (unsigned)__builtin_popcount(g->cyc_third & win);
+    if (brk < p->cycle.mix_breaks || third * 2 < n) return false;
+    /* Three quarters of the segments' bytes text: a changelog's entries recombine their
+     * author, date and "New release" lines, but the dates and addresses are no text. */
+    uint32_t seg_bytes = 0, text_bytes = 0;
+    for (unsigned k = 0; k < n; k++) {
+        unsigned len = g->cyc[(i - k) & g->cyc_mask].len;
+        seg_bytes += len;
+        text_bytes += (g->cyc_text >> k & 1) ? len : 0;
+    }
+    const gcyc *first = &g->cyc[(i + 1 - n) & g->cyc_mask];
+    uint32_t bytes = (uint32_t)end - first->start;
+    if (bytes < p->cycle.min_bytes || text_bytes * 4 < seg_bytes * 3) return false;
+    uint64_t from = end - bytes, s0 = end - ((uint32_t)end - g->cyc[i & g->cyc_mask].start);
+    if (s0 >= g->base &&
+        copies <= guard_prompt_slack(g, g->buf + (s0 - g->base), (size_t)(end - s0)))
+        return false;
+    guard_set_unit(g, s0, end);
+    guard_trip(g, "cycle", from, now, ret);
+    return true;
+}
+
+/* A passage said again word for word, and one of its long sentences a third time: the
+ * segment i's last copy (lag u) sat in a replay of the copy before (lag v), the segments on
+ * both sides of it equal to those on both sides of that one. An essay that quotes its
+ * thesis a third time, a list that names an item again, do not replay the sentences around
+ * it. */
+static bool third_trips(guard *g, uint64_t i, unsigned u, unsigned v, uint64_t start, uint64_t end,
+                        uint64_t now)
+{
+    unsigned m = g->cyc_mask;
+    if (u < 2 || v + 1 >= g->p->cycle.window || v + 1 > i) return false;
+    const gcyc *c = g->cyc;
+    if (c[(i - u - 1) & m].exact != c[(i - v - 1) & m].exact ||
+        c[(i - u + 1) & m].exact != c[(i - v + 1) & m].exact)
+        return false;
+    uint64_t from = end - ((uint32_t)end - c[(i - u - 1) & m].start);
+    if (start >= g->base &&
+        3 <= guard_prompt_slack(g, g->buf + (start - g->base), (size_t)(end - start)))
+        return false;
+    guard_set_unit(g, start, end);
+    guard_trip(g, "cycle", from, now, 3);
+    return true;
+}
+
+bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, unsigned kind,
                          uint64_t now)
 {
+    bool text = kind & GSEG_TEXT;
     const guard_params *p = g->p;
     if (!g->cyc) cycle_alloc(g);
     unsigned w = p->cycle.window, m = g->cyc_mask;
@@ -81,7 +180,10 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bo
     const gcyc *o = g->cyc_lag ? &g->cyc[(i - g->cyc_lag) & m] : NULL;
     uint16_t *last = &g->cyc_last[masked & (GUARD_CYC_BUCKETS - 1)];
     unsigned c = *last ? (uint16_t)(i + 1 - *last) : 0;
+    /* A return right after a return, at a new lag: the order changed (mixed replays). */
+    bool broke = false;
     if (!o || o->masked != masked) {
+        broke = g->cyc_lag != 0;
         g->cyc_lag = 0;
         while (c && c < w && c <= i) {
             const gcyc *e = &g->cyc[(i - c) & m];
@@ -92,28 +194,65 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bo
             }
             c = e->prev ? c + e->prev : 0;
         }
-        g->cyc_run = g->cyc_exact = 0;
-        g->cyc_bytes = g->cyc_prose = 0;
+        g->cyc_run = g->cyc_exact = g->cyc_stepped = 0;
+        g->cyc_bytes = g->cyc_text_bytes = g->cyc_sentence_bytes = 0;
         g->cyc_from = start;
     }
+    uint32_t num = first_number(g, nw, end);
     if (g->cyc_lag) {
         g->cyc_run++;
         g->cyc_exact += o->exact == exact;
+        /* Counting: the number moved by the same step as one lag before ("Check if n is 11."
+         * after 10 and 9). */
+        const gcyc *o2 =
+            2 * g->cyc_lag < w && 2 * g->cyc_lag <= i ? &g->cyc[(i - 2 * g->cyc_lag) & m] : NULL;
+        g->cyc_stepped += o2 && o->exact != exact && num != UINT32_MAX && num != o->num &&
+                          o2->masked == masked && num - o->num == o->num - o2->num;
         g->cyc_bytes += len;
-        g->cyc_prose += prose ? len : 0;
+        g->cyc_text_bytes += text ? len : 0;
+        g->cyc_sentence_bytes += kind & GSEG_SENTENCE ? len : 0;
     }
     /* The one before in its bucket, if still in the ring (0: none). */
     unsigned prev = *last ? (uint16_t)(i + 1 - *last) : 0;
+    /* Its copies in the ring, numbers aside, and the lags of the last two equal with them. */
+    unsigned seen = 0, near[2] = {0, 0}, nnear = 0;
+    for (unsigned k = prev; k && k < w && k <= i;) {
+        const gcyc *e = &g->cyc[(i - k) & m];
+        seen += e->masked == masked;
+        if (e->exact == exact && nnear < 2) near[nnear++] = k;
+        k = e->prev ? k + e->prev : 0;
+    }
     s->prev = prev < w ? (uint16_t)prev : 0;
     *last = (uint16_t)(i + 1);
     s->exact = exact;
     s->masked = masked;
+    s->start = (uint32_t)start;
+    s->num = num;
+    s->len = len < UINT16_MAX ? (uint16_t)len : UINT16_MAX;
+    g->cyc_ret = g->cyc_ret << 1 | (g->cyc_lag != 0);
+    g->cyc_third = g->cyc_third << 1 | (seen >= 2);
+    g->cyc_brk = g->cyc_brk << 1 | (broke && g->cyc_lag != 0);
+    g->cyc_text = g->cyc_text << 1 | text;
+    if (mix_trips(g, nw, i, end, seen + 1, now)) return true;
+    if (nnear == 2 && kind & GSEG_SENTENCE && p->cycle.third_bytes && len >= p->cycle.third_bytes &&
+        third_trips(g, i, near[0], near[1], start, end, now))
+        return true;
 
     unsigned lag = g->cyc_lag, run = g->cyc_run, need = p->cycle.min_segments;
-    if (!lag || run < need || run < lag * (p->cycle.copies - 1) || g->cyc_exact < need ||
-        g->cyc_exact * 3 < run * 2 || g->cyc_bytes < p->cycle.min_bytes ||
-        g->cyc_prose * 2 < g->cyc_bytes)
+    if (!lag || g->cyc_bytes < p->cycle.min_bytes || g->cyc_text_bytes * 2 < g->cyc_bytes)
         return false;
+    bool by_exact = run >= need && run >= lag * (p->cycle.copies - 1) && g->cyc_exact >= need &&
+                    g->cyc_exact * 3 >= run * 2;
+    /* Equal only with the numbers aside, a replay must come round more often, be a cycle of
+     * two segments or more and half sentences: one sentence said again with new numbers is a
+     * list (one product in several sizes), two or more taking turns with new numbers each
+     * time are a procedure going round ("The cell in row 8 can only be 7." / "… must hold
+     * 2."), and code, protocol tables and changelogs step their numbers through lines on
+     * purpose. */
+    bool by_masked = p->cycle.masked_copies && lag >= 2 && run >= p->cycle.masked_min_segments &&
+                     run >= lag * (p->cycle.masked_copies - 1) && g->cyc_stepped * 3 < run &&
+                     g->cyc_sentence_bytes * 2 >= g->cyc_bytes;
+    if (!by_exact && !by_masked) return false;
     /* A sentence the prompt asks for, or holds, may come back that many times. */
     unsigned copies = 1 + run / lag;
     if (start >= g->base &&

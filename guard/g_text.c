@@ -54,6 +54,12 @@ RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
     bool item =
         line && !g->seg_code && g->seg_words >= 2 && g->seg_alpha >= 4 && g->seg_alpha * 2 >= len;
     bool one_word = item && g->seg_numbered && g->seg_words < 3;
+    /* Text for the cycle detector: three words or more and 16 letters, no code characters,
+     * at least half letters (a list item with a date, a title cut at an author's initial;
+     * not a row of a protocol table, "2  CARD16  sequence number"). */
+    bool text =
+        len && !g->seg_code && g->seg_alpha * 2 >= len && g->seg_words >= 3 && g->seg_alpha >= 16;
+    unsigned kind = (text ? GSEG_TEXT : 0) | (sentence ? GSEG_SENTENCE : 0);
     /* Plain: a line that starts flush with a letter or a quote, no bullet, no indentation. */
     uint64_t s0 = g->seg_start;
     unsigned char first = s0 >= g->base && s0 < end ? guard_at(g, s0) : 0;
@@ -73,7 +79,7 @@ RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
                             (sentence && len >= p->lines.min_segment_bytes) || item, prose || item,
                             plain, one_word, now))
         return true;
-    if (p->cycle.enabled && ok && guard_cycle_segment(g, nw, start, end, prose, now)) return true;
+    if (p->cycle.enabled && ok && guard_cycle_segment(g, nw, start, end, kind, now)) return true;
     return p->novelty.enabled && guard_novelty_words(g, nw, prose, now);
 }
 

@@ -112,6 +112,16 @@ struct guard_params {
         unsigned copies;       /* copies of the cycle, the first included, that trip */
         unsigned min_segments; /* segments of the replay equal with their numbers */
         uint32_t min_bytes;    /* bytes of the replay */
+        /* A replay equal only with its numbers aside: copies that trip (0: never) and its
+         * segments (g_cycle.c). */
+        unsigned masked_copies;
+        unsigned masked_min_segments;
+        /* A mixed replay (g_cycle.c): segments judged together (0: off, at most 32), how
+         * many of them may be new, the changes of order they need. */
+        unsigned mix_window, mix_new, mix_breaks;
+        /* A sentence of this many bytes said a third time after a replay of the passage
+         * around it (g_cycle.c; 0: off). */
+        uint32_t third_bytes;
     } cycle;
 
     guard_rule *rules;
@@ -207,7 +217,10 @@ typedef struct gword {
  * the ring). */
 typedef struct gcyc {
     uint32_t exact, masked;
+    uint32_t start; /* low 32 bits of its first byte's offset */
+    uint32_t num;   /* its first number after an item number; UINT32_MAX: none */
     uint16_t prev;
+    uint16_t len; /* its bytes, at most UINT16_MAX */
 } gcyc;
 
 /* A trigram table entry, 4 bytes: memory per stream counts. The tag is 14 bits of the
@@ -305,8 +318,12 @@ struct guard {
     uint16_t cyc_last[GUARD_CYC_BUCKETS]; /* per low bits of the masked skeleton: the newest
                                              segment's number + 1, mod 2^16; 0: none */
     uint64_t cyc_n, cyc_from;
-    unsigned cyc_lag, cyc_run, cyc_exact;
-    uint32_t cyc_bytes, cyc_prose;
+    unsigned cyc_lag, cyc_run, cyc_exact, cyc_stepped;
+    /* the replay's bytes, those of text, and of sentences */
+    uint32_t cyc_bytes, cyc_text_bytes, cyc_sentence_bytes;
+    /* bit k, for the segment k before the newest: it came before; it did right after a
+     * return, at a new lag; it is text; it came twice before (mixed replays) */
+    uint32_t cyc_ret, cyc_brk, cyc_text, cyc_third;
 
     /* rules (g_rules.c) */
     pcre2_match_data *md;
@@ -425,8 +442,12 @@ void guard_line_body(const guard *g, uint64_t *s, uint64_t *e);
  * counting detector. Returns true on a trip. */
 bool guard_count_number(guard *g, uint64_t end, uint64_t now);
 /* The cycle detector (g_cycle.c), for a completed segment with a letter [start, end) whose
- * nw words are in g->sw; `prose` as for the lines detector. Returns true on a trip. */
-bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, bool prose,
+ * nw words are in g->sw, of the kinds `kind` (GSEG_* bits). Returns true on a trip. */
+enum {
+    GSEG_TEXT = 1,     /* 3 words, 16 letters, no code characters, at least half letters */
+    GSEG_SENTENCE = 2, /* prose, as for the lines detector, ending in . ! ? or a CJK stop */
+};
+bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, unsigned kind,
                          uint64_t now);
 void guard_cycle_release(guard *g);
 void guard_novelty_release(guard *g);

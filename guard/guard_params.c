@@ -181,6 +181,22 @@ guard_params *guard_params_new(lg_channel ch)
     p->cycle.copies = 2;
     p->cycle.min_segments = 4;
     p->cycle.min_bytes = 300;
+    /* Equal only with the numbers aside: 3 copies over 6 segments, a cycle of two or more
+     * (g_cycle.c says why). On AlpacaEval it caught the sudoku steps of a strong model with
+     * no new false trip; 3 copies over 3 segments had none either. */
+    p->cycle.masked_copies = 3;
+    p->cycle.masked_min_segments = 6;
+    /* Mixed replays: 15 of the last 16 segments came before, 8 a third time, the order
+     * changing 3 times. On AlpacaEval it caught the book titles drawn again in any order
+     * with no new false trip; 2 changes of order tripped on a counter stepping through two
+     * sentences, 2 new segments of 16 on a strong model's SPL play. */
+    p->cycle.mix_window = 16;
+    p->cycle.mix_new = 1;
+    p->cycle.mix_breaks = 3;
+    /* A sentence of 100 bytes said a third time after the passage around it was replayed
+     * word for word: on AlpacaEval it caught an essay cut in its section's third copy, with
+     * no false trip; 64 and 80 bytes tripped on a tutorial restating its long sentences. */
+    p->cycle.third_bytes = 100;
 
     p->rule_max_match_bytes = 256;
 
@@ -482,6 +498,12 @@ static const jfield cycle_fields[] = {
     F_U32("copies", cycle.copies, 2, 64),
     F_U32("min_segments", cycle.min_segments, 1, 1024),
     F_U32("min_bytes", cycle.min_bytes, 0, 1u << 20),
+    F_U32("masked_copies", cycle.masked_copies, 0, 64),
+    F_U32("masked_min_segments", cycle.masked_min_segments, 1, 1024),
+    F_U32("mix_window", cycle.mix_window, 0, 32),
+    F_U32("mix_new", cycle.mix_new, 0, 32),
+    F_U32("mix_breaks", cycle.mix_breaks, 0, 32),
+    F_U32("third_bytes", cycle.third_bytes, 0, 1u << 20),
 };
 static const jfield novelty_fields[] = {
     F_BOOL("enabled", novelty.enabled),

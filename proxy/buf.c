@@ -140,3 +140,8 @@ void lg_fifo_free(lg_fifo *f)
     lg_buf_free(&f->b);
     f->off = 0;
 }
+
+void lg_fifo_shrink(lg_fifo *f, size_t keep)
+{
+    if (!lg_fifo_len(f) && f->b.cap > keep) lg_fifo_free(f);
+}

@@ -73,5 +73,8 @@ void lg_fifo_drop(lg_fifo *f, size_t n);
 size_t lg_fifo_take(lg_fifo *f, void *dst, size_t max);
 /* Frees the memory and leaves an empty queue. */
 void lg_fifo_free(lg_fifo *f);
+/* Frees the memory of an empty queue that holds more than `keep` bytes of it: a queue that
+ * grew for a burst keeps no more than a steady trickle needs once the burst has left. */
+void lg_fifo_shrink(lg_fifo *f, size_t keep);
 
 #endif

@@ -30,8 +30,9 @@
 
 /* libmicrohttpd reads a chunked (HTTP/1.1) stream straight into the connection's write
  * buffer, which lives in its per-connection pool (max_header_bytes); the response's own
- * block only serves HTTP/1.0 clients, which get no chunking. Small: memory per stream. */
-#define EX_BLOCK 1024
+ * block (allocated with it, for every stream) only serves HTTP/1.0 clients, which get no
+ * chunking: a paced event or two per read for them, no more memory per stream. */
+#define EX_BLOCK 512
 /* libcurl's read buffer per stream. After a full read libcurl 7.88 polls the socket (after
  * a short one worker.c answers for it), so a saturated stream costs a recvfrom and a poll
  * per buffer: 8 KiB halves both against 4 KiB
@@ -808,6 +809,7 @@ static void ex_tick(lg_req *base, uint64_t now)
             return;
         }
     }
+    lg_fifo_shrink(&ex->cl.out, EX_OUT_KEEP);
     /* Keep intermediaries from timing out while text is held back or a retry runs. */
     uint64_t ka = (uint64_t)cfg->guard.keepalive_ms * 1000000ull;
     if (ex->req.client_stream && ex->cl.queued && !ex->cl.ended && ka &&

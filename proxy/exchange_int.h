@@ -31,6 +31,10 @@
 
 /* A slow client: the upstream transfer is paused while this much output waits for it. */
 #define EX_OUT_HIGH (256 * 1024)
+/* Memory `out` keeps once drained, looked at every tick: a few paced events' worth. A burst
+ * (a slow client, a busy host, a saturated upstream) grows it to many KiB, and a stream that
+ * kept its high-water mark for its whole life held that memory idle. */
+#define EX_OUT_KEEP 1024
 
 /* The same delta text again and again: a model whose logits went bad emits one token
  * (often id 0, "!") forever. The byte-level guard needs many copies of a one-character unit

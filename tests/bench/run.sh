@@ -36,7 +36,8 @@
 # profile of loopguard during its saturation run (build/bench/perf-loopguard.txt);
 # BENCH_LOOPGUARD_JSON='{"workers":4}' adds settings to both loopguard targets' configuration
 # (the report names them beside the machine); LOOPGUARD_BIN and FAKE_BIN run other binaries
-# (an older build, to compare in the same hour).
+# (an older build, to compare in the same hour). Where a stream's memory goes (heap in use,
+# free heap, mappings) on a live paced load: tests/bench/memory.sh.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)

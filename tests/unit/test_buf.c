@@ -79,12 +79,41 @@ static void test_reuse(void **state)
     lg_fifo_free(&f);
 }
 
+/* Shrinking frees only an empty queue's memory beyond `keep`; the queue stays usable. */
+static void test_shrink(void **state)
+{
+    (void)state;
+    lg_fifo f = {0};
+    char big[5000], out[5000];
+    memset(big, 'b', sizeof big);
+    lg_fifo_append(&f, big, sizeof big); /* a burst */
+    lg_fifo_shrink(&f, 1024);            /* still queued: kept */
+    assert_int_equal(lg_fifo_len(&f), sizeof big);
+    assert_int_equal(lg_fifo_take(&f, out, sizeof out), sizeof big);
+    assert_memory_equal(out, big, sizeof big);
+    assert_true(f.b.cap > 1024);
+    lg_fifo_shrink(&f, 1024); /* drained: its memory goes */
+    assert_null(f.b.p);
+    assert_int_equal(f.b.cap, 0);
+    lg_fifo_append(&f, "ab", 2); /* a trickle's small memory stays */
+    assert_int_equal(lg_fifo_take(&f, out, 8), 2);
+    size_t cap = f.b.cap;
+    lg_fifo_shrink(&f, 1024);
+    assert_int_equal(f.b.cap, cap);
+    assert_non_null(f.b.p);
+    lg_fifo_append(&f, "cd", 2);
+    assert_int_equal(lg_fifo_take(&f, out, 8), 2);
+    assert_memory_equal(out, "cd", 2);
+    lg_fifo_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_long_queue_small_takes),
         cmocka_unit_test(test_balanced),
         cmocka_unit_test(test_reuse),
+        cmocka_unit_test(test_shrink),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

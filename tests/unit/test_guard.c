@@ -887,7 +887,7 @@ static void test_template_slots(void **state)
     static const char *adj[8] = {"gentle", "stormy", "freezing", "heavy",
                                  "sudden", "silent", "bitter",   "golden"};
     text t = {0};
-    char line[160];
+    char line[256];
     /* A style name that keeps growing by a piece it already has. */
     tcat(&t, "Add these to the preamble:\n\n");
     for (int i = 0; i < 18; i++) {
@@ -913,6 +913,38 @@ static void test_template_slots(void **state)
         tcat(&t, line);
     }
     assert_trips("question pairs cycling their adjectives", LG_CH_CONTENT, t.s, "template");
+    /* A package name growing by a word per line, every third word one it already has:
+     * fewer than template_run old slots, but a third of a run of 33 lines. */
+    static const char *fresh[34] = {"moss", "fern", "reed", "oak",  "elm",  "yew",  "ash",
+                                    "fir",  "ivy",  "bay",  "box",  "gum",  "fig",  "lime",
+                                    "pear", "plum", "rue",  "rye",  "oat",  "pea",  "bean",
+                                    "kale", "leek", "mint", "sage", "dill", "balm", "flax",
+                                    "hemp", "jute", "reel", "cork", "teak", "palm"};
+    t.n = 0;
+    tcat(&t, "Install the type packages:\n\n");
+    char pkg[200] = "kit";
+    for (int i = 0; i < 34; i++) {
+        strcat(pkg, "-");
+        strcat(pkg, i % 3 == 2 ? "kit" : fresh[i]);
+        snprintf(line, sizeof(line), "yarn add -D @t/%s@next\n", pkg);
+        tcat(&t, line);
+    }
+    assert_trips("a name growing, a third of its words old", LG_CH_CONTENT, t.s, "template");
+    /* A cycle of two lines, one near fixed (one character changes now and then), the other
+     * recycling ordinal words section after section. */
+    static const char *nth[8] = {"First", "Second", "Third",   "Fourth",
+                                 "Fifth", "Sixth",  "Seventh", "Eighth"};
+    static const char *piece[5] = {"rooks", "knights", "bishops", "queens", "kings"};
+    t.n = 0;
+    tcat(&t, "\\begin{board}\n");
+    for (int i = 0; i < 40; i++) {
+        snprintf(line, sizeof(line),
+                 "%% %s layout of %s\n[rnbqkbnr/pppppppp/8/8/PPPPPPPP/RNBQKBNR %c]\n", nth[i % 8],
+                 piece[i / 8], i % 3 ? 'b' : 'w');
+        tcat(&t, line);
+        if (i % 8 == 7) tcat(&t, "\n");
+    }
+    assert_trips("an ordinal cycle beside a near-fixed line", LG_CH_CONTENT, t.s, "template");
     /* One letter counting through the alphabet in a line of code. */
     t.n = 0;
     tcat(&t, "symbols = {\n");
@@ -929,8 +961,9 @@ static void test_template_slots(void **state)
         "quartz", "raven",  "saffron", "tundra",  "umber",  "velvet", "willow", "xenon",
         "yarrow", "zephyr", "acorn",   "bramble", "cobalt", "dune",   "fennel", "gossamer"};
     t.n = 0;
-    for (int i = 0; i < 32; i++) {
-        snprintf(line, sizeof(line), "#include \"workshop/plugins/%s_hook.h\"\n", mod[i]);
+    for (int i = 0; i < 40; i++) {
+        snprintf(line, sizeof(line), "#include \"workshop/plugins/%s%s_hook.h\"\n", mod[i % 32],
+                 i < 32 ? "" : "_extra");
         tcat(&t, line);
     }
     assert_clean_both("includes of new headers", t.s);
@@ -942,6 +975,14 @@ static void test_template_slots(void **state)
         tcat(&t, line);
     }
     assert_clean_both("a changelog moving new files", t.s);
+    /* Flash cards: a new term on one template, a fixed line between. */
+    t.n = 0;
+    for (int i = 0; i < 40; i++) {
+        snprintf(line, sizeof(line), "Card for the term: %s%s\nDefinition: to be written.\n",
+                 mod[i % 32], i < 32 ? "" : "wood");
+        tcat(&t, line);
+    }
+    assert_clean_both("flash cards of new terms", t.s);
     free(t.s);
 }
 
@@ -1179,6 +1220,179 @@ static void test_prose_loops(void **state)
     assert_true(r.tripped);
     if (r.at_byte - start > 1500)
         fail_msg("paraphrase: tripped %zu bytes in", (size_t)(r.at_byte - start));
+    free(t.s);
+}
+
+/* Two step sentences taking turns with new numbers each round, no number counting, a grid
+ * of digits after each (a puzzle solved cell by cell that never converges): the cycle
+ * detector, numbers aside. One sentence with its number changing is a list: clean. */
+static void test_masked_cycle(void **state)
+{
+    (void)state;
+    static const int rows[] = {4, 7, 2, 9, 1, 6, 3, 8, 5, 2, 7, 4, 9, 1, 6, 8};
+    static const int cols[] = {3, 8, 6, 1, 9, 2, 7, 4, 5, 8, 2, 6, 3, 9, 1, 7};
+    static const int vals[] = {6, 2, 9, 4, 7, 1, 8, 3, 5, 9, 4, 1, 7, 2, 8, 6};
+    text t = {0};
+    tcat(&t, "Let us fill the puzzle one square at a time.\n\n");
+    size_t first = 0;
+    for (int i = 0; i < 16; i++) {
+        char line[160];
+        snprintf(line, sizeof(line),
+                 i % 2 ? "- Next, the square at row %d, column %d must hold a %d.\n"
+                       : "- So the square at row %d, column %d can only take the digit %d.\n",
+                 rows[i], cols[i], vals[i]);
+        tcat(&t, line);
+        tcat(&t,
+             "| 5 | 3 | 0 | 0 | 7 | 0 |\n| 6 | 0 | 0 | 1 | 9 | 5 |\n| 0 | 9 | 8 | 0 | 0 | 0 |\n");
+        if (i == 1) first = t.n;
+    }
+    assert_chunking_invariant(t.s);
+    result r = scan_text(LG_CH_CONTENT, t.s);
+    if (!r.tripped || strcmp(r.detector, "cycle")) fail_msg("puzzle steps: no cycle trip");
+    if (r.at_byte - first > 1500)
+        fail_msg("puzzle steps: tripped %zu bytes in", (size_t)(r.at_byte - first));
+
+    /* One sentence, its number changing in no order: a product in several sizes. */
+    t.n = 0;
+    tcat(&t, "Other sizes of the same pan:\n\n");
+    for (int i = 0; i < 16; i++) {
+        char line[160];
+        snprintf(line, sizeof(line),
+                 "- The Riverside cast iron frying pan with a long handle, %d inches across.\n",
+                 rows[i] + 6);
+        tcat(&t, line);
+    }
+    assert_clean("one pan in several sizes", t.s);
+    free(t.s);
+}
+
+/* A few list items drawn again and again, in no fixed order: the cycle detector's mixed
+ * replay. A summary that names every earlier item once more, and a numbered list the prompt
+ * asks for that reuses its items, are content. */
+static void test_mixed_cycle(void **state)
+{
+    (void)state;
+    static const char *const books[] = {
+        "* Harbour Lights and Long Shadows, 1921-1934 by Ann R. Whitcombe\n",
+        "* The Salt Roads: Trade on the Northern Coast by Peter J. Alder\n",
+        "* Lanterns Over the Quay, 1900-1915 by Ruth M. Kessling\n",
+        "* A Short History of Tides by Samuel T. Orme\n",
+        "* Fishermen and Their Towns by Clara B. Hensley\n",
+        "* Ships That Never Sailed by Thomas E. Gault\n",
+        "* The Cartographer's Daughter by Lena V. Marsh\n",
+        "* Winter on the Estuary, 1947-1952 by Owen D. Pryce\n",
+    };
+    static const int order[] = {0, 2, 1, 0, 2, 3, 0, 1, 2, 0, 3, 1, 2, 0, 1, 3, 2, 0, 1, 2};
+    text t = {0};
+    tcat(&t, "If you liked that novel, you may enjoy these:\n\n");
+    for (int i = 0; i < 8; i++)
+        tcat(&t, books[i]);
+    size_t first = t.n;
+    for (int i = 0; i < 20; i++)
+        tcat(&t, books[order[i]]);
+    assert_chunking_invariant(t.s);
+    result r = scan_text(LG_CH_CONTENT, t.s);
+    if (!r.tripped || strcmp(r.detector, "cycle")) fail_msg("drawn titles: no cycle trip");
+    if (r.at_byte - first > 1200)
+        fail_msg("drawn titles: tripped %zu bytes in", (size_t)(r.at_byte - first));
+
+    /* Points grouped by review, then the summary names each of them once more. */
+    static const char *const points[] = {
+        "* The pacing keeps the tension high\n", "* The lead actor is convincing\n",
+        "* The music fits every scene\n",        "* The ending feels rushed\n",
+        "* The dialogue sounds natural\n",       "* The camera work is inventive\n",
+        "* The middle act drags a little\n",     "* The villain lacks a motive\n",
+    };
+    static const int groups[4][4] = {{0, 1, 3, 6}, {2, 4, 7, 0}, {5, 1, 3, 2}, {6, 4, 5, 7}};
+    t.n = 0;
+    tcat(&t, "Here are the points of each review.\n\n");
+    for (int gi = 0; gi < 4; gi++) {
+        char head[40];
+        snprintf(head, sizeof(head), "Review %d:\n\n", gi + 1);
+        tcat(&t, head);
+        for (int k = 0; k < 4; k++)
+            tcat(&t, points[groups[gi][k]]);
+        tcat(&t, "\n");
+    }
+    tcat(&t, "In summary, the positive points are:\n\n");
+    for (int k = 0; k < 8; k++)
+        if (k != 3 && k != 6 && k != 7) tcat(&t, points[k]);
+    tcat(&t, "\nand the negative points are:\n\n");
+    tcat(&t, points[3]);
+    tcat(&t, points[6]);
+    tcat(&t, points[7]);
+    assert_clean("a summary of the reviews", t.s);
+
+    /* Thirty-one numbered stories asked for by the prompt, twenty of them retelling the
+     * first ten, in shuffled order: within what was asked. The same text unasked is a
+     * loop. */
+    static const char *const tales[] = {
+        "A fox sells umbrellas in the rain.", "The moon borrows a ladder.",
+        "A snail wins the marathon at last.", "Two clocks argue about noon.",
+        "The river forgets its way home.",    "A crow opens a bakery.",
+        "The mountain takes a nap.",          "A whale learns to whistle.",
+        "The scarecrow adopts a sparrow.",    "A lighthouse falls in love with a ship.",
+        "The last train waits for a cat.",
+    };
+    static const int told[] = {0, 1, 2, 3, 4,  5, 6, 7, 8, 9, 3, 7, 0, 5, 9, 2,
+                               6, 1, 8, 4, 10, 6, 2, 9, 0, 4, 8, 1, 5, 7, 3};
+    t.n = 0;
+    for (int i = 0; i < 31; i++) {
+        char num[16];
+        snprintf(num, sizeof(num), "%d. ", i + 1);
+        tcat(&t, num);
+        tcat(&t, tales[told[i]]);
+        tcat(&t, "\n");
+    }
+    r = scan_prompted(LG_CH_CONTENT, "Write 40 short stories of under ten words each.", t.s);
+    if (r.tripped) fail_msg("asked stories tripped %s, unit '%s'", r.detector, r.unit);
+    assert_trips("stories unasked", LG_CH_CONTENT, t.s, "cycle");
+    free(t.s);
+}
+
+/* A passage of long sentences said again word for word, then one of them a third time:
+ * the cycle detector. An essay that repeats its long thesis sentence in three paragraphs,
+ * other sentences around it each time, is content. */
+static void test_third_sentence(void **state)
+{
+    (void)state;
+    static const char *const passage =
+        "4. Harbour maintenance planning: Harbour maintenance planning covers the survey, "
+        "the budget and the schedule of every repair the harbour needs. This relies on "
+        "inspection records and tide tables to decide which quay wall is repaired first each "
+        "season. Good maintenance planning keeps the harbour open all year, because a repair "
+        "that is planned early never has to close a berth during the busy summer months.\n\n";
+    static const char *const thesis =
+        "A harbour that plans its maintenance early spends less on emergency repairs than one "
+        "that waits for the walls to fail. ";
+    text t = {0};
+    tcat(&t, "Harbour engineering\n\nHarbour engineering keeps ships and people safe.\n\n");
+    tcat(&t, passage);
+    tcat(&t, "Harbour design\n\nHarbour design shapes the breakwaters and the quays. Engineers "
+             "model the waves before they pour any concrete.\n\n");
+    size_t loop = t.n;
+    tcat(&t, passage);
+    tcat(&t, "Harbour maintenance planning\n\nHarbour maintenance planning decides the order "
+             "of the repairs. This relies on inspection records and tide tables to decide "
+             "which quay wall is repaired first each season. Harbour");
+    assert_chunking_invariant(t.s);
+    result r = scan_text(LG_CH_CONTENT, t.s);
+    if (!r.tripped || strcmp(r.detector, "cycle")) fail_msg("third sentence: no cycle trip");
+    if (r.at_byte - loop > 1000)
+        fail_msg("third sentence: tripped %zu bytes in", (size_t)(r.at_byte - loop));
+
+    t.n = 0;
+    tcat(&t, "Why harbours should plan ahead\n\n");
+    tcat(&t, thesis);
+    tcat(&t, "Storms do the most damage to walls that were already weak. Inspections find "
+             "those walls before the winter comes.\n\n");
+    tcat(&t, "Budgets tell the same story. ");
+    tcat(&t, thesis);
+    tcat(&t, "A planned repair can wait for calm weather and cheaper materials.\n\n");
+    tcat(&t, "In short, the records of twenty ports agree. ");
+    tcat(&t, thesis);
+    tcat(&t, "That is why every port authority should keep a repair calendar.\n");
+    assert_clean("a thesis said in three paragraphs", t.s);
     free(t.s);
 }
 
@@ -1572,6 +1786,9 @@ int main(void)
         cmocka_unit_test(test_blocks),
         cmocka_unit_test(test_prompt_count_word),
         cmocka_unit_test(test_prose_loops),
+        cmocka_unit_test(test_masked_cycle),
+        cmocka_unit_test(test_mixed_cycle),
+        cmocka_unit_test(test_third_sentence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
