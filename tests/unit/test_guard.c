@@ -1371,6 +1371,52 @@ static void test_mixed_cycle(void **state)
     free(t.s);
 }
 
+/* A passage of long sentences said again word for word, then one of them a third time:
+ * the cycle detector. An essay that repeats its long thesis sentence in three paragraphs,
+ * other sentences around it each time, is content. */
+static void test_third_sentence(void **state)
+{
+    (void)state;
+    static const char *const passage =
+        "4. Harbour maintenance planning: Harbour maintenance planning covers the survey, "
+        "the budget and the schedule of every repair the harbour needs. This relies on "
+        "inspection records and tide tables to decide which quay wall is repaired first each "
+        "season. Good maintenance planning keeps the harbour open all year, because a repair "
+        "that is planned early never has to close a berth during the busy summer months.\n\n";
+    static const char *const thesis =
+        "A harbour that plans its maintenance early spends less on emergency repairs than one "
+        "that waits for the walls to fail. ";
+    text t = {0};
+    tcat(&t, "Harbour engineering\n\nHarbour engineering keeps ships and people safe.\n\n");
+    tcat(&t, passage);
+    tcat(&t, "Harbour design\n\nHarbour design shapes the breakwaters and the quays. Engineers "
+             "model the waves before they pour any concrete.\n\n");
+    size_t loop = t.n;
+    tcat(&t, passage);
+    tcat(&t, "Harbour maintenance planning\n\nHarbour maintenance planning decides the order "
+             "of the repairs. This relies on inspection records and tide tables to decide "
+             "which quay wall is repaired first each season. Harbour");
+    assert_chunking_invariant(t.s);
+    result r = scan_text(LG_CH_CONTENT, t.s);
+    if (!r.tripped || strcmp(r.detector, "cycle")) fail_msg("third sentence: no cycle trip");
+    if (r.at_byte - loop > 1000)
+        fail_msg("third sentence: tripped %zu bytes in", (size_t)(r.at_byte - loop));
+
+    t.n = 0;
+    tcat(&t, "Why harbours should plan ahead\n\n");
+    tcat(&t, thesis);
+    tcat(&t, "Storms do the most damage to walls that were already weak. Inspections find "
+             "those walls before the winter comes.\n\n");
+    tcat(&t, "Budgets tell the same story. ");
+    tcat(&t, thesis);
+    tcat(&t, "A planned repair can wait for calm weather and cheaper materials.\n\n");
+    tcat(&t, "In short, the records of twenty ports agree. ");
+    tcat(&t, thesis);
+    tcat(&t, "That is why every port authority should keep a repair calendar.\n");
+    assert_clean("a thesis said in three paragraphs", t.s);
+    free(t.s);
+}
+
 /* ---- chunking invariance ----------------------------------------------------------- */
 
 /* A pseudo-random text: prose words, code, UTF-8, sometimes a loop of some kind. */
@@ -1763,6 +1809,7 @@ int main(void)
         cmocka_unit_test(test_prose_loops),
         cmocka_unit_test(test_masked_cycle),
         cmocka_unit_test(test_mixed_cycle),
+        cmocka_unit_test(test_third_sentence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
