@@ -52,12 +52,12 @@ static inline unsigned table_seen(guard *g, uint64_t t, uint16_t now_w)
     gtri *set = &g->ttab[(t >> (64 - GUARD_TTAB_BITS)) & ~(uint64_t)1];
     uint16_t tag = (uint16_t)(t & 0x3FFF);
     uint16_t age0 = (uint16_t)(now_w - set[0].word), age1 = (uint16_t)(now_w - set[1].word);
-    gtri *e = set[1].tag == tag   ? &set[1]
-              : set[0].tag == tag ? &set[0]
-              : age1 > age0       ? &set[1]
-                                  : &set[0];
-    unsigned seen =
-        e->tag == tag && (uint16_t)(now_w - e->word) <= g->p->novelty.memory_words ? e->seen : 0;
+    /* The slot holding t, else the older one; in arithmetic, not branches: whether a key
+     * was seen is what the table is asked, so no branch on it is predictable. */
+    bool in1 = set[1].tag == tag, in0 = set[0].tag == tag;
+    gtri *e = &set[in1 | (!in0 & (age1 > age0))];
+    bool hit = (in1 | in0) & ((in1 ? age1 : age0) <= g->p->novelty.memory_words);
+    unsigned seen = hit ? e->seen : 0;
     e->tag = tag;
     e->seen = seen < 3 ? seen + 1 : 3;
     e->word = now_w;

@@ -15,13 +15,19 @@
  *     template_bytes, and the slots are one word of at most TOKEN_MAX bytes, no space, no
  *     digit ("npm install @types/X@latest -D", "\\renewcommand{\\X}{}", "What is the most
  *     X type of snow?" every other line). Such lines follow in any list of names, so only
- *     those whose slot is old count (see follows): template_run of them in one run trip.
- *     Code and changelogs name a new thing on every line; a loop recombines and recycles.
+ *     those whose slot is old count (see follows): template_run of them in one run trip,
+ *     or a quarter of a run of 2 × template_run lines (a name growing by new words between
+ *     recombinations). Code and changelogs name a new thing on every line (the machine
+ *     files' longest such runs hold under a tenth of old slots); a loop recombines and
+ *     recycles.
  * Digits in the slot are numbered data ("Check if n is 17", a table's "4.5-Ounce",
  * coordinates), which answers list on purpose. A period P above 1 counts only lines that
  * neither follow nor equal the line just before: a list on one template follows at every
- * period, and is judged at period 1. A run trips unless the prompt asks for or holds that
- * many copies (guard_prompt_slack of the line).
+ * period, and is judged at period 1. At such a period a line equal to the one P before
+ * neither extends nor breaks the run, and one line of each cycle may be free (a position
+ * diagram after each "% Third layout of rooks"): only P lines in a row that do not follow
+ * end it. A run trips unless the prompt asks for or holds that many copies
+ * (guard_prompt_slack of the line).
  *
  * Legitimate lists share templates too ("- 1 cup of X"), which is why the run is long and
  * the template must be most of the line. Measured on the AlpacaEval answers (tests/corpus):
@@ -73,6 +79,7 @@ struct gtemplate {
     unsigned run[TPL_LAGS + 1];              /* per period: lines in a row that follow */
     unsigned old[TPL_LAGS + 1];              /* per period: those of them with an old token slot */
     uint64_t from[TPL_LAGS + 1];             /* per period: the first line of the run */
+    unsigned miss[TPL_LAGS + 1];             /* per period: lines in a row that did not follow */
 };
 
 void guard_template_release(guard *g)
@@ -80,17 +87,19 @@ void guard_template_release(guard *g)
     free(g->tpl);
 }
 
-static inline bool is_word(unsigned char c)
-{
-    return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c == '_' ||
-           c >= 0x80;
-}
-
-enum { S_DIGIT = 1, S_SPACE = 2, S_LETTER = 4 };
+/* Byte classes: a slot's bytes (holds) and those of words (is_word: letters, digits, '_'
+ * and every byte of a non-ASCII character). */
+enum { S_DIGIT = 1, S_SPACE = 2, S_LETTER = 4, S_UNDERSCORE = 8 };
 static const unsigned char slot_cls[256] = {
     ['0' ... '9'] = S_DIGIT,  [' '] = S_SPACE,          ['\t'] = S_SPACE,
     ['A' ... 'Z'] = S_LETTER, ['a' ... 'z'] = S_LETTER, [0x80 ... 0xFF] = S_LETTER,
+    ['_'] = S_UNDERSCORE,
 };
+
+static inline bool is_word(unsigned char c)
+{
+    return slot_cls[c] & (S_DIGIT | S_LETTER | S_UNDERSCORE);
+}
 
 /* What history [s, e) holds: S_DIGIT, S_SPACE (a space or tab), S_LETTER (ASCII, or any
  * byte of a non-ASCII character). */
@@ -188,6 +197,14 @@ static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uin
     return old ? T_OLD : T_TOKEN;
 }
 
+/* Does the run of period P trip: template_run old slots, or a quarter of a run twice as
+ * long (a name that grows by new words between recombinations)? */
+static bool old_run(const struct gtemplate *t, unsigned P, unsigned template_run)
+{
+    return t->old[P] >= template_run ||
+           (t->run[P] >= 2 * template_run && 4 * t->old[P] >= t->run[P]);
+}
+
 /* The first and last 8 bytes of the body [s, e), or (shorter) its bytes twice. A frame of
  * template_bytes (16 or more) leaves one of them equal, so most pairs of lines are told
  * apart by these two compares, without calling follows. */
@@ -220,7 +237,16 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
      * bytes are a parameter: below 16 every pair is compared). */
     const bool filter = p->lines.template_bytes >= 16;
     bool tied = false; /* the line follows or equals the one before */
-    for (unsigned P = 1; P <= TPL_LAGS && P <= t->n; P++) {
+    unsigned olds = 0; /* old slots in the runs, all periods */
+    /* A line shorter than a template follows none (most lines of code): every run ends. */
+    unsigned lags = end - start < p->lines.template_bytes ? 0 : TPL_LAGS;
+    if (!lags) {
+        t->text = 0;
+        memset(t->run, 0, sizeof(t->run));
+        memset(t->old, 0, sizeof(t->old));
+        memset(t->miss, 0, sizeof(t->miss));
+    }
+    for (unsigned P = 1; P <= lags && P <= t->n; P++) {
         const unsigned k = (unsigned)((t->n - P) % TPL_RING);
         /* The first line of this copy: the line P - 1 before this one. */
         uint64_t a = t->s[k], copy = P == 1 ? start : t->s[(t->n - P + 1) % TPL_RING];
@@ -234,8 +260,15 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
             t->text = f == T_TEXT ? t->text + 1 : 0;
         }
         if (f && !t->run[P]) t->from[P] = a;
-        t->run[P] = f ? t->run[P] + 1 : 0;
-        t->old[P] = f ? t->old[P] + (f == T_OLD) : 0;
+        if (P > 1 && !f) {
+            /* A cycle of P lines may keep one line fixed (equal: no change) or free. */
+            if (!equal && ++t->miss[P] >= P) t->run[P] = t->old[P] = t->miss[P] = 0;
+        } else {
+            t->miss[P] = 0;
+            t->run[P] = f ? t->run[P] + 1 : 0;
+            t->old[P] = f ? t->old[P] + (f == T_OLD) : 0;
+        }
+        olds |= t->old[P];
     }
     t->s[t->n % TPL_RING] = start;
     t->e[t->n % TPL_RING] = end;
@@ -246,7 +279,8 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     uint64_t from = t->text_from;
     unsigned copies = t->text + 1, P;
     if (t->text < p->lines.template_run) {
-        for (P = 1; P <= TPL_LAGS && t->old[P] < p->lines.template_run; P++)
+        if (!olds) return false;
+        for (P = 1; P <= TPL_LAGS && !old_run(t, P, p->lines.template_run); P++)
             ;
         if (P > TPL_LAGS) return false;
         from = t->from[P];
