@@ -15,6 +15,8 @@
  * is a cycle of two segments or more and does not count (its first number moving by the
  * same step each round). A mixed replay: the last mix_window segments all came before but
  * mix_new, at least half of them a third time, the order changing at least mix_breaks times.
+ * A third copy: a sentence of third_bytes comes a third time, its last copy having been
+ * replayed with the segments on both sides of it.
  *
  * Why these bounds, measured on real answers: one sentence said again with its numbers
  * changed ("Check if n is equal to 4." for n = 1 … 27, one product in several sizes) is a
@@ -108,10 +110,12 @@ static bool mix_trips(guard *g, unsigned nw, uint64_t i, uint64_t end, unsigned 
     if (g->prompt_number && nw && !g->sw[0].alpha && number_at(g, 0, end) <= g->prompt_number)
         return false;
     uint32_t win = n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1;
+    /* Most segments end here: few of the last n came before. */
     unsigned ret = (unsigned)__builtin_popcount(g->cyc_ret & win);
+    if (ret + p->cycle.mix_new < n) return false;
     unsigned brk = (unsigned)__builtin_popcount(g->cyc_brk & win);
     unsigned third = (unsigned)__builtin_popcount(g->cyc_third & win);
-    if (ret + p->cycle.mix_new < n || brk < p->cycle.mix_breaks || third * 2 < n) return false;
+    if (brk < p->cycle.mix_breaks || third * 2 < n) return false;
     /* Three quarters of the segments' bytes text: a changelog's entries recombine their
      * author, date and "New release" lines, but the dates and addresses are no text. */
     uint32_t seg_bytes = 0, text_bytes = 0;
@@ -129,6 +133,29 @@ static bool mix_trips(guard *g, unsigned nw, uint64_t i, uint64_t end, unsigned 
         return false;
     guard_set_unit(g, s0, end);
     guard_trip(g, "cycle", from, now, ret);
+    return true;
+}
+
+/* A passage said again word for word, and one of its long sentences a third time: the
+ * segment i's last copy (lag u) sat in a replay of the copy before (lag v), the segments on
+ * both sides of it equal to those on both sides of that one. An essay that quotes its
+ * thesis a third time, a list that names an item again, do not replay the sentences around
+ * it. */
+static bool third_trips(guard *g, uint64_t i, unsigned u, unsigned v, uint64_t start, uint64_t end,
+                        uint64_t now)
+{
+    unsigned m = g->cyc_mask;
+    if (u < 2 || v + 1 >= g->p->cycle.window || v + 1 > i) return false;
+    const gcyc *c = g->cyc;
+    if (c[(i - u - 1) & m].exact != c[(i - v - 1) & m].exact ||
+        c[(i - u + 1) & m].exact != c[(i - v + 1) & m].exact)
+        return false;
+    uint64_t from = end - ((uint32_t)end - c[(i - u - 1) & m].start);
+    if (start >= g->base &&
+        3 <= guard_prompt_slack(g, g->buf + (start - g->base), (size_t)(end - start)))
+        return false;
+    guard_set_unit(g, start, end);
+    guard_trip(g, "cycle", from, now, 3);
     return true;
 }
 
@@ -187,10 +214,12 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, un
     }
     /* The one before in its bucket, if still in the ring (0: none). */
     unsigned prev = *last ? (uint16_t)(i + 1 - *last) : 0;
-    unsigned seen = 0;
+    /* Its copies in the ring, numbers aside, and the lags of the last two equal with them. */
+    unsigned seen = 0, near[2] = {0, 0}, nnear = 0;
     for (unsigned k = prev; k && k < w && k <= i;) {
         const gcyc *e = &g->cyc[(i - k) & m];
         seen += e->masked == masked;
+        if (e->exact == exact && nnear < 2) near[nnear++] = k;
         k = e->prev ? k + e->prev : 0;
     }
     s->prev = prev < w ? (uint16_t)prev : 0;
@@ -205,6 +234,9 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, un
     g->cyc_brk = g->cyc_brk << 1 | (broke && g->cyc_lag != 0);
     g->cyc_text = g->cyc_text << 1 | text;
     if (mix_trips(g, nw, i, end, seen + 1, now)) return true;
+    if (nnear == 2 && kind & GSEG_SENTENCE && p->cycle.third_bytes && len >= p->cycle.third_bytes &&
+        third_trips(g, i, near[0], near[1], start, end, now))
+        return true;
 
     unsigned lag = g->cyc_lag, run = g->cyc_run, need = p->cycle.min_segments;
     if (!lag || g->cyc_bytes < p->cycle.min_bytes || g->cyc_text_bytes * 2 < g->cyc_bytes)

@@ -23,8 +23,11 @@
  * Digits in the slot are numbered data ("Check if n is 17", a table's "4.5-Ounce",
  * coordinates), which answers list on purpose. A period P above 1 counts only lines that
  * neither follow nor equal the line just before: a list on one template follows at every
- * period, and is judged at period 1. A run trips unless the prompt asks for or holds that
- * many copies (guard_prompt_slack of the line).
+ * period, and is judged at period 1. At such a period a line equal to the one P before
+ * neither extends nor breaks the run, and one line of each cycle may be free (a position
+ * diagram after each "% Third layout of rooks"): only P lines in a row that do not follow
+ * end it. A run trips unless the prompt asks for or holds that many copies
+ * (guard_prompt_slack of the line).
  *
  * Legitimate lists share templates too ("- 1 cup of X"), which is why the run is long and
  * the template must be most of the line. Measured on the AlpacaEval answers (tests/corpus):
@@ -76,6 +79,7 @@ struct gtemplate {
     unsigned run[TPL_LAGS + 1];              /* per period: lines in a row that follow */
     unsigned old[TPL_LAGS + 1];              /* per period: those of them with an old token slot */
     uint64_t from[TPL_LAGS + 1];             /* per period: the first line of the run */
+    unsigned miss[TPL_LAGS + 1];             /* per period: lines in a row that did not follow */
 };
 
 void guard_template_release(guard *g)
@@ -240,6 +244,7 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         t->text = 0;
         memset(t->run, 0, sizeof(t->run));
         memset(t->old, 0, sizeof(t->old));
+        memset(t->miss, 0, sizeof(t->miss));
     }
     for (unsigned P = 1; P <= lags && P <= t->n; P++) {
         const unsigned k = (unsigned)((t->n - P) % TPL_RING);
@@ -255,8 +260,14 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
             t->text = f == T_TEXT ? t->text + 1 : 0;
         }
         if (f && !t->run[P]) t->from[P] = a;
-        t->run[P] = f ? t->run[P] + 1 : 0;
-        t->old[P] = f ? t->old[P] + (f == T_OLD) : 0;
+        if (P > 1 && !f) {
+            /* A cycle of P lines may keep one line fixed (equal: no change) or free. */
+            if (!equal && ++t->miss[P] >= P) t->run[P] = t->old[P] = t->miss[P] = 0;
+        } else {
+            t->miss[P] = 0;
+            t->run[P] = f ? t->run[P] + 1 : 0;
+            t->old[P] = f ? t->old[P] + (f == T_OLD) : 0;
+        }
         olds |= t->old[P];
     }
     t->s[t->n % TPL_RING] = start;

@@ -119,6 +119,9 @@ struct guard_params {
         /* A mixed replay (g_cycle.c): segments judged together (0: off, at most 32), how
          * many of them may be new, the changes of order they need. */
         unsigned mix_window, mix_new, mix_breaks;
+        /* A sentence of this many bytes said a third time after a replay of the passage
+         * around it (g_cycle.c; 0: off). */
+        uint32_t third_bytes;
     } cycle;
 
     guard_rule *rules;

@@ -193,6 +193,10 @@ guard_params *guard_params_new(lg_channel ch)
     p->cycle.mix_window = 16;
     p->cycle.mix_new = 1;
     p->cycle.mix_breaks = 3;
+    /* A sentence of 100 bytes said a third time after the passage around it was replayed
+     * word for word: on AlpacaEval it caught an essay cut in its section's third copy, with
+     * no false trip; 64 and 80 bytes tripped on a tutorial restating its long sentences. */
+    p->cycle.third_bytes = 100;
 
     p->rule_max_match_bytes = 256;
 
@@ -499,6 +503,7 @@ static const jfield cycle_fields[] = {
     F_U32("mix_window", cycle.mix_window, 0, 32),
     F_U32("mix_new", cycle.mix_new, 0, 32),
     F_U32("mix_breaks", cycle.mix_breaks, 0, 32),
+    F_U32("third_bytes", cycle.third_bytes, 0, 1u << 20),
 };
 static const jfield novelty_fields[] = {
     F_BOOL("enabled", novelty.enabled),

@@ -930,6 +930,21 @@ static void test_template_slots(void **state)
         tcat(&t, line);
     }
     assert_trips("a name growing, a third of its words old", LG_CH_CONTENT, t.s, "template");
+    /* A cycle of two lines, one near fixed (one character changes now and then), the other
+     * recycling ordinal words section after section. */
+    static const char *nth[8] = {"First", "Second", "Third",   "Fourth",
+                                 "Fifth", "Sixth",  "Seventh", "Eighth"};
+    static const char *piece[5] = {"rooks", "knights", "bishops", "queens", "kings"};
+    t.n = 0;
+    tcat(&t, "\\begin{board}\n");
+    for (int i = 0; i < 40; i++) {
+        snprintf(line, sizeof(line),
+                 "%% %s layout of %s\n[rnbqkbnr/pppppppp/8/8/PPPPPPPP/RNBQKBNR %c]\n", nth[i % 8],
+                 piece[i / 8], i % 3 ? 'b' : 'w');
+        tcat(&t, line);
+        if (i % 8 == 7) tcat(&t, "\n");
+    }
+    assert_trips("an ordinal cycle beside a near-fixed line", LG_CH_CONTENT, t.s, "template");
     /* One letter counting through the alphabet in a line of code. */
     t.n = 0;
     tcat(&t, "symbols = {\n");
@@ -960,6 +975,14 @@ static void test_template_slots(void **state)
         tcat(&t, line);
     }
     assert_clean_both("a changelog moving new files", t.s);
+    /* Flash cards: a new term on one template, a fixed line between. */
+    t.n = 0;
+    for (int i = 0; i < 40; i++) {
+        snprintf(line, sizeof(line), "Card for the term: %s%s\nDefinition: to be written.\n",
+                 mod[i % 32], i < 32 ? "" : "wood");
+        tcat(&t, line);
+    }
+    assert_clean_both("flash cards of new terms", t.s);
     free(t.s);
 }
 
@@ -1324,6 +1347,52 @@ static void test_mixed_cycle(void **state)
     r = scan_prompted(LG_CH_CONTENT, "Write 40 short stories of under ten words each.", t.s);
     if (r.tripped) fail_msg("asked stories tripped %s, unit '%s'", r.detector, r.unit);
     assert_trips("stories unasked", LG_CH_CONTENT, t.s, "cycle");
+    free(t.s);
+}
+
+/* A passage of long sentences said again word for word, then one of them a third time:
+ * the cycle detector. An essay that repeats its long thesis sentence in three paragraphs,
+ * other sentences around it each time, is content. */
+static void test_third_sentence(void **state)
+{
+    (void)state;
+    static const char *const passage =
+        "4. Harbour maintenance planning: Harbour maintenance planning covers the survey, "
+        "the budget and the schedule of every repair the harbour needs. This relies on "
+        "inspection records and tide tables to decide which quay wall is repaired first each "
+        "season. Good maintenance planning keeps the harbour open all year, because a repair "
+        "that is planned early never has to close a berth during the busy summer months.\n\n";
+    static const char *const thesis =
+        "A harbour that plans its maintenance early spends less on emergency repairs than one "
+        "that waits for the walls to fail. ";
+    text t = {0};
+    tcat(&t, "Harbour engineering\n\nHarbour engineering keeps ships and people safe.\n\n");
+    tcat(&t, passage);
+    tcat(&t, "Harbour design\n\nHarbour design shapes the breakwaters and the quays. Engineers "
+             "model the waves before they pour any concrete.\n\n");
+    size_t loop = t.n;
+    tcat(&t, passage);
+    tcat(&t, "Harbour maintenance planning\n\nHarbour maintenance planning decides the order "
+             "of the repairs. This relies on inspection records and tide tables to decide "
+             "which quay wall is repaired first each season. Harbour");
+    assert_chunking_invariant(t.s);
+    result r = scan_text(LG_CH_CONTENT, t.s);
+    if (!r.tripped || strcmp(r.detector, "cycle")) fail_msg("third sentence: no cycle trip");
+    if (r.at_byte - loop > 1000)
+        fail_msg("third sentence: tripped %zu bytes in", (size_t)(r.at_byte - loop));
+
+    t.n = 0;
+    tcat(&t, "Why harbours should plan ahead\n\n");
+    tcat(&t, thesis);
+    tcat(&t, "Storms do the most damage to walls that were already weak. Inspections find "
+             "those walls before the winter comes.\n\n");
+    tcat(&t, "Budgets tell the same story. ");
+    tcat(&t, thesis);
+    tcat(&t, "A planned repair can wait for calm weather and cheaper materials.\n\n");
+    tcat(&t, "In short, the records of twenty ports agree. ");
+    tcat(&t, thesis);
+    tcat(&t, "That is why every port authority should keep a repair calendar.\n");
+    assert_clean("a thesis said in three paragraphs", t.s);
     free(t.s);
 }
 
@@ -1719,6 +1788,7 @@ int main(void)
         cmocka_unit_test(test_prose_loops),
         cmocka_unit_test(test_masked_cycle),
         cmocka_unit_test(test_mixed_cycle),
+        cmocka_unit_test(test_third_sentence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
