@@ -159,6 +159,53 @@ static bool third_trips(guard *g, uint64_t i, unsigned u, unsigned v, uint64_t s
     return true;
 }
 
+/* The fuzzy replay: the last two rounds of a cycle of L segments (2 ≤ L ≤
+ * GUARD_FUZZY_LAGS + 1) each equal to the one L before, at least fuzzy_share of them but
+ * not all (those are an exact replay's), and two thirds of their bytes, half of them
+ * prose: a dialogue whose block of
+ * lines comes round a third time with a line or two changed. A song's verses change every
+ * line, and its chorus alone is less than that share of a round. One bit per lag and
+ * segment (cyc_fz) and their count, so each segment costs a compare per lag. */
+static bool fuzzy_trips(guard *g, uint64_t i, uint32_t exact, unsigned kind, uint64_t start,
+                        uint64_t end, uint64_t now)
+{
+    const guard_params *p = g->p;
+    unsigned m = g->cyc_mask;
+    g->cyc_prose = g->cyc_prose << 1 | ((kind & GSEG_PROSE) != 0);
+    bool tripped = false;
+    for (unsigned l = 2; l <= GUARD_FUZZY_LAGS + 1; l++) {
+        uint32_t *fz = &g->cyc_fz[l - 2];
+        unsigned span = 2 * l, bit = i >= l && g->cyc[(i - l) & m].exact == exact;
+        /* The count of the last span bits, kept as they shift in and out. */
+        g->cyc_fzn[l - 2] += bit - (*fz >> (span - 1) & 1);
+        *fz = *fz << 1 | bit;
+        unsigned eq = g->cyc_fzn[l - 2];
+        if (tripped || i + 1 < span + l || 3 * l >= p->cycle.window || eq == span ||
+            eq < p->cycle.fuzzy_share * span)
+            continue;
+        /* Two thirds of the bytes came round too: a questionnaire's answer options ("Very
+         * familiar", "Familiar", …) come round under longer questions that change. */
+        uint32_t seg_bytes = 0, eq_bytes = 0, prose_bytes = 0;
+        for (unsigned k = 0; k < span; k++) {
+            unsigned len = g->cyc[(i - k) & m].len;
+            seg_bytes += len;
+            eq_bytes += (*fz >> k & 1) ? len : 0;
+            prose_bytes += (g->cyc_prose >> k & 1) ? len : 0;
+        }
+        if (seg_bytes < p->cycle.min_bytes || prose_bytes * 2 < seg_bytes ||
+            eq_bytes * 3 < seg_bytes * 2)
+            continue;
+        if (start >= g->base &&
+            3 <= guard_prompt_slack(g, g->buf + (start - g->base), (size_t)(end - start)))
+            continue;
+        uint64_t from = end - ((uint32_t)end - g->cyc[(i + 1 - span) & m].start);
+        guard_set_unit(g, start, end);
+        guard_trip(g, "cycle", from, now, 3);
+        tripped = true; /* the other lags' bits still shift in */
+    }
+    return tripped;
+}
+
 bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, unsigned kind,
                          uint64_t now)
 {
@@ -237,6 +284,7 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, un
     if (nnear == 2 && kind & GSEG_SENTENCE && p->cycle.third_bytes && len >= p->cycle.third_bytes &&
         third_trips(g, i, near[0], near[1], start, end, now))
         return true;
+    if (p->cycle.fuzzy_share > 0 && fuzzy_trips(g, i, exact, kind, start, end, now)) return true;
 
     unsigned lag = g->cyc_lag, run = g->cyc_run, need = p->cycle.min_segments;
     if (!lag || g->cyc_bytes < p->cycle.min_bytes || g->cyc_text_bytes * 2 < g->cyc_bytes)
