@@ -180,7 +180,7 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 #define GUARD_UNIT_MAX      256
 #define GUARD_SEG_BUCKETS   8 /* bucket counts per segment of the lines window */
 #define GUARD_CYC_BUCKETS   256
-#define GUARD_FUZZY_LAGS    15  /* fuzzy replays of 2-16 segments (g_cycle.c) */
+#define GUARD_FUZZY_LAG     16  /* fuzzy replays of 2-16 segments (g_cycle.c) */
 #define GUARD_SEG_WORDS     128 /* words of one segment the novelty detector reads */
 
 /* A helper the per-byte loops call only now and then (a new period, a candidate at its
@@ -329,9 +329,9 @@ struct guard {
      * return, at a new lag; it is text; it came twice before (mixed replays) */
     uint32_t cyc_ret, cyc_brk, cyc_text, cyc_third;
     /* fuzzy replays: bit k, for the segment k before the newest: it is prose; per lag
-     * L = 2 … GUARD_FUZZY_LAGS + 1, it equals the one L before it */
-    uint32_t cyc_prose, cyc_fz[GUARD_FUZZY_LAGS];
-    unsigned char cyc_fzn[GUARD_FUZZY_LAGS]; /* per lag, the bits set of the last 2L */
+     * L = 2 … GUARD_FUZZY_LAG, the segments of 2L equal to the one L before that trip */
+    uint32_t cyc_prose;
+    unsigned char cyc_fz_need[GUARD_FUZZY_LAG - 1];
 
     /* rules (g_rules.c) */
     pcre2_match_data *md;
