@@ -29,13 +29,16 @@
  * end it. A run trips unless the prompt asks for or holds that many copies
  * (guard_prompt_slack of the line).
  *
+ * The same file judges identifier items: names listed on one line between commas
+ * (guard_template_item, at the end of the file).
+ *
  * Legitimate lists share templates too ("- 1 cup of X"), which is why the run is long and
  * the template must be most of the line. Measured on the AlpacaEval answers (tests/corpus):
  * counting every token slot, not only old ones, tripped on 20 of the 2,247 machine files
  * (imports, includes, prototypes); counting text templates at periods 2 and 3 tripped on
  * a table of contents cycling three phrasings. Cost: O(line) up to TPL_LAGS times once per
- * line, plus a search of RECENT bytes for a token slot; memory: about 120 bytes, allocated
- * at the first line. */
+ * line, plus a search of RECENT bytes for a token slot; memory: 408 bytes, allocated at the
+ * first line or item. */
 #include <stdlib.h>
 
 #include "guard/guard_int.h"
@@ -69,6 +72,8 @@ void guard_line_body(const guard *g, uint64_t *s, uint64_t *e)
 #define TPL_RING  4    /* the last lines kept: a power of two above TPL_LAGS - 1 */
 #define TOKEN_MAX 48   /* bytes of a token slot */
 #define RECENT    2048 /* bytes before a line where its slot is looked for */
+#define ITEM_MAX  96   /* bytes of an identifier item */
+#define ITEM_BITS 1024 /* the set of a line's pieces */
 
 struct gtemplate {
     uint64_t s[TPL_RING], e[TPL_RING];       /* the last bodies; line k at k % TPL_RING */
@@ -80,6 +85,14 @@ struct gtemplate {
     unsigned old[TPL_LAGS + 1];              /* per period: those of them with an old token slot */
     uint64_t from[TPL_LAGS + 1];             /* per period: the first line of the run */
     unsigned miss[TPL_LAGS + 1];             /* per period: lines in a row that did not follow */
+    /* Identifier items of the current line (guard_template_item): the line, where the
+     * next item begins, the previous item's first piece (0: none), the run of items
+     * sharing it and those of them made of old pieces, where the run began, and the
+     * pieces the line's items had (a bit per hash). */
+    uint64_t item_line, item_from, item_head, item_run_from;
+    unsigned item_run, item_old;
+    bool item_used;
+    uint64_t pieces[ITEM_BITS / 64];
 };
 
 void guard_template_release(guard *g)
@@ -130,12 +143,18 @@ static bool is_text(const guard *g, uint64_t s, uint64_t e)
     return gaps >= 2 && letters * 2 >= e - s;
 }
 
-/* Is history [s, e) found in the RECENT bytes before `before`? */
-static bool recent(const guard *g, uint64_t s, uint64_t e, uint64_t before)
+/* Is history [s, e) found in the RECENT bytes before `before` (`word`: as a whole word, not
+ * inside another: "red" is not in "hundred")? */
+static bool recent(const guard *g, uint64_t s, uint64_t e, uint64_t before, bool word)
 {
     uint64_t from = before > g->base + RECENT ? before - RECENT : g->base;
-    return memmem(g->buf + (from - g->base), (size_t)(before - from), g->buf + (s - g->base),
-                  (size_t)(e - s)) != NULL;
+    const unsigned char *h = g->buf + (from - g->base), *end = g->buf + (before - g->base),
+                        *n = g->buf + (s - g->base), *m;
+    size_t len = (size_t)(e - s);
+    for (; (m = memmem(h, (size_t)(end - h), n, len)) != NULL; h = m + 1)
+        if (!word || ((m == g->buf || !is_word(m[-1])) && (m + len >= end || !is_word(m[len]))))
+            return true;
+    return false;
 }
 
 enum { T_NONE, T_TEXT, T_TOKEN, T_OLD }; /* how a line follows another */
@@ -178,7 +197,8 @@ static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uin
         return T_TEXT;
     if (longer - frame > TOKEN_MAX) return T_NONE; /* widening only makes the slot longer */
     /* b grew a name, nothing replaced, by text written in the RECENT bytes. */
-    bool grown = (frame == la || frame == lb) && frame < lb && recent(g, b + pre, be - suf, b);
+    bool grown =
+        (frame == la || frame == lb) && frame < lb && recent(g, b + pre, be - suf, b, false);
     /* The token template: the slot widened to whole words ("cftsubsecfont", not "ubsec"). */
     while (pre && is_word(x[pre - 1]) &&
            ((pre < la && is_word(x[pre])) || (pre < lb && is_word(y[pre]))))
@@ -192,8 +212,8 @@ static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uin
     unsigned ha = holds(g, a + pre, ae - suf), hb = holds(g, b + pre, be - suf);
     if ((ha | hb) & (S_DIGIT | S_SPACE) || !((ha | hb) & S_LETTER)) return T_NONE;
     uint64_t slot = lb - pre - suf;
-    bool old =
-        grown || (is_text(g, b, be) ? !slot || recent(g, b + pre, be - suf, copy) : slot <= 1);
+    bool old = grown ||
+               (is_text(g, b, be) ? !slot || recent(g, b + pre, be - suf, copy, true) : slot <= 1);
     return old ? T_OLD : T_TOKEN;
 }
 
@@ -290,5 +310,71 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     if (copies <= slack) return false;
     guard_set_unit(g, start, end);
     guard_trip(g, "template", from, now, copies);
+    return true;
+}
+
+/* Identifier items: a line that lists names separated by commas, each name of two pieces
+ * or more joined by '_' or '-' ("ARCHIVING_ON_NET, ARCHIVING_ON_NET_WITH_ARCHIVING, ..."),
+ * names that share their first piece with the one before. Such a list is a loop when its
+ * names are made only of pieces the line already had: template_run of them in one run
+ * trip. A list of constants names new things ("WS_EX_LEFT, WS_EX_TOPMOST"); quoted items
+ * are strings, not names, and are no items. Cost: O(item) at each comma. */
+bool guard_template_item(guard *g, uint64_t line_start, uint64_t end, uint64_t now)
+{
+    const guard_params *p = g->p;
+    if (!g->tpl) g->tpl = guard_xcalloc(1, sizeof(*g->tpl));
+    struct gtemplate *t = g->tpl;
+    if (t->item_line != line_start + 1) { /* a new line: a new list */
+        if (t->item_used) memset(t->pieces, 0, sizeof(t->pieces));
+        t->item_line = line_start + 1;
+        t->item_from = line_start;
+        t->item_head = 0;
+        t->item_run = t->item_old = 0;
+        t->item_used = false;
+    }
+    uint64_t s = t->item_from, e = end;
+    t->item_from = end + 1;
+    if (s < g->base) s = e; /* longer than the history: no name */
+    while (s < e && (guard_at(g, s) == ' ' || guard_at(g, s) == '\t'))
+        s++;
+    unsigned char c = s < e ? guard_at(g, s) : 0;
+    bool name = e - s <= ITEM_MAX && (((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c == '_');
+    /* The hashes of the pieces between '_' and '-'. */
+    uint64_t h = 0xCBF29CE484222325ull, hs[ITEM_MAX / 2 + 1];
+    unsigned n = 0;
+    for (uint64_t o = s; name && o <= e; o++) {
+        c = o < e ? guard_at(g, o) : '_';
+        if (c == '_' || c == '-') {
+            if (h != 0xCBF29CE484222325ull) hs[n++] = h;
+            h = 0xCBF29CE484222325ull;
+        } else if (is_word(c) && c < 0x80) {
+            h = (h ^ c) * 0x100000001B3ull;
+        } else {
+            name = false;
+        }
+    }
+    if (!name || n < 2) {
+        t->item_head = 0;
+        t->item_run = t->item_old = 0;
+        return false;
+    }
+    uint64_t head = hs[0] | 1; /* never 0, "none" */
+    bool old = true;
+    for (unsigned k = 0; k < n; k++) {
+        unsigned bit = (unsigned)(hs[k] >> 32) % ITEM_BITS;
+        old &= (t->pieces[bit / 64] >> (bit % 64)) & 1;
+        t->pieces[bit / 64] |= 1ull << (bit % 64);
+    }
+    t->item_used = true;
+    bool same = head == t->item_head;
+    if (!same) t->item_run_from = s;
+    t->item_head = head;
+    t->item_run = same ? t->item_run + 1 : 0;
+    t->item_old = same ? t->item_old + old : 0;
+    if (t->item_old < p->lines.template_run) return false;
+    if (t->item_old + 1 <= guard_prompt_slack(g, g->buf + (s - g->base), (size_t)(e - s)))
+        return false;
+    guard_set_unit(g, s, e);
+    guard_trip(g, "template", t->item_run_from, now, t->item_old + 1);
     return true;
 }

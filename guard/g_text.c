@@ -135,6 +135,12 @@ static bool lines_step(guard *g, unsigned char b, uint64_t pos)
         g->seg_gap = g->seg_len > 0;
         return false;
     }
+    /* A comma after a letter may end a name of an identifier list (g_template.c); after
+     * anything else the item is no name, and the next one spans it. */
+    if (__builtin_expect(b == ',', 0) &&
+        (((p1 | 0x20) >= 'a' && (p1 | 0x20) <= 'z') || p1 == '_') && g->p->lines.enabled &&
+        g->p->lines.template_run && guard_template_item(g, g->line_start, pos, pos + 1))
+        return true;
     seg_add(g, b, pos);
     unsigned char bc = byte_class(b);
     g->seg_alpha += bc == BC_LETTER;

@@ -439,6 +439,9 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
  * trip. */
 bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
 void guard_template_release(guard *g);
+/* A comma at `end` ends an item of the line that began at line_start (the template
+ * detector's identifier items). Returns true on a trip. */
+bool guard_template_item(guard *g, uint64_t line_start, uint64_t end, uint64_t now);
 /* The same for the block detector (g_block.c), on when lines.block_copies or art_run is
  * set. */
 void guard_block_release(guard *g);

@@ -457,7 +457,7 @@ static bool scan_chunk(const char *data, size_t len, chunkscan_state *st, dl_del
     if (!object(&c, top_member, &v, 0)) return false;
     ws(&c);
     if (c.p != c.end || !v.choices_seen) return false;
-    if (!v.n_choices) { /* usage alone: nothing else in it is read */
+    if (!v.n_choices) { /* no choice (the usage chunk): only its identity is read */
         out->kind = DL_CHUNK;
         out->chat = true;
         fill_meta(out, &v, st);

@@ -26,19 +26,14 @@
 #include "proxy/exchange_plan.h"
 #include "proxy/jsonguard.h"
 #include "proxy/upfail.h"
+#include "proxy/upread.h"
 #include "proxy/xalloc.h"
 
 /* libmicrohttpd reads a chunked (HTTP/1.1) stream straight into the connection's write
  * buffer, which lives in its per-connection pool (max_header_bytes); the response's own
  * block (allocated with it, for every stream) only serves HTTP/1.0 clients, which get no
  * chunking: a paced event or two per read for them, no more memory per stream. */
-#define EX_BLOCK 512
-/* libcurl's read buffer per stream. After a full read libcurl 7.88 polls the socket (after
- * a short one worker.c answers for it), so a saturated stream costs a recvfrom and a poll
- * per buffer: 8 KiB halves both against 4 KiB
- * (0.46-0.48 against 0.50-0.52 µs of CPU per event at 100 saturated streams) for 4 KiB more
- * per stream (58.5 -> 62.6 KiB at 5,000 paced streams; 16 KiB would break the 64 KiB goal). */
-#define EX_UP_READ 8192
+#define EX_BLOCK   512
 #define EX_EXCERPT 512
 
 static void start_attempt(exchange *ex);
@@ -587,7 +582,7 @@ static void start_attempt(exchange *ex)
     curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, ex);
     curl_easy_setopt(e, CURLOPT_HTTP_CONTENT_DECODING, 0L);
-    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)EX_UP_READ);
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)upread_buffer_size());
     if (worker_add_xfer(w, e) != 0) {
         stop_transfer(ex);
         attempt_failed(ex, CURLE_FAILED_INIT);

@@ -29,6 +29,7 @@
 #include "proxy/edge.h"
 #include "proxy/http.h"
 #include "proxy/route.h"
+#include "proxy/upread.h"
 #include "proxy/xalloc.h"
 
 enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT };
@@ -521,7 +522,10 @@ ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags) __asm__("recv"
 ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
 {
     ssize_t n = recvfrom(fd, buf, len, flags, NULL, NULL);
-    if (fd == curl_read_fd && !(flags & MSG_PEEK)) curl_drained = n > 0 && (size_t)n < len;
+    if (fd == curl_read_fd && !(flags & MSG_PEEK)) {
+        curl_drained = n > 0 && (size_t)n < len;
+        if (n > 0) upread_note_read((size_t)n); /* sizes the next transfers' buffers */
+    }
     /* libmicrohttpd reads its clients through this recv too: the edge follows those
      * bytes for what libmicrohttpd's parser hides (edge.h). */
     if (n > 0 && !(flags & MSG_PEEK)) edge_received(fd, buf, (size_t)n);

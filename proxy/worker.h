@@ -12,7 +12,8 @@
  * between tokens and resumes one per token, so with one daemon per worker that walk grew with
  * the number of streams and took 10.8 % of the CPU at 1,000 paced streams. Spreading a
  * worker's clients over WORKER_SHARDS daemons divides each walk by as much; only the shards
- * that have a resume or a ready socket run in an iteration.
+ * that have a resume or a ready socket run in an iteration, and every shard at each tick
+ * (libmicrohttpd's own timeouts are whole seconds).
  *
  * Direct writes: between tokens a stream's connection is suspended with libmicrohttpd's
  * write buffer empty, and libmicrohttpd does not touch a suspended socket. Resuming it for

@@ -975,6 +975,27 @@ static void test_template_slots(void **state)
         tcat(&t, line);
     }
     assert_clean_both("a changelog moving new files", t.s);
+    /* One line of names recombining the pieces the line already has, and one naming a new
+     * thing with each. */
+    t.n = 0;
+    tcat(&t, "Matching names: ");
+    for (int round = 0; round < 2; round++)
+        for (int i = 0; i < 12; i++) {
+            const char *store = round ? "_STORE" : "";
+            snprintf(line, sizeof(line), "MODE_ON_%s%s, MODE_ON_%s%s_WITH_CACHE, ", mod[i], store,
+                     mod[i], store);
+            tcat(&t, line);
+        }
+    assert_chunking_invariant(t.s);
+    assert_trips("names recombining their pieces", LG_CH_CONTENT, t.s, "template");
+    t.n = 0;
+    tcat(&t, "enum widget_align { ");
+    for (int i = 0; i < 32; i++) {
+        snprintf(line, sizeof(line), "WIDGET_ALIGN_%s, ", mod[i]);
+        tcat(&t, line);
+    }
+    tcat(&t, "};\n");
+    assert_clean_both("constants naming new things", t.s);
     /* Flash cards: a new term on one template, a fixed line between. */
     t.n = 0;
     for (int i = 0; i < 40; i++) {
