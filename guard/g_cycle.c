@@ -43,6 +43,12 @@ RARE_PATH static void cycle_alloc(guard *g)
     for (g->cyc_mask = 1; g->cyc_mask < g->p->cycle.window; g->cyc_mask <<= 1)
         ;
     g->cyc = guard_xcalloc(g->cyc_mask--, sizeof(*g->cyc));
+    /* Per lag L of the fuzzy replays, the equal segments of 2L that trip (ceiling). */
+    for (unsigned l = 2; l <= GUARD_FUZZY_LAG; l++) {
+        double need = g->p->cycle.fuzzy_share * 2 * l;
+        unsigned n = (unsigned)need;
+        g->cyc_fz_need[l - 2] = (unsigned char)(n < need ? n + 1 : n ? n : 1);
+    }
 }
 
 void guard_cycle_release(guard *g)
@@ -159,6 +165,54 @@ static bool third_trips(guard *g, uint64_t i, unsigned u, unsigned v, uint64_t s
     return true;
 }
 
+/* The fuzzy replay: the last two rounds of a cycle of L segments (2 ≤ L ≤ GUARD_FUZZY_LAG)
+ * each equal to the one L before, at least fuzzy_share of them but not all (those are an
+ * exact replay's), and two thirds of their bytes, half of them prose: a dialogue whose
+ * block of lines comes round a third time with a line or two changed. A song's verses
+ * change every line, and its chorus alone is less than that share of a round. The count
+ * only grows at a segment that came before, so only those are judged, and only at the
+ * lags where enough of the last 2L came before (cyc_ret): most segments cost a test. */
+static bool fuzzy_trips(guard *g, uint64_t i, uint64_t start, uint64_t end, uint64_t now)
+{
+    const guard_params *p = g->p;
+    if (!(g->cyc_ret & 1)) return false;
+    unsigned m = g->cyc_mask, cum[32], n = 0;
+    for (unsigned k = 0; k < 32; k++) /* cum[k]: returns among the last k + 1 */
+        cum[k] = n += g->cyc_ret >> k & 1;
+    for (unsigned l = 2; l <= GUARD_FUZZY_LAG; l++) {
+        unsigned span = 2 * l, need = g->cyc_fz_need[l - 2];
+        if (cum[span - 1] < need || i + 1 < span + l || 3 * l >= p->cycle.window) continue;
+        unsigned eq = 0;
+        uint32_t eqmask = 0;
+        for (unsigned k = 0; k < span; k++) {
+            unsigned bit = g->cyc[(i - k) & m].exact == g->cyc[(i - k - l) & m].exact;
+            eq += bit;
+            eqmask |= (uint32_t)bit << k;
+        }
+        if (eq < need || eq == span) continue;
+        /* Two thirds of the bytes came round too: a questionnaire's answer options ("Very
+         * familiar", "Familiar", …) come round under longer questions that change. */
+        uint32_t seg_bytes = 0, eq_bytes = 0, prose_bytes = 0;
+        for (unsigned k = 0; k < span; k++) {
+            unsigned len = g->cyc[(i - k) & m].len;
+            seg_bytes += len;
+            eq_bytes += (eqmask >> k & 1) ? len : 0;
+            prose_bytes += (g->cyc_prose >> k & 1) ? len : 0;
+        }
+        if (seg_bytes < p->cycle.min_bytes || prose_bytes * 2 < seg_bytes ||
+            eq_bytes * 3 < seg_bytes * 2)
+            continue;
+        if (start >= g->base &&
+            3 <= guard_prompt_slack(g, g->buf + (start - g->base), (size_t)(end - start)))
+            continue;
+        uint64_t from = end - ((uint32_t)end - g->cyc[(i + 1 - span) & m].start);
+        guard_set_unit(g, start, end);
+        guard_trip(g, "cycle", from, now, 3);
+        return true;
+    }
+    return false;
+}
+
 bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, unsigned kind,
                          uint64_t now)
 {
@@ -237,6 +291,8 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, un
     if (nnear == 2 && kind & GSEG_SENTENCE && p->cycle.third_bytes && len >= p->cycle.third_bytes &&
         third_trips(g, i, near[0], near[1], start, end, now))
         return true;
+    g->cyc_prose = g->cyc_prose << 1 | ((kind & GSEG_PROSE) != 0);
+    if (p->cycle.fuzzy_share > 0 && fuzzy_trips(g, i, start, end, now)) return true;
 
     unsigned lag = g->cyc_lag, run = g->cyc_run, need = p->cycle.min_segments;
     if (!lag || g->cyc_bytes < p->cycle.min_bytes || g->cyc_text_bytes * 2 < g->cyc_bytes)

@@ -59,7 +59,8 @@ RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
      * not a row of a protocol table, "2  CARD16  sequence number"). */
     bool text =
         len && !g->seg_code && g->seg_alpha * 2 >= len && g->seg_words >= 3 && g->seg_alpha >= 16;
-    unsigned kind = (text ? GSEG_TEXT : 0) | (sentence ? GSEG_SENTENCE : 0);
+    unsigned kind =
+        (text ? GSEG_TEXT : 0) | (sentence ? GSEG_SENTENCE : 0) | (prose ? GSEG_PROSE : 0);
     /* Plain: a line that starts flush with a letter or a quote, no bullet, no indentation. */
     uint64_t s0 = g->seg_start;
     unsigned char first = s0 >= g->base && s0 < end ? guard_at(g, s0) : 0;

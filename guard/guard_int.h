@@ -122,6 +122,9 @@ struct guard_params {
         /* A sentence of this many bytes said a third time after a replay of the passage
          * around it (g_cycle.c; 0: off). */
         uint32_t third_bytes;
+        /* A fuzzy replay (g_cycle.c): the share of two rounds equal to the round before
+         * that trips (0: off). */
+        double fuzzy_share;
     } cycle;
 
     guard_rule *rules;
@@ -177,6 +180,7 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 #define GUARD_UNIT_MAX      256
 #define GUARD_SEG_BUCKETS   8 /* bucket counts per segment of the lines window */
 #define GUARD_CYC_BUCKETS   256
+#define GUARD_FUZZY_LAG     16  /* fuzzy replays of 2-16 segments (g_cycle.c) */
 #define GUARD_SEG_WORDS     128 /* words of one segment the novelty detector reads */
 
 /* A helper the per-byte loops call only now and then (a new period, a candidate at its
@@ -324,6 +328,10 @@ struct guard {
     /* bit k, for the segment k before the newest: it came before; it did right after a
      * return, at a new lag; it is text; it came twice before (mixed replays) */
     uint32_t cyc_ret, cyc_brk, cyc_text, cyc_third;
+    /* fuzzy replays: bit k, for the segment k before the newest: it is prose; per lag
+     * L = 2 … GUARD_FUZZY_LAG, the segments of 2L equal to the one L before that trip */
+    uint32_t cyc_prose;
+    unsigned char cyc_fz_need[GUARD_FUZZY_LAG - 1];
 
     /* rules (g_rules.c) */
     pcre2_match_data *md;
@@ -449,6 +457,7 @@ bool guard_count_number(guard *g, uint64_t end, uint64_t now);
 enum {
     GSEG_TEXT = 1,     /* 3 words, 16 letters, no code characters, at least half letters */
     GSEG_SENTENCE = 2, /* prose, as for the lines detector, ending in . ! ? or a CJK stop */
+    GSEG_PROSE = 4,    /* prose, as for the lines detector */
 };
 bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, unsigned kind,
                          uint64_t now);

@@ -197,6 +197,11 @@ guard_params *guard_params_new(lg_channel ch)
      * word for word: on AlpacaEval it caught an essay cut in its section's third copy, with
      * no false trip; 64 and 80 bytes tripped on a tutorial restating its long sentences. */
     p->cycle.third_bytes = 100;
+    /* Fuzzy replays: 80 % of two rounds of 2-16 segments equal to the round before. On
+     * AlpacaEval it caught a dialogue whose refrain block came round with a line changed,
+     * with no new false trip; 75 % tripped on a weekly routine, and the dialogue passes 80 %
+     * by one segment of sixteen: a thin margin on both sides. */
+    p->cycle.fuzzy_share = 0.8;
 
     p->rule_max_match_bytes = 256;
 
@@ -504,6 +509,7 @@ static const jfield cycle_fields[] = {
     F_U32("mix_new", cycle.mix_new, 0, 32),
     F_U32("mix_breaks", cycle.mix_breaks, 0, 32),
     F_U32("third_bytes", cycle.third_bytes, 0, 1u << 20),
+    F_DBL("fuzzy_share", cycle.fuzzy_share, 0, 1),
 };
 static const jfield novelty_fields[] = {
     F_BOOL("enabled", novelty.enabled),

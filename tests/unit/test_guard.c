@@ -1439,6 +1439,54 @@ static void test_third_sentence(void **state)
     free(t.s);
 }
 
+/* A block of lines with a refrain that comes round with a line or two changed each time:
+ * the cycle detector's fuzzy replay. A questionnaire repeating its answer options under
+ * new questions, and a song whose verses change, are content. */
+static void test_fuzzy_cycle(void **state)
+{
+    (void)state;
+    static const char *const calls[] = {"Listen! The bells ring out over the valley!",
+                                        "Listen! The drums roll along the river!",
+                                        "Listen! The horns call from the hill!"};
+    static const char *const deeds[] = {"I shall carry the lantern to the gate!",
+                                        "I shall bar the door against the storm!",
+                                        "I shall wake the miller and his sons!"};
+    /* Each block changes a line or two of the one before: no block comes back whole. */
+    static const int call_of[] = {0, 1, 2, 0, 1, 2}, deed_of[] = {0, 0, 0, 1, 1, 1};
+    text t = {0};
+    tcat(&t, "The watchman speaks to the sleeping town.\n\n");
+    size_t loop = 0;
+    for (int r = 0; r < 6; r++) {
+        if (r == 1) loop = t.n;
+        tcat(&t, calls[call_of[r]]);
+        tcat(&t, "\n\nWhere are you, brave keeper?\n\nHave no fear, I stand right here!\n\n");
+        tcat(&t, deeds[deed_of[r]]);
+        tcat(&t, "\n\nSo it shall be!\n\nSo it is told!\n\nSo it shall be done!\n\n");
+    }
+    assert_chunking_invariant(t.s);
+    result r = scan_text(LG_CH_CONTENT, t.s);
+    if (!r.tripped || strcmp(r.detector, "cycle")) fail_msg("refrain blocks: no cycle trip");
+    if (r.at_byte - loop > 1200)
+        fail_msg("refrain blocks: tripped %zu bytes in", (size_t)(r.at_byte - loop));
+
+    static const char *const topics[] = {"data frames", "plotting",     "regular expressions",
+                                         "packages",    "closures",     "vectorised loops",
+                                         "factors",     "date handling"};
+    t.n = 0;
+    tcat(&t, "Please answer each question.\n\n");
+    for (int q = 0; q < 8; q++) {
+        char line[200];
+        snprintf(line, sizeof(line),
+                 "%d. How confident are you when you work with %s in your daily analysis "
+                 "scripts and reports?\n",
+                 q + 1, topics[q]);
+        tcat(&t, line);
+        tcat(&t, "* Very confident\n* Confident\n* Somewhat unsure\n* Very unsure\n");
+    }
+    assert_clean("a questionnaire with the same options", t.s);
+    free(t.s);
+}
+
 /* ---- chunking invariance ----------------------------------------------------------- */
 
 /* A pseudo-random text: prose words, code, UTF-8, sometimes a loop of some kind. */
@@ -1832,6 +1880,7 @@ int main(void)
         cmocka_unit_test(test_masked_cycle),
         cmocka_unit_test(test_mixed_cycle),
         cmocka_unit_test(test_third_sentence),
+        cmocka_unit_test(test_fuzzy_cycle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
