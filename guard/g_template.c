@@ -7,10 +7,12 @@
  * before it, all without their list marker ("12. ", "- ", "* ") and indentation. Blank
  * lines neither extend nor break a run. A line follows the line P before when the two
  * differ and share one of two templates:
- *   - text (P = 1 only): their common prefix plus common suffix holds at least
- *     template_bytes and template_share of the longer line, the slot (what is left of the
- *     new line) holds no digit, and the line is text (is_text). template_run such lines
- *     in a row trip.
+ *   - text: their common prefix plus common suffix holds at least template_bytes and
+ *     template_share of the longer line, the slot (what is left of the new line) holds no
+ *     digit, and the line is text (is_text). template_run such lines in a row trip at
+ *     period 1; at periods 2-3, where a line of each cycle may be free (below), 1.5 ×
+ *     template_run of them: a table of contents cycling three phrasings had 16-23, a
+ *     request format told forty times over two lines (one of them code) has more.
  *   - token: the frame around the slot (prefix and suffix cut back to whole words) holds
  *     template_bytes, and the slots are one word of at most TOKEN_MAX bytes, no space, no
  *     digit ("npm install @types/X@latest -D", "\\renewcommand{\\X}{}", "What is the most
@@ -35,8 +37,8 @@
  * Legitimate lists share templates too ("- 1 cup of X"), which is why the run is long and
  * the template must be most of the line. Measured on the AlpacaEval answers (tests/corpus):
  * counting every token slot, not only old ones, tripped on 20 of the 2,247 machine files
- * (imports, includes, prototypes); counting text templates at periods 2 and 3 tripped on
- * a table of contents cycling three phrasings. Cost: O(line) up to TPL_LAGS times once per
+ * (imports, includes, prototypes); 16 text templates at periods 2 and 3 tripped on a
+ * table of contents cycling three phrasings (minichat-3b:248). Cost: O(line) up to TPL_LAGS times once per
  * line, plus a search of RECENT bytes for a token slot; memory: 408 bytes, allocated at the
  * first line or item. */
 #include <stdlib.h>
@@ -85,6 +87,7 @@ struct gtemplate {
     unsigned old[TPL_LAGS + 1];              /* per period: those of them with an old token slot */
     uint64_t from[TPL_LAGS + 1];             /* per period: the first line of the run */
     unsigned miss[TPL_LAGS + 1];             /* per period: lines in a row that did not follow */
+    unsigned texts[TPL_LAGS + 1]; /* per period above 1: text-template lines in the run */
     /* Identifier items of the current line (guard_template_item): the line, where the
      * next item begins, the previous item's first piece (0: none), the run of items
      * sharing it and those of them made of old pieces, where the run began, and the
@@ -168,8 +171,8 @@ enum { T_NONE, T_TEXT, T_TOKEN, T_OLD }; /* how a line follows another */
  * in a code line, when it is one character (a letter counting through the alphabet). The
  * next name of a list of imports is new: a program declares one name per line on
  * purpose. */
-static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uint64_t be, bool text,
-                        uint64_t copy, bool *equal)
+static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uint64_t be,
+                        bool first, uint64_t copy, bool *equal)
 {
     const guard_params *p = g->p;
     const unsigned char *x = g->buf + (a - g->base), *y = g->buf + (b - g->base);
@@ -192,10 +195,14 @@ static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uin
         suf++;
     uint64_t frame = pre + suf, longer = la > lb ? la : lb;
     if (frame < p->lines.template_bytes) return T_NONE;
-    if (text && (double)frame >= p->lines.template_share * (double)longer &&
-        !(holds(g, b + pre, be - suf) & S_DIGIT) && is_text(g, b, be))
-        return T_TEXT;
-    if (longer - frame > TOKEN_MAX) return T_NONE; /* widening only makes the slot longer */
+    /* The text template is asked first at period 1, last at the others (a line that is both
+     * counts there by its slot). */
+    const unsigned text = (double)frame >= p->lines.template_share * (double)longer &&
+                                  !(holds(g, b + pre, be - suf) & S_DIGIT) && is_text(g, b, be)
+                              ? T_TEXT
+                              : T_NONE;
+    if (first && text) return T_TEXT;
+    if (longer - frame > TOKEN_MAX) return text; /* widening only makes the slot longer */
     /* b grew a name, nothing replaced, by text written in the RECENT bytes. */
     bool grown =
         (frame == la || frame == lb) && frame < lb && recent(g, b + pre, be - suf, b, false);
@@ -208,9 +215,9 @@ static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uin
         suf--;
     if (pre + suf < p->lines.template_bytes || la - pre - suf > TOKEN_MAX ||
         lb - pre - suf > TOKEN_MAX)
-        return T_NONE;
+        return text;
     unsigned ha = holds(g, a + pre, ae - suf), hb = holds(g, b + pre, be - suf);
-    if ((ha | hb) & (S_DIGIT | S_SPACE) || !((ha | hb) & S_LETTER)) return T_NONE;
+    if ((ha | hb) & (S_DIGIT | S_SPACE) || !((ha | hb) & S_LETTER)) return text;
     uint64_t slot = lb - pre - suf;
     bool old = grown ||
                (is_text(g, b, be) ? !slot || recent(g, b + pre, be - suf, copy, true) : slot <= 1);
@@ -222,7 +229,8 @@ static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uin
 static bool old_run(const struct gtemplate *t, unsigned P, unsigned template_run)
 {
     return t->old[P] >= template_run ||
-           (t->run[P] >= 2 * template_run && 4 * t->old[P] >= t->run[P]);
+           (t->run[P] >= 2 * template_run && 4 * t->old[P] >= t->run[P]) ||
+           2 * t->texts[P] >= 3 * template_run;
 }
 
 /* The first and last 8 bytes of the body [s, e), or (shorter) its bytes twice. A frame of
@@ -265,6 +273,7 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         memset(t->run, 0, sizeof(t->run));
         memset(t->old, 0, sizeof(t->old));
         memset(t->miss, 0, sizeof(t->miss));
+        memset(t->texts, 0, sizeof(t->texts));
     }
     for (unsigned P = 1; P <= lags && P <= t->n; P++) {
         const unsigned k = (unsigned)((t->n - P) % TPL_RING);
@@ -282,13 +291,14 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         if (f && !t->run[P]) t->from[P] = a;
         if (P > 1 && !f) {
             /* A cycle of P lines may keep one line fixed (equal: no change) or free. */
-            if (!equal && ++t->miss[P] >= P) t->run[P] = t->old[P] = t->miss[P] = 0;
+            if (!equal && ++t->miss[P] >= P) t->run[P] = t->old[P] = t->texts[P] = t->miss[P] = 0;
         } else {
             t->miss[P] = 0;
             t->run[P] = f ? t->run[P] + 1 : 0;
             t->old[P] = f ? t->old[P] + (f == T_OLD) : 0;
+            t->texts[P] = f && P > 1 ? t->texts[P] + (f == T_TEXT) : 0;
         }
-        olds |= t->old[P];
+        olds |= t->old[P] | t->texts[P];
     }
     t->s[t->n % TPL_RING] = start;
     t->e[t->n % TPL_RING] = end;

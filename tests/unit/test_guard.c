@@ -996,6 +996,28 @@ static void test_template_slots(void **state)
     }
     tcat(&t, "};\n");
     assert_clean_both("constants naming new things", t.s);
+    /* A format spec on one text template, every other line a free one, forty times; and a
+     * list of questions on one template, each with its answer, twenty times (passes; were
+     * the towns named in earlier answers, their slots would be old and 17 would trip). */
+    t.n = 0;
+    tcat(&t, "Formats I may need:\n\n");
+    for (int i = 0; i < 40; i++) {
+        snprintf(line, sizeof(line),
+                 "When the remote archive service asks me for the %s %s settings:\n"
+                 "<%s/%s>: {the %s part}\n\n",
+                 mod[i % 32], mod[(i + 7) % 32], mod[i % 32], mod[(i * 5) % 32], mod[(i + 3) % 32]);
+        tcat(&t, line);
+    }
+    assert_trips("a format spec on one template, a free line between", LG_CH_CONTENT, t.s,
+                 "template");
+    t.n = 0;
+    for (int i = 0; i < 20; i++) {
+        snprintf(line, sizeof(line),
+                 "Which river runs through the old town of %s Hollow?\nThe %s, since %s.\n", mod[i],
+                 fresh[i], fresh[(i + 4) % 34]);
+        tcat(&t, line);
+    }
+    assert_clean_both("twenty questions on one template, each answered", t.s);
     /* Flash cards: a new term on one template, a fixed line between. */
     t.n = 0;
     for (int i = 0; i < 40; i++) {
