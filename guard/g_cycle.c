@@ -10,13 +10,17 @@
  * at lag L is a run of segments each equal, numbers aside, to the one L before; it trips when
  * it has come round (copies − 1) times (run ≥ L × (copies − 1)), holds min_segments segments
  * equal with their numbers, at least two thirds of the run, and min_bytes, at least half of
- * them text (three words and 16 letters, no code characters, letters at least half). Equal only with its numbers aside,
- * a replay trips when it has come round (masked_copies − 1) times over masked_min_segments,
- * is a cycle of two segments or more and does not count (its first number moving by the
- * same step each round). A mixed replay: the last mix_window segments all came before but
- * mix_new, at least half of them a third time, the order changing at least mix_breaks times.
- * A third copy: a sentence of third_bytes comes a third time, its last copy having been
- * replayed with the segments on both sides of it.
+ * them text (three words and 16 letters, no code characters, letters at least half). Four
+ * more shapes trip it:
+ *   numbers aside — a replay equal only with its numbers aside that has come round
+ *       (masked_copies − 1) times over masked_min_segments, a cycle of two segments or more,
+ *       half of it sentences, its first number not moving by the same step each round;
+ *   mixed — the last mix_window segments all came before but mix_new, half of them a third
+ *       time, the order changing at least mix_breaks times, three quarters of them text;
+ *   third copy — a sentence of third_bytes comes a third time, its last copy replayed with
+ *       the segments on both sides of it;
+ *   fuzzy — two rounds of a cycle of 2-16 segments, fuzzy_share of them (but not all) and
+ *       two thirds of their bytes equal to the round before, half prose.
  *
  * Why these bounds, measured on real answers: one sentence said again with its numbers
  * changed ("Check if n is equal to 4." for n = 1 … 27, one product in several sizes) is a
@@ -26,11 +30,16 @@
  * of fifty told again, a song's chorus sung twice after its verses) is content; code repeats
  * lines on purpose, so half the run must be text. A summary that lists earlier items again
  * says each a second time, and a chorus is one replay however often it comes; book titles
- * drawn again and again from a handful, in no fixed order, are a loop.
+ * drawn again and again from a handful, in no fixed order, are a loop. An essay that
+ * restates its thesis does so between other sentences; one that restarts a section it
+ * already copied replays the sentences around it. A dialogue whose refrain block comes back
+ * with a line changed each time is never an exact replay, while a song's verses change
+ * every line.
  *
- * Cost: nothing per byte; per segment a hash over its words, one compare and a scan of the
- * chain of the segments in the ring that share its bucket (256 buckets). Memory: the ring,
- * 20 bytes a segment, and 512 bytes of buckets. */
+ * Cost: nothing per byte; per segment a hash over its words, a compare, a walk of the chain
+ * of the segments in the ring that share its bucket (256 buckets) and its first number;
+ * the fuzzy lags only at a segment that came before. Memory: the ring, 20 bytes a segment,
+ * and 512 bytes of buckets. */
 #include <stdlib.h>
 
 #include "guard/guard_int.h"
