@@ -38,9 +38,10 @@
  * the template must be most of the line. Measured on the AlpacaEval answers (tests/corpus):
  * counting every token slot, not only old ones, tripped on 20 of the 2,247 machine files
  * (imports, includes, prototypes); 16 text templates at periods 2 and 3 tripped on a
- * table of contents cycling three phrasings (minichat-3b:248). Cost: O(line) up to TPL_LAGS times once per
- * line, plus a search of RECENT bytes for a token slot; memory: 408 bytes, allocated at the
- * first line or item. */
+ * table of contents cycling three phrasings. Cost: O(line) up to TPL_LAGS times once per
+ * line (most pairs told apart by their first and last 8 bytes), plus a search of RECENT
+ * bytes for a token slot, and O(item) at a comma after a letter; memory: 408 bytes,
+ * allocated at the first line or item. */
 #include <stdlib.h>
 
 #include "guard/guard_int.h"
@@ -71,7 +72,7 @@ void guard_line_body(const guard *g, uint64_t *s, uint64_t *e)
 }
 
 #define TPL_LAGS  3    /* periods of one to three lines */
-#define TPL_RING  4    /* the last lines kept: a power of two above TPL_LAGS - 1 */
+#define TPL_RING  4    /* the last lines kept: a power of two, at least TPL_LAGS */
 #define TOKEN_MAX 48   /* bytes of a token slot */
 #define RECENT    2048 /* bytes before a line where its slot is looked for */
 #define ITEM_MAX  96   /* bytes of an identifier item */
