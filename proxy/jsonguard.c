@@ -25,9 +25,10 @@ typedef struct jg {
     size_t n, i;
     const jg_limits *lim;
     size_t nodes, objects;
-    key_slot *slots;
+    key_slot *slots; /* `first` until the keys outgrow it, then owned (heap) */
     size_t cap, used;
-    lg_buf arena; /* the unescaped keys, one after another */
+    key_slot first[32]; /* an ordinary request's keys fit: no allocation for them */
+    lg_buf arena;       /* the unescaped keys, one after another */
     char *err;
     size_t errlen;
 } jg;
@@ -153,7 +154,7 @@ static uint64_t hash_key(size_t obj, const char *p, size_t k)
 
 static void slots_grow(jg *g)
 {
-    size_t cap = g->cap ? g->cap * 2 : 64;
+    size_t cap = g->cap * 2;
     key_slot *s = lg_xcalloc(cap, sizeof *s);
     for (size_t i = 0; i < g->cap; i++) {
         if (!g->slots[i].hash) continue;
@@ -162,7 +163,7 @@ static void slots_grow(jg *g)
             j = (j + 1) & (cap - 1);
         s[j] = g->slots[i];
     }
-    free(g->slots);
+    if (g->slots != g->first) free(g->slots);
     g->slots = s;
     g->cap = cap;
 }
@@ -285,10 +286,12 @@ static int run(jg *g, frame *stack)
 int jsonguard_check(const char *s, size_t n, const jg_limits *lim, char *err, size_t errlen)
 {
     jg g = {.s = s, .n = n, .lim = lim, .arena = LG_BUF_INIT, .err = err, .errlen = errlen};
+    g.slots = g.first;
+    g.cap = sizeof g.first / sizeof g.first[0];
     frame *stack = lg_xmalloc(((size_t)lim->max_depth + 1) * sizeof *stack);
     int rc = run(&g, stack);
     free(stack);
-    free(g.slots);
+    if (g.slots != g.first) free(g.slots);
     lg_buf_free(&g.arena);
     return rc;
 }
