@@ -129,7 +129,13 @@ const char *pool_base(const lg_pool *p, size_t i)
 
 char *pool_url(const lg_pool *p, size_t i, const char *path)
 {
-    return lg_xasprintf("%s%s", p->r[i].base, path);
+    /* Once per attempt: two copies, not vasprintf's format machinery. */
+    const char *base = p->r[i].base;
+    size_t bl = strlen(base), pl = strlen(path);
+    char *url = lg_xmalloc(bl + pl + 1);
+    memcpy(url, base, bl);
+    memcpy(url + bl, path, pl + 1);
+    return url;
 }
 
 lg_upstream_kind pool_kind(const lg_pool *p, size_t i)
