@@ -564,6 +564,7 @@ static void start_attempt(exchange *ex)
 
     char *url = pool_url(pool, ex->replica, ex->api->upstream_path);
     ex->at.headers = http_upstream_headers(ex->base.conn, true);
+    /* Every option, unconditionally: a kept handle still has the last attempt's. */
     CURL *e = ex->at.easy = worker_easy_get(w);
     curl_easy_setopt(e, CURLOPT_URL, url); /* libcurl keeps a copy */
     free(url);

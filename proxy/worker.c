@@ -690,14 +690,7 @@ static void drain_curl_messages(lg_worker *w)
  * transfer exactly as a new one would. */
 CURL *worker_easy_get(lg_worker *w)
 {
-    CURL *e;
-    if (w->n_spare) {
-        e = w->spare[--w->n_spare];
-        curl_easy_reset(e);
-    } else {
-        e = lg_xcheck(curl_easy_init());
-    }
-    return e;
+    return w->n_spare ? w->spare[--w->n_spare] : lg_xcheck(curl_easy_init());
 }
 
 void worker_easy_put(lg_worker *w, CURL *easy)

@@ -241,8 +241,11 @@ void worker_output(lg_req *r);
  * socket does not take is kept and sent before anything else. A client that is gone is
  * handled as a hang-up. */
 void worker_write_chunk(lg_req *r, const char *p, size_t n);
-/* A libcurl easy handle with libcurl's defaults: a kept one (curl_easy_reset) or a new one.
- * Aborts when libcurl cannot allocate one. */
+/* A libcurl easy handle: a kept one, which still has the options of its last transfer, or
+ * a new one with libcurl's defaults. So a caller sets every option its transfers use, every
+ * time (the exchange's attempts, the only users, all set the same list), and the kept
+ * handle skips curl_easy_reset's rebuild of libcurl's whole option set. Aborts when libcurl cannot
+ * allocate a handle. */
 CURL *worker_easy_get(lg_worker *w);
 /* Takes back a handle from worker_easy_get that is not on the multi handle (removed, or
  * never added): kept for the next transfer, or cleaned up when enough are kept. */
