@@ -245,20 +245,10 @@ struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_e
 
 /* ---- response heads ---------------------------------------------------------------- */
 
-static char *dup_range(const char *s, size_t n)
-{
-    char *d = lg_xmalloc(n + 1);
-    memcpy(d, s, n);
-    d[n] = '\0';
-    return d;
-}
-
 void http_head_clear(http_head *h)
 {
-    for (size_t i = 0; i < h->n; i++) {
+    for (size_t i = 0; i < h->n; i++)
         free(h->names[i]);
-        free(h->values[i]);
-    }
     free(h->names);
     free(h->values);
     free(h->content_type);
@@ -311,7 +301,12 @@ void http_head_line(http_head *h, const char *line, size_t len)
         h->names = lg_xrealloc(h->names, h->cap * sizeof *h->names);
         h->values = lg_xrealloc(h->values, h->cap * sizeof *h->values);
     }
-    char *name = dup_range(line, nlen), *value = dup_range(v, vlen);
+    /* One allocation per header: "name\0value\0". */
+    char *name = lg_xmalloc(nlen + vlen + 2), *value = name + nlen + 1;
+    memcpy(name, line, nlen);
+    name[nlen] = '\0';
+    memcpy(value, v, vlen);
+    value[vlen] = '\0';
     /* A malformed length leaves the size unknown: the body is then relayed as it comes. */
     if (strcasecmp(name, "Content-Length") == 0 &&
         !lg_parse_ll(value, 0, LLONG_MAX, &h->content_length))

@@ -63,7 +63,7 @@ size_t http_keep_escaped(void *cls, struct MHD_Connection *conn, char *s);
 /* Upstream response head, filled line by line from CURLOPT_HEADERFUNCTION. */
 typedef struct http_head {
     int status;
-    char **names, **values;
+    char **names, **values; /* values[i] lives in names[i]'s allocation, after its NUL */
     size_t n, cap;
     long long content_length; /* -1 when absent */
     bool chunked;
