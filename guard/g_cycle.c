@@ -182,12 +182,13 @@ static bool fuzzy_trips(guard *g, uint64_t i, uint64_t start, uint64_t end, uint
 {
     const guard_params *p = g->p;
     if (!(g->cyc_ret & 1)) return false;
-    unsigned m = g->cyc_mask, cum[32], n = 0;
-    for (unsigned k = 0; k < 32; k++) /* cum[k]: returns among the last k + 1 */
-        cum[k] = n += g->cyc_ret >> k & 1;
+    const uint32_t r = g->cyc_ret;
+    /* rets: returns among the last 2l segments, counted on as l grows. */
+    unsigned m = g->cyc_mask, rets = (r & 1) + (r >> 1 & 1);
     for (unsigned l = 2; l <= GUARD_FUZZY_LAG; l++) {
         unsigned span = 2 * l, need = g->cyc_fz_need[l - 2];
-        if (cum[span - 1] < need || i + 1 < span + l || 3 * l >= p->cycle.window) continue;
+        rets += (r >> (span - 2) & 1) + (r >> (span - 1) & 1);
+        if (rets < need || i + 1 < span + l || 3 * l >= p->cycle.window) continue;
         unsigned eq = 0;
         uint32_t eqmask = 0;
         for (unsigned k = 0; k < span; k++) {
