@@ -175,6 +175,7 @@ static void read_line(const guard *g, uint64_t s, uint64_t e, cline *l)
     uint32_t rest = 0x811C9DC5u, v = 0;
     unsigned nn = 0;
     bool in_num = false, in_name = false;
+    memset(l->num, 0, sizeof(l->num)); /* the numbers a line lacks are 0 */
     while (b < be) {
         uint64_t w;
         if (!(sk & 7) && !in_num && be - b >= 8 && (memcpy(&w, b, 8), !has_digit(w))) {
@@ -204,8 +205,6 @@ static void read_line(const guard *g, uint64_t s, uint64_t e, cline *l)
         sk++;
     }
     if (in_num) h = end_number(l, h, v, &nn, &rest);
-    for (unsigned k = nn; k < CYCLE_NUMS; k++)
-        l->num[k] = 0;
     l->skel = h;
     l->rest = rest;
     l->ends = 0;

@@ -72,18 +72,24 @@ static inline uint32_t step(uint32_t h, uint64_t w)
 }
 
 /* The skeletons of the segment whose nw words are in g->sw: *exact over every word but a
- * leading number, *masked over the words that start with a letter. Returns how many do. */
-static unsigned skeletons(const guard *g, unsigned nw, uint32_t *exact, uint32_t *masked)
+ * leading number, *masked over the words that start with a letter; *num: the index of its
+ * first number after a leading item number (a word not starting with a letter, past word
+ * 0), or nw for none. Returns how many words start with a letter. */
+static unsigned skeletons(const guard *g, unsigned nw, uint32_t *exact, uint32_t *masked,
+                          unsigned *num)
 {
     uint32_t e = 0x811C9DC5u, m = 0x811C9DC5u;
-    unsigned words = 0;
+    unsigned words = 0, k = nw;
     for (unsigned i = 0; i < nw; i++) {
-        if (i || g->sw[i].alpha) e = step(e, g->sw[i].hash);
-        if (g->sw[i].alpha) m = step(m, g->sw[i].hash);
-        words += g->sw[i].alpha;
+        bool alpha = g->sw[i].alpha;
+        if (i || alpha) e = step(e, g->sw[i].hash);
+        if (alpha) m = step(m, g->sw[i].hash);
+        if (!alpha && i && k == nw) k = i;
+        words += alpha;
     }
     *exact = e;
     *masked = m;
+    *num = k;
     return words;
 }
 
@@ -98,15 +104,6 @@ static uint32_t number_at(const guard *g, unsigned k, uint64_t end)
         v = v * 10 + (c - '0');
     }
     return v;
-}
-
-/* The value of the segment's first number after a leading item number, or UINT32_MAX for
- * none. */
-static uint32_t first_number(const guard *g, unsigned nw, uint64_t end)
-{
-    for (unsigned i = 1; i < nw; i++)
-        if (!g->sw[i].alpha) return number_at(g, i, end);
-    return UINT32_MAX;
 }
 
 /* The mixed replay: the last mix_window segments all came before (but mix_new of them),
@@ -185,12 +182,13 @@ static bool fuzzy_trips(guard *g, uint64_t i, uint64_t start, uint64_t end, uint
 {
     const guard_params *p = g->p;
     if (!(g->cyc_ret & 1)) return false;
-    unsigned m = g->cyc_mask, cum[32], n = 0;
-    for (unsigned k = 0; k < 32; k++) /* cum[k]: returns among the last k + 1 */
-        cum[k] = n += g->cyc_ret >> k & 1;
+    const uint32_t r = g->cyc_ret;
+    /* rets: returns among the last 2l segments, counted on as l grows. */
+    unsigned m = g->cyc_mask, rets = (r & 1) + (r >> 1 & 1);
     for (unsigned l = 2; l <= GUARD_FUZZY_LAG; l++) {
         unsigned span = 2 * l, need = g->cyc_fz_need[l - 2];
-        if (cum[span - 1] < need || i + 1 < span + l || 3 * l >= p->cycle.window) continue;
+        rets += (r >> (span - 2) & 1) + (r >> (span - 1) & 1);
+        if (rets < need || i + 1 < span + l || 3 * l >= p->cycle.window) continue;
         unsigned eq = 0;
         uint32_t eqmask = 0;
         for (unsigned k = 0; k < span; k++) {
@@ -230,9 +228,10 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, un
     if (!g->cyc) cycle_alloc(g);
     unsigned w = p->cycle.window, m = g->cyc_mask;
     uint32_t exact, masked;
+    unsigned num_word;
     /* A line of numbers and box drawing ("╟── 1 ╾ 2") has no skeleton to compare: it is
      * left out, as blank lines are. */
-    if (!skeletons(g, nw, &exact, &masked)) return false;
+    if (!skeletons(g, nw, &exact, &masked, &num_word)) return false;
     uint64_t i = g->cyc_n++;
     gcyc *s = &g->cyc[i & m];
     uint32_t len = (uint32_t)(end - start);
@@ -261,7 +260,8 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, un
         g->cyc_bytes = g->cyc_text_bytes = g->cyc_sentence_bytes = 0;
         g->cyc_from = start;
     }
-    uint32_t num = first_number(g, nw, end);
+    /* The first number after a leading item number, or UINT32_MAX for none. */
+    uint32_t num = num_word < nw ? number_at(g, num_word, end) : UINT32_MAX;
     if (g->cyc_lag) {
         g->cyc_run++;
         g->cyc_exact += o->exact == exact;

@@ -47,10 +47,18 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
     /* Newest first, remembering the last min_repeats-1 earlier occurrences. The bucket
      * counts spare the O(window) scan for the segments seen for the first time (most). */
     if (g->seg_count[h & bm]) {
-        for (uint64_t k = g->nsegs; k-- > first;) {
-            if (g->segs[k & m].hash != h) continue;
-            if (nocc < need && nocc < 64) occ[nocc] = k;
-            nocc++;
+        /* The ring walked in at most two stretches without a wrap, so that the inner loop
+         * counts a slot index down with no mask: segment k - 1 sits in slot top, and the
+         * stretch holds len segments, down to slot 0 or to the window's first. */
+        for (uint64_t k = g->nsegs; k > first;) {
+            size_t top = (size_t)((k - 1) & m),
+                   len = (size_t)(k - first < top + 1 ? k - first : top + 1);
+            for (size_t j = top + 1; j-- > top + 1 - len;) {
+                if (g->segs[j].hash != h) continue;
+                if (nocc < need && nocc < 64) occ[nocc] = k - 1 - (top - j);
+                nocc++;
+            }
+            k -= len;
         }
     }
     g->seg_count[h & bm]++;
