@@ -686,8 +686,8 @@ static void drain_curl_messages(lg_worker *w)
 
 /* A transfer's handle is reused rather than made anew: curl_easy_init allocates and sets
  * up about 5 KiB, and the first transfer on it its read buffer; a kept handle has both.
- * curl_easy_reset returns its options to libcurl's defaults, so a kept handle starts a
- * transfer exactly as a new one would. */
+ * A kept handle keeps its last transfer's options (no curl_easy_reset): the contract in
+ * worker.h says its users set every option they use. */
 CURL *worker_easy_get(lg_worker *w)
 {
     return w->n_spare ? w->spare[--w->n_spare] : lg_xcheck(curl_easy_init());
