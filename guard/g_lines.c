@@ -3,24 +3,25 @@
  * and a list whose items share a prefix does too).
  *
  * It reads the segments g_text.c cuts the text into. The window remembers the last
- * lines.window segments with a letter (a ring of hashes) and a count per hash bucket, so a
- * segment seen for the first time, most of them, costs O(1); a returning one O(window).
- * Memory, from the first segment on: the ring, 24 bytes a segment, and a byte of bucket
- * counts per GUARD_SEG_BUCKETS of them (2 KiB for the default window). */
+ * lines.window segments with a letter (a ring of hashes); each hash bucket knows its newest
+ * segment and each segment the one before it in its bucket, so finding a segment's earlier
+ * copies walks only the segments of its bucket: O(1) for most segments, O(copies) for a
+ * returning one. Memory, from the first segment on: the ring, 24 bytes a segment, and 4
+ * bytes per GUARD_SEG_BUCKETS of them (2 KiB for the default window). */
 #include <stdlib.h>
 
 #include "guard/guard_int.h"
 
 /* The window, made at the first segment: a text that never ends a line or a sentence needs
  * none. The ring is sized to a power of two so that indexing is a mask, not a division, and
- * the bucket counts to GUARD_SEG_BUCKETS per segment of it: they only spare scans, so their
+ * the buckets to GUARD_SEG_BUCKETS per segment of it: they only shorten the walks, so their
  * number changes no verdict. RARE_PATH. */
 RARE_PATH static void lines_alloc(guard *g)
 {
     for (g->seg_mask = 1; g->seg_mask < g->p->lines.window; g->seg_mask <<= 1)
         ;
     g->segs = guard_xcalloc(g->seg_mask, sizeof(*g->segs));
-    g->seg_count = guard_xcalloc(g->seg_mask * GUARD_SEG_BUCKETS, 1);
+    g->seg_last = guard_xcalloc(g->seg_mask * GUARD_SEG_BUCKETS, sizeof(*g->seg_last));
     g->seg_bmask = g->seg_mask * GUARD_SEG_BUCKETS - 1;
     g->seg_mask--;
 }
@@ -28,7 +29,7 @@ RARE_PATH static void lines_alloc(guard *g)
 void guard_lines_release(guard *g)
 {
     free(g->segs);
-    free(g->seg_count);
+    free(g->seg_last);
 }
 
 /* The lines detector, for a completed segment with a letter. The window keeps every such
@@ -40,36 +41,30 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
 {
     const guard_params *p = g->p;
     if (!g->segs) lines_alloc(g);
-    unsigned w = p->lines.window, m = g->seg_mask, bm = g->seg_bmask;
-    uint64_t first = g->nsegs > w - 1 ? g->nsegs - (w - 1) : 0;
-    uint64_t occ[64];
+    unsigned w = p->lines.window, m = g->seg_mask;
+    uint64_t occ[64], n = g->nsegs;
     unsigned nocc = 0, need = p->lines.min_repeats - 1;
-    /* Newest first, remembering the last min_repeats-1 earlier occurrences. The bucket
-     * counts spare the O(window) scan for the segments seen for the first time (most). */
-    if (g->seg_count[h & bm]) {
-        /* The ring walked in at most two stretches without a wrap, so that the inner loop
-         * counts a slot index down with no mask: segment k - 1 sits in slot top, and the
-         * stretch holds len segments, down to slot 0 or to the window's first. */
-        for (uint64_t k = g->nsegs; k > first;) {
-            size_t top = (size_t)((k - 1) & m),
-                   len = (size_t)(k - first < top + 1 ? k - first : top + 1);
-            for (size_t j = top + 1; j-- > top + 1 - len;) {
-                if (g->segs[j].hash != h) continue;
-                if (nocc < need && nocc < 64) occ[nocc] = k - 1 - (top - j);
-                nocc++;
-            }
-            k -= len;
+    /* Its copies in the window (the w - 1 segments before it), newest first, remembering
+     * the last min_repeats-1 of them: a walk of its bucket's chain. */
+    uint32_t *last = &g->seg_last[h & g->seg_bmask];
+    unsigned prev = *last ? (uint32_t)(n + 1 - *last) : 0; /* the distance back to it */
+    for (unsigned k = prev; k && k < w && k <= n;) {
+        const gseg *e = &g->segs[(n - k) & m];
+        if (e->hash == h) {
+            if (nocc < need && nocc < 64) occ[nocc] = n - k;
+            nocc++;
         }
+        k = e->prev ? k + e->prev : 0;
     }
-    g->seg_count[h & bm]++;
-    if (g->nsegs >= w - 1) g->seg_count[g->segs[(g->nsegs - (w - 1)) & m].hash & bm]--;
-    bool again = g->nsegs && g->segs[(g->nsegs - 1) & m].hash == h;
+    *last = (uint32_t)(n + 1);
+    bool again = n && g->segs[(n - 1) & m].hash == h;
     g->lines_same = again ? g->lines_same + 1 : 0;
     gseg *s = &g->segs[g->nsegs & m];
     s->hash = h;
     s->start = start;
     s->seen = nocc > 0;
     s->prose = prose;
+    s->prev = prev < w ? (uint16_t)prev : 0;
     g->nsegs++;
     /* The run of returns: segments in a row that each came back (a chorus is a short one,
      * a list that cycles a long one), and how many of them are text. A run trips when it is

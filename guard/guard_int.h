@@ -178,7 +178,7 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 #define GUARD_RULE_STEP     64
 #define GUARD_TTAB_BITS     10
 #define GUARD_UNIT_MAX      256
-#define GUARD_SEG_BUCKETS   8 /* bucket counts per segment of the lines window */
+#define GUARD_SEG_BUCKETS   2 /* hash buckets per segment of the lines window */
 #define GUARD_CYC_BUCKETS   256
 #define GUARD_FUZZY_LAG     16  /* fuzzy replays of 2-16 segments (g_cycle.c) */
 #define GUARD_SEG_WORDS     128 /* words of one segment the novelty detector reads */
@@ -207,6 +207,8 @@ typedef struct gseg {
     uint64_t start; /* absolute offset of the segment's first byte */
     bool seen;      /* its hash was already in the window when it arrived */
     bool prose;
+    uint16_t prev; /* how many segments before it the previous one of its bucket came (0:
+                      none in the window) */
 } gseg;
 
 /* A word of the current segment, judged when the segment ends (16 bytes, not 24: memory per
@@ -285,7 +287,8 @@ struct guard {
     /* lines (g_lines.c): allocated at the first segment */
     gseg *segs;
     unsigned seg_mask;
-    unsigned char *seg_count; /* window segments per hash bucket (seg_bmask + 1 of them) */
+    uint32_t *seg_last; /* per hash bucket (seg_bmask + 1 of them): the newest segment's
+                           number + 1, mod 2^32; 0: none */
     unsigned seg_bmask;
     uint64_t nsegs;
     unsigned lines_run, lines_run_text; /* the trailing run of returns, and its text ones */
