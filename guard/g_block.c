@@ -32,7 +32,7 @@
  * Measured on the AlpacaEval answers (tests/corpus): 4 copies and 12 lines caught 37 of
  * the labelled loops with no false trip; 8 lines tripped on an ABC tune written out four
  * times. Cost: O(line) once per line (the skeleton hash; art lines a second pass) and
- * CYCLE_MAX_PERIOD compares; memory: about 1 KiB (a ring of CYCLE_RING lines), allocated
+ * CYCLE_MAX_PERIOD compares; memory: about 1.2 KiB (a ring of CYCLE_RING lines), allocated
  * at the first line. */
 #include <stdlib.h>
 #include <string.h>
@@ -65,9 +65,10 @@ struct gblock {
     uint16_t moved[CYCLE_MAX_PERIOD + 1]; /* bit k: the line k back changed a number */
     uint32_t step[CYCLE_MAX_PERIOD + 1];  /* how much the last moved line's number went up */
     bool active;                          /* some run is going on */
-    /* How many of the last CYCLE_MAX_PERIOD lines have each value of skel's low 6 bits: a
-     * line whose bits no earlier line has, while no run goes on, matches nothing. */
-    unsigned char hint[64];
+    /* How many of the last CYCLE_MAX_PERIOD lines have each value of skel's low 8 bits: a
+     * line whose bits no earlier line has, while no run goes on, matches nothing (with 6
+     * bits, one line in five looked like a match). */
+    unsigned char hint[256];
     /* The art run: its texture, the last line's hash, its length and first line. */
     uint64_t art_tex, art_raw, art_from;
     unsigned art_run;
@@ -166,8 +167,8 @@ static inline bool has_digit(uint64_t x)
 
 /* Reads the body [s, e) into a cline: the skeleton hash and the numbers. Eight bytes
  * without a digit are hashed as one word when they start at a multiple of 8 in the
- * skeleton (so that lines with one skeleton cut it alike, whatever their numbers' lengths);
- * every other byte goes one at a time. */
+ * skeleton (so that lines with one skeleton cut it alike, whatever their numbers' lengths),
+ * and so are the last 1-7 bytes from there; every other byte goes one at a time. */
 static void read_line(const guard *g, uint64_t s, uint64_t e, cline *l)
 {
     const unsigned char *b = g->buf + (s - g->base), *be = b + (e - s);
@@ -185,6 +186,14 @@ static void read_line(const guard *g, uint64_t s, uint64_t e, cline *l)
             b += 8;
             sk += 8;
             continue;
+        }
+        /* The last 1-7 bytes, at a multiple of 8 and without a digit, as one word too: the
+         * line's last 8 bytes shifted down, their length mixed in. */
+        if (!(sk & 7) && !in_num && e - s >= 8 && be - b < 8 &&
+            (memcpy(&w, be - 8, 8), w >>= 8 * (8 - (be - b)), !has_digit(w))) {
+            h = (h ^ w ^ (uint64_t)(be - b) << 60) * 0x9E3779B97F4A7C15ull;
+            h ^= h >> 32;
+            break;
         }
         unsigned c = *b++, t = byte_cls[c];
         /* Digits inside a name ("sha256", "EDITION_2023") are part of the skeleton: code
@@ -314,9 +323,9 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     cline *l = &c->ring[c->n % CYCLE_RING];
     read_line(g, start, end, l);
     uint64_t n = c->n++;
-    bool maybe = c->active || c->hint[l->skel & 63];
-    c->hint[l->skel & 63]++;
-    if (n >= CYCLE_MAX_PERIOD) c->hint[c->ring[(n - CYCLE_MAX_PERIOD) % CYCLE_RING].skel & 63]--;
+    bool maybe = c->active || c->hint[l->skel & 255];
+    c->hint[l->skel & 255]++;
+    if (n >= CYCLE_MAX_PERIOD) c->hint[c->ring[(n - CYCLE_MAX_PERIOD) % CYCLE_RING].skel & 255]--;
     if (!maybe) return false; /* every run is 0 and stays so */
     uint64_t longest = 0;     /* lines of the longest run */
     c->active = false;
