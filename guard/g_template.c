@@ -43,32 +43,36 @@
  * bytes for a token slot, and O(item) at a comma after a letter; memory: 408 bytes,
  * allocated at the first line or item. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "guard/guard_int.h"
 
 void guard_line_body(const guard *g, uint64_t *s, uint64_t *e)
 {
-    uint64_t a = *s, b = *e;
-    while (a < b && (guard_at(g, a) == ' ' || guard_at(g, a) == '\t'))
+    const unsigned char *x = g->buf + (*s - g->base), *a = x, *b = g->buf + (*e - g->base);
+    /* Indentation, eight spaces at a time first: code is indented by 4 to 16. */
+    uint64_t w;
+    while (b - a >= 8 && (memcpy(&w, a, 8), w == 0x2020202020202020ull))
+        a += 8;
+    while (a < b && (*a == ' ' || *a == '\t'))
         a++;
-    unsigned char c = a < b ? guard_at(g, a) : 0;
+    unsigned char c = a < b ? *a : 0;
     if (c == '-' || c == '*' || c == '+') {
         a++;
     } else if (c >= '0' && c <= '9') {
-        uint64_t d = a;
-        while (d < b && guard_at(g, d) >= '0' && guard_at(g, d) <= '9')
+        const unsigned char *d = a;
+        while (d < b && *d >= '0' && *d <= '9')
             d++;
-        if (d < b && (guard_at(g, d) == '.' || guard_at(g, d) == ')')) a = d + 1;
-    } else if (b - a >= 3 && c == 0xE2 && guard_at(g, a + 1) == 0x80 &&
-               guard_at(g, a + 2) == 0xA2) { /* • */
+        if (d < b && (*d == '.' || *d == ')')) a = d + 1;
+    } else if (b - a >= 3 && c == 0xE2 && a[1] == 0x80 && a[2] == 0xA2) { /* • */
         a += 3;
     }
-    while (a < b && (guard_at(g, a) == ' ' || guard_at(g, a) == '\t'))
+    while (a < b && (*a == ' ' || *a == '\t'))
         a++;
-    while (b > a && (guard_at(g, b - 1) == ' ' || guard_at(g, b - 1) == '\r'))
+    while (b > a && (b[-1] == ' ' || b[-1] == '\r'))
         b--;
-    *s = a;
-    *e = b;
+    *e = *s + (uint64_t)(b - x);
+    *s += (uint64_t)(a - x);
 }
 
 #define TPL_LAGS  3    /* periods of one to three lines */
