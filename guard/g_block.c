@@ -279,7 +279,10 @@ static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
     struct gblock *c = g->blk;
     uint64_t tex, raw = 0xCBF29CE484222325ull;
-    if (!art_texture(g, start, end, &tex)) {
+    /* Most lines start with a letter or a digit: no art, told without the call. */
+    unsigned char first = guard_at(g, start);
+    bool alnum = ((first | 0x20) >= 'a' && (first | 0x20) <= 'z') || (first >= '0' && first <= '9');
+    if (alnum || !art_texture(g, start, end, &tex)) {
         c->art_run = 0;
         c->art_tex = 0;
         return false;
