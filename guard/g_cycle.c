@@ -122,9 +122,14 @@ static bool mix_trips(guard *g, unsigned nw, uint64_t i, uint64_t end, unsigned 
     if (g->prompt_number && nw && !g->sw[0].alpha && number_at(g, 0, end) <= g->prompt_number)
         return false;
     uint32_t win = n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1;
-    /* Most segments end here: few of the last n came before. */
+    /* Most segments end here: more than mix_new of the last n did not come before. Their
+     * bits are cleared one by one, mix_new of them at most: a popcount for every segment
+     * was a library call (no -mpopcnt). */
+    uint32_t fresh = ~g->cyc_ret & win;
+    for (unsigned k = 0; k < p->cycle.mix_new && fresh; k++)
+        fresh &= fresh - 1;
+    if (fresh) return false;
     unsigned ret = (unsigned)__builtin_popcount(g->cyc_ret & win);
-    if (ret + p->cycle.mix_new < n) return false;
     unsigned brk = (unsigned)__builtin_popcount(g->cyc_brk & win);
     unsigned third = (unsigned)__builtin_popcount(g->cyc_third & win);
     if (brk < p->cycle.mix_breaks || third * 2 < n) return false;
