@@ -254,6 +254,19 @@ static void ends(const guard *g, uint64_t s, uint64_t e, uint64_t *head, uint64_
     memcpy(tail, x + (e - s) - 8, 8);
 }
 
+/* Is no run going on, and do the line's head and tail (see ends) both differ from those of
+ * each of the TPL_LAGS lines before it? A period's run of 0 has no old slot nor text line
+ * either: they end with it. */
+static bool quiet(const struct gtemplate *t, uint64_t head, uint64_t tail)
+{
+    if (t->text) return false;
+    for (unsigned P = 1; P <= TPL_LAGS; P++) {
+        const unsigned k = (unsigned)((t->n - P) % TPL_RING);
+        if (t->run[P] || (P <= t->n && (head == t->head[k] || tail == t->tail[k]))) return false;
+    }
+    return true;
+}
+
 bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
     const guard_params *p = g->p;
@@ -280,6 +293,10 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         memset(t->miss, 0, sizeof(t->miss));
         memset(t->texts, 0, sizeof(t->texts));
     }
+    /* No run going on and a line apart from every line before it: nothing follows, and
+     * nothing changes but the ring (each period's count of lines that did not follow only
+     * matters inside a run: a line that follows sets it to 0). Most lines. */
+    if (filter && lags && quiet(t, head, tail)) lags = 0;
     for (unsigned P = 1; P <= lags && P <= t->n; P++) {
         const unsigned k = (unsigned)((t->n - P) % TPL_RING);
         /* The first line of this copy: the line P - 1 before this one. */
