@@ -506,8 +506,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
  * socket, and the zero-timeout read check that follows is answered "nothing pending"
  * without a system call. Data that arrives in between is not lost: the worker's epoll is
  * level-triggered and reports the socket again. Everything else (full reads, other
- * sockets, writability, libcurl's liveness check of a pooled connection, which comes only
- * after the socket callback that clears the note, any call outside that socket action,
+ * sockets, writability, a call outside that socket action (but see parked sockets below),
  * other libraries, a peek, which takes nothing) goes to the kernel as before. Under the
  * sanitizers these definitions also take the place of their recv and poll interceptors,
  * and call recvfrom and ppoll, which are intercepted: ASan still checks the buffer and
@@ -517,6 +516,12 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
  * write-only, which a definition that reads fds[0] would contradict. */
 static _Thread_local int curl_read_fd = -1; /* the socket of this thread's socket action */
 static _Thread_local bool curl_drained;     /* its last recv was short */
+/* This thread's worker's lg_worker.curl_fds (NULL outside a worker): which upstream
+ * sockets are parked (see the next part), for the poll below. */
+static _Thread_local const uint8_t *curl_fd_state;
+static _Thread_local size_t curl_fd_len;
+
+static bool parked(int fd);
 
 ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags) __asm__("recv");
 ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
@@ -532,14 +537,26 @@ ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
     return n;
 }
 
+/* A parked socket's zero-timeout read check is answered too. libcurl makes two on a pooled
+ * connection that a transfer takes: whether it is still alive (a connection that reads as
+ * readable is closed or unusable), and, once the request is sent, whether the response is
+ * already there. Both come before libcurl tells the socket callback what it now waits for,
+ * so the socket is still parked: registered for input in the worker's epoll set, which
+ * unparks it as soon as it reports anything. "Nothing pending" is then what the kernel said
+ * at the last epoll_wait: a response that came since is reported by the next one (the
+ * watch is level-triggered and stays), and a close that came since is the race every
+ * liveness check has: libcurl retries a request on a fresh connection when a reused one
+ * dies before any byte of the response. Two system calls per request. */
 int curl_aware_poll(struct pollfd *fds, nfds_t n, int timeout_ms) __asm__("poll");
 int curl_aware_poll(struct pollfd *fds, nfds_t n, int timeout_ms)
 {
-    if (n == 1 && timeout_ms == 0 && curl_drained && fds[0].fd == curl_read_fd &&
-        !(fds[0].events & POLLOUT)) {
-        curl_drained = false;
-        fds[0].revents = 0;
-        return 0;
+    if (n == 1 && timeout_ms == 0 && !(fds[0].events & POLLOUT)) {
+        bool drained = curl_drained && fds[0].fd == curl_read_fd;
+        if (drained) curl_drained = false;
+        if (drained || parked(fds[0].fd)) {
+            fds[0].revents = 0;
+            return 0;
+        }
     }
     struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
     return ppoll(fds, n, timeout_ms < 0 ? NULL : &ts, NULL);
@@ -622,6 +639,11 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
     }
     *st = (uint8_t)((*st & CFD_CONN) | want);
     return 0;
+}
+
+static bool parked(int fd)
+{
+    return curl_fd_state && fd >= 0 && (size_t)fd < curl_fd_len && (curl_fd_state[fd] & CFD_PARKED);
 }
 
 /* A parked socket reported an event: see above. */
@@ -877,6 +899,8 @@ static void *worker_main(void *arg)
     uint64_t next_tick = lg_now_ns() + TICK_NS;
     bool quiesced = false, shut = false;
     uint64_t stop_at = 0;
+    curl_fd_state = w->curl_fds;
+    curl_fd_len = w->fdmap_len;
 
     for (;;) {
         /* libmicrohttpd's own timeouts (an idle or stalled client, client_timeout_s) are
