@@ -567,6 +567,9 @@ static void start_attempt(exchange *ex)
     /* Every option, unconditionally: a kept handle still has the last attempt's. */
     CURL *e = ex->at.easy = worker_easy_get(w);
     curl_easy_setopt(e, CURLOPT_URL, url); /* libcurl keeps a copy */
+    /* The same URL parsed once (or NULL: libcurl parses the string); the string stays
+     * libcurl's record of the URL (a retry on a fresh connection reads it). */
+    curl_easy_setopt(e, CURLOPT_CURLU, worker_upstream_url(w, url));
     free(url);
     curl_easy_setopt(e, CURLOPT_PRIVATE, &ex->xfer);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, ex->at.headers);

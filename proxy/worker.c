@@ -717,10 +717,30 @@ CURL *worker_easy_get(lg_worker *w)
 
 void worker_easy_put(lg_worker *w, CURL *easy)
 {
+    /* The next user may give libcurl a URL string only, which a URL handle would override. */
+    curl_easy_setopt(easy, CURLOPT_CURLU, NULL);
     if (w->n_spare < WORKER_SPARE_EASY)
         w->spare[w->n_spare++] = easy;
     else
         curl_easy_cleanup(easy);
+}
+
+/* libcurl 7.88 parses CURLOPT_URL with these flags (url.c, parseurlandfillconn) when the
+ * transfer sets neither CURLOPT_PATH_AS_IS nor CURLOPT_DISALLOW_USERNAME_IN_URL, as the
+ * exchange's do not; a URL handle parsed with them holds what libcurl would parse. libcurl
+ * reads the handle and never changes it (CURLOPT_CURLU), so one serves every transfer. */
+CURLU *worker_upstream_url(lg_worker *w, const char *url)
+{
+    for (size_t i = 0; i < w->n_urls; i++)
+        if (strcmp(w->urls[i].url, url) == 0) return w->urls[i].parsed;
+    if (w->n_urls == WORKER_URLS) return NULL;
+    CURLU *u = curl_url();
+    if (!u || curl_url_set(u, CURLUPART_URL, url, CURLU_GUESS_SCHEME | CURLU_NON_SUPPORT_SCHEME)) {
+        curl_url_cleanup(u);
+        return NULL;
+    }
+    w->urls[w->n_urls++] = (struct lg_url){.url = lg_xstrdup(url), .parsed = u};
+    return u;
 }
 
 /* Every transfer of the worker's multi handle opens and closes its sockets through the
@@ -1111,6 +1131,11 @@ void worker_free(lg_worker *w)
         detached_free(w->detached);
     while (w->n_spare)
         curl_easy_cleanup(w->spare[--w->n_spare]);
+    while (w->n_urls) {
+        struct lg_url *u = &w->urls[--w->n_urls];
+        curl_url_cleanup(u->parsed);
+        free(u->url);
+    }
     if (w->multi) curl_multi_cleanup(w->multi);
     if (w->epfd >= 0) close(w->epfd);
     if (w->curl_timerfd >= 0) close(w->curl_timerfd);
