@@ -74,6 +74,7 @@ static inline unsigned table_seen(guard *g, uint64_t t, uint16_t now_w)
  * segment, they cost their loads and stores and the call. */
 bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
 {
+    if (!nw) return false; /* a blank line, a rule: nothing to load and store back */
     const guard_params *p = g->p;
     uint64_t wh0 = g->wh[0], wh1 = g->wh[1], wh2 = g->wh[2];
     uint64_t ws0 = g->ws[0], ws1 = g->ws[1], ws2 = g->ws[2];
