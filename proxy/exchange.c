@@ -515,7 +515,9 @@ static void start_attempt(exchange *ex)
 
     rw_opts o = {.upstream_kind = (int)kind,
                  .rid = kind == LG_UPSTREAM_SGLANG && ex->at.rid[0] ? ex->at.rid : NULL,
-                 .history = (int)cfg->reasoning.history};
+                 .history = (int)cfg->reasoning.history,
+                 .raw = ex->body.len ? ex->body.p : NULL, /* the first attempt's (begin) */
+                 .raw_len = ex->body.len};
     ex_plan_in pin = {.attempt = k,
                       .has_prefix = has_prefix,
                       .client_stream = ex->req.client_stream,
@@ -568,6 +570,9 @@ static void start_attempt(exchange *ex)
     /* Every option, unconditionally: a kept handle still has the last attempt's. */
     CURL *e = ex->at.easy = worker_easy_get(w);
     curl_easy_setopt(e, CURLOPT_URL, url); /* libcurl keeps a copy */
+    /* The same URL parsed once (or NULL: libcurl parses the string); the string stays
+     * libcurl's record of the URL (a retry on a fresh connection reads it). */
+    curl_easy_setopt(e, CURLOPT_CURLU, worker_upstream_url(w, url));
     free(url);
     curl_easy_setopt(e, CURLOPT_PRIVATE, &ex->xfer);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, ex->at.headers);
@@ -731,7 +736,6 @@ static bool begin(exchange *ex)
                                 "invalid_request_error", err.code ? err.code : err.param);
         return false;
     }
-    lg_buf_free(&ex->body);
     ex->rule = config_model_rule(cfg, ex->req.model);
     ex->mode = cfg->reasoning.output;
     const char *want = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Loopguard-Reasoning");
@@ -754,7 +758,8 @@ static bool begin(exchange *ex)
         ex->cl.counted_stream = true;
     }
     ex->phase = PHASE_RUNNING;
-    start_attempt(ex);
+    start_attempt(ex); /* may splice the body into the first attempt's (rw_opts.raw) */
+    lg_buf_free(&ex->body);
     return ex->phase != PHASE_DONE || !ex->cl.final_body;
 }
 

@@ -7,6 +7,7 @@
  * costs no deep copy of it. */
 #include "proxy/rewrite.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -270,8 +271,174 @@ static int add_continuation(cJSON *body, const rw_request *req, const rw_opts *o
     return 0;
 }
 
+/* ---- the splice (rw_build_upstream's fast path) --------------------------------------- */
+
+/* A span of the client's body; rw_parse's body passed jsonguard, so it is exactly one
+ * RFC 8259 value and the scanners below need not check its grammar. */
+typedef struct span {
+    const char *p;
+    size_t n;
+} span;
+
+static const char *skip_ws(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    return p;
+}
+
+/* Past the string that starts at p (its opening quote). */
+static const char *skip_string(const char *p, const char *end)
+{
+    for (p++; p < end; p++) {
+        if (*p == '\\')
+            p++;
+        else if (*p == '"')
+            return p + 1;
+    }
+    return end;
+}
+
+/* Past the number that starts at p; false when cJSON's print of it would read as another
+ * value or type in the upstream's parser: an integer of more than 9 digits (printed in
+ * exponent form past 10^15, and past 2^53 not exactly), an integral number written with a
+ * fraction or an exponent (printed as an integer), one out of a double's range (printed
+ * as null). */
+static bool skip_number(const char **pp, const char *end)
+{
+    const char *p = *pp, *start = p;
+    bool plain = true;
+    while (p < end && ((*p >= '0' && *p <= '9') || *p == '-' || *p == '+' || *p == '.' ||
+                       *p == 'e' || *p == 'E')) {
+        if (*p == '.' || *p == 'e' || *p == 'E') plain = false;
+        p++;
+    }
+    *pp = p;
+    size_t n = (size_t)(p - start);
+    if (plain) return n - (*start == '-') <= 9;
+    char tmp[64];
+    if (n >= sizeof tmp) return false;
+    memcpy(tmp, start, n);
+    tmp[n] = '\0';
+    double d = strtod(tmp, NULL);
+    return isfinite(d) && d != floor(d);
+}
+
+/* Past the value that starts at p; false when a number in it fails skip_number. */
+static bool skip_value(const char **pp, const char *end)
+{
+    const char *p = *pp;
+    int depth = 0;
+    do {
+        if (*p == '"') {
+            p = skip_string(p, end);
+        } else if (*p == '-' || (*p >= '0' && *p <= '9')) {
+            if (!skip_number(&p, end)) return false;
+        } else if (*p == '{' || *p == '[') {
+            depth++, p++;
+        } else if (*p == '}' || *p == ']') {
+            depth--, p++;
+        } else if (*p == 't' || *p == 'n') {
+            p += 4; /* true, null */
+        } else if (*p == 'f') {
+            p += 5;
+        } else {
+            p++; /* whitespace, ',' and ':' inside a container */
+        }
+    } while (depth > 0 && p < end);
+    *pp = p;
+    return true;
+}
+
+static bool key_is(span key, const char *k)
+{
+    size_t n = strlen(k);
+    return key.n == n + 2 && memcmp(key.p + 1, k, n) == 0;
+}
+
+static void put_member(lg_buf *b, bool *first, span key, const char *value, size_t n)
+{
+    if (!*first) lg_buf_append(b, ",", 1);
+    *first = false;
+    lg_buf_append(b, key.p, key.n);
+    lg_buf_append(b, ":", 1);
+    lg_buf_append(b, value, n);
+}
+
+/* Whether rewrite_history would change a message: an assistant message with reasoning. */
+static bool history_changes(const cJSON *root, const rw_opts *o)
+{
+    bool target = o->upstream_kind == LG_UPSTREAM_VLLM || o->upstream_kind == LG_UPSTREAM_SGLANG;
+    if (o->history == LG_HISTORY_KEEP || (o->history == LG_HISTORY_REWRITE && !target))
+        return false;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(root, "messages"))
+    {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (cJSON_IsString(role) && !strcmp(role->valuestring, "assistant") &&
+            (cJSON_GetObjectItemCaseSensitive(m, "reasoning_content") ||
+             cJSON_GetObjectItemCaseSensitive(m, "reasoning")))
+            return true;
+    }
+    return false;
+}
+
+/* rw_build_upstream's body without the tree: the client's top-level members as written,
+ * in rw_build_upstream's order. NULL when the attempt needs the tree (see rewrite.h). */
+static char *splice_upstream(const rw_request *req, const rw_opts *o)
+{
+    if (!o->raw || o->step || o->continue_text || o->max_tokens > 0) return NULL;
+    if (req->chat && history_changes(req->root, o)) return NULL;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(req->root, "stream_options");
+    if (cJSON_IsObject(so) && so->child &&
+        (so->child->next || strcmp(so->child->string, "include_usage") != 0))
+        return NULL; /* members of its own to keep */
+    bool rid = o->rid && o->upstream_kind == LG_UPSTREAM_SGLANG;
+    if (rid && strpbrk(o->rid, "\"\\")) return NULL;
+
+    const char *end = o->raw + o->raw_len, *p = skip_ws(o->raw, end);
+    if (p == end || *p != '{') return NULL;
+    lg_buf b = LG_BUF_INIT;
+    lg_buf_reserve(&b, o->raw_len + 96);
+    lg_buf_append(&b, "{", 1);
+    bool first = true;
+    span messages = {0}, key = {0};
+    for (p = skip_ws(p + 1, end); p < end && *p == '"';) {
+        key.p = p;
+        p = skip_string(p, end);
+        key.n = (size_t)(p - key.p);
+        if (memchr(key.p, '\\', key.n)) goto tree; /* an escaped key: compare it unescaped */
+        p = skip_ws(skip_ws(p, end) + 1, end);     /* past ':' */
+        const char *v = p;
+        if (!skip_value(&p, end)) goto tree;
+        size_t vn = (size_t)(p - v);
+        if (req->chat && key_is(key, "messages"))
+            messages = (span){v, vn};
+        else if (!key_is(key, "stream") && !key_is(key, "stream_options") &&
+                 !(rid && key_is(key, "rid")))
+            put_member(&b, &first, key, v, vn);
+        p = skip_ws(p, end);
+        if (p < end && *p == ',') p = skip_ws(p + 1, end);
+    }
+    put_member(&b, &first, (span){"\"stream\"", 8}, "true", 4);
+    put_member(&b, &first, (span){"\"stream_options\"", 16}, "{\"include_usage\":true}", 22);
+    if (rid) {
+        lg_buf_append_str(&b, ",\"rid\":\"");
+        lg_buf_append_str(&b, o->rid);
+        lg_buf_append(&b, "\"", 1);
+    }
+    if (messages.p) put_member(&b, &first, (span){"\"messages\"", 10}, messages.p, messages.n);
+    lg_buf_append(&b, "}", 1);
+    return lg_buf_steal(&b);
+tree:
+    lg_buf_free(&b);
+    return NULL;
+}
+
 char *rw_build_upstream(const rw_request *req, const rw_opts *o, rw_error *err)
 {
+    char *spliced = splice_upstream(req, o);
+    if (spliced) return spliced;
     cJSON *body = dl_json_overlay(req->root);
     dl_json_set(body, "stream", cJSON_CreateTrue());
     dl_json_set(dl_json_overlay_member(body, "stream_options"), "include_usage",

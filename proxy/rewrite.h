@@ -60,6 +60,12 @@ typedef struct rw_opts {
     int history; /* lg_reasoning_history */
     /* Added: */
     long max_tokens; /* > 0: replaces max_tokens / max_completion_tokens (continuation) */
+    /* The body rw_parse parsed into req (raw_len bytes), or NULL. With it, an attempt that
+     * changes nothing but stream, stream_options and rid gets the client's members as
+     * they were written instead of the tree's print: the same JSON value (see
+     * rw_build_upstream). */
+    const char *raw;
+    size_t raw_len;
 } rw_opts;
 
 /* The upstream body for one attempt, as a malloc'd JSON string, or NULL with *err (a
@@ -72,6 +78,12 @@ typedef struct rw_opts {
  * continue_final_message true (+ add_generation_prompt false for vLLM). Completions:
  * the prefix appended to the string prompt. */
 char *rw_build_upstream(const rw_request *req, const rw_opts *o, rw_error *err);
+/* Either way the members come in the same order: the client's, less those the attempt
+ * sets, then stream, stream_options, rid, then (chat) messages. A spliced body differs
+ * from the print only where JSON does not: whitespace, a string's escapes, how a number
+ * is written. It is used only when every number in the body reads as the same value and
+ * type through cJSON's print (an integer of at most 9 digits, or a finite number with a
+ * fraction that is not integral), and when the chat history needs no rewrite. */
 
 /* The effective sampling of an attempt for incident records: temperature, top_p, top_k,
  * presence_penalty, frequency_penalty, repetition_penalty, seed — only those set (by the

@@ -530,8 +530,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
  * socket, and the zero-timeout read check that follows is answered "nothing pending"
  * without a system call. Data that arrives in between is not lost: the worker's epoll is
  * level-triggered and reports the socket again. Everything else (full reads, other
- * sockets, writability, libcurl's liveness check of a pooled connection, which comes only
- * after the socket callback that clears the note, any call outside that socket action,
+ * sockets, writability, a call outside that socket action (but see parked sockets below),
  * other libraries, a peek, which takes nothing) goes to the kernel as before. Under the
  * sanitizers these definitions also take the place of their recv and poll interceptors,
  * and call recvfrom and ppoll, which are intercepted: ASan still checks the buffer and
@@ -541,6 +540,12 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
  * write-only, which a definition that reads fds[0] would contradict. */
 static _Thread_local int curl_read_fd = -1; /* the socket of this thread's socket action */
 static _Thread_local bool curl_drained;     /* its last recv was short */
+/* This thread's worker's lg_worker.curl_fds (NULL outside a worker): which upstream
+ * sockets are parked (see the next part), for the poll below. */
+static _Thread_local const uint8_t *curl_fd_state;
+static _Thread_local size_t curl_fd_len;
+
+static bool parked(int fd);
 
 ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags) __asm__("recv");
 ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
@@ -556,14 +561,26 @@ ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
     return n;
 }
 
+/* A parked socket's zero-timeout read check is answered too. libcurl makes two on a pooled
+ * connection that a transfer takes: whether it is still alive (a connection that reads as
+ * readable is closed or unusable), and, once the request is sent, whether the response is
+ * already there. Both come before libcurl tells the socket callback what it now waits for,
+ * so the socket is still parked: registered for input in the worker's epoll set, which
+ * unparks it as soon as it reports anything. "Nothing pending" is then what the kernel said
+ * at the last epoll_wait: a response that came since is reported by the next one (the
+ * watch is level-triggered and stays), and a close that came since is the race every
+ * liveness check has: libcurl retries a request on a fresh connection when a reused one
+ * dies before any byte of the response. Two system calls per request. */
 int curl_aware_poll(struct pollfd *fds, nfds_t n, int timeout_ms) __asm__("poll");
 int curl_aware_poll(struct pollfd *fds, nfds_t n, int timeout_ms)
 {
-    if (n == 1 && timeout_ms == 0 && curl_drained && fds[0].fd == curl_read_fd &&
-        !(fds[0].events & POLLOUT)) {
-        curl_drained = false;
-        fds[0].revents = 0;
-        return 0;
+    if (n == 1 && timeout_ms == 0 && !(fds[0].events & POLLOUT)) {
+        bool drained = curl_drained && fds[0].fd == curl_read_fd;
+        if (drained) curl_drained = false;
+        if (drained || parked(fds[0].fd)) {
+            fds[0].revents = 0;
+            return 0;
+        }
     }
     struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
     return ppoll(fds, n, timeout_ms < 0 ? NULL : &ts, NULL);
@@ -648,6 +665,11 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
     return 0;
 }
 
+static bool parked(int fd)
+{
+    return curl_fd_state && fd >= 0 && (size_t)fd < curl_fd_len && (curl_fd_state[fd] & CFD_PARKED);
+}
+
 /* A parked socket reported an event: see above. */
 static bool curl_unpark(lg_worker *w, int fd)
 {
@@ -719,10 +741,30 @@ CURL *worker_easy_get(lg_worker *w)
 
 void worker_easy_put(lg_worker *w, CURL *easy)
 {
+    /* The next user may give libcurl a URL string only, which a URL handle would override. */
+    curl_easy_setopt(easy, CURLOPT_CURLU, NULL);
     if (w->n_spare < WORKER_SPARE_EASY)
         w->spare[w->n_spare++] = easy;
     else
         curl_easy_cleanup(easy);
+}
+
+/* libcurl 7.88 parses CURLOPT_URL with these flags (url.c, parseurlandfillconn) when the
+ * transfer sets neither CURLOPT_PATH_AS_IS nor CURLOPT_DISALLOW_USERNAME_IN_URL, as the
+ * exchange's do not; a URL handle parsed with them holds what libcurl would parse. libcurl
+ * reads the handle and never changes it (CURLOPT_CURLU), so one serves every transfer. */
+CURLU *worker_upstream_url(lg_worker *w, const char *url)
+{
+    for (size_t i = 0; i < w->n_urls; i++)
+        if (strcmp(w->urls[i].url, url) == 0) return w->urls[i].parsed;
+    if (w->n_urls == WORKER_URLS) return NULL;
+    CURLU *u = curl_url();
+    if (!u || curl_url_set(u, CURLUPART_URL, url, CURLU_GUESS_SCHEME | CURLU_NON_SUPPORT_SCHEME)) {
+        curl_url_cleanup(u);
+        return NULL;
+    }
+    w->urls[w->n_urls++] = (struct lg_url){.url = lg_xstrdup(url), .parsed = u};
+    return u;
 }
 
 /* Every transfer of the worker's multi handle opens and closes its sockets through the
@@ -919,6 +961,8 @@ static void *worker_main(void *arg)
     uint64_t next_tick = lg_now_ns() + TICK_NS;
     bool quiesced = false, shut = false;
     uint64_t stop_at = 0;
+    curl_fd_state = w->curl_fds;
+    curl_fd_len = w->fdmap_len;
 
     for (;;) {
         /* libmicrohttpd's own timeouts (an idle or stalled client, client_timeout_s) are
@@ -1129,6 +1173,11 @@ void worker_free(lg_worker *w)
         detached_free(w->detached);
     while (w->n_spare)
         curl_easy_cleanup(w->spare[--w->n_spare]);
+    while (w->n_urls) {
+        struct lg_url *u = &w->urls[--w->n_urls];
+        curl_url_cleanup(u->parsed);
+        free(u->url);
+    }
     if (w->multi) curl_multi_cleanup(w->multi);
     if (w->epfd >= 0) close(w->epfd);
     if (w->curl_timerfd >= 0) close(w->curl_timerfd);

@@ -326,6 +326,65 @@ describe('an independent SSE server', () => {
     }
 });
 
+// Pooled upstream connections that the upstream closes (node:http): while they are idle, and
+// right after every response without announcing it (the close reaches loopguard around the
+// time the next request takes the connection).
+// Every request is answered in full, on a fresh connection when the pooled one is gone.
+describe('pooled upstream connections the upstream closes', () => {
+    const ID = 'fedcba9876543210fedcba9876543210';
+    const ev = (delta, fin = null) =>
+        `data: {"id":"${ID}","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":${JSON.stringify(delta)},"logprobs":null,"finish_reason":${JSON.stringify(fin)}}]}\n\n`;
+    const BODY = [ev({ role: 'assistant', content: '' }), ev({ content: 'pooled ' }), ev({ content: 'answer' }), ev({}, 'stop'), 'data: [DONE]\n\n'].join('');
+    let srv, lg, connections, closeAfterEach;
+    before(async () => {
+        srv = http.createServer((req, res) => {
+            req.resume();
+            req.on('end', () => {
+                if (req.url !== '/v1/chat/completions') {
+                    res.writeHead(404);
+                    return res.end();
+                }
+                res.writeHead(200, { 'content-type': 'text/event-stream' });
+                res.end(BODY);
+                if (closeAfterEach) res.on('finish', () => setImmediate(() => req.socket.destroy()));
+            });
+        });
+        srv.on('connection', () => connections++);
+        await new Promise((r) => srv.listen(0, '127.0.0.1', r));
+        lg = await startLoopguard({ upstream: `http://127.0.0.1:${srv.address().port}`, kind: 'vllm', config: { workers: 1 } });
+    });
+    after(async () => {
+        await lg?.stop();
+        await new Promise((r) => srv?.close(r));
+    });
+    const ask = async (stream) => {
+        const r = await chat(lg.url + '/v1/chat/completions', { messages: MSG, stream });
+        assert.equal(r.status, 200, r.text);
+        const content = stream ? assembleDeltas(sseJSON(r.text)).content : r.json().choices[0].message.content;
+        assert.equal(content, 'pooled answer');
+    };
+
+    it('a connection the upstream closed while idle is not reused', T, async () => {
+        closeAfterEach = false;
+        await ask(true);
+        await ask(false); // reuses the first connection
+        connections = 0;
+        srv.closeIdleConnections();
+        await sleep(100 * SLACK);
+        await ask(true);
+        await ask(false);
+        assert.equal(connections, 1, 'one fresh connection after the idle one was closed');
+    });
+
+    it('a connection closed right after each response: every request still answered', T, async () => {
+        closeAfterEach = true;
+        connections = 0;
+        for (let i = 0; i < 20; i++) await ask(i % 2 === 0);
+        // the first may take the connection the test before left open
+        assert.ok(connections >= 19, `${connections} connections for 20 requests`);
+    });
+});
+
 describe('pass-through', () => {
     let fake, lg;
     // The fake's own routes and SGLang's native /generate are outside the built-in

@@ -6,11 +6,14 @@
  * with a message; for an accepted one every built body is a JSON object with stream true
  * and stream_options.include_usage true, a continuation (when built) ends the last
  * assistant message or the prompt with the continuation text, and building never changes
- * the parsed request. */
+ * the parsed request. For a body that passes jsonguard (as every body the exchange builds
+ * from does), the body spliced from the client's (rw_opts.raw) is the same JSON value as the
+ * tree's print, with its members in the same order. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "proxy/jsonguard.h"
 #include "proxy/rewrite.h"
 
 static const cJSON *at(const cJSON *j, const char *k)
@@ -74,6 +77,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 target = at(j, "prompt");
             }
             if (!cJSON_IsString(target) || !ends_with(target->valuestring, cont, clen)) abort();
+        }
+        char why[128];
+        const jg_limits lim = {100000, 64};
+        if (jsonguard_check(body, blen, &lim, why, sizeof why) == 0) {
+            rw_opts spliced = o;
+            spliced.raw = body;
+            spliced.raw_len = blen;
+            char *t = rw_build_upstream(&req, &spliced, &err);
+            cJSON *k = t ? cJSON_Parse(t) : NULL;
+            if (!k || !cJSON_Compare(j, k, true)) abort();
+            for (const cJSON *x = j->child, *y = k->child; x || y; x = x->next, y = y->next)
+                if (!x || !y || strcmp(x->string, y->string)) abort();
+            cJSON_Delete(k);
+            free(t);
         }
         cJSON_Delete(j);
         free(s);

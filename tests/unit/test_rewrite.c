@@ -388,6 +388,85 @@ static void test_request_pristine(void **state)
     rw_request_clear(&r);
 }
 
+/* The first attempt's body spliced from the client's (rw_opts.raw) against the tree's print
+ * of the same request: the same JSON value, members in the same order; `marker` (client
+ * whitespace that only a splice keeps) tells that the splice was taken, NULL that the
+ * request needed the tree (then the bytes are the print's). */
+static void splice_matches_tree(const char *body, bool chat, rw_opts o, const char *marker)
+{
+    rw_request r = parse_ok(body, chat);
+    rw_error e = {0};
+    char *tree = rw_build_upstream(&r, &o, &e);
+    o.raw = body;
+    o.raw_len = strlen(body);
+    char *spliced = rw_build_upstream(&r, &o, &e);
+    assert_non_null(tree);
+    assert_non_null(spliced);
+    cJSON *a = cJSON_Parse(tree), *b = cJSON_Parse(spliced);
+    assert_non_null(b);
+    assert_true(cJSON_Compare(a, b, true));
+    for (const cJSON *x = a->child, *y = b->child; x || y; x = x->next, y = y->next) {
+        assert_true(x && y);
+        assert_string_equal(x->string, y->string);
+    }
+    if (marker)
+        assert_non_null(strstr(spliced, marker));
+    else
+        assert_string_equal(spliced, tree);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    free(tree);
+    free(spliced);
+    rw_request_clear(&r);
+}
+
+static void test_splice(void **state)
+{
+    (void)state;
+    const char *rid = "0123456789abcdef0123456789abcdef";
+    rw_opts sg = {.upstream_kind = LG_UPSTREAM_SGLANG, .rid = rid};
+    rw_opts vl = {.upstream_kind = LG_UPSTREAM_VLLM};
+    /* whitespace, escapes, the members the attempt sets in the middle, a client rid */
+    const char *pretty =
+        "\n{ \"model\" : \"m\",\n  \"stream\": false, \"rid\": \"mine\",\n"
+        "  \"messages\": [ {\"role\": \"user\", \"content\": \"caf\\u00e9\\n\\\"q\\\"\"} ],\n"
+        "  \"temperature\": 0.7, \"top_k\": 20, \"seed\": -5, \"stop\": [\"a\", null],\n"
+        "  \"logit_bias\": {\"50256\": -100}, \"x\": [true, false, 1.5e-3] }\n";
+    splice_matches_tree(pretty, true, sg, "[ {");
+    splice_matches_tree(pretty, true, vl, "[ {"); /* the client's rid stays where it was */
+    /* stream_options: absent, null or only include_usage: spliced; other members: the tree */
+    splice_matches_tree("{\"messages\":[ ],\"stream_options\":{\"include_usage\":false}}", true, sg,
+                        "[ ]");
+    splice_matches_tree("{\"messages\":[ ],\"stream_options\":null}", true, sg, "[ ]");
+    splice_matches_tree("{\"messages\":[],\"stream_options\":{\"include_usage\":false,"
+                        "\"continuous_usage_stats\":true}}",
+                        true, sg, NULL);
+    /* numbers cJSON would print as another value or type: the tree */
+    splice_matches_tree("{\"messages\":[],\"max_tokens\":100.0}", true, sg, NULL);
+    splice_matches_tree("{\"messages\":[],\"max_tokens\":1e2}", true, sg, NULL);
+    splice_matches_tree("{\"messages\":[],\"seed\":12345678901}", true, sg, NULL);
+    splice_matches_tree("{\"messages\":[{\"role\":\"user\",\"content\":[1,2.0]}]}", true, sg, NULL);
+    splice_matches_tree("{\"messages\":[ ],\"seed\":123456789,\"temperature\":-0.25}", true, sg,
+                        "[ ]");
+    /* an escaped key is compared unescaped: the tree */
+    splice_matches_tree("{\"messages\":[],\"str\\u0065am\":true}", true, sg, NULL);
+    /* a history to rewrite, a retry step, a continuation: the tree */
+    const char *hist = "{\"messages\":[ {\"role\":\"assistant\",\"content\":\"b\","
+                       "\"reasoning_content\":\"r\"} ]}";
+    splice_matches_tree(hist, true, sg, NULL);
+    rw_opts keep = sg;
+    keep.history = LG_HISTORY_KEEP;
+    splice_matches_tree(hist, true, keep, "[ {");
+    lg_sampling_step step = {.temperature_add = 0.2};
+    rw_opts stepped = sg;
+    stepped.step = &step;
+    splice_matches_tree(pretty, true, stepped, NULL);
+    /* text completions: the prompt stays in place */
+    splice_matches_tree("{ \"prompt\": \"Once\", \"max_tokens\": 8, \"stream\": true }", false, sg,
+                        "\"prompt\":\"Once\"");
+    splice_matches_tree("{\"prompt\":[ 1, 2, 3 ],\"rid\":\"x\"}", false, vl, "[ 1, 2, 3 ]");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -398,6 +477,7 @@ int main(void)
         cmocka_unit_test(test_continuation),
         cmocka_unit_test(test_history),
         cmocka_unit_test(test_request_pristine),
+        cmocka_unit_test(test_splice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
