@@ -411,19 +411,21 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     list_push(&w->graveyard, r);
 }
 
-/* libmicrohttpd's connection notification: edge.c's bookkeeping, and a new connection's
- * socket starts unwatched. Its number may be that of a closed connection whose watch
- * the fd map still holds; the close took that one out of the epoll set. */
+/* libmicrohttpd's connection notification: edge.c's bookkeeping, and the fd map forgets a
+ * connection's socket when it closes (libmicrohttpd closes it right after this call, which
+ * takes it out of the epoll set) and when a new one starts on its number. The daemons run
+ * between the events of a batch (worker_main), so an event of the batch may still name a
+ * closed socket whose number a new socket (libcurl's, or a client's) took since: with the
+ * slot forgotten, client_slot ignores it rather than unwatching the new socket. */
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode code)
 {
     lg_worker *w = cls;
-    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-        const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-        if (ci && ci->connect_fd >= 0 && (size_t)ci->connect_fd < w->fdmap_len)
-            w->fdmap[ci->connect_fd] = (lg_fdslot){0};
-    }
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci && ci->connect_fd >= 0 && (size_t)ci->connect_fd < w->fdmap_len &&
+        (code == MHD_CONNECTION_NOTIFY_STARTED || w->fdmap[ci->connect_fd].conn == conn))
+        w->fdmap[ci->connect_fd] = (lg_fdslot){0};
     edge_connection(cls, conn, socket_context, code);
 }
 
@@ -1026,6 +1028,13 @@ static void *worker_main(void *arg)
             }
             drain_curl_messages(w);
             flush_all(w); /* each event's tokens leave now, not at the end of the batch */
+            /* And what the event made due runs now too, in the order the events came: a
+             * request libmicrohttpd reads goes upstream, a response head or a stream's end
+             * reaches the client, without waiting behind the rest of the batch. */
+            if (w->mhd_dirty || w->curl_due) {
+                run_pending(w);
+                flush_all(w);
+            }
         }
         drain_curl_messages(w);
         flush_all(w);
