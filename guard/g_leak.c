@@ -10,7 +10,7 @@
 #include <emmintrin.h>
 #endif
 
-#include "guard/guard_int.h"
+#include "guard/g_short.h"
 
 void guard_leak_derive(guard_params *p)
 {
@@ -37,16 +37,14 @@ void guard_leak_derive(guard_params *p)
 
 void guard_disable_leaks(guard *g)
 {
-    g->leaks_off = true; /* leak_pass and leak_suspect then do nothing */
+    g->leaks_off = true; /* leak_pass, guard.c's short path and leak_suspect then do nothing */
 }
 
-/* Per byte b, when `now` bytes have been fed (b the last): does a leak token end here?
- * Returns true on a trip. */
-static inline bool leak_step(guard *g, unsigned char b, uint64_t now)
+/* guard_leak_at (contract in g_short.h): the byte's class says whether it starts a token,
+ * and only a byte that ends one compares the tokens. */
+RARE_PATH bool guard_leak_at(guard *g, unsigned cls, uint64_t now)
 {
     const guard_params *p = g->p;
-    unsigned cls = p->leak_class[b];
-    if (!cls) return false;
     g->leak_start = cls & GUARD_LEAK_FIRST ? now : g->leak_start;
     if (!(cls & GUARD_LEAK_LAST)) return false;
     for (size_t i = 0; i < p->n_leaks; i++) {
@@ -102,23 +100,23 @@ static inline size_t leak_scan(const guard *g, const unsigned char *s, size_t n)
     return i;
 }
 
-/* The rest of a piece from s[i], a byte that starts or ends a leak token: leak_step at the
- * bytes leak_scan finds. RARE_PATH: kept out of the common pass, which then needs no
+/* The rest of a piece from s[i], a byte that starts or ends a leak token: guard_leak_step
+ * at the bytes leak_scan finds. RARE_PATH: kept out of the common pass, which then needs no
  * registers saved. */
 RARE_PATH static size_t leak_steps(guard *g, const unsigned char *s, size_t i, size_t lim,
                                    uint64_t fed0)
 {
     while (i < lim) {
-        if (leak_step(g, s[i], fed0 + i + 1)) return i;
+        if (guard_leak_step(g, s[i], fed0 + i + 1)) return i;
         i++;
         i += leak_scan(g, s + i, lim - i);
     }
     return lim;
 }
 
-/* The leak detector over a piece (guard_detector). It reads the piece from the history,
- * where feed_piece copied it. A token goes through leak_scan too: one 16-byte compare where
- * a byte loop's exit, at the token's length, was mispredicted about once per token. */
+/* The leak detector over a piece of GUARD_SHORT bytes or more (guard_detector; a token goes
+ * through guard_leak_step). It reads the piece from the history, where feed_piece copied
+ * it. */
 static size_t leak_pass(guard *g, size_t lim, uint64_t fed0)
 {
     if (g->leaks_off) return lim;

@@ -3,7 +3,7 @@
  *
  * Candidate periods come from an 8-gram table (the distance to the previous occurrence of
  * the last 8 bytes, looked up at every fourth offset); up to GUARD_NCAND live candidates
- * each cost a compare per 16 bytes of a piece (one per byte of a short piece). When a
+ * each cost a compare per 16 bytes of a piece (one per byte of a token, g_short.h). When a
  * candidate's periodic tail first reaches the plain threshold of its period (the period
  * table, base_need), its unit is classified (prose, separator, digits, list item, line,
  * table, blob, code) and the threshold raised to its class's; inside a Markdown code fence
@@ -15,7 +15,7 @@
 #include <emmintrin.h>
 #endif
 
-#include "guard/guard_int.h"
+#include "guard/g_short.h"
 
 /* Classifies the unit u[0..n) (any rotation gives the same answer) of a channel's text
  * (`reasoning`: the reasoning channel). O(n); runs once per candidate, when its tail first
@@ -243,12 +243,8 @@ static void cand_add(guard *g, uint64_t pos, uint32_t d, uint64_t end)
     c->breaks = period_break(g, d, pos + 1, end);
 }
 
-/* At offset pos, the byte of a piece that ends at `end`: drops the candidates whose period
- * broke by now, tracks period d (0: none), judges (once) the candidates whose run reached
- * their threshold and trips when one still holds. Returns true on a trip; else *next is
- * the offset of the next candidate that will reach its threshold before its period breaks
- * (UINT64_MAX: none). RARE_PATH. */
-RARE_PATH static bool cand_event(guard *g, uint64_t pos, uint32_t d, uint64_t end, uint64_t *next)
+/* guard_repeat_event (contract in g_short.h, whose step for one byte calls it too). */
+RARE_PATH bool guard_repeat_event(guard *g, uint64_t pos, uint32_t d, uint64_t end, uint64_t *next)
 {
     unsigned n = 0;
     for (unsigned i = 0; i < g->ncand; i++) /* the list keeps its order */
@@ -272,79 +268,11 @@ RARE_PATH static bool cand_event(guard *g, uint64_t pos, uint32_t d, uint64_t en
     return false;
 }
 
-/* The 8 bytes of history ending at offset end (≥ base + 7) as the repeat detector's gram:
- * the byte at end lowest. */
-static inline uint64_t gram_at(const guard *g, uint64_t end)
-{
-    uint64_t v;
-    memcpy(&v, g->buf + (end - 7 - g->base), sizeof v);
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
-    return v;
-}
-
-/* Records the 8-gram ending at offset pos and returns the period it shows that is not live
- * yet, or 0. Every 8-gram is recorded, but looked up only at every fourth offset: a new
- * period is noticed at most 3 bytes later (its run is measured exactly anyway), and the
- * unpredictable "seen before?" branch runs a quarter as often. The candidates' `breaks`
- * must be past pos for those still live. */
-/* The 8-gram table slot of gram. */
-static inline uint32_t gram_slot(uint64_t gram)
-{
-    return (uint32_t)((gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
-}
-
-static inline uint32_t gram_period(guard *g, uint16_t *gtab, uint64_t gram, uint64_t pos)
-{
-    uint32_t h = gram_slot(gram);
-    uint16_t last = gtab[h];
-    gtab[h] = (uint16_t)(pos + 1);
-    if ((pos & 3) != 0 || !last || pos < g->base + 7) return 0;
-    /* A slot may hold another 8-gram, or an old one: only a real match is a period, and
-     * comparing the 8 bytes is cheaper than cand_add finding out. Whether the distance is
-     * in range is as random as the slot's last writer, so it is no branch of its own: out
-     * of range, the 8 bytes ending at pos itself are read, and the answer masked. */
-    uint32_t d = (uint16_t)((uint16_t)(pos + 1) - last);
-    bool ok = (d - 1u < g->p->repeat.max_period) & (pos >= d + g->base + 7);
-    if (!(ok & (gram_at(g, ok ? pos - d : pos) == gram))) return 0;
-    /* Most periods found are live already (a loop finds its own every 4 bytes). */
-    for (unsigned k = 0; k < g->ncand; k++)
-        if (g->cand[k].period == d && g->cand[k].breaks > pos) return 0;
-    return d;
-}
-
 /* The repeat detector over a run of bytes s[0..lim) at offset fed0 with one fence state
- * (see repeat_pass). The live candidates are not advanced
- * byte by byte: where each one's period breaks in the piece is found first, 16 bytes at a
- * time, and the per-byte loop only records 8-grams, looks for new periods and stops where
- * something happens (cand_event). */
-/* The repeat detector for the byte *at of a short piece, at offset pos (gram: the 8 bytes
- * ending there), with the result of repeat_pass over that one byte: for a byte or two a
- * compare per candidate costs less than finding where its period breaks. Returns true on
- * a trip. */
-static inline bool repeat_byte(guard *g, uint64_t gram, const unsigned char *at, uint64_t pos)
-{
-    unsigned char b = *at;
-    bool due = false, died = false;
-    for (unsigned k = 0; k < g->ncand; k++) {
-        gcand *c = &g->cand[k];
-        bool holds = at[-(ptrdiff_t)c->period] == b;
-        c->breaks = holds ? pos + 1 : pos;
-        died |= !holds;
-        due |= holds && pos >= c->ready_at;
-    }
-    if (died) {
-        unsigned n = 0;
-        for (unsigned k = 0; k < g->ncand; k++)
-            if (g->cand[k].breaks > pos) g->cand[n++] = g->cand[k];
-        g->ncand = n;
-    }
-    uint32_t d = gram_period(g, g->gtab, gram, pos);
-    uint64_t next;
-    return (d || due) && cand_event(g, pos, d, pos + 1, &next);
-}
-
+ * (see repeat_pass). The live candidates are not advanced byte by byte: where each one's
+ * period breaks in the piece is found first, 16 bytes at a time, and the per-byte loop only
+ * records 8-grams, looks for new periods and stops where something happens
+ * (guard_repeat_event). */
 static size_t repeat_run(guard *g, const unsigned char *s, size_t lim, uint64_t fed0)
 {
     uint16_t *const gtab = g->gtab;
@@ -362,17 +290,17 @@ static size_t repeat_run(guard *g, const unsigned char *s, size_t lim, uint64_t 
          * comes due among them, they need no test at all. */
         if ((pos & 3) == 1 && lim - i >= 4 && next > pos + 2) {
             gram = gram << 8 | s[i];
-            gtab[gram_slot(gram)] = (uint16_t)(pos + 1);
+            gtab[guard_gram_slot(gram)] = (uint16_t)(pos + 1);
             gram = gram << 8 | s[i + 1];
-            gtab[gram_slot(gram)] = (uint16_t)(pos + 2);
+            gtab[guard_gram_slot(gram)] = (uint16_t)(pos + 2);
             gram = gram << 8 | s[i + 2];
-            gtab[gram_slot(gram)] = (uint16_t)(pos + 3);
+            gtab[guard_gram_slot(gram)] = (uint16_t)(pos + 3);
             i += 3;
             pos += 3;
         }
         gram = gram << 8 | s[i];
-        uint32_t d = gram_period(g, gtab, gram, pos);
-        if ((d || pos >= next) && cand_event(g, pos, d, end, &next)) break;
+        uint32_t d = guard_gram_period(g, gtab, gram, pos);
+        if ((d || pos >= next) && guard_repeat_event(g, pos, d, end, &next)) break;
         i++;
     }
     g->gram = gram;
@@ -401,7 +329,7 @@ static void fence_run_end(guard *g)
     }
 }
 
-static void fence_step(guard *g, unsigned char b)
+void guard_fence_step(guard *g, unsigned char b)
 {
     if (b == '\n') {
         if (g->fstate == 1) fence_run_end(g);
@@ -453,30 +381,17 @@ static size_t fence_pass(guard *g, const unsigned char *s, size_t n)
             i = (size_t)(nl - s);
         }
         if (i > 0 && fence_toggles(g, s[i])) return i;
-        fence_step(g, s[i]);
+        guard_fence_step(g, s[i]);
     }
     return n;
 }
 
-/* The repeat detector's pass (guard_detector). A short piece (a token or so) goes byte
- * after byte: there a compare per candidate costs less than finding where each period
- * breaks. A longer one goes in runs between the bytes that open or close a code fence, so
- * that each run is judged with one fence state. */
+/* The repeat detector's pass (guard_detector), over a piece of GUARD_SHORT bytes or more
+ * (a shorter one goes through guard_repeat_step): in runs between the bytes that open or
+ * close a code fence, so that each run is judged with one fence state. */
 static size_t repeat_pass(guard *g, size_t lim, uint64_t fed0)
 {
     const unsigned char *s = g->buf + (size_t)(fed0 - g->base);
-    if (lim < GUARD_SHORT) {
-        uint64_t gram = g->gram; /* in a register: nothing the bytes call reads it */
-        size_t i = 0;
-        for (; i < lim; i++) {
-            unsigned char b = s[i];
-            if (g->fstate != 2 || b == '\n') fence_step(g, b); /* as fence_pass */
-            gram = gram << 8 | b;
-            if (repeat_byte(g, gram, s + i, fed0 + i)) break;
-        }
-        g->gram = gram;
-        return i;
-    }
     for (size_t i = 0; i < lim;) {
         size_t n = fence_pass(g, s + i, lim - i);
         size_t k = repeat_run(g, s + i, n, fed0 + i);

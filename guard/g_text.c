@@ -7,11 +7,17 @@
  * Words are runs of ASCII letters, digits and '_', and of non-ASCII letters; each CJK
  * character is a word of its own. A segment ends at a newline, at a space after . ! ?, or
  * at a CJK stop. Runs of ASCII letters and digits, most of the text, are hashed in a loop of
- * their own (alnum_run); every other byte goes through words_step and lines_step. */
+ * their own (alnum_run); every other byte goes through words_step and lines_step. A token
+ * goes byte after byte through the same steps from guard.c's short path (g_short.h). */
 #include <stdlib.h>
 #include <string.h>
 
-#include "guard/guard_int.h"
+#include "guard/g_short.h"
+
+/* The steps for one byte that text_pass and guard_text_other (guard.c's short path) both
+ * run: inlined in each. With two callers GCC kept them out of line, a call per byte of the
+ * whole-file pass (9 % more instructions there). */
+#define TEXT_STEP __attribute__((always_inline))
 
 /* Byte classes for judging whether a segment is prose. */
 enum { BC_LETTER = 1, BC_CODE = 2 };
@@ -28,11 +34,6 @@ static inline unsigned char byte_class(unsigned char c)
     return c < 0x80 && (code[c >> 6] >> (c & 63) & 1) ? BC_CODE : 0;
 }
 #undef BIT
-
-static inline uint64_t fnv(uint64_t h, unsigned char c)
-{
-    return (h ^ c) * 0x100000001B3ull;
-}
 
 /* A segment (line or sentence) [seg_start, end) is complete when `now` bytes have been
  * fed: hands it to the lines and novelty detectors. Returns true on a trip. RARE_PATH. */
@@ -88,7 +89,7 @@ RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
 static inline void seg_add(guard *g, unsigned char b, uint64_t pos)
 {
     /* Branch-free on the gap: word boundaries are too frequent to predict. */
-    uint64_t spaced = fnv(g->seg_hash, ' ');
+    uint64_t spaced = guard_fnv(g->seg_hash, ' ');
     g->seg_hash = g->seg_gap ? spaced : g->seg_hash;
     g->seg_words += g->seg_gap;
     if (!g->seg_len) {
@@ -99,7 +100,7 @@ static inline void seg_add(guard *g, unsigned char b, uint64_t pos)
     g->seg_gap = false;
     g->seg_lead = false;
     g->seg_lastc = b;
-    g->seg_hash = fnv(g->seg_hash, b);
+    g->seg_hash = guard_fnv(g->seg_hash, b);
     g->seg_len++;
 }
 
@@ -115,7 +116,7 @@ static bool line_end(guard *g, uint64_t start, uint64_t end, uint64_t now)
 }
 
 /* Per byte b at offset pos, for the lines and novelty detectors. Returns true on a trip. */
-static bool lines_step(guard *g, unsigned char b, uint64_t pos)
+TEXT_STEP static inline bool lines_step(guard *g, unsigned char b, uint64_t pos)
 {
     unsigned char p1 = g->prev, p2 = g->prev2;
     g->prev2 = p1;
@@ -202,14 +203,14 @@ static void word_add(guard *g, unsigned char c, uint64_t pos, bool letter)
         g->w_alpha = letter;
     }
     g->w_len++;
-    g->w_hash = fnv(g->w_hash, c >= 'A' && c <= 'Z' ? c | 0x20 : c);
+    g->w_hash = guard_fnv(g->w_hash, c >= 'A' && c <= 'Z' ? c | 0x20 : c);
 }
 
 /* Splits the stream into words: runs of ASCII letters, digits and '_', and of non-ASCII
  * letters; each CJK character is a word of its own. Must run before lines_step for the
  * same byte, so that a word is in its segment's list when the segment ends. b is the byte
  * at offset pos, never an ASCII letter or digit: alnum_run takes those. */
-static void words_step(guard *g, unsigned char b, uint64_t pos)
+TEXT_STEP static inline void words_step(guard *g, unsigned char b, uint64_t pos)
 {
     if (b < 0x80) {
         g->cp_need = 0;
@@ -243,8 +244,8 @@ static void words_step(guard *g, unsigned char b, uint64_t pos)
     if (cjk) word_end(g);
 }
 
-/* ASCII letters (2) and digits (1); every other byte 0. */
-static const unsigned char alnum_class[256] = {
+/* guard_alnum_class (g_short.h). */
+const unsigned char guard_alnum_class[256] = {
     ['0' ... '9'] = 1, ['A' ... 'Z'] = 2, ['a' ... 'z'] = 2};
 
 /* The most common bytes, a run of ASCII letters and digits from s[i] (offset fed0 + i) up
@@ -256,37 +257,22 @@ static const unsigned char alnum_class[256] = {
 static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, uint64_t fed0,
                         bool words)
 {
-    uint64_t pos = fed0 + i;
-    if (g->seg_gap) { /* one space stands for the gap */
-        g->seg_hash = fnv(g->seg_hash, ' ');
-        g->seg_words++;
-        g->seg_gap = false;
-    }
-    if (!g->seg_len) {
-        g->seg_start = pos;
-        g->seg_words = 1;
-        g->seg_numbered = s[i] <= '9';
-    }
-    if (words && !g->w_len) {
-        g->w_start = pos;
-        g->w_alpha = s[i] >= 'A';
-    }
+    guard_text_run_start(g, s[i], fed0 + i, words);
     uint64_t wh = g->w_hash, sh = g->seg_hash;
     uint32_t letters = 0;
     size_t j = i;
     if (g->seg_lead) { /* a number opening the segment is left out: "7. X" is "8. X" */
-        while (j < lim && alnum_class[s[j]] == 1)
-            wh = fnv(wh, s[j++]);
-        g->seg_lead = j == lim || !alnum_class[s[j]];
+        while (j < lim && guard_alnum_class[s[j]] == 1)
+            wh = guard_fnv(wh, s[j++]);
+        g->seg_lead = j == lim || !guard_alnum_class[s[j]];
     }
-    for (unsigned c; j < lim && (c = alnum_class[s[j]]); j++) {
+    for (unsigned c; j < lim && (c = guard_alnum_class[s[j]]); j++) {
         letters += c >> 1;
-        wh = fnv(wh, s[j] | 0x20); /* lower case; digits have that bit already */
-        sh = fnv(sh, s[j]);
+        wh = guard_fnv(wh, s[j] | 0x20); /* lower case; digits have that bit already */
+        sh = guard_fnv(sh, s[j]);
     }
     uint32_t run = (uint32_t)(j - i);
     if (words) {
-        g->cp_need = 0;
         g->w_hash = wh;
         g->w_len += run;
     }
@@ -301,21 +287,27 @@ static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, 
 
 /* Any other byte, at offset pos, for the words, lines and novelty detectors. Returns true
  * on a trip. */
-static inline bool text_other(guard *g, unsigned char b, uint64_t pos, bool words)
+TEXT_STEP static inline bool text_other(guard *g, unsigned char b, uint64_t pos, bool words)
 {
     if (words) words_step(g, b, pos);
     return lines_step(g, b, pos);
+}
+
+/* text_other out of line, for guard.c's short path (g_short.h). */
+bool guard_text_other(guard *g, unsigned char b, uint64_t pos, bool words)
+{
+    return text_other(g, b, pos, words);
 }
 
 /* The words, lines and novelty detectors' pass (guard_detector). Words are only kept when
  * the novelty detector reads them. */
 static size_t text_pass(guard *g, size_t lim, uint64_t fed0)
 {
-    const bool words = g->p->novelty.enabled || g->p->cycle.enabled;
+    const bool words = guard_text_words(g->p);
     const unsigned char *s = g->buf + (size_t)(fed0 - g->base);
     size_t i = 0;
     while (i < lim) {
-        if (alnum_class[s[i]]) {
+        if (guard_alnum_class[s[i]]) {
             i = alnum_run(g, s, i, lim, fed0, words);
             continue;
         }
@@ -347,7 +339,7 @@ static void text_release(guard *g)
 static bool text_finish(guard *g)
 {
     const guard_params *p = g->p;
-    if (p->novelty.enabled || p->cycle.enabled) word_end(g);
+    if (guard_text_words(p)) word_end(g);
     if (g->seg_len && seg_end(g, g->fed, g->fed, true)) return true;
     return g->line_start < g->fed && line_end(g, g->line_start, g->fed, g->fed);
 }

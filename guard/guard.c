@@ -22,7 +22,8 @@
  * bytes only, so feeding one byte at a time or the whole text at once trips at the same byte
  * with the same verdict. For speed each detector runs over a whole piece of the text in a
  * pass of its own (feed_piece), with the same result as consulting them all, in table order,
- * byte after byte.
+ * byte after byte; a token, where a pass per detector costs more than its work, goes
+ * through their steps for one byte in one loop (feed_short, g_short.h).
  *
  * Cost: O(1) amortised per byte (a hash probe, ≤ GUARD_NCAND compares, a few counters);
  * tests/bench/guard_bench.c measures it. Memory: a guard starts at about 6 KiB (itself, the
@@ -33,14 +34,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "guard/guard_int.h"
+#include "guard/g_short.h"
 
 /* The detectors in the order they are consulted for each byte. */
-static const guard_detector *const detectors[] = {
-    &guard_det_leak, &guard_det_rules, &guard_det_repeat, &guard_det_text, &guard_det_budget,
+enum { D_LEAK, D_RULES, D_REPEAT, D_TEXT, D_BUDGET, NDET };
+static const guard_detector *const detectors[NDET] = {
+    [D_LEAK] = &guard_det_leak, [D_RULES] = &guard_det_rules,   [D_REPEAT] = &guard_det_repeat,
+    [D_TEXT] = &guard_det_text, [D_BUDGET] = &guard_det_budget,
 };
-#define NDET (sizeof(detectors) / sizeof(detectors[0]))
 _Static_assert(NDET <= GUARD_MAX_DETECTORS, "guard.det holds every detector");
+_Static_assert(NDET <= 8 * sizeof(unsigned), "guard.on has a bit for every detector");
 
 void *guard_xcalloc(size_t n, size_t sz)
 {
@@ -60,6 +63,7 @@ guard *guard_new(const guard_params *p, lg_channel ch)
     for (size_t k = 0; k < NDET; k++) {
         const guard_detector *d = detectors[k];
         if (d->on && !d->on(p)) continue;
+        g->on |= 1u << k;
         g->det[g->ndet++] = d;
         if (d->suspect) g->sus[g->nsus++] = d;
         if (d->init) d->init(g);
@@ -138,31 +142,9 @@ static void make_room(guard *g)
     g->blen = GUARD_HISTORY;
 }
 
-/* Copies n bytes to d. A token (under GUARD_SHORT bytes) is copied as two overlapping words
- * of the largest size that fits, with no call and no byte loop: most pieces are tokens. */
-static inline void copy_in(unsigned char *d, const unsigned char *s, size_t n)
-{
-    if (n >= GUARD_SHORT) {
-        memcpy(d, s, n);
-    } else if (n >= 4) {
-        uint32_t a, b;
-        memcpy(&a, s, 4);
-        memcpy(&b, s + n - 4, 4);
-        memcpy(d, &a, 4);
-        memcpy(d + n - 4, &b, 4);
-    } else if (n >= 2) {
-        uint16_t a, b;
-        memcpy(&a, s, 2);
-        memcpy(&b, s + n - 2, 2);
-        memcpy(d, &a, 2);
-        memcpy(d + n - 2, &b, 2);
-    } else if (n) {
-        d[0] = s[0];
-    }
-}
-
-/* Feeds a piece that fits the history as it is. Each detector runs over the piece in a pass
- * of its own, which keeps its state in registers, in table order. A pass takes the bytes
+/* Feeds a piece of GUARD_SHORT bytes or more that fits the history as it is. Each detector
+ * runs over the piece in a pass of its own, which keeps its state in registers, in table
+ * order. A pass takes the bytes
  * [fed0, fed0 + lim) (copied into the history first) and returns the index of the byte it
  * trips at, or lim; a trip at byte k bounds the later passes to the bytes before k, and a
  * later trip overwrites the verdict. The result is what feeding one byte at a time through
@@ -171,7 +153,7 @@ static inline void copy_in(unsigned char *d, const unsigned char *s, size_t n)
 static bool feed_piece(guard *g, const unsigned char *s, size_t n)
 {
     const uint64_t fed0 = g->fed;
-    copy_in(g->buf + g->blen, s, n);
+    memcpy(g->buf + g->blen, s, n);
     g->blen += n;
     size_t lim = n; /* bytes every later pass still judges; a trip at lim when lim < n */
     /* One call site per place in the list, not one in a loop: each site then always calls the
@@ -196,6 +178,52 @@ static bool feed_piece(guard *g, const unsigned char *s, size_t n)
     return true;
 }
 
+/* Feeds a piece shorter than GUARD_SHORT (a token or so) that fits the history: byte after
+ * byte through the step of every detector that is on, in table order (g_short.h), which
+ * gives what feed_piece's passes give; the rules and the budget, which act at one offset
+ * each, through their passes over the bytes up to that one. Returns true on a trip. */
+RARE_PATH static bool feed_short(guard *g, const unsigned char *s, size_t n)
+{
+    _Static_assert(NDET == 5, "feed_short has a step for every detector");
+    const guard_params *p = g->p;
+    const unsigned on = g->on;
+    const bool leak = (on & 1u << D_LEAK) && !g->leaks_off, repeat = on & 1u << D_REPEAT;
+    const bool text = on & 1u << D_TEXT, words = guard_text_words(p);
+    const uint64_t fed0 = g->fed;
+    /* The bytes at which the rules run (a multiple of GUARD_RULE_STEP fed) and the budget
+     * trips; n: none in this piece. */
+    size_t rules_at = n, budget_at = n;
+    if (on & 1u << D_RULES) rules_at = (size_t)(GUARD_RULE_STEP - 1 - fed0 % GUARD_RULE_STEP);
+    if ((on & 1u << D_BUDGET) && p->budget_bytes - fed0 < n)
+        budget_at = (size_t)(p->budget_bytes - fed0);
+    unsigned char *h = g->buf + g->blen;
+    uint64_t gram = g->gram; /* in a register: no step reads it */
+    size_t i = 0;
+    for (; i < n; i++) {
+        const unsigned char b = s[i];
+        const uint64_t pos = fed0 + i;
+        h[i] = b;
+        if (leak && guard_leak_step(g, b, pos + 1)) break;
+        if (i == rules_at && detectors[D_RULES]->pass(g, i + 1, fed0) == i) break;
+        if (repeat) {
+            gram = gram << 8 | b;
+            if (guard_repeat_step(g, gram, h + i, pos)) break;
+        }
+        if (text) {
+            unsigned cls = guard_alnum_class[b];
+            if (cls)
+                guard_text_alnum(g, b, cls, pos, words);
+            else if (guard_text_other(g, b, pos, words))
+                break;
+        }
+        if (i == budget_at && detectors[D_BUDGET]->pass(g, i + 1, fed0) == i) break;
+    }
+    g->gram = gram;
+    g->fed = fed0 + i + (i < n); /* on a trip the history ends where the verdict was taken */
+    g->blen = (size_t)(g->fed - g->base);
+    return i < n;
+}
+
 /* Feeds bytes in pieces that fit the history, so that it grows and slides at the same
  * offsets however the text is cut; returns true at the first byte that trips. */
 static bool feed_bytes(guard *g, const unsigned char *s, size_t len)
@@ -207,7 +235,7 @@ static bool feed_bytes(guard *g, const unsigned char *s, size_t len)
     while (len) {
         if (g->blen == g->bcap) make_room(g);
         size_t n = g->bcap - g->blen < len ? g->bcap - g->blen : len;
-        if (feed_piece(g, s, n)) return true;
+        if (n < GUARD_SHORT ? feed_short(g, s, n) : feed_piece(g, s, n)) return true;
         s += n;
         len -= n;
     }

@@ -195,8 +195,9 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 typedef struct gcand {
     uint64_t start;    /* offset of the run's first byte */
     uint64_t ready_at; /* offset of the byte at which run + period reaches need */
-    uint64_t breaks;   /* set as each feed starts (repeat_pass) or per byte (repeat_byte): the
-                          first offset being fed that breaks the period, or the one past them */
+    uint64_t breaks;   /* set as each feed starts (repeat_pass) or per byte
+                          (guard_repeat_step): the first offset being fed that breaks the
+                          period, or the one past them */
     uint32_t period;
     uint32_t need; /* periodic tail length (run + period) that trips */
     bool judged;   /* need already includes the unit's class and fence context */
@@ -360,6 +361,7 @@ struct guard {
      * (guard.c). */
     const struct guard_detector *det[GUARD_MAX_DETECTORS], *sus[GUARD_MAX_DETECTORS];
     unsigned ndet, nsus;
+    unsigned on; /* bit k: guard.c's table entry k is on (its short path reads it) */
 
     /* The verdict (guard.c); unit is allocated when it trips. */
     guard_verdict v;
@@ -370,7 +372,10 @@ struct guard {
 
 /* One detector. The guard feeds text in pieces (see guard.c, feed_piece): every detector
  * reads the same piece, in table order, from the history where the guard has copied it.
- * Hooks may be NULL where a detector has nothing to do.
+ * A piece shorter than GUARD_SHORT goes instead byte after byte through guard.c's short
+ * path, which calls the steps in g_short.h for the detectors that read every byte, and the
+ * passes of the others over the bytes up to the one where they act: a new detector needs
+ * its place there too. Hooks may be NULL where a detector has nothing to do.
  *
  *   on       — is it configured for this guard's params? Asked once, by guard_new; a
  *              detector that is off is never called again for that guard (NULL: always on).

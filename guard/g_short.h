@@ -1,0 +1,174 @@
+/* g_short.h — private to guard/: the steps of the detectors for one byte, inline, for
+ * guard.c's short path.
+ *
+ * A token (a piece shorter than GUARD_SHORT bytes, most of what a stream feeds) goes through
+ * every detector byte after byte in one loop (guard.c, feed_short) instead of a pass per
+ * detector: for a few bytes, each pass's call, set-up and loop exit (at the token's length,
+ * which no predictor knows) cost more than the work. Each step does to the guard exactly
+ * what its detector's pass does with that byte; what a step needs only now and then stays
+ * out of line in the detector's file. These are the detectors that read every byte (leak,
+ * repeat and text: g_leak.c, g_repeat.c, g_text.c); the rules and the budget act at one
+ * offset each, and the short path calls their passes there. */
+#ifndef LG_G_SHORT_H
+#define LG_G_SHORT_H
+
+#include "guard/guard_int.h"
+
+/* ---- leak (g_leak.c) ------------------------------------------------------------------- */
+
+/* A byte of leak class cls (non-zero) ends the `now` bytes fed: a token may end here.
+ * Returns true on a trip. RARE_PATH. */
+bool guard_leak_at(guard *g, unsigned cls, uint64_t now);
+
+/* Byte b ends the `now` bytes fed. Returns true on a trip. */
+static inline bool guard_leak_step(guard *g, unsigned char b, uint64_t now)
+{
+    unsigned cls = g->p->leak_class[b];
+    return cls && guard_leak_at(g, cls, now);
+}
+
+/* ---- repeat (g_repeat.c) --------------------------------------------------------------- */
+
+/* Follows Markdown code fences over byte b. */
+void guard_fence_step(guard *g, unsigned char b);
+
+/* At offset pos, the byte of a piece that ends at `end`: drops the candidates whose period
+ * broke by now, tracks period d (0: none), judges (once) the candidates whose run reached
+ * their threshold and trips when one still holds. Returns true on a trip; else *next is
+ * the offset of the next candidate that will reach its threshold before its period breaks
+ * (UINT64_MAX: none). RARE_PATH. */
+bool guard_repeat_event(guard *g, uint64_t pos, uint32_t d, uint64_t end, uint64_t *next);
+
+/* The 8 bytes of history ending at offset end (≥ base + 7) as the repeat detector's gram:
+ * the byte at end lowest. */
+static inline uint64_t guard_gram_at(const guard *g, uint64_t end)
+{
+    uint64_t v;
+    memcpy(&v, g->buf + (end - 7 - g->base), sizeof v);
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+/* The 8-gram table slot of gram. */
+static inline uint32_t guard_gram_slot(uint64_t gram)
+{
+    return (uint32_t)((gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
+}
+
+/* Records the 8-gram ending at offset pos and returns the period it shows that is not live
+ * yet, or 0. Every 8-gram is recorded, but looked up only at every fourth offset: a new
+ * period is noticed at most 3 bytes later (its run is measured exactly anyway), and the
+ * unpredictable "seen before?" branch runs a quarter as often. The candidates' `breaks`
+ * must be past pos for those still live. */
+static inline uint32_t guard_gram_period(guard *g, uint16_t *gtab, uint64_t gram, uint64_t pos)
+{
+    uint32_t h = guard_gram_slot(gram);
+    uint16_t last = gtab[h];
+    gtab[h] = (uint16_t)(pos + 1);
+    if ((pos & 3) != 0 || !last || pos < g->base + 7) return 0;
+    /* A slot may hold another 8-gram, or an old one: only a real match is a period, and
+     * comparing the 8 bytes is cheaper than cand_add (g_repeat.c) finding out. Whether the
+     * distance is in range is as random as the slot's last writer, so it is no branch of its
+     * own: out of range, the 8 bytes ending at pos itself are read, and the answer masked. */
+    uint32_t d = (uint16_t)((uint16_t)(pos + 1) - last);
+    bool ok = (d - 1u < g->p->repeat.max_period) & (pos >= d + g->base + 7);
+    if (!(ok & (guard_gram_at(g, ok ? pos - d : pos) == gram))) return 0;
+    /* Most periods found are live already (a loop finds its own every 4 bytes). */
+    for (unsigned k = 0; k < g->ncand; k++)
+        if (g->cand[k].period == d && g->cand[k].breaks > pos) return 0;
+    return d;
+}
+
+/* The repeat detector for the byte *at (in the history) at offset pos; gram is the 8 bytes
+ * ending there. For a byte or two a compare per candidate costs less than finding where
+ * its period breaks, as repeat_run does. Returns true on a trip. */
+static inline bool guard_repeat_step(guard *g, uint64_t gram, const unsigned char *at, uint64_t pos)
+{
+    unsigned char b = *at;
+    if (g->fstate != 2 || b == '\n') guard_fence_step(g, b); /* as fence_pass */
+    bool due = false, died = false;
+    for (unsigned k = 0; k < g->ncand; k++) {
+        gcand *c = &g->cand[k];
+        bool holds = at[-(ptrdiff_t)c->period] == b;
+        c->breaks = holds ? pos + 1 : pos;
+        died |= !holds;
+        due |= holds && pos >= c->ready_at;
+    }
+    if (died) {
+        unsigned n = 0;
+        for (unsigned k = 0; k < g->ncand; k++)
+            if (g->cand[k].breaks > pos) g->cand[n++] = g->cand[k];
+        g->ncand = n;
+    }
+    uint32_t d = guard_gram_period(g, g->gtab, gram, pos);
+    uint64_t next;
+    return (d || due) && guard_repeat_event(g, pos, d, pos + 1, &next);
+}
+
+/* ---- text (g_text.c) ------------------------------------------------------------------- */
+
+/* ASCII letters (2) and digits (1); every other byte 0. */
+extern const unsigned char guard_alnum_class[256];
+
+static inline uint64_t guard_fnv(uint64_t h, unsigned char c)
+{
+    return (h ^ c) * 0x100000001B3ull;
+}
+
+/* Are words kept (the detectors that read them are on)? */
+static inline bool guard_text_words(const guard_params *p)
+{
+    return p->novelty.enabled || p->cycle.enabled;
+}
+
+/* A run of ASCII letters and digits starts with c at offset pos: it joins the segment (one
+ * space for a gap before it) and, when words are kept, a word. */
+static inline void guard_text_run_start(guard *g, unsigned char c, uint64_t pos, bool words)
+{
+    if (g->seg_gap) { /* one space stands for the gap */
+        g->seg_hash = guard_fnv(g->seg_hash, ' ');
+        g->seg_words++;
+        g->seg_gap = false;
+    }
+    if (!g->seg_len) {
+        g->seg_start = pos;
+        g->seg_words = 1;
+        g->seg_numbered = c <= '9';
+    }
+    if (words) {
+        g->cp_need = 0;
+        if (!g->w_len) {
+            g->w_start = pos;
+            g->w_alpha = c >= 'A';
+        }
+    }
+}
+
+/* The ASCII letter or digit c (guard_alnum_class cls, non-zero) at offset pos: what g_text.c's
+ * alnum_run does with it. The byte before it tells whether a run starts. */
+static inline void guard_text_alnum(guard *g, unsigned char c, unsigned cls, uint64_t pos,
+                                    bool words)
+{
+    if (!guard_alnum_class[g->prev]) guard_text_run_start(g, c, pos, words);
+    if (words) {
+        g->w_hash = guard_fnv(g->w_hash, c | 0x20); /* lower case; digits have that bit */
+        g->w_len++;
+    }
+    /* Digits opening the segment are left out of its hash: "7. X" is "8. X". */
+    bool lead = g->seg_lead && cls == 1;
+    g->seg_hash = lead ? g->seg_hash : guard_fnv(g->seg_hash, c);
+    g->seg_lead = lead;
+    g->seg_len++;
+    g->seg_alpha += cls >> 1;
+    g->seg_lastc = c;
+    g->prev2 = g->prev;
+    g->prev = c;
+}
+
+/* Any other byte b at offset pos, for the words, lines and novelty detectors. Returns true
+ * on a trip. Out of line: inlined in the short path it took the registers of its loop. */
+bool guard_text_other(guard *g, unsigned char b, uint64_t pos, bool words);
+
+#endif
