@@ -394,7 +394,8 @@ static char *splice_upstream(const rw_request *req, const rw_opts *o)
         (so->child->next || strcmp(so->child->string, "include_usage") != 0))
         return NULL; /* members of its own to keep */
     bool rid = o->rid && o->upstream_kind == LG_UPSTREAM_SGLANG;
-    if (rid && strpbrk(o->rid, "\"\\")) return NULL;
+    for (const char *c = rid ? o->rid : ""; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == '"' || *c == '\\') return NULL; /* to escape */
 
     const char *end = o->raw + o->raw_len, *p = skip_ws(o->raw, end);
     if (p == end || *p != '{') return NULL;
@@ -408,9 +409,11 @@ static char *splice_upstream(const rw_request *req, const rw_opts *o)
         p = skip_string(p, end);
         key.n = (size_t)(p - key.p);
         if (memchr(key.p, '\\', key.n)) goto tree; /* an escaped key: compare it unescaped */
-        p = skip_ws(skip_ws(p, end) + 1, end);     /* past ':' */
+        p = skip_ws(p, end);
+        if (p == end || *p != ':') goto tree; /* cannot be, for a body rw_parse took */
+        p = skip_ws(p + 1, end);
         const char *v = p;
-        if (!skip_value(&p, end)) goto tree;
+        if (p == end || !skip_value(&p, end) || p > end) goto tree;
         size_t vn = (size_t)(p - v);
         if (req->chat && key_is(key, "messages"))
             messages = (span){v, vn};

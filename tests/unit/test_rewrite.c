@@ -461,6 +461,9 @@ static void test_splice(void **state)
     rw_opts stepped = sg;
     stepped.step = &step;
     splice_matches_tree(pretty, true, stepped, NULL);
+    rw_opts odd = sg; /* a rid that would need escaping */
+    odd.rid = "q\"x";
+    splice_matches_tree(pretty, true, odd, NULL);
     /* text completions: the prompt stays in place */
     splice_matches_tree("{ \"prompt\": \"Once\", \"max_tokens\": 8, \"stream\": true }", false, sg,
                         "\"prompt\":\"Once\"");
