@@ -48,6 +48,8 @@ typedef struct lg_fdslot {
     struct MHD_Connection *conn; /* the connection whose socket is registered; NULL: none */
     uint32_t gen;                /* the registration's tag: a new connection gets a new one */
     bool nodelay;                /* TCP_NODELAY is set on the socket */
+    uint32_t pool_len;           /* pool[0..pool_len): the connection's last direct stream's */
+    char *pool;                  /* buffer, in its pool (release_waiting_pool); NULL: none */
 } lg_fdslot;
 
 static uint64_t ev_pack(unsigned tag, uint32_t gen, int fd)
@@ -254,12 +256,34 @@ static void release_pages(char *buf, size_t n)
     if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
+/* The whole pages of buf[0..n) that hold only zeros go back to the kernel, in runs. They
+ * read the same afterwards, so this is safe whoever uses the memory on this thread. */
+static void release_zero_pages(char *buf, size_t n)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t p = ((uintptr_t)buf + page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)buf + n) & ~(uintptr_t)(page - 1);
+    uintptr_t run = 0; /* the first zero page of the current run, 0 when none */
+    for (; p < hi; p += page) {
+        const unsigned char *c = (const unsigned char *)p;
+        bool zero = c[0] == 0 && memcmp(c, c + 1, page - 1) == 0;
+        if (zero && !run) run = p;
+        if (!zero && run) {
+            (void)madvise((void *)run, p - run, MADV_DONTNEED);
+            run = 0;
+        }
+    }
+    if (run) (void)madvise((void *)run, hi - run, MADV_DONTNEED);
+}
+
 bool worker_go_direct(lg_req *r, char *buf, size_t max)
 {
     if (r->client_gone || r->retired || !watched(r)) return false;
     worker_suspend(r);
     release_pages(buf, max);
     lg_fdslot *s = &r->w->fdmap[r->client_fd];
+    s->pool = buf;
+    s->pool_len = max > UINT32_MAX ? UINT32_MAX : (uint32_t)max;
     if (!s->nodelay) { /* a token must not wait for the client's delayed ACK */
         int one = 1;
         (void)setsockopt(r->client_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -881,6 +905,23 @@ static void ready_all(lg_worker *w)
     w->mhd_dirty = true;
 }
 
+/* libmicrohttpd zeroes a connection's whole pool after each request (max_header_bytes,
+ * 16 KiB by default), so a request waiting for its first output (a slow upstream, a busy
+ * host) keeps all of it resident until it writes directly (worker_go_direct). Once it has
+ * waited POOL_WAIT_NS, the pages that still hold only zeros go back, in the buffer of the
+ * connection's last direct stream: most of the pool, which this request's head and
+ * libmicrohttpd's records share with it. The zero test is what makes this safe. */
+#define POOL_WAIT_NS (100ull * 1000 * 1000)
+
+static void release_waiting_pool(lg_worker *w, lg_req *r)
+{
+    if (!r->suspended || r->direct || !watched(r) || w->now_ns - r->start_ns < POOL_WAIT_NS) return;
+    lg_fdslot *s = &w->fdmap[r->client_fd];
+    if (!s->pool) return;
+    release_zero_pages(s->pool, s->pool_len);
+    s->pool = NULL; /* once a request: the stream's own buffer is learned when it goes direct */
+}
+
 static void tick_all(lg_worker *w)
 {
     uint64_t stuck = (uint64_t)w->srv->cfg->client_timeout_s * 1000000000ull;
@@ -891,6 +932,7 @@ static void tick_all(lg_worker *w)
             client_hung_up(w, r); /* the client stopped reading mid-chunk */
         else if (r->ops->tick)
             r->ops->tick(r, w->now_ns);
+        if (!r->retired) release_waiting_pool(w, r);
         r = next;
     }
 }
