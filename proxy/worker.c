@@ -184,6 +184,14 @@ void worker_suspend(lg_req *r)
 void worker_resume(lg_req *r)
 {
     if (!r->suspended || r->retired) return;
+    if (r->direct && r->flush_queued) {
+        /* Output queued for a direct write (a stream's last events) goes out as one, in
+         * flush_all, which then resumes: libmicrohttpd only adds the last chunk, in the
+         * same daemon run, rather than copying the events into its buffer and sending
+         * them and the last chunk in two. */
+        r->resume_due = true;
+        return;
+    }
     r->direct = false;
     if (lg_fifo_len(&r->tail)) { /* libmicrohttpd must not write inside our chunk */
         r->resume_due = true;
@@ -319,6 +327,10 @@ static void flush_all(lg_worker *w)
         if (!w->flush_head) w->flush_tail = NULL;
         r->flush_queued = false;
         if (r->direct && !r->retired && !lg_fifo_len(&r->tail)) r->ops->flush(r);
+        if (r->resume_due && !lg_fifo_len(&r->tail)) { /* see worker_resume */
+            r->resume_due = false;
+            worker_resume(r);
+        }
     }
 }
 
@@ -952,6 +964,7 @@ static void resume_all(lg_worker *w)
 {
     for (lg_req *r = w->live.next; r != &w->live; r = r->next) {
         lg_fifo_free(&r->tail);
+        r->direct = false;
         worker_resume(r);
     }
 }
@@ -973,7 +986,8 @@ static void *worker_main(void *arg)
          * run (timeout 0) is marked ready by run_mhd. */
         uint64_t left = next_tick > w->now_ns ? next_tick - w->now_ns : 0;
         int timeout = left < TICK_NS ? (int)((left + 999999) / 1000000) : (int)(TICK_NS / 1000000);
-        if (w->curl_due || w->mhd_dirty) timeout = 0; /* work left or due now: do not block */
+        if (w->curl_due || w->mhd_dirty || w->flush_head)
+            timeout = 0; /* work left or due now: do not block */
         int n = epoll_wait(w->epfd, evs, MAX_EVENTS, timeout);
         if (n < 0 && errno != EINTR) {
             perror("loopguard: epoll_wait");
@@ -1060,6 +1074,7 @@ static void *worker_main(void *arg)
             shut = true;
             stop_at = w->now_ns + 2000000000ull;
             shutdown_all(w);
+            flush_all(w); /* the streams' last events, and their resumes (worker_resume) */
             ready_all(w);
             run_mhd(w);
         }

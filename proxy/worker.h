@@ -111,7 +111,7 @@ struct lg_req {
     bool client_gone;  /* client left; every MHD callback must now end the request */
     bool retired;      /* MHD completed it; destroy pending */
     bool direct;       /* suspended with MHD's buffer drained: we may write the socket */
-    bool resume_due;   /* resume MHD once the tail is sent */
+    bool resume_due;   /* resume MHD once the tail or the queued output is sent */
     bool flush_queued; /* on the worker's flush list */
     lg_req *flush_next;
     lg_fifo tail;     /* the unsent rest of a directly written chunk (owned by the worker) */
