@@ -182,7 +182,7 @@ static bool feed_piece(guard *g, const unsigned char *s, size_t n)
  * byte through the step of every detector that is on, in table order (g_short.h), which
  * gives what feed_piece's passes give; the rules and the budget, which act at one offset
  * each, through their passes over the bytes up to that one. Returns true on a trip. */
-RARE_PATH static bool feed_short(guard *g, const unsigned char *s, size_t n)
+static bool feed_short(guard *g, const unsigned char *s, size_t n)
 {
     _Static_assert(NDET == 5, "feed_short has a step for every detector");
     const guard_params *p = g->p;

@@ -146,6 +146,7 @@ static void stop_transfer(exchange *ex)
     if (ex->at.easy) {
         worker_remove_xfer(ex->base.w, ex->at.easy);
         worker_easy_put(ex->base.w, ex->at.easy);
+        upread_give(ex->at.rbuf);
         ex->at.easy = NULL;
     }
     if (ex->have_replica) {
@@ -588,7 +589,8 @@ static void start_attempt(exchange *ex)
     curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, ex);
     curl_easy_setopt(e, CURLOPT_HTTP_CONTENT_DECODING, 0L);
-    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)upread_buffer_size());
+    ex->at.rbuf = upread_take();
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)ex->at.rbuf);
     if (worker_add_xfer(w, e) != 0) {
         stop_transfer(ex);
         attempt_failed(ex, CURLE_FAILED_INIT);

@@ -66,6 +66,7 @@ typedef enum { PHASE_BODY, PHASE_RUNNING, PHASE_DONE } ex_phase;
  * is freed and zeroed in one place, exchange.c's attempt_reset. */
 typedef struct ex_attempt {
     CURL *easy;
+    size_t rbuf; /* the transfer's read buffer (upread_take), handed back when it stops */
     struct curl_slist *headers;
     char *up_body;
     char rid[80]; /* SGLang's rid for this attempt ("" when the route takes none) */

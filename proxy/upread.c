@@ -11,10 +11,18 @@
 #define SHARE_LARGE (SHARE_ONE / 4)
 
 static _Thread_local int32_t filling;
+static _Thread_local unsigned large_held; /* transfers holding UPREAD_LARGE */
 
-size_t upread_buffer_size(void)
+size_t upread_take(void)
 {
-    return filling > SHARE_LARGE ? UPREAD_LARGE : UPREAD_SMALL;
+    if (filling <= SHARE_LARGE || large_held >= UPREAD_LARGE_MAX) return UPREAD_SMALL;
+    large_held++;
+    return UPREAD_LARGE;
+}
+
+void upread_give(size_t size)
+{
+    if (size == UPREAD_LARGE) large_held--;
 }
 
 void upread_note_read(size_t n)

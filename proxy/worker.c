@@ -48,6 +48,8 @@ typedef struct lg_fdslot {
     struct MHD_Connection *conn; /* the connection whose socket is registered; NULL: none */
     uint32_t gen;                /* the registration's tag: a new connection gets a new one */
     bool nodelay;                /* TCP_NODELAY is set on the socket */
+    uint32_t pool_len;           /* pool[0..pool_len): the connection's last direct stream's */
+    char *pool;                  /* buffer, in its pool (release_waiting_pool); NULL: none */
 } lg_fdslot;
 
 static uint64_t ev_pack(unsigned tag, uint32_t gen, int fd)
@@ -182,6 +184,14 @@ void worker_suspend(lg_req *r)
 void worker_resume(lg_req *r)
 {
     if (!r->suspended || r->retired) return;
+    if (r->direct && r->flush_queued) {
+        /* Output queued for a direct write (a stream's last events) goes out as one, in
+         * flush_all, which then resumes: libmicrohttpd only adds the last chunk, in the
+         * same daemon run, rather than copying the events into its buffer and sending
+         * them and the last chunk in two. */
+        r->resume_due = true;
+        return;
+    }
     r->direct = false;
     if (lg_fifo_len(&r->tail)) { /* libmicrohttpd must not write inside our chunk */
         r->resume_due = true;
@@ -254,12 +264,34 @@ static void release_pages(char *buf, size_t n)
     if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
+/* The whole pages of buf[0..n) that hold only zeros go back to the kernel, in runs. They
+ * read the same afterwards, so this is safe whoever uses the memory on this thread. */
+static void release_zero_pages(char *buf, size_t n)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t p = ((uintptr_t)buf + page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)buf + n) & ~(uintptr_t)(page - 1);
+    uintptr_t run = 0; /* the first zero page of the current run, 0 when none */
+    for (; p < hi; p += page) {
+        const unsigned char *c = (const unsigned char *)p;
+        bool zero = c[0] == 0 && memcmp(c, c + 1, page - 1) == 0;
+        if (zero && !run) run = p;
+        if (!zero && run) {
+            (void)madvise((void *)run, p - run, MADV_DONTNEED);
+            run = 0;
+        }
+    }
+    if (run) (void)madvise((void *)run, hi - run, MADV_DONTNEED);
+}
+
 bool worker_go_direct(lg_req *r, char *buf, size_t max)
 {
     if (r->client_gone || r->retired || !watched(r)) return false;
     worker_suspend(r);
     release_pages(buf, max);
     lg_fdslot *s = &r->w->fdmap[r->client_fd];
+    s->pool = buf;
+    s->pool_len = max > UINT32_MAX ? UINT32_MAX : (uint32_t)max;
     if (!s->nodelay) { /* a token must not wait for the client's delayed ACK */
         int one = 1;
         (void)setsockopt(r->client_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -295,6 +327,10 @@ static void flush_all(lg_worker *w)
         if (!w->flush_head) w->flush_tail = NULL;
         r->flush_queued = false;
         if (r->direct && !r->retired && !lg_fifo_len(&r->tail)) r->ops->flush(r);
+        if (r->resume_due && !lg_fifo_len(&r->tail)) { /* see worker_resume */
+            r->resume_due = false;
+            worker_resume(r);
+        }
     }
 }
 
@@ -881,6 +917,23 @@ static void ready_all(lg_worker *w)
     w->mhd_dirty = true;
 }
 
+/* libmicrohttpd zeroes a connection's whole pool after each request (max_header_bytes,
+ * 16 KiB by default), so a request waiting for its first output (a slow upstream, a busy
+ * host) keeps all of it resident until it writes directly (worker_go_direct). Once it has
+ * waited POOL_WAIT_NS, the pages that still hold only zeros go back, in the buffer of the
+ * connection's last direct stream: most of the pool, which this request's head and
+ * libmicrohttpd's records share with it. The zero test is what makes this safe. */
+#define POOL_WAIT_NS (100ull * 1000 * 1000)
+
+static void release_waiting_pool(lg_worker *w, lg_req *r)
+{
+    if (!r->suspended || r->direct || !watched(r) || w->now_ns - r->start_ns < POOL_WAIT_NS) return;
+    lg_fdslot *s = &w->fdmap[r->client_fd];
+    if (!s->pool) return;
+    release_zero_pages(s->pool, s->pool_len);
+    s->pool = NULL; /* once a request: the stream's own buffer is learned when it goes direct */
+}
+
 static void tick_all(lg_worker *w)
 {
     uint64_t stuck = (uint64_t)w->srv->cfg->client_timeout_s * 1000000000ull;
@@ -891,6 +944,7 @@ static void tick_all(lg_worker *w)
             client_hung_up(w, r); /* the client stopped reading mid-chunk */
         else if (r->ops->tick)
             r->ops->tick(r, w->now_ns);
+        if (!r->retired) release_waiting_pool(w, r);
         r = next;
     }
 }
@@ -910,6 +964,7 @@ static void resume_all(lg_worker *w)
 {
     for (lg_req *r = w->live.next; r != &w->live; r = r->next) {
         lg_fifo_free(&r->tail);
+        r->direct = false;
         worker_resume(r);
     }
 }
@@ -931,13 +986,22 @@ static void *worker_main(void *arg)
          * run (timeout 0) is marked ready by run_mhd. */
         uint64_t left = next_tick > w->now_ns ? next_tick - w->now_ns : 0;
         int timeout = left < TICK_NS ? (int)((left + 999999) / 1000000) : (int)(TICK_NS / 1000000);
-        if (w->curl_due || w->mhd_dirty) timeout = 0; /* work left or due now: do not block */
+        if (w->curl_due || w->mhd_dirty || w->flush_head)
+            timeout = 0; /* work left or due now: do not block */
         int n = epoll_wait(w->epfd, evs, MAX_EVENTS, timeout);
         if (n < 0 && errno != EINTR) {
             perror("loopguard: epoll_wait");
             break;
         }
         w->now_ns = lg_now_ns();
+        /* Parked sockets that reported anything are unparked before any event of the batch
+         * runs libcurl (events run libcurl's "now" action too, see below): a parked
+         * socket's read checks are answered from its being parked (curl_aware_poll), which
+         * must mean that this epoll_wait reported nothing for it. Tag 0 is no event. */
+        for (int i = 0; i < n; i++)
+            if ((unsigned)(evs[i].data.u64 >> 56) == TAG_CURL_SOCK &&
+                curl_unpark(w, (int)(uint32_t)evs[i].data.u64))
+                evs[i].data.u64 = 0;
         for (int i = 0; i < n; i++) {
             uint64_t d = evs[i].data.u64;
             unsigned tag = (unsigned)(d >> 56);
@@ -960,7 +1024,7 @@ static void *worker_main(void *arg)
                     perror("loopguard: eventfd read");
                 break;
             case TAG_CURL_SOCK: {
-                if (curl_unpark(w, fd)) break;
+                if (curl_unpark(w, fd)) break; /* parked since the batch began */
                 int flags = (evs[i].events & EPOLLIN ? CURL_CSELECT_IN : 0) |
                             (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
                             (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
@@ -1018,6 +1082,7 @@ static void *worker_main(void *arg)
             shut = true;
             stop_at = w->now_ns + 2000000000ull;
             shutdown_all(w);
+            flush_all(w); /* the streams' last events, and their resumes (worker_resume) */
             ready_all(w);
             run_mhd(w);
         }

@@ -4,7 +4,8 @@
 #
 # Starts the fake upstream, loopguard (LOOPGUARD_BIN, default build/loopguard; guard settings
 # in MEMORY_LOOPGUARD_JSON) and build/loadgen with STREAMS streams (default 5000) for SECONDS
-# (default 20) after the ramp, and halfway through the window takes, from the live process:
+# (default 20) after the ramp (MEMORY_PACE_MS, default 33, is the upstream's pace: a slower one
+# lets a busy host keep the pace at 5,000 streams, as make bench's idle host does), and halfway through the window takes, from the live process:
 #   VmRSS                       over its VmRSS before load, per stream
 #   heap in use / heap free     glibc's malloc_stats() of the worker arenas (gdb calls it in
 #                               the process, which stops for a moment): in use counts
@@ -22,6 +23,7 @@ cd "$(dirname "$0")/../.." || exit 1
 BUILD=${BUILD:-build}
 STREAMS=${1:-5000}
 SECONDS_=${2:-20}
+PACE_MS=${MEMORY_PACE_MS:-33}
 LOOPGUARD=${LOOPGUARD_BIN:-$BUILD/loopguard}
 unset LOOPGUARD_BIN # loopguard refuses unknown LOOPGUARD_* variables
 OUT=$BUILD/memory
@@ -53,7 +55,7 @@ listen_port() {
 
 echo '{"dialect":"sglang","responses":[{"content":[{"stamp_tokens":-1}]}]}' >"$OUT/scenario.json"
 "$BUILD/fake_upstream" --listen 127.0.0.1:0 --kind sglang --scenario "$OUT/scenario.json" \
-    --stamp --pace-ms 33 --max-records 0 >"$OUT/fake.out" 2>"$OUT/fake.err" &
+    --stamp --pace-ms "$PACE_MS" --max-records 0 >"$OUT/fake.out" 2>"$OUT/fake.err" &
 FAKE=$!
 PIDS+=("$FAKE")
 fport=$(listen_port "$OUT/fake.out")
@@ -87,9 +89,10 @@ timeout 60 gdb -p "$LG" -batch -ex 'call (void)malloc_stats()' >/dev/null 2>&1 |
 tail -n +"$((before + 1))" "$OUT/loopguard.err" >"$OUT/malloc_stats.txt"
 wait "$LOAD"
 
-python3 - "$STREAMS" "$idle" "$rss" "$OUT" <<'PY'
+python3 - "$STREAMS" "$idle" "$rss" "$OUT" "$PACE_MS" <<'PY'
 import json, os, re, sys
 n, idle, rss, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+offered = n * 1000 / int(sys.argv[5])
 stats = open(os.path.join(out, "malloc_stats.txt")).read()
 arenas = re.findall(r"Arena (\d+):\nsystem bytes\s+=\s+(\d+)\nin use bytes\s+=\s+(\d+)", stats)
 # Arena 0 is the main thread's (configuration, start-up); the threads' are the others.
@@ -108,7 +111,7 @@ for line in open(os.path.join(out, "pmap.txt")):
 load = json.load(open(os.path.join(out, "loadgen.json")))
 per = lambda kib: f"{kib / n:6.2f} KiB"
 print(f"memory.sh: {n} paced streams, loopguard {load['events_per_s']:.0f} events/s delivered "
-      f"of {n * 30} offered, errors {load['errors']}")
+      f"of {offered:.0f} offered, errors {load['errors']}")
 print(f"  VmRSS over idle       {per(rss - idle)}   ({rss} KiB, idle {idle} KiB)")
 if work:
     use = sum(u for s, u in work) / 1024

@@ -542,6 +542,49 @@ describe('chat relay behaviour', () => {
     let fake, lg;
     usePair({ fake: { kind: 'sglang' } }, (f, l) => ([fake, lg] = [f, l]));
 
+    // While a request waits for its first event, loopguard gives back the pages of its
+    // connection's buffer that libmicrohttpd left zeroed; the head in that buffer must
+    // survive. Three requests on one connection, each with a 6 KB header, each waiting
+    // 600 ms for the upstream twice: its first attempt loops, and the retry, sent after the
+    // wait, must carry the client's header intact.
+    it('requests that wait for their first event on a keep-alive connection keep their head', T, async () => {
+        await fake.setScenario({
+            first_byte_ms: 600,
+            responses: [{ match: { fields: { presence_penalty: null } }, content: ['Sure: ', { repeat: 'lambda ', times: -1 }] }, { content: ['A clean answer.'] }],
+        });
+        const sock = net.connect(lg.port, '127.0.0.1');
+        await new Promise((r) => sock.on('connect', r));
+        let got = '';
+        sock.setEncoding('latin1');
+        sock.on('data', (d) => (got += d));
+        for (let i = 0; i < 3; i++) {
+            const pad = `${i}:` + 'abcdefghij'.repeat(600);
+            const body = JSON.stringify({ messages: MSG, stream: true, max_tokens: 400 });
+            sock.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Test-Pad: ${pad}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
+            await waitFor(() => got.endsWith('\r\n0\r\n\r\n'), 8000 * SLACK);
+            const sep = got.indexOf('\r\n\r\n');
+            const head = got.slice(0, sep);
+            const chunked = got.slice(sep + 4);
+            got = '';
+            assert.match(head, /^HTTP\/1\.1 200 /);
+            let text = '';
+            for (let rest = chunked; ; ) {
+                const eol = rest.indexOf('\r\n');
+                const n = parseInt(rest.slice(0, eol), 16);
+                if (!n) break;
+                text += rest.slice(eol + 2, eol + 2 + n);
+                rest = rest.slice(eol + 4 + n);
+            }
+            assert.equal(sseData(text).at(-1), '[DONE]');
+            assert.match(assembleDeltas(sseJSON(text)).content, /A clean answer\.$/);
+            const reqs = (await fake.requests('/v1/chat/completions')).slice(-2);
+            assert.equal(reqs.length, 2, 'the looping attempt and its retry');
+            for (const r of reqs) assert.equal(r.headers['x-test-pad'], pad);
+        }
+        assert.equal(sock.destroyed, false, 'one connection for all three');
+        sock.destroy();
+    });
+
     it('each event is forwarded when it arrives, not when the stream ends', T, async () => {
         await fake.setScenario({ pace_ms: 60, responses: [{ content: [{ varied: 12, seed: 3 }] }] });
         const u = new URL(lg.url + '/v1/chat/completions');
