@@ -994,6 +994,14 @@ static void *worker_main(void *arg)
             break;
         }
         w->now_ns = lg_now_ns();
+        /* Parked sockets that reported anything are unparked before any event of the batch
+         * runs libcurl (events run libcurl's "now" action too, see below): a parked
+         * socket's read checks are answered from its being parked (curl_aware_poll), which
+         * must mean that this epoll_wait reported nothing for it. Tag 0 is no event. */
+        for (int i = 0; i < n; i++)
+            if ((unsigned)(evs[i].data.u64 >> 56) == TAG_CURL_SOCK &&
+                curl_unpark(w, (int)(uint32_t)evs[i].data.u64))
+                evs[i].data.u64 = 0;
         for (int i = 0; i < n; i++) {
             uint64_t d = evs[i].data.u64;
             unsigned tag = (unsigned)(d >> 56);
@@ -1016,7 +1024,7 @@ static void *worker_main(void *arg)
                     perror("loopguard: eventfd read");
                 break;
             case TAG_CURL_SOCK: {
-                if (curl_unpark(w, fd)) break;
+                if (curl_unpark(w, fd)) break; /* parked since the batch began */
                 int flags = (evs[i].events & EPOLLIN ? CURL_CSELECT_IN : 0) |
                             (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
                             (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);

@@ -21,7 +21,8 @@
  * delayed each token to the end of the loop iteration. So once the content reader is
  * asked for body data (libmicrohttpd has then sent everything before it), the request's
  * output is written straight to the socket as HTTP/1.1 chunks (worker_go_direct,
- * worker_output, worker_write_chunk) until it is resumed; a chunk the socket takes only in
+ * worker_output, worker_write_chunk) until it is resumed (what it queued before the resume,
+ * a stream's last events, still goes out so); a chunk the socket takes only in
  * part is finished from the worker's EPOLLOUT before libmicrohttpd may write again; a tail
  * that does not move for client_timeout_s ends the request as a hang-up, as
  * libmicrohttpd's own timeout would.
@@ -229,7 +230,8 @@ void worker_free(lg_worker *w);
 /* Request plumbing for relay.c, exchange.c and admin.c; owning thread only. */
 void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops, struct MHD_Connection *conn);
 void worker_suspend(lg_req *r);
-/* Resumes the MHD connection (direct writes end; when a tail is pending, once it is sent). */
+/* Resumes the MHD connection (direct writes end; output queued for a direct write is
+ * written first, and a pending tail sent first). */
 void worker_resume(lg_req *r);
 /* From the content reader, which then returns 0: suspends the connection and arms direct
  * writes. libmicrohttpd asks for body data only with its write buffer empty (after it sent
