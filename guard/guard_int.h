@@ -390,6 +390,9 @@ struct guard {
  *              detector that is off is never called again for that guard (NULL: always on).
  *   init     — sets up the detector's part of a new guard (called by guard_new, on or off).
  *   release  — frees what init allocated (guard_free).
+ *   reset    — sets up its part of a guard being reset (guard_reset) from `old`, a copy of
+ *              that guard in which it was on, taking over what old's init allocated; the
+ *              result must be what init makes (NULL: old's part is released, init runs).
  *   pass     — judges the piece's bytes [fed0, fed0 + lim) (all in the history) and returns
  *              the index of the byte it trips at, or lim. A later detector is only shown the
  *              bytes before an earlier one's trip, so the verdict is that of consulting the
@@ -404,6 +407,7 @@ typedef struct guard_detector {
     bool (*on)(const guard_params *p);
     void (*init)(guard *g);
     void (*release)(guard *g);
+    void (*reset)(guard *g, const guard *old);
     size_t (*pass)(guard *g, size_t lim, uint64_t fed0);
     bool (*finish)(guard *g);
     size_t (*suspect)(const guard *g);

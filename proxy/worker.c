@@ -763,6 +763,27 @@ void worker_easy_put(lg_worker *w, CURL *easy)
         curl_easy_cleanup(easy);
 }
 
+/* A spare is reset when it comes back, while its params are surely alive, so that it keeps
+ * only what guard_reset keeps; one for the same params and channel is ready as it is. */
+guard *worker_guard_get(lg_worker *w, const guard_params *p, lg_channel ch)
+{
+    if (!w->n_spare_guards) return guard_new(p, ch);
+    guard *g = w->spare_guards[--w->n_spare_guards];
+    if (guard_channel(g) != ch || guard_params_of(g) != p) guard_reset(g, p, ch);
+    return g;
+}
+
+void worker_guard_put(lg_worker *w, guard *g)
+{
+    if (!g) return;
+    if (w->n_spare_guards == WORKER_SPARE_GUARDS) {
+        guard_free(g);
+        return;
+    }
+    guard_reset(g, guard_params_of(g), guard_channel(g));
+    w->spare_guards[w->n_spare_guards++] = g;
+}
+
 /* libcurl 7.88 parses CURLOPT_URL with these flags (url.c, parseurlandfillconn) when the
  * transfer sets neither CURLOPT_PATH_AS_IS nor CURLOPT_DISALLOW_USERNAME_IN_URL, as the
  * exchange's do not; a URL handle parsed with them holds what libcurl would parse. libcurl
@@ -1205,6 +1226,8 @@ void worker_free(lg_worker *w)
         detached_free(w->detached);
     while (w->n_spare)
         curl_easy_cleanup(w->spare[--w->n_spare]);
+    while (w->n_spare_guards)
+        guard_free(w->spare_guards[--w->n_spare_guards]);
     while (w->n_urls) {
         struct lg_url *u = &w->urls[--w->n_urls];
         curl_url_cleanup(u->parsed);

@@ -59,6 +59,9 @@ typedef struct lg_pool lg_pool;
 /* libcurl easy handles a worker keeps for reuse (worker_easy_get). */
 #define WORKER_SPARE_EASY 64
 
+/* Guards a worker keeps for reuse (worker_guard_get). */
+#define WORKER_SPARE_GUARDS 16
+
 /* Parsed upstream URLs a worker keeps (worker_upstream_url): replicas times API paths. */
 #define WORKER_URLS 32
 
@@ -160,6 +163,8 @@ struct lg_worker {
     struct lg_detached *detached;   /* pending fire-and-forget transfers */
     CURL *spare[WORKER_SPARE_EASY]; /* easy handles kept for the next transfers */
     size_t n_spare;
+    guard *spare_guards[WORKER_SPARE_GUARDS]; /* reset, each for its own params and channel */
+    size_t n_spare_guards;
     struct lg_url {
         char *url;
         CURLU *parsed;
@@ -260,6 +265,14 @@ CURL *worker_easy_get(lg_worker *w);
 /* Takes back a handle from worker_easy_get that is not on the multi handle (removed, or
  * never added): kept for the next transfer, or cleaned up when enough are kept. */
 void worker_easy_put(lg_worker *w, CURL *easy);
+/* A guard for channel ch under params p (which live as long as the configuration): a kept
+ * one when there is, returned to guard_new(p, ch)'s state by guard_reset, or a new one. A
+ * request's guard is made per answer and channel; reuse skips guard_new's allocations and
+ * the zeroing of the 8-gram table. Never NULL. */
+guard *worker_guard_get(lg_worker *w, const guard_params *p, lg_channel ch);
+/* Takes back a guard from worker_guard_get (NULL: nothing): reset and kept, or freed when
+ * enough are kept. Its verdict's strings die here. */
+void worker_guard_put(lg_worker *w, guard *g);
 /* `url` parsed as libcurl parses CURLOPT_URL, for CURLOPT_CURLU (which overrides
  * CURLOPT_URL): parsed once and kept by the worker for its lifetime, so that a transfer
  * skips libcurl's parse of the URL and the normalised copy it prints of it (about 12,000
