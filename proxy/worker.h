@@ -159,6 +159,7 @@ struct lg_worker {
     struct lg_detached *detached;   /* pending fire-and-forget transfers */
     CURL *spare[WORKER_SPARE_EASY]; /* easy handles kept for the next transfers */
     size_t n_spare;
+    lg_buf ended; /* lg_conn_ended records: connections whose request ended since the tick */
     struct lg_url {
         char *url;
         CURLU *parsed;
