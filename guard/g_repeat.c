@@ -413,6 +413,23 @@ static void repeat_release(guard *g)
     free(g->gtab);
 }
 
+/* The table of a reset guard, zeroed. A text still whole in the history and shorter than
+ * the table wrote at most the slots of its own 8-grams (the gram starts at 0, as here), so
+ * clearing those is zeroing it: a 2-token answer clears a dozen slots of 2,048. */
+static void repeat_reset(guard *g, const guard *old)
+{
+    g->gtab = old->gtab;
+    if (old->base != 0 || old->blen > ((size_t)1 << GUARD_GTAB_BITS) / 4) {
+        memset(g->gtab, 0, ((size_t)1 << GUARD_GTAB_BITS) * sizeof(*g->gtab));
+        return;
+    }
+    uint64_t gram = 0;
+    for (size_t i = 0; i < old->blen; i++) {
+        gram = gram << 8 | old->buf[i];
+        g->gtab[guard_gram_slot(gram)] = 0;
+    }
+}
+
 /* The bytes from the start of the longest live candidate's run: a loop's second copy is
  * held from the moment its period is seen. */
 static size_t repeat_suspect(const guard *g)
@@ -433,6 +450,7 @@ const guard_detector guard_det_repeat = {
     .on = repeat_on,
     .init = repeat_init,
     .release = repeat_release,
+    .reset = repeat_reset,
     .pass = repeat_pass,
     .suspect = repeat_suspect,
 };

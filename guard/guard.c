@@ -52,6 +52,29 @@ void *guard_xcalloc(size_t n, size_t sz)
     return p;
 }
 
+/* Turns on the detectors p configures, in table order: each takes over its part of `old`
+ * (a copy of the guard being reset, NULL for a new one) when it was on there and can, or is
+ * set up anew; what old's other detectors hold is released. */
+static void setup_detectors(guard *g, guard *old)
+{
+    unsigned kept = 0;
+    for (size_t k = 0; k < NDET; k++) {
+        const guard_detector *d = detectors[k];
+        if (d->on && !d->on(g->p)) continue;
+        g->on |= 1u << k;
+        g->det[g->ndet++] = d;
+        if (d->suspect) g->sus[g->nsus++] = d;
+        if (old && d->reset && (old->on & 1u << k)) {
+            d->reset(g, old);
+            kept |= 1u << k;
+        } else if (d->init) {
+            d->init(g);
+        }
+    }
+    for (size_t k = 0; old && k < NDET; k++)
+        if ((old->on & ~kept & 1u << k) && detectors[k]->release) detectors[k]->release(old);
+}
+
 guard *guard_new(const guard_params *p, lg_channel ch)
 {
     guard *g = guard_xcalloc(1, sizeof(*g));
@@ -60,15 +83,39 @@ guard *guard_new(const guard_params *p, lg_channel ch)
     g->bcap = GUARD_BUF_FIRST;
     g->buf = malloc(g->bcap); /* only bytes already fed are ever read */
     if (!g->buf) abort();
-    for (size_t k = 0; k < NDET; k++) {
-        const guard_detector *d = detectors[k];
-        if (d->on && !d->on(p)) continue;
-        g->on |= 1u << k;
-        g->det[g->ndet++] = d;
-        if (d->suspect) g->sus[g->nsus++] = d;
-        if (d->init) d->init(g);
-    }
+    setup_detectors(g, NULL);
     return g;
+}
+
+/* Buffers a reset guard keeps up to this size (history, prompt): a spare guard stays small
+ * and a long answer's 16 KiB history goes back to the allocator. */
+#define GUARD_KEEP_MAX 4096
+
+void guard_reset(guard *g, const guard_params *p, lg_channel ch)
+{
+    guard old = *g;
+    memset(g, 0, sizeof(*g));
+    g->p = p;
+    g->ch = ch;
+    /* A history of another capacity grows and slides at the same offsets (make_room): it
+     * slides only once full at GUARD_BUF, whatever size it started from. */
+    if (old.bcap <= GUARD_KEEP_MAX) {
+        g->buf = old.buf;
+        g->bcap = old.bcap;
+    } else {
+        free(old.buf);
+        g->bcap = GUARD_BUF_FIRST;
+        g->buf = malloc(g->bcap);
+        if (!g->buf) abort();
+    }
+    if (old.prompt_cap <= GUARD_KEEP_MAX) {
+        g->prompt = old.prompt;
+        g->prompt_cap = old.prompt_cap;
+    } else {
+        guard_prompt_release(&old);
+    }
+    g->unit = old.unit;
+    setup_detectors(g, &old);
 }
 
 void guard_free(guard *g)
@@ -277,6 +324,16 @@ const guard_verdict *guard_get_verdict(const guard *g)
 uint64_t guard_bytes(const guard *g)
 {
     return g->fed;
+}
+
+const guard_params *guard_params_of(const guard *g)
+{
+    return g->p;
+}
+
+lg_channel guard_channel(const guard *g)
+{
+    return g->ch;
 }
 
 /* ---- holdback ---------------------------------------------------------------------- */

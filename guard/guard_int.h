@@ -250,20 +250,20 @@ struct guard {
     uint64_t base;
     size_t blen, bcap; /* bytes held, bytes allocated (GUARD_BUF_FIRST .. GUARD_BUF) */
 
-    /* repeat (g_repeat.c) */
-    uint64_t gram;
-    uint16_t *gtab; /* 8-gram hash -> low 16 bits of the offset + 1 of its last byte; a
-                       stale or colliding entry is caught by the run measurement */
-    gcand cand[GUARD_NCAND];
-    unsigned ncand;
+    /* From the history above to the repeat detector's candidates below: the fields a token
+     * reads (guard.c, then the detectors that read every byte), together. With many streams
+     * each token finds its guard cold; they take its first 6 cache lines of 64 bytes, where
+     * they were spread over 9. */
 
-    /* repeat (g_repeat.c): Markdown code fences (``` or ~~~ at the head of a line, ≤ 3
-     * spaces in). */
-    unsigned fstate; /* 0 leading spaces, 1 in a fence run, 2 rest of line */
-    unsigned fcol, frun;
-    unsigned char fch, open_ch;
-    unsigned open_len;
-    bool in_fence;
+    /* The detectors that are on with a suspect hook, in table order, and which are on
+     * (guard.c; the list of those on is at the end). */
+    const struct guard_detector *sus[GUARD_MAX_DETECTORS];
+    unsigned nsus;
+    unsigned on; /* bit k: guard.c's table entry k is on (its short path reads it) */
+
+    /* leak (g_leak.c); its tables are the params' */
+    bool leaks_off;      /* guard_disable_leaks */
+    uint64_t leak_start; /* offset + 1 of the last byte that can start a token */
 
     /* g_text.c: the current segment (line or sentence) and its words. */
     uint64_t seg_hash, seg_start;
@@ -282,6 +282,21 @@ struct guard {
     uint32_t cp;       /* code point being decoded */
     unsigned cp_need;  /* continuation bytes still expected */
     uint64_t cp_start; /* offset of its first byte */
+
+    /* repeat (g_repeat.c) */
+    uint64_t gram;
+    uint16_t *gtab; /* 8-gram hash -> low 16 bits of the offset + 1 of its last byte; a
+                       stale or colliding entry is caught by the run measurement */
+    unsigned ncand;
+
+    /* repeat (g_repeat.c): Markdown code fences (``` or ~~~ at the head of a line, ≤ 3
+     * spaces in). */
+    unsigned fstate; /* 0 leading spaces, 1 in a fence run, 2 rest of line */
+    unsigned fcol, frun;
+    unsigned char fch, open_ch;
+    unsigned open_len;
+    bool in_fence;
+    gcand cand[GUARD_NCAND]; /* the live candidates, ncand of them */
 
     /* lines (g_lines.c): allocated at the first segment */
     gseg *segs;
@@ -341,10 +356,6 @@ struct guard {
      * is why it lives behind a pointer: the suspect query takes a const guard. */
     uint64_t *rule_from;
 
-    /* leak (g_leak.c); its tables are the params' */
-    bool leaks_off;      /* guard_disable_leaks */
-    uint64_t leak_start; /* offset + 1 of the last byte that can start a token */
-
     /* The request's prompt (g_prompt.c): the last bytes of its text, and the largest count
      * of copies it asks for. */
     char *prompt;
@@ -357,11 +368,9 @@ struct guard {
     unsigned prompt_nof;
     uint32_t prompt_number; /* the largest number in the prompt (g_count.c's slack) */
 
-    /* The detectors that are on, in table order, and those of them with a suspect hook
-     * (guard.c). */
-    const struct guard_detector *det[GUARD_MAX_DETECTORS], *sus[GUARD_MAX_DETECTORS];
-    unsigned ndet, nsus;
-    unsigned on; /* bit k: guard.c's table entry k is on (its short path reads it) */
+    /* The detectors that are on, in table order (guard.c: feed_piece, finish, free). */
+    const struct guard_detector *det[GUARD_MAX_DETECTORS];
+    unsigned ndet;
 
     /* The verdict (guard.c); unit is allocated when it trips. */
     guard_verdict v;
@@ -381,6 +390,9 @@ struct guard {
  *              detector that is off is never called again for that guard (NULL: always on).
  *   init     — sets up the detector's part of a new guard (called by guard_new, on or off).
  *   release  — frees what init allocated (guard_free).
+ *   reset    — sets up its part of a guard being reset (guard_reset) from `old`, a copy of
+ *              that guard in which it was on, taking over what old's init allocated; the
+ *              result must be what init makes (NULL: old's part is released, init runs).
  *   pass     — judges the piece's bytes [fed0, fed0 + lim) (all in the history) and returns
  *              the index of the byte it trips at, or lim. A later detector is only shown the
  *              bytes before an earlier one's trip, so the verdict is that of consulting the
@@ -395,6 +407,7 @@ typedef struct guard_detector {
     bool (*on)(const guard_params *p);
     void (*init)(guard *g);
     void (*release)(guard *g);
+    void (*reset)(guard *g, const guard *old);
     size_t (*pass)(guard *g, size_t lim, uint64_t fed0);
     bool (*finish)(guard *g);
     size_t (*suspect)(const guard *g);

@@ -537,7 +537,7 @@ static void gen_destroy(exchange *ex)
     for (size_t i = 0; i < g->n_samples; i++) {
         sample *s = &g->samples[i];
         free(s->rid);
-        guard_free(s->ch.g);
+        worker_guard_put(ex->base.w, s->ch.g);
         lg_buf_free(&s->ch.held);
         lg_buf_free(&s->sent);
         lg_buf_free(&s->up_text);

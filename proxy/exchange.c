@@ -179,7 +179,7 @@ static void attempt_reset(exchange *ex)
     sse_parser_free(ex->at.sse);
     think_free(ex->at.think);
     for (int c = 0; c < LG_CH_COUNT; c++) {
-        guard_free(ex->at.ch[c].g);
+        worker_guard_put(ex->base.w, ex->at.ch[c].g);
         lg_buf_free(&ex->at.ch[c].held);
     }
     http_head_clear(&ex->at.head);

@@ -149,7 +149,7 @@ static guard *channel_guard(exchange *ex, lg_channel ch)
     if (c->g || !ex->at.guarded) return c->g;
     const guard_params *gp = config_guard_params(cfg_of(ex), ex->rule, ch);
     if (!gp || !guard_params_enabled(gp)) return NULL;
-    c->g = guard_new(gp, ch);
+    c->g = worker_guard_get(ex->base.w, gp, ch);
     guard_set_prompt_json(c->g, ex->req.root); /* what the request asks for earns slack */
     if (!ex->api->templated) guard_disable_leaks(c->g);
     return c->g;

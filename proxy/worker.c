@@ -778,6 +778,27 @@ void worker_easy_put(lg_worker *w, CURL *easy)
         curl_easy_cleanup(easy);
 }
 
+/* A spare is reset when it comes back, while its params are surely alive, so that it keeps
+ * only what guard_reset keeps; one for the same params and channel is ready as it is. */
+guard *worker_guard_get(lg_worker *w, const guard_params *p, lg_channel ch)
+{
+    if (!w->n_spare_guards) return guard_new(p, ch);
+    guard *g = w->spare_guards[--w->n_spare_guards];
+    if (guard_channel(g) != ch || guard_params_of(g) != p) guard_reset(g, p, ch);
+    return g;
+}
+
+void worker_guard_put(lg_worker *w, guard *g)
+{
+    if (!g) return;
+    if (w->n_spare_guards == WORKER_SPARE_GUARDS) {
+        guard_free(g);
+        return;
+    }
+    guard_reset(g, guard_params_of(g), guard_channel(g));
+    w->spare_guards[w->n_spare_guards++] = g;
+}
+
 /* libcurl 7.88 parses CURLOPT_URL with these flags (url.c, parseurlandfillconn) when the
  * transfer sets neither CURLOPT_PATH_AS_IS nor CURLOPT_DISALLOW_USERNAME_IN_URL, as the
  * exchange's do not; a URL handle parsed with them holds what libcurl would parse. libcurl
@@ -1027,6 +1048,14 @@ static void *worker_main(void *arg)
             break;
         }
         w->now_ns = lg_now_ns();
+        /* Parked sockets that reported anything are unparked before any event of the batch
+         * runs libcurl (events run libcurl's "now" action too, see below): a parked
+         * socket's read checks are answered from its being parked (curl_aware_poll), which
+         * must mean that this epoll_wait reported nothing for it. Tag 0 is no event. */
+        for (int i = 0; i < n; i++)
+            if ((unsigned)(evs[i].data.u64 >> 56) == TAG_CURL_SOCK &&
+                curl_unpark(w, (int)(uint32_t)evs[i].data.u64))
+                evs[i].data.u64 = 0;
         for (int i = 0; i < n; i++) {
             uint64_t d = evs[i].data.u64;
             unsigned tag = (unsigned)(d >> 56);
@@ -1049,7 +1078,7 @@ static void *worker_main(void *arg)
                     perror("loopguard: eventfd read");
                 break;
             case TAG_CURL_SOCK: {
-                if (curl_unpark(w, fd)) break;
+                if (curl_unpark(w, fd)) break; /* parked since the batch began */
                 int flags = (evs[i].events & EPOLLIN ? CURL_CSELECT_IN : 0) |
                             (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
                             (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
@@ -1230,6 +1259,8 @@ void worker_free(lg_worker *w)
         detached_free(w->detached);
     while (w->n_spare)
         curl_easy_cleanup(w->spare[--w->n_spare]);
+    while (w->n_spare_guards)
+        guard_free(w->spare_guards[--w->n_spare_guards]);
     while (w->n_urls) {
         struct lg_url *u = &w->urls[--w->n_urls];
         curl_url_cleanup(u->parsed);

@@ -21,7 +21,8 @@
  * delayed each token to the end of the loop iteration. So once the content reader is
  * asked for body data (libmicrohttpd has then sent everything before it), the request's
  * output is written straight to the socket as HTTP/1.1 chunks (worker_go_direct,
- * worker_output, worker_write_chunk) until it is resumed; a chunk the socket takes only in
+ * worker_output, worker_write_chunk) until it is resumed (what it queued before the resume,
+ * a stream's last events, still goes out so); a chunk the socket takes only in
  * part is finished from the worker's EPOLLOUT before libmicrohttpd may write again; a tail
  * that does not move for client_timeout_s ends the request as a hang-up, as
  * libmicrohttpd's own timeout would.
@@ -57,6 +58,9 @@ typedef struct lg_pool lg_pool;
 
 /* libcurl easy handles a worker keeps for reuse (worker_easy_get). */
 #define WORKER_SPARE_EASY 64
+
+/* Guards a worker keeps for reuse (worker_guard_get). */
+#define WORKER_SPARE_GUARDS 16
 
 /* Parsed upstream URLs a worker keeps (worker_upstream_url): replicas times API paths. */
 #define WORKER_URLS 32
@@ -159,6 +163,8 @@ struct lg_worker {
     struct lg_detached *detached;   /* pending fire-and-forget transfers */
     CURL *spare[WORKER_SPARE_EASY]; /* easy handles kept for the next transfers */
     size_t n_spare;
+    guard *spare_guards[WORKER_SPARE_GUARDS]; /* reset, each for its own params and channel */
+    size_t n_spare_guards;
     lg_buf ended; /* lg_conn_ended records: connections whose request ended since the tick */
     struct lg_url {
         char *url;
@@ -230,7 +236,8 @@ void worker_free(lg_worker *w);
 /* Request plumbing for relay.c, exchange.c and admin.c; owning thread only. */
 void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops, struct MHD_Connection *conn);
 void worker_suspend(lg_req *r);
-/* Resumes the MHD connection (direct writes end; when a tail is pending, once it is sent). */
+/* Resumes the MHD connection (direct writes end; output queued for a direct write is
+ * written first, and a pending tail sent first). */
 void worker_resume(lg_req *r);
 /* From the content reader, which then returns 0: suspends the connection and arms direct
  * writes. libmicrohttpd asks for body data only with its write buffer empty (after it sent
@@ -259,6 +266,14 @@ CURL *worker_easy_get(lg_worker *w);
 /* Takes back a handle from worker_easy_get that is not on the multi handle (removed, or
  * never added): kept for the next transfer, or cleaned up when enough are kept. */
 void worker_easy_put(lg_worker *w, CURL *easy);
+/* A guard for channel ch under params p (which live as long as the configuration): a kept
+ * one when there is, returned to guard_new(p, ch)'s state by guard_reset, or a new one. A
+ * request's guard is made per answer and channel; reuse skips guard_new's allocations and
+ * the zeroing of the 8-gram table. Never NULL. */
+guard *worker_guard_get(lg_worker *w, const guard_params *p, lg_channel ch);
+/* Takes back a guard from worker_guard_get (NULL: nothing): reset and kept, or freed when
+ * enough are kept. Its verdict's strings die here. */
+void worker_guard_put(lg_worker *w, guard *g);
 /* `url` parsed as libcurl parses CURLOPT_URL, for CURLOPT_CURLU (which overrides
  * CURLOPT_URL): parsed once and kept by the worker for its lifetime, so that a transfer
  * skips libcurl's parse of the URL and the normalised copy it prints of it (about 12,000

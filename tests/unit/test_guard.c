@@ -1583,6 +1583,92 @@ static void test_chunking_invariance(void **state)
         guard_params_free(p[ch]);
 }
 
+/* Feeds `s` to g in chunks from a generator seeded with `seed`, after `prompt` (NULL: none),
+ * recording what each call returns and the holdback after it; then finishes it and asks
+ * for an empty answer after 5,000 bytes of reasoning. */
+typedef struct trace {
+    unsigned n;
+    size_t out[4096];
+} trace;
+
+static result run_traced(guard *g, const char *prompt, bool leaks_off, const char *s, size_t n,
+                         unsigned long long seed, trace *tr)
+{
+    if (prompt) guard_set_prompt(g, prompt, strlen(prompt));
+    if (leaks_off) guard_disable_leaks(g);
+    unsigned long long saved = rng_state;
+    rng_state = seed;
+    tr->n = 0;
+    const unsigned maxchunk = seed % 3 == 0 ? 1 : seed % 3 == 1 ? 8 : 64;
+    for (size_t off = 0; off < n;) {
+        size_t k = 1 + rnd(maxchunk);
+        if (k > n - off) k = n - off;
+        size_t r = guard_feed(g, s + off, k) ? 1 : 0;
+        if (tr->n + 2 <= 4096) {
+            tr->out[tr->n++] = r;
+            tr->out[tr->n++] = guard_suspect(g);
+        }
+        off += k;
+    }
+    rng_state = saved;
+    if (tr->n < 4096) tr->out[tr->n++] = guard_finish(g);
+    if (tr->n < 4096) tr->out[tr->n++] = guard_report_empty_answer(g, 5000);
+    return snapshot(g);
+}
+
+/* guard_reset's contract: a guard reset after any use behaves byte for byte as a new one
+ * given the same calls (feeds and their chunking, prompt, leaks off, finish), whatever it
+ * read before, tripped or not, under other params or another channel, with a history that
+ * slid or a text short enough that the 8-gram table is cleared slot by slot. */
+static void test_reset(void **state)
+{
+    (void)state;
+    guard_params *p[LG_CH_COUNT], *ruled = guard_params_new(LG_CH_CONTENT);
+    cJSON *rules = cJSON_Parse("{\"rules\":[{\"name\":\"x\",\"pattern\":\"x x x\"}]}");
+    char err[256];
+    assert_int_equal(guard_params_apply_json(ruled, rules, "guard.x", err, sizeof(err)), 0);
+    cJSON_Delete(rules);
+    for (int ch = 0; ch < LG_CH_COUNT; ch++)
+        p[ch] = guard_params_new((lg_channel)ch);
+    static trace fresh_tr, reset_tr;
+    guard *used = guard_new(ruled, LG_CH_CONTENT);
+    unsigned trips = 0;
+    for (unsigned k = 0; k < 300; k++) {
+        text before = {0}, t = {0};
+        random_text(&before, k * 7 + 3);
+        random_text(&t, k);
+        if (k % 5 == 0) t.n = t.n > 12 ? 12 : t.n, t.s[t.n] = 0; /* a 2-token answer */
+        if (k % 5 < 2) before.n = before.n > 20 ? 20 : before.n; /* the table cleared by slot */
+        lg_channel ch = (lg_channel)(k % LG_CH_COUNT);
+        const guard_params *gp = k % 4 == 1 ? ruled : p[ch];
+        const char *prompt = k % 3 == 0 ? "Repeat the word lambda 20 times." : NULL;
+        bool leaks_off = k % 6 == 2;
+        /* The used guard, which read the last text, reads another with a prompt. */
+        guard_set_prompt(used, before.s, before.n);
+        guard_feed(used, before.s, before.n);
+        guard_finish(used);
+        guard_reset(used, gp, ch);
+        guard *fresh = guard_new(gp, ch);
+        unsigned long long seed = 0x9E3779B97F4A7C15ull * (k + 1);
+        result a = run_traced(fresh, prompt, leaks_off, t.s, t.n, seed, &fresh_tr);
+        result b = run_traced(used, prompt, leaks_off, t.s, t.n, seed, &reset_tr);
+        assert_same(&a, &b);
+        assert_int_equal(fresh_tr.n, reset_tr.n);
+        assert_memory_equal(fresh_tr.out, reset_tr.out, fresh_tr.n * sizeof(fresh_tr.out[0]));
+        assert_int_equal(guard_bytes(fresh), guard_bytes(used));
+        trips += a.tripped;
+        guard_free(fresh);
+        free(before.s);
+        free(t.s);
+    }
+    assert_true(trips > 30);
+    assert_true(trips < 270);
+    guard_free(used);
+    guard_params_free(ruled);
+    for (int ch = 0; ch < LG_CH_COUNT; ch++)
+        guard_params_free(p[ch]);
+}
+
 /* The guard reads a chunk detector by detector; a repeat inside a fence that closes later
  * in the same chunk must still be judged with the fence open, as byte by byte. (The text
  * stays under 1 KiB, the guard's first history, so that it is one piece.) */
@@ -1863,6 +1949,7 @@ int main(void)
         cmocka_unit_test(test_traps),
         cmocka_unit_test(test_loops),
         cmocka_unit_test(test_chunking_invariance),
+        cmocka_unit_test(test_reset),
         cmocka_unit_test(test_suspect),
         cmocka_unit_test(test_leak),
         cmocka_unit_test(test_rules),
