@@ -233,15 +233,21 @@ static bool skip_value(scan *c, int depth);
 /* Calls member(c, key, ud) for each key of an object; the callback consumes the value. */
 typedef bool (*member_fn)(scan *c, str key, void *ud, int depth);
 
-static bool object(scan *c, member_fn member, void *ud, int depth)
+/* An object's members from the first key on (its '{' read, not empty), and its '}'. */
+static bool members(scan *c, member_fn member, void *ud, int depth)
 {
-    if (depth > MAX_DEPTH || !eat(c, '{')) return false;
-    if (eat(c, '}')) return true;
     do {
         str key;
         if (!string(c, &key) || !eat(c, ':') || !member(c, key, ud, depth + 1)) return false;
     } while (eat(c, ','));
     return eat(c, '}');
+}
+
+static bool object(scan *c, member_fn member, void *ud, int depth)
+{
+    if (depth > MAX_DEPTH || !eat(c, '{')) return false;
+    if (eat(c, '}')) return true;
+    return members(c, member, ud, depth);
 }
 
 static bool skip_member(scan *c, str key, void *ud, int depth)
@@ -297,6 +303,15 @@ typedef struct view {
     bool choices_seen;
     size_t n_choices; /* 0 or 1 */
     bool usage;       /* a usage object (accepted only without choices) */
+    /* Where the top-level key "choices" began (its quote; NULL: not seen, or escaped) and
+     * the view as it was there: what a walk resumed at that byte starts from. */
+    const char *lead_end;
+    struct lead_view {
+        str id, model;
+        long long created;
+        bool has_created, usage;
+        unsigned seen;
+    } lead;
 } view;
 
 enum {
@@ -400,6 +415,11 @@ static bool top_member(scan *c, str key, void *ud, int depth)
     if (key_is(key, "model")) return once(v, K_MODEL) && meta_string(c, &v->model, depth);
     if (key_is(key, "created")) return once(v, K_CREATED) && created(c, v, depth);
     if (key_is(key, "choices")) {
+        if (!v->choices_seen && key.s > c->end - c->chunk_len && key.s < c->end) {
+            v->lead_end = key.s - 1;
+            v->lead =
+                (struct lead_view){v->id, v->model, v->created, v->has_created, v->usage, v->seen};
+        }
         if (v->choices_seen || !eat(c, '[')) return false;
         v->choices_seen = true;
         if (eat(c, ']')) return true; /* none: a usage chunk */
@@ -450,11 +470,74 @@ static void fill_meta(dl_delta *out, const view *v, chunkscan_state *st)
 /* The whole walk. On acceptance with exactly one text key holding text and no
  * finish_reason, the chunk's bytes around that value become st's frame (a framed reading
  * reports texts only). */
+static bool accept(const char *data, size_t len, chunkscan_state *st, dl_delta *out, scan c,
+                   const view *vp);
+
+/* A string of the lead's bytes as an offset, or false when it lies elsewhere (decoded into
+ * scratch): such a lead is not kept. */
+static bool lead_at(const str *s, const char *data, size_t lead_len, size_t *at)
+{
+    *at = 0;
+    if (!s->n) return true;
+    if (s->s < data || s->s + s->n > data + lead_len) return false;
+    *at = (size_t)(s->s - data);
+    return true;
+}
+
+/* Keeps the bytes before v's "choices" key and the view there as st's lead. */
+static void keep_lead(const char *data, const view *v, chunkscan_state *st)
+{
+    lg_buf_reset(&st->lead);
+    if (!v->lead_end) return;
+    size_t n = (size_t)(v->lead_end - data);
+    struct chunkscan_lead *l = &st->lead_view;
+    if (!lead_at(&v->lead.id, data, n, &l->id_at) ||
+        !lead_at(&v->lead.model, data, n, &l->model_at))
+        return;
+    l->id_n = v->lead.id.n;
+    l->model_n = v->lead.model.n;
+    l->created = v->lead.created;
+    l->has_created = v->lead.has_created;
+    l->usage = v->lead.usage;
+    l->seen = v->lead.seen;
+    lg_buf_append(&st->lead, data, n);
+}
+
+/* The walk resumed after st's lead, for a chunk that starts with the lead's bytes: the
+ * walk over them would take the same steps and reach the same view. */
+static bool resumed(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
+{
+    size_t n = st->lead.len;
+    if (!n || len <= n || memcmp(data, st->lead.p, n) != 0) return false;
+    const struct chunkscan_lead *l = &st->lead_view;
+    scan c = {data + n, data + len, &st->scratch, len};
+    view v = {0};
+    v.id = (str){l->id_n ? data + l->id_at : NULL, l->id_n, false};
+    v.model = (str){l->model_n ? data + l->model_at : NULL, l->model_n, false};
+    v.created = l->created;
+    v.has_created = l->has_created;
+    v.usage = l->usage;
+    v.seen = l->seen;
+    if (!members(&c, top_member, &v, 0)) return false;
+    return accept(data, len, st, out, c, &v);
+}
+
 static bool scan_chunk(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
 {
     scan c = {data, data + len, &st->scratch, len};
     view v = {0};
     if (!object(&c, top_member, &v, 0)) return false;
+    if (!accept(data, len, st, out, c, &v)) return false;
+    keep_lead(data, &v, st);
+    return true;
+}
+
+/* The end of a walk that read the top-level object: the rest of the chunk, and whether
+ * the view is a shape this scanner takes. */
+static bool accept(const char *data, size_t len, chunkscan_state *st, dl_delta *out, scan c,
+                   const view *vp)
+{
+    const view v = *vp;
     ws(&c);
     if (c.p != c.end || !v.choices_seen) return false;
     if (!v.n_choices) { /* no choice (the usage chunk): only its identity is read */
@@ -510,7 +593,9 @@ bool chunkscan(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
     memset(out, 0, sizeof *out);
     lg_buf_reset(&st->scratch);
     if (framed(data, len, st, out)) return true;
-    lg_buf_reset(&st->scratch); /* framed and scan_chunk write *out only when they accept */
+    lg_buf_reset(&st->scratch); /* each reading writes *out only when it accepts */
+    if (resumed(data, len, st, out)) return true;
+    lg_buf_reset(&st->scratch);
     return scan_chunk(data, len, st, out);
 }
 
@@ -519,5 +604,6 @@ void chunkscan_free(chunkscan_state *st)
     lg_buf_free(&st->scratch);
     lg_buf_free(&st->frame);
     lg_buf_free(&st->meta);
+    lg_buf_free(&st->lead);
     memset(st, 0, sizeof *st);
 }

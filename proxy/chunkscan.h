@@ -40,11 +40,25 @@ typedef struct chunkscan_state {
     int field;                         /* 0: no frame; else which key holds the text (1 content, 2
                        reasoning_content, 3 reasoning) */
     bool role;                         /* the framed chunk had a role */
+    /* The lead: the last walk's bytes before its top-level "choices" key, and what the walk
+     * had read by then (id and model as offsets into those bytes). A chunk that starts with
+     * the same bytes — a stream's chunks share id, object, created and model — resumes the
+     * walk at that key: the first text, the last and the usage chunk skip a third of it. */
+    lg_buf lead;
+    struct chunkscan_lead {
+        size_t id_at, id_n, model_at, model_n;
+        long long created;
+        bool has_created, usage;
+        unsigned seen;
+    } lead_view;
 } chunkscan_state;
 
 #define CHUNKSCAN_INIT                                                                             \
     {                                                                                              \
-        LG_BUF_INIT, LG_BUF_INIT, LG_BUF_INIT, {0}, 0, 0, false                                    \
+        LG_BUF_INIT, LG_BUF_INIT, LG_BUF_INIT, {0}, 0, 0, false, LG_BUF_INIT,                      \
+        {                                                                                          \
+            0                                                                                      \
+        }                                                                                          \
     }
 
 /* Scans data[0..len). On true, *out describes the chunk (kind DL_CHUNK, root NULL, no

@@ -399,6 +399,19 @@ static void send_tail(lg_worker *w, lg_req *r)
     }
 }
 
+/* A keep-alive connection whose request ended, as the fd map knew it (see idle_pools). */
+typedef struct lg_conn_ended {
+    int fd;
+    uint32_t gen;
+} lg_conn_ended;
+
+static void note_ended(lg_worker *w, const lg_req *r)
+{
+    if (!w->fdmap[r->client_fd].pool) return;
+    lg_conn_ended e = {r->client_fd, r->gen};
+    lg_buf_append(&w->ended, (const char *)&e, sizeof e);
+}
+
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
@@ -410,8 +423,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     *con_cls = NULL;
     if (lg_fifo_len(&r->tail))
         unwatch_client(w, r); /* watched for EPOLLOUT too: the next request starts afresh */
-    else if (watched(r))
+    else if (watched(r)) {
         w->fdmap[r->client_fd].req = NULL; /* the watch stays for the next request */
+        note_ended(w, r);
+    }
     r->retired = true;
     r->suspended = false;
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !r->client_gone) {
@@ -955,6 +970,23 @@ static void release_waiting_pool(lg_worker *w, lg_req *r)
     s->pool = NULL; /* once a request: the stream's own buffer is learned when it goes direct */
 }
 
+/* Between two requests a keep-alive connection holds its pool zeroed whole, for as long as
+ * its client waits (an SDK's pool of idle connections: seconds to minutes). At the tick
+ * after a request ended, a connection that is still open (its fd slot unchanged: a close
+ * forgets it, see on_connection) and has no new request gives back the zero pages of its
+ * last direct stream's buffer, as release_waiting_pool does. */
+static void idle_pools(lg_worker *w)
+{
+    const lg_conn_ended *e = (const lg_conn_ended *)w->ended.p;
+    for (size_t i = 0; i < w->ended.len / sizeof *e; i++) {
+        lg_fdslot *s = &w->fdmap[e[i].fd];
+        if (!s->conn || s->gen != e[i].gen || s->req || !s->pool) continue;
+        release_zero_pages(s->pool, s->pool_len);
+        s->pool = NULL;
+    }
+    lg_buf_reset(&w->ended);
+}
+
 static void tick_all(lg_worker *w)
 {
     uint64_t stuck = (uint64_t)w->srv->cfg->client_timeout_s * 1000000000ull;
@@ -968,6 +1000,7 @@ static void tick_all(lg_worker *w)
         if (!r->retired) release_waiting_pool(w, r);
         r = next;
     }
+    idle_pools(w);
 }
 
 static void shutdown_all(lg_worker *w)
@@ -1239,6 +1272,7 @@ void worker_free(lg_worker *w)
     if (w->wake_fd >= 0) close(w->wake_fd);
     metrics_free(w->metrics);
     free(w->unwatched);
+    lg_buf_free(&w->ended);
     free(w->fdmap);
     free(w->curl_fds);
     free(w);

@@ -165,6 +165,7 @@ struct lg_worker {
     size_t n_spare;
     guard *spare_guards[WORKER_SPARE_GUARDS]; /* reset, each for its own params and channel */
     size_t n_spare_guards;
+    lg_buf ended; /* lg_conn_ended records: connections whose request ended since the tick */
     struct lg_url {
         char *url;
         CURLU *parsed;

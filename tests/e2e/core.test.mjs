@@ -542,11 +542,12 @@ describe('chat relay behaviour', () => {
     let fake, lg;
     usePair({ fake: { kind: 'sglang' } }, (f, l) => ([fake, lg] = [f, l]));
 
-    // While a request waits for its first event, loopguard gives back the pages of its
-    // connection's buffer that libmicrohttpd left zeroed; the head in that buffer must
-    // survive. Three requests on one connection, each with a 6 KB header, each waiting
-    // 600 ms for the upstream twice: its first attempt loops, and the retry, sent after the
-    // wait, must carry the client's header intact.
+    // While a connection is idle between requests, and while a request waits for its first
+    // event, loopguard gives back the pages of its connection's buffer that libmicrohttpd
+    // left zeroed; the head in that buffer must survive. Three requests on one connection,
+    // 600 ms apart, each with a 6 KB header, each waiting 600 ms for the upstream twice:
+    // its first attempt loops, and the retry, sent after the wait, must carry the client's
+    // header intact.
     it('requests that wait for their first event on a keep-alive connection keep their head', T, async () => {
         await fake.setScenario({
             first_byte_ms: 600,
@@ -558,6 +559,7 @@ describe('chat relay behaviour', () => {
         sock.setEncoding('latin1');
         sock.on('data', (d) => (got += d));
         for (let i = 0; i < 3; i++) {
+            if (i) await sleep(600);
             const pad = `${i}:` + 'abcdefghij'.repeat(600);
             const body = JSON.stringify({ messages: MSG, stream: true, max_tokens: 400 });
             sock.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Test-Pad: ${pad}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`);

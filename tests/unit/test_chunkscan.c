@@ -44,13 +44,16 @@ static void assert_same_meta(const dl_delta *a, const dl_delta *b)
     if (a->has_created) assert_true(a->created == b->created);
 }
 
+static unsigned resumed_walks; /* chunks read after a lead of their own bytes (agrees) */
+
 /* Returns whether chunkscan accepted `json`; when it did, asserts that every field the
  * exchange reads equals dl_parse's view of the same bytes. A state framed by `primer`
- * must give the same answer as the fresh one. */
+ * must give the same answer as the fresh one, and so must a state whose lead (the bytes
+ * before "choices") is json's own, with its frame dropped: id, model and created too. */
 static bool agrees(const char *json)
 {
-    chunkscan_state fresh = CHUNKSCAN_INIT, primed = CHUNKSCAN_INIT;
-    dl_delta fast, full, framed;
+    chunkscan_state fresh = CHUNKSCAN_INIT, primed = CHUNKSCAN_INIT, self = CHUNKSCAN_INIT;
+    dl_delta fast, full, framed, again;
     bool ok = chunkscan(json, strlen(json), &fresh, &fast);
     dl_parse(json, strlen(json), &full);
     if (ok) {
@@ -66,9 +69,18 @@ static bool agrees(const char *json)
     assert_int_equal(primed.field, 1);
     assert_int_equal(chunkscan(json, strlen(json), &primed, &framed), ok);
     if (ok) assert_same_delta(&framed, &fast);
+    if (ok) {
+        assert_true(chunkscan(json, strlen(json), &self, &again));
+        self.field = 0;
+        resumed_walks += self.lead.len > 0;
+        assert_true(chunkscan(json, strlen(json), &self, &again));
+        assert_same_delta(&again, &fast);
+        assert_same_meta(&again, &fast);
+    }
     dl_delta_clear(&full);
     chunkscan_free(&fresh);
     chunkscan_free(&primed);
+    chunkscan_free(&self);
     return ok;
 }
 
@@ -274,6 +286,7 @@ static void test_mutations_agree(void **state)
         accepted += agrees(buf);
     }
     assert_true(accepted > 0);
+    assert_true(resumed_walks > 0);
 }
 
 int main(void)
