@@ -252,15 +252,24 @@ static void watch_writable(lg_req *r, bool on)
                  ev_pack(TAG_CLIENT, r->gen, r->client_fd));
 }
 
+/* The whole pages inside buf[0..n): [*lo, *hi), empty when *hi <= *lo. Returns the page
+ * size. */
+static size_t whole_pages(const char *buf, size_t n, uintptr_t *lo, uintptr_t *hi)
+{
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    *lo = ((uintptr_t)buf + page - 1) & ~(uintptr_t)(page - 1);
+    *hi = ((uintptr_t)buf + n) & ~(uintptr_t)(page - 1);
+    return page;
+}
+
 /* The whole pages of buf[0..n) go back to the kernel: a stream's connection pool is
  * mostly this buffer (max_header_bytes, 16 KiB by default), and between its head and its
  * end a directly written stream never uses it. madvise(MADV_DONTNEED) on private anonymous
  * memory (the heap) makes the pages read as zeros when next touched. */
 static void release_pages(char *buf, size_t n)
 {
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    uintptr_t lo = ((uintptr_t)buf + page - 1) & ~(uintptr_t)(page - 1);
-    uintptr_t hi = ((uintptr_t)buf + n) & ~(uintptr_t)(page - 1);
+    uintptr_t lo, hi;
+    whole_pages(buf, n, &lo, &hi);
     if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
@@ -268,9 +277,8 @@ static void release_pages(char *buf, size_t n)
  * read the same afterwards, so this is safe whoever uses the memory on this thread. */
 static void release_zero_pages(char *buf, size_t n)
 {
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    uintptr_t p = ((uintptr_t)buf + page - 1) & ~(uintptr_t)(page - 1);
-    uintptr_t hi = ((uintptr_t)buf + n) & ~(uintptr_t)(page - 1);
+    uintptr_t p, hi;
+    const size_t page = whole_pages(buf, n, &p, &hi);
     uintptr_t run = 0; /* the first zero page of the current run, 0 when none */
     for (; p < hi; p += page) {
         const unsigned char *c = (const unsigned char *)p;
