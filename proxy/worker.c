@@ -165,9 +165,11 @@ static int ep_ctl(lg_worker *w, int op, int fd, uint32_t events, uint64_t data)
  * function, which this one, reading the worker's state, is not. Under the sanitizers they
  * take the place of the epoll interceptors; epoll_wait calls epoll_pwait, which is
  * intercepted. Every other caller and set passes straight through. */
-#define MHD_CONN_TAG    0x7fu /* a tag byte no user-space pointer has */
-#define MHD_CONN_OUT    ((uintptr_t)1)
-#define MHD_CONN_EVENTS (EPOLLIN | EPOLLOUT | EPOLLPRI | EPOLLET) /* libmicrohttpd's mask */
+#define MHD_CONN_TAG     0x7fu /* a tag byte no user-space pointer has */
+#define MHD_CONN_OUT     ((uintptr_t)1)
+#define MHD_CONN_DRAINED ((uintptr_t)2) /* see mhd_read_known_empty */
+#define MHD_CONN_FLAGS   (MHD_CONN_OUT | MHD_CONN_DRAINED)
+#define MHD_CONN_EVENTS  (EPOLLIN | EPOLLOUT | EPOLLPRI | EPOLLET) /* libmicrohttpd's mask */
 
 static _Thread_local lg_worker *mhd_worker;  /* this thread's worker (NULL elsewhere) */
 static _Thread_local int suspending_fd = -1; /* worker_suspend's socket, while it suspends */
@@ -191,8 +193,8 @@ int mhd_aware_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
         return 0;
     }
     if (op == EPOLL_CTL_ADD && ev && ev->events == MHD_CONN_EVENTS) {
-        if (*c == ((uintptr_t)ev->data.ptr | MHD_CONN_OUT)) { /* back from a suspension */
-            *c = (uintptr_t)ev->data.ptr;
+        if ((*c & ~MHD_CONN_FLAGS) == (uintptr_t)ev->data.ptr && (*c & MHD_CONN_OUT)) {
+            *c &= ~MHD_CONN_OUT; /* back from a suspension */
             return 0;
         }
         struct epoll_event tagged = {.events = ev->events,
@@ -223,13 +225,47 @@ int mhd_aware_epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout
         uint64_t d = evs[i].data.u64;
         if ((unsigned)(d >> 56) == MHD_CONN_TAG) {
             int fd = (int)(uint32_t)d;
-            uintptr_t c = (size_t)fd < w->fdmap_len ? w->mhd_conns[fd] : 0;
-            if (!c || (c & MHD_CONN_OUT)) continue; /* suspended: see above */
-            evs[i].data.ptr = (void *)c;
+            if ((size_t)fd >= w->fdmap_len || !w->mhd_conns[fd]) continue;
+            if (evs[i].events & ~(uint32_t)EPOLLOUT) w->mhd_conns[fd] &= ~MHD_CONN_DRAINED;
+            uintptr_t c = w->mhd_conns[fd];
+            if (c & MHD_CONN_OUT) continue; /* suspended: see above */
+            evs[i].data.ptr = (void *)(c & ~MHD_CONN_FLAGS);
         }
         evs[k++] = evs[i];
     }
     return k;
+}
+
+/* libmicrohttpd reads a connection once more after each response, for the next request,
+ * which has usually not come: a recv that fails with EAGAIN, one system call per request.
+ * Whether the socket holds anything is often known without it. A recv that took less than
+ * it asked for (a stream socket's recv returns less only when it took all the socket held)
+ * or found nothing, on a socket registered in its shard's set, marks it drained
+ * (MHD_CONN_DRAINED); any input event of the registration, delivered or dropped, clears the
+ * mark. While it is set and no shard's set has been reported unread (lg_shard.reported),
+ * nothing came since the worker's last epoll_wait: what arrived before it raised an event
+ * that cleared the mark or left the set readable. So the read is answered EAGAIN without the
+ * system call; input that arrives after it raises an edge, which the worker's next epoll_wait
+ * reports (the same race every readiness check has, as for libcurl's parked sockets). */
+static bool mhd_read_known_empty(int fd)
+{
+    const lg_worker *w = mhd_worker;
+    if (!w || fd < 0 || (size_t)fd >= w->fdmap_len || !(w->mhd_conns[fd] & MHD_CONN_DRAINED))
+        return false;
+    for (size_t i = 0; i < w->n_shards; i++)
+        if (w->shards[i].reported) return false;
+    return true;
+}
+
+/* After a real read of fd: whether it left the socket drained (see above). */
+static void mhd_note_read(int fd, ssize_t n, size_t len)
+{
+    lg_worker *w = mhd_worker;
+    if (!w || fd < 0 || (size_t)fd >= w->fdmap_len || !w->mhd_conns[fd]) return;
+    if ((n > 0 && (size_t)n < len) || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)))
+        w->mhd_conns[fd] |= MHD_CONN_DRAINED;
+    else
+        w->mhd_conns[fd] &= ~MHD_CONN_DRAINED;
 }
 
 /* The connection on fd starts or closes: a registration kept while it was suspended is
@@ -714,7 +750,12 @@ static bool parked(int fd);
 ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags) __asm__("recv");
 ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
 {
+    if (!(flags & MSG_PEEK) && mhd_read_known_empty(fd)) {
+        errno = EAGAIN;
+        return -1;
+    }
     ssize_t n = recvfrom(fd, buf, len, flags, NULL, NULL);
+    if (!(flags & MSG_PEEK)) mhd_note_read(fd, n, len);
     if (fd == curl_read_fd && !(flags & MSG_PEEK)) {
         curl_drained = n > 0 && (size_t)n < len;
         if (n > 0) upread_note_read((size_t)n); /* sizes the next transfers' buffers */

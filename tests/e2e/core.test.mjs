@@ -703,7 +703,7 @@ describe('chat relay behaviour', () => {
             return texts;
         };
         sock.write(head + body);
-        await waitFor(() => /"content":"[^"]/.test(got), 5000 * SLACK); // streaming, suspended
+        await waitFor(() => got.includes('data: '), 5000 * SLACK); // the stream's first event: suspended
         sock.write(head + body);
         await waitFor(() => ends() === 2, 8000 * SLACK);
         await sleep(400); // idle between requests, past a tick
