@@ -57,7 +57,7 @@ static inline unsigned table_seen(gtri *tab, uint64_t t, uint16_t now_w, unsigne
     bool in1 = set[1].tag == tag, in0 = set[0].tag == tag;
     gtri *e = &set[in1 | (!in0 & (age1 > age0))];
     bool hit = (in1 | in0) & ((in1 ? age1 : age0) <= memory);
-    unsigned seen = hit ? e->seen : 0;
+    unsigned seen = e->seen & -(unsigned)hit; /* no branch either */
     e->tag = tag;
     e->seen = seen < 3 ? seen + 1 : 3;
     e->word = now_w;
