@@ -134,7 +134,7 @@ typedef struct lg_xfer {
 /* One libmicrohttpd daemon of a worker. */
 struct lg_shard {
     struct MHD_Daemon *mhd;
-    int epfd;      /* the daemon's own epoll set (worker.c keeps its suspensions lazily) */
+    int epfd;      /* the daemon's own epoll set (a suspended client stays in it: worker.c) */
     bool ready;    /* a resume or a ready socket: run the daemon this iteration */
     bool reported; /* the worker's epoll_wait found epfd readable since the daemon's last
                       look into it (worker.c, mhd_aware_epoll_wait) */
