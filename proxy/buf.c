@@ -2,12 +2,56 @@
 #include "proxy/buf.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "proxy/xalloc.h"
+
+/* The calling thread's spare blocks (see lg_buf_cache_begin): class k holds blocks of
+ * exactly 64 << k bytes, the capacities lg_buf_reserve gives a buffer grown from empty. */
+#define CACHE_CLASSES 5 /* 64 .. 1024 bytes */
+typedef struct buf_cache {
+    bool on;
+    unsigned n[CACHE_CLASSES];
+    char *blk[CACHE_CLASSES][LG_BUF_CACHE_KEEP];
+} buf_cache;
+static _Thread_local buf_cache cache;
+
+/* The class of a block of `cap` bytes, or -1 when the cache keeps no such blocks (off, or a
+ * capacity growth from empty does not give). */
+static int cache_class(size_t cap)
+{
+    if (!cache.on) return -1;
+    for (int k = 0; k < CACHE_CLASSES; k++)
+        if (cap == (size_t)64 << k) return k;
+    return -1;
+}
+
+/* Takes ownership of block p of `cap` bytes: kept as a spare, or freed. */
+static void cache_put(char *p, size_t cap)
+{
+    int k = cache_class(cap);
+    if (k >= 0 && cache.n[k] < LG_BUF_CACHE_KEEP)
+        cache.blk[k][cache.n[k]++] = p;
+    else
+        free(p);
+}
+
+void lg_buf_cache_begin(void)
+{
+    cache.on = true;
+}
+
+void lg_buf_cache_end(void)
+{
+    for (int k = 0; k < CACHE_CLASSES; k++)
+        while (cache.n[k])
+            free(cache.blk[k][--cache.n[k]]);
+    cache.on = false;
+}
 
 void lg_buf_reserve(lg_buf *b, size_t extra)
 {
@@ -22,8 +66,19 @@ void lg_buf_reserve(lg_buf *b, size_t extra)
         }
         cap *= 2;
     }
-    b->p = lg_xrealloc(b->p, cap);
+    int k = cache_class(cap);
+    if (k >= 0 && cache.n[k]) { /* a spare of the size the allocator would give */
+        char *p = cache.blk[k][--cache.n[k]];
+        if (b->p) {
+            memcpy(p, b->p, b->len); /* the NUL is written below */
+            cache_put(b->p, b->cap);
+        }
+        b->p = p;
+    } else {
+        b->p = lg_xrealloc(b->p, cap);
+    }
     b->cap = cap;
+    b->p[b->len] = '\0'; /* a new block holds no text yet, whoever had it last */
 }
 
 void lg_buf_append(lg_buf *b, const void *s, size_t n)
@@ -105,7 +160,7 @@ char *lg_buf_steal(lg_buf *b)
 void lg_buf_free(lg_buf *b)
 {
     if (!b) return;
-    free(b->p);
+    if (b->p) cache_put(b->p, b->cap);
     b->p = NULL;
     b->len = b->cap = 0;
 }

@@ -1225,6 +1225,7 @@ static void *worker_main(void *arg)
     curl_fd_state = w->curl_fds;
     curl_fd_len = w->fdmap_len;
     mhd_worker = w;
+    lg_buf_cache_begin(); /* the small buffers of one request serve the next (buf.h) */
 
     for (;;) {
         /* libmicrohttpd's own timeouts (an idle or stalled client, client_timeout_s) are
@@ -1337,6 +1338,7 @@ static void *worker_main(void *arg)
         if (quiesced && ((w->n_live == 0 && !w->detached) || (shut && w->now_ns > stop_at))) break;
     }
     resume_all(w);
+    lg_buf_cache_end();
     return NULL;
 }
 

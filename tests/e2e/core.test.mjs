@@ -672,6 +672,46 @@ describe('chat relay behaviour', () => {
         }
     });
 
+    // A worker's requests take their small buffers from the blocks earlier requests gave
+    // up (buf.h): nothing one request left in them may reach the next. One connection, a
+    // long request with its own X-Forwarded-For, then short ones: each answer, upstream body
+    // and X-Forwarded-For is exactly its own request's.
+    it('keep-alive: a request after a longer one carries none of its bytes', T, async () => {
+        const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+        const u = new URL(lg.url);
+        const one = (body, headers = {}) =>
+            new Promise((resolve, reject) => {
+                const req = http.request({ host: u.hostname, port: u.port, path: '/v1/chat/completions', method: 'POST', headers: { 'content-type': 'application/json', ...headers }, agent }, (res) => {
+                    let t = '';
+                    res.setEncoding('utf8');
+                    res.on('data', (d) => (t += d));
+                    res.on('end', () => resolve({ status: res.statusCode, text: t }));
+                });
+                req.on('error', reject);
+                req.end(JSON.stringify(body));
+            });
+        try {
+            const long = 'SECRET-'.repeat(40);
+            await fake.setScenario({ responses: [{ content: [long, 'tail of A'] }] });
+            const a = await one({ model: 'model-of-a', messages: [{ role: 'user', content: 'PROMPT-A '.repeat(60) }], stream: true, user: 'user-a' }, { 'X-Forwarded-For': '203.0.113.77' });
+            assert.equal(assembleDeltas(sseJSON(a.text)).content, long + 'tail of A');
+            assert.equal((await lastUpstreamRequest(fake)).headers['x-forwarded-for'], '203.0.113.77, 127.0.0.1');
+            await fake.setScenario({ responses: [{ content: ['b'] }] });
+            for (const stream of [true, false]) {
+                const b = await one({ messages: MSG, stream });
+                assert.equal(b.status, 200);
+                const content = stream ? assembleDeltas(sseJSON(b.text)).content : JSON.parse(b.text).choices[0].message.content;
+                assert.equal(content, 'b');
+                assert.doesNotMatch(b.text, /SECRET|PROMPT-A|tail of A|model-of-a|user-a|203\.0\.113/);
+                const rec = await lastUpstreamRequest(fake);
+                assert.equal(rec.headers['x-forwarded-for'], '127.0.0.1');
+                assert.doesNotMatch(JSON.stringify(rec.body), /SECRET|PROMPT-A|model-of-a|user-a/);
+            }
+        } finally {
+            agent.destroy();
+        }
+    });
+
     // A suspended connection's socket stays in libmicrohttpd's epoll set (worker.c keeps the
     // registration and drops its events until the resume), so what a client sends while
     // its stream is written, between requests and in parts must still be read. One

@@ -1,12 +1,14 @@
 /* test_buf.c — the byte queue (lg_fifo): whatever mix of appends and takes of whatever
  * sizes, the bytes come out in the order they went in, none lost or repeated, and the
- * queue reports how many it holds. */
+ * queue reports how many it holds. And a thread's cache of spare blocks: a buffer made from
+ * one holds only its own bytes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "proxy/buf.h"
@@ -107,6 +109,86 @@ static void test_shrink(void **state)
     lg_fifo_free(&f);
 }
 
+/* A thread's cache (buf.h): a buffer made or grown from a spare block holds exactly what
+ * was appended to it, never a byte of the block's last user, and gets the block of the
+ * capacity the allocator would have given. */
+static void test_cache_no_carry_over(void **state)
+{
+    (void)state;
+    lg_buf_cache_begin();
+    lg_buf a = LG_BUF_INIT, b = LG_BUF_INIT, c = LG_BUF_INIT, d = LG_BUF_INIT;
+    char secret[101];
+    memset(secret, 'S', 100);
+    secret[100] = '\0';
+
+    lg_buf_append(&a, secret, 40); /* one user's 64-byte block */
+    char *a_block = a.p;
+    assert_int_equal(a.cap, 64);
+    lg_buf_free(&a);
+    assert_null(a.p);
+    lg_buf_reserve(&b, 0); /* the next user gets it, empty */
+    assert_ptr_equal(b.p, a_block);
+    assert_int_equal(b.len, 0);
+    assert_string_equal(b.p, "");
+    lg_buf_append_str(&b, "hi");
+    assert_string_equal(b.p, "hi");
+    assert_int_equal(b.cap, 64);
+    lg_buf_free(&b);
+
+    lg_buf_append(&d, secret, 100); /* a 128-byte block with 100 bytes of its user */
+    char *d_block = d.p;
+    assert_int_equal(d.cap, 128);
+    lg_buf_free(&d);
+    lg_buf_append(&c, "0123456789012345678901234567890123456789012345678901234567", 58);
+    char *c_small = c.p; /* the 64-byte block b gave back */
+    assert_ptr_equal(c_small, a_block);
+    lg_buf_append(&c, "abcdefghij", 10); /* grows into d's block */
+    assert_ptr_equal(c.p, d_block);
+    assert_int_equal(c.cap, 128);
+    assert_int_equal(c.len, 68);
+    assert_int_equal(strlen(c.p), 68);
+    assert_memory_equal(c.p + 58, "abcdefghij", 10);
+    assert_null(memchr(c.p, 'S', c.len + 1));
+    char *stolen = lg_buf_steal(&c); /* the caller's now: not the cache's */
+    lg_buf_reserve(&a, 0);           /* c's old 64-byte block, kept when c grew */
+    assert_ptr_equal(a.p, c_small);
+    assert_string_equal(a.p, "");
+    free(stolen);
+
+    lg_fifo f = {0}; /* a queue from a spare reads only its own bytes */
+    lg_buf_free(&a);
+    lg_fifo_append(&f, "xy", 2);
+    char out[8];
+    assert_int_equal(lg_fifo_take(&f, out, sizeof out), 2);
+    assert_memory_equal(out, "xy", 2);
+    lg_fifo_free(&f);
+    lg_buf_cache_end();
+}
+
+/* The cache keeps at most LG_BUF_CACHE_KEEP blocks of a size and none larger than 1 KiB;
+ * the rest go back to the allocator (ASan's leak check sees any block lost), and a thread
+ * after lg_buf_cache_end frees as before. */
+static void test_cache_bounded(void **state)
+{
+    (void)state;
+    enum { N = LG_BUF_CACHE_KEEP + 4 };
+    lg_buf bufs[N], big = LG_BUF_INIT;
+    lg_buf_cache_begin();
+    for (int i = 0; i < N; i++) {
+        bufs[i] = (lg_buf)LG_BUF_INIT;
+        lg_buf_append_str(&bufs[i], "block");
+    }
+    for (int i = 0; i < N; i++)
+        lg_buf_free(&bufs[i]);
+    lg_buf_reserve(&big, 2000); /* 2 KiB: never from nor into the cache */
+    assert_int_equal(big.cap, 2048);
+    lg_buf_free(&big);
+    lg_buf_cache_end();
+    lg_buf_append_str(&big, "after"); /* no cache: an ordinary buffer */
+    assert_string_equal(big.p, "after");
+    lg_buf_free(&big);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -114,6 +196,8 @@ int main(void)
         cmocka_unit_test(test_balanced),
         cmocka_unit_test(test_reuse),
         cmocka_unit_test(test_shrink),
+        cmocka_unit_test(test_cache_no_carry_over),
+        cmocka_unit_test(test_cache_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
