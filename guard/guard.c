@@ -387,8 +387,11 @@ size_t guard_suspect(const guard *g)
     SUSPECT(4);
     SUSPECT(5);
 #undef SUSPECT
-    /* Nothing suspect and an ASCII byte last, the common answer: no character to keep
-     * whole, no boundary to move. */
-    if (!s && guard_at(g, fed - 1) < 0x80) return 0;
+    /* An ASCII byte last, and nothing suspect or a release point on a character boundary
+     * within the history and the cap, the common answers: no character to keep whole, no
+     * boundary to move (what suspect_bounds would find). */
+    if (guard_at(g, fed - 1) < 0x80 && (!s || (s <= g->p->holdback_max && s <= fed - g->base &&
+                                               !guard_is_cont(guard_at(g, fed - s)))))
+        return s;
     return suspect_bounds(g, s);
 }
