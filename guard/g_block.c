@@ -157,63 +157,93 @@ static uint64_t end_number(cline *l, uint64_t h, uint32_t v, unsigned *nn, uint3
     return (h ^ '0') * 0x100000001B3ull;
 }
 
-/* Does the 8-byte word x hold an ASCII digit? (SWAR: a byte of x ^ '0'*8 below 10.) */
-static inline bool has_digit(uint64_t x)
+/* The 8 bytes at p as a number, the first byte lowest. */
+static inline uint64_t load_le(const unsigned char *p)
+{
+    uint64_t x;
+    memcpy(&x, p, sizeof x);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    x = __builtin_bswap64(x);
+#endif
+    return x;
+}
+
+/* The ASCII digits of x (see load_le) as the high bit of their bytes: exact up to the first
+ * digit, whose bit is the lowest set (SWAR: a byte of x ^ '0'*8 below 10; a later byte may
+ * show a borrow). */
+static inline uint64_t digit_bits(uint64_t x)
 {
     const uint64_t ones = 0x0101010101010101ull;
     uint64_t y = x ^ (ones * '0');
-    return ((y - ones * 10) & ~y & (ones * 0x80)) != 0;
+    return (y - ones * 10) & ~y & (ones * 0x80);
 }
 
-/* Reads the body [s, e) into a cline: the skeleton hash and the numbers. Eight bytes
- * without a digit are hashed as one word when they start at a multiple of 8 in the
- * skeleton (so that lines with one skeleton cut it alike, whatever their numbers' lengths),
- * and so are the last 1-7 bytes from there; every other byte goes one at a time. */
+/* The first ASCII digit of [p, be), or be; s0 ≤ p is the body's first byte. Eight bytes at
+ * a time, the last 1-7 as the body's last 8 shifted down when it has them. */
+static const unsigned char *next_digit(const unsigned char *p, const unsigned char *be,
+                                       const unsigned char *s0)
+{
+    for (; be - p >= 8; p += 8) {
+        uint64_t m = digit_bits(load_le(p));
+        if (m) return p + __builtin_ctzll(m) / 8;
+    }
+    if (p == be) return be;
+    if (be - s0 >= 8) {
+        uint64_t m = digit_bits(load_le(be - 8) >> 8 * (8 - (be - p)));
+        return m ? p + __builtin_ctzll(m) / 8 : be;
+    }
+    while (p < be && (*p < '0' || *p > '9'))
+        p++;
+    return p;
+}
+
+/* h with the piece [p, pe) of a skeleton hashed in (no number in it): its length, then 8
+ * bytes at a time, the last 1-7 as one word (the body's last 8 shifted down when it has
+ * them; s0 ≤ p is its first byte). */
+static uint64_t hash_piece(uint64_t h, const unsigned char *p, const unsigned char *pe,
+                           const unsigned char *s0)
+{
+    const uint64_t k = 0x9E3779B97F4A7C15ull;
+    h = (h ^ (uint64_t)(pe - p)) * k;
+    for (; pe - p >= 8; p += 8) {
+        h = (h ^ load_le(p)) * k;
+        h ^= h >> 32;
+    }
+    if (p == pe) return h;
+    uint64_t w = 0;
+    if (pe - s0 >= 8)
+        w = load_le(pe - 8) >> 8 * (8 - (pe - p));
+    else
+        for (unsigned i = 0; p + i < pe; i++)
+            w |= (uint64_t)p[i] << 8 * i;
+    h = (h ^ w) * k;
+    return h ^ h >> 32;
+}
+
+/* Reads the body [s, e) into a cline: the skeleton hash and the numbers. The skeleton is
+ * cut at its numbers into pieces, each hashed 8 bytes at a time (so that lines with one
+ * skeleton hash alike, whatever their numbers' lengths); digits are looked for 8 bytes at a
+ * time. */
 static void read_line(const guard *g, uint64_t s, uint64_t e, cline *l)
 {
-    const unsigned char *b = g->buf + (s - g->base), *be = b + (e - s);
-    uint64_t h = 0xCBF29CE484222325ull, sk = 0; /* sk: skeleton bytes hashed */
-    uint32_t rest = 0x811C9DC5u, v = 0;
+    const unsigned char *s0 = g->buf + (s - g->base), *be = s0 + (e - s);
+    const unsigned char *piece = s0, *p = s0;
+    uint64_t h = 0xCBF29CE484222325ull;
+    uint32_t rest = 0x811C9DC5u;
     unsigned nn = 0;
-    bool in_num = false, in_name = false;
     memset(l->num, 0, sizeof(l->num)); /* the numbers a line lacks are 0 */
-    while (b < be) {
-        uint64_t w;
-        if (!(sk & 7) && !in_num && be - b >= 8 && (memcpy(&w, b, 8), !has_digit(w))) {
-            h = (h ^ w) * 0x9E3779B97F4A7C15ull;
-            h ^= h >> 32;
-            in_name = byte_cls[b[7]] & B_NAME;
-            b += 8;
-            sk += 8;
-            continue;
-        }
-        /* The last 1-7 bytes, at a multiple of 8 and without a digit, as one word too: the
-         * line's last 8 bytes shifted down, their length mixed in. */
-        if (!(sk & 7) && !in_num && e - s >= 8 && be - b < 8 &&
-            (memcpy(&w, be - 8, 8), w >>= 8 * (8 - (be - b)), !has_digit(w))) {
-            h = (h ^ w ^ (uint64_t)(be - b) << 60) * 0x9E3779B97F4A7C15ull;
-            h ^= h >> 32;
-            break;
-        }
-        unsigned c = *b++, t = byte_cls[c];
+    while ((p = next_digit(p, be, s0)) < be) {
+        const unsigned char *d = p;
+        uint32_t v = 0;
+        for (; p < be && *p >= '0' && *p <= '9'; p++)
+            v = v * 10 + (uint32_t)(*p - '0');
         /* Digits inside a name ("sha256", "EDITION_2023") are part of the skeleton: code
          * declares one name per variant on purpose. */
-        if (t == B_DIGIT && !in_name) {
-            v = v * 10 + (c - '0');
-            in_num = true;
-            continue;
-        }
-        in_name = t & (B_NAME | B_DIGIT);
-        if (in_num) {
-            h = end_number(l, h, v, &nn, &rest);
-            sk++;
-            v = 0;
-            in_num = false;
-        }
-        h = (h ^ c) * 0x100000001B3ull;
-        sk++;
+        if (d > s0 && byte_cls[d[-1]] & (B_NAME | B_DIGIT)) continue;
+        h = end_number(l, hash_piece(h, piece, d, s0), v, &nn, &rest);
+        piece = p;
     }
-    if (in_num) h = end_number(l, h, v, &nn, &rest);
+    h = hash_piece(h, piece, be, s0);
     l->skel = h;
     l->rest = rest;
     l->ends = 0;
