@@ -178,72 +178,66 @@ static inline uint64_t digit_bits(uint64_t x)
     return (y - ones * 10) & ~y & (ones * 0x80);
 }
 
-/* The first ASCII digit of [p, be), or be; s0 ≤ p is the body's first byte. Eight bytes at
- * a time, the last 1-7 as the body's last 8 shifted down when it has them. */
-static const unsigned char *next_digit(const unsigned char *p, const unsigned char *be,
-                                       const unsigned char *s0)
+/* The bytes [p, be) of the body that starts at s0, fewer than 8, as a number (see
+ * load_le; 0 above them): the body's last 8 shifted down when it has them. */
+static inline uint64_t load_tail(const unsigned char *p, const unsigned char *be,
+                                 const unsigned char *s0)
 {
-    for (; be - p >= 8; p += 8) {
-        uint64_t m = digit_bits(load_le(p));
-        if (m) return p + __builtin_ctzll(m) / 8;
-    }
-    if (p == be) return be;
-    if (be - s0 >= 8) {
-        uint64_t m = digit_bits(load_le(be - 8) >> 8 * (8 - (be - p)));
-        return m ? p + __builtin_ctzll(m) / 8 : be;
-    }
-    while (p < be && (*p < '0' || *p > '9'))
-        p++;
-    return p;
+    if (be - s0 >= 8) return load_le(be - 8) >> 8 * (8 - (be - p));
+    uint64_t x = 0;
+    for (unsigned i = 0; p + i < be; i++)
+        x |= (uint64_t)p[i] << 8 * i;
+    return x;
 }
 
-/* h with the piece [p, pe) of a skeleton hashed in (no number in it): its length, then 8
- * bytes at a time, the last 1-7 as one word (the body's last 8 shifted down when it has
- * them; s0 ≤ p is its first byte). */
-static uint64_t hash_piece(uint64_t h, const unsigned char *p, const unsigned char *pe,
-                           const unsigned char *s0)
+static inline uint64_t hash_word(uint64_t h, uint64_t w)
 {
-    const uint64_t k = 0x9E3779B97F4A7C15ull;
-    h = (h ^ (uint64_t)(pe - p)) * k;
-    for (; pe - p >= 8; p += 8) {
-        h = (h ^ load_le(p)) * k;
-        h ^= h >> 32;
-    }
-    if (p == pe) return h;
-    uint64_t w = 0;
-    if (pe - s0 >= 8)
-        w = load_le(pe - 8) >> 8 * (8 - (pe - p));
-    else
-        for (unsigned i = 0; p + i < pe; i++)
-            w |= (uint64_t)p[i] << 8 * i;
-    h = (h ^ w) * k;
+    h = (h ^ w) * 0x9E3779B97F4A7C15ull;
     return h ^ h >> 32;
 }
 
 /* Reads the body [s, e) into a cline: the skeleton hash and the numbers. The skeleton is
- * cut at its numbers into pieces, each hashed 8 bytes at a time (so that lines with one
- * skeleton hash alike, whatever their numbers' lengths); digits are looked for 8 bytes at a
- * time. */
+ * cut at its numbers into pieces, each hashed 8 bytes at a time from its own first byte,
+ * then its length (so that lines with one skeleton hash alike, whatever their numbers'
+ * lengths). One loop takes the body 8 bytes at a time: those without a digit (most) are
+ * hashed at once. */
 static void read_line(const guard *g, uint64_t s, uint64_t e, cline *l)
 {
     const unsigned char *s0 = g->buf + (s - g->base), *be = s0 + (e - s);
-    const unsigned char *piece = s0, *p = s0;
+    const unsigned char *piece = s0, *p = s0; /* p: the piece's next 8 bytes */
     uint64_t h = 0xCBF29CE484222325ull;
     uint32_t rest = 0x811C9DC5u;
     unsigned nn = 0;
     memset(l->num, 0, sizeof(l->num)); /* the numbers a line lacks are 0 */
-    while ((p = next_digit(p, be, s0)) < be) {
-        const unsigned char *d = p;
+    while (p < be) {
+        const bool tail = be - p < 8;
+        uint64_t x = tail ? load_tail(p, be, s0) : load_le(p), m = digit_bits(x);
+        /* The first number starting in these 8 bytes, after any digits of a name
+         * ("sha256", "EDITION_2023": part of the skeleton, for code declares one name per
+         * variant on purpose; a digit after a digit is in the same run). */
+        const unsigned char *d = NULL, *r = p;
         uint32_t v = 0;
-        for (; p < be && *p >= '0' && *p <= '9'; p++)
-            v = v * 10 + (uint32_t)(*p - '0');
-        /* Digits inside a name ("sha256", "EDITION_2023") are part of the skeleton: code
-         * declares one name per variant on purpose. */
-        if (d > s0 && byte_cls[d[-1]] & (B_NAME | B_DIGIT)) continue;
-        h = end_number(l, hash_piece(h, piece, d, s0), v, &nn, &rest);
-        piece = p;
+        while (m) {
+            d = p + __builtin_ctzll(m) / 8;
+            for (r = d, v = 0; r < be && *r >= '0' && *r <= '9'; r++)
+                v = v * 10 + (uint32_t)(*r - '0');
+            if (d == s0 || !(byte_cls[d[-1]] & (B_NAME | B_DIGIT))) break;
+            d = NULL;
+            /* Digits after the name's, hidden as 0xFF bytes (no digit, and no borrow that
+             * would show one after them). */
+            m = r - p >= 8 ? 0 : digit_bits(x | ((1ull << 8 * (r - p)) - 1));
+        }
+        if (!d) {
+            h = hash_word(h, x);
+            if (tail) break;
+            p += 8;
+            continue;
+        }
+        if (d > p) h = hash_word(h, x & ((1ull << 8 * (d - p)) - 1));
+        h = end_number(l, hash_word(h, (uint64_t)(d - piece)), v, &nn, &rest);
+        piece = p = r;
     }
-    h = hash_piece(h, piece, be, s0);
+    h = hash_word(h, (uint64_t)(be - piece));
     l->skel = h;
     l->rest = rest;
     l->ends = 0;
