@@ -12,7 +12,7 @@
 
 /* The calling thread's spare blocks (see lg_buf_cache_begin): class k holds blocks of
  * exactly 64 << k bytes, the capacities lg_buf_reserve gives a buffer grown from empty. */
-#define CACHE_CLASSES 5 /* 64 .. 1024 bytes */
+#define CACHE_CLASSES 6 /* 64 .. 2048 bytes */
 typedef struct buf_cache {
     bool on;
     unsigned n[CACHE_CLASSES];
