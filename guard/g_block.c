@@ -157,63 +157,87 @@ static uint64_t end_number(cline *l, uint64_t h, uint32_t v, unsigned *nn, uint3
     return (h ^ '0') * 0x100000001B3ull;
 }
 
-/* Does the 8-byte word x hold an ASCII digit? (SWAR: a byte of x ^ '0'*8 below 10.) */
-static inline bool has_digit(uint64_t x)
+/* The 8 bytes at p as a number, the first byte lowest. */
+static inline uint64_t load_le(const unsigned char *p)
+{
+    uint64_t x;
+    memcpy(&x, p, sizeof x);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    x = __builtin_bswap64(x);
+#endif
+    return x;
+}
+
+/* The ASCII digits of x (see load_le) as the high bit of their bytes: exact up to the first
+ * digit, whose bit is the lowest set (SWAR: a byte of x ^ '0'*8 below 10; a later byte may
+ * show a borrow). */
+static inline uint64_t digit_bits(uint64_t x)
 {
     const uint64_t ones = 0x0101010101010101ull;
     uint64_t y = x ^ (ones * '0');
-    return ((y - ones * 10) & ~y & (ones * 0x80)) != 0;
+    return (y - ones * 10) & ~y & (ones * 0x80);
 }
 
-/* Reads the body [s, e) into a cline: the skeleton hash and the numbers. Eight bytes
- * without a digit are hashed as one word when they start at a multiple of 8 in the
- * skeleton (so that lines with one skeleton cut it alike, whatever their numbers' lengths),
- * and so are the last 1-7 bytes from there; every other byte goes one at a time. */
+/* The bytes [p, be) of the body that starts at s0, fewer than 8, as a number (see
+ * load_le; 0 above them): the body's last 8 shifted down when it has them. */
+static inline uint64_t load_tail(const unsigned char *p, const unsigned char *be,
+                                 const unsigned char *s0)
+{
+    if (be - s0 >= 8) return load_le(be - 8) >> 8 * (8 - (be - p));
+    uint64_t x = 0;
+    for (unsigned i = 0; p + i < be; i++)
+        x |= (uint64_t)p[i] << 8 * i;
+    return x;
+}
+
+static inline uint64_t hash_word(uint64_t h, uint64_t w)
+{
+    h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+    return h ^ h >> 32;
+}
+
+/* Reads the body [s, e) into a cline: the skeleton hash and the numbers. The skeleton is
+ * cut at its numbers into pieces, each hashed 8 bytes at a time from its own first byte,
+ * then its length (so that lines with one skeleton hash alike, whatever their numbers'
+ * lengths). One loop takes the body 8 bytes at a time: those without a digit (most) are
+ * hashed at once. */
 static void read_line(const guard *g, uint64_t s, uint64_t e, cline *l)
 {
-    const unsigned char *b = g->buf + (s - g->base), *be = b + (e - s);
-    uint64_t h = 0xCBF29CE484222325ull, sk = 0; /* sk: skeleton bytes hashed */
-    uint32_t rest = 0x811C9DC5u, v = 0;
+    const unsigned char *s0 = g->buf + (s - g->base), *be = s0 + (e - s);
+    const unsigned char *piece = s0, *p = s0; /* p: the piece's next 8 bytes */
+    uint64_t h = 0xCBF29CE484222325ull;
+    uint32_t rest = 0x811C9DC5u;
     unsigned nn = 0;
-    bool in_num = false, in_name = false;
     memset(l->num, 0, sizeof(l->num)); /* the numbers a line lacks are 0 */
-    while (b < be) {
-        uint64_t w;
-        if (!(sk & 7) && !in_num && be - b >= 8 && (memcpy(&w, b, 8), !has_digit(w))) {
-            h = (h ^ w) * 0x9E3779B97F4A7C15ull;
-            h ^= h >> 32;
-            in_name = byte_cls[b[7]] & B_NAME;
-            b += 8;
-            sk += 8;
+    while (p < be) {
+        const bool tail = be - p < 8;
+        uint64_t x = tail ? load_tail(p, be, s0) : load_le(p), m = digit_bits(x);
+        /* The first number starting in these 8 bytes, after any digits of a name
+         * ("sha256", "EDITION_2023": part of the skeleton, for code declares one name per
+         * variant on purpose; a digit after a digit is in the same run). */
+        const unsigned char *d = NULL, *r = p;
+        uint32_t v = 0;
+        while (m) {
+            d = p + __builtin_ctzll(m) / 8;
+            for (r = d, v = 0; r < be && *r >= '0' && *r <= '9'; r++)
+                v = v * 10 + (uint32_t)(*r - '0');
+            if (d == s0 || !(byte_cls[d[-1]] & (B_NAME | B_DIGIT))) break;
+            d = NULL;
+            /* Digits after the name's, hidden as 0xFF bytes (no digit, and no borrow that
+             * would show one after them). */
+            m = r - p >= 8 ? 0 : digit_bits(x | ((1ull << 8 * (r - p)) - 1));
+        }
+        if (!d) {
+            h = hash_word(h, x);
+            if (tail) break;
+            p += 8;
             continue;
         }
-        /* The last 1-7 bytes, at a multiple of 8 and without a digit, as one word too: the
-         * line's last 8 bytes shifted down, their length mixed in. */
-        if (!(sk & 7) && !in_num && e - s >= 8 && be - b < 8 &&
-            (memcpy(&w, be - 8, 8), w >>= 8 * (8 - (be - b)), !has_digit(w))) {
-            h = (h ^ w ^ (uint64_t)(be - b) << 60) * 0x9E3779B97F4A7C15ull;
-            h ^= h >> 32;
-            break;
-        }
-        unsigned c = *b++, t = byte_cls[c];
-        /* Digits inside a name ("sha256", "EDITION_2023") are part of the skeleton: code
-         * declares one name per variant on purpose. */
-        if (t == B_DIGIT && !in_name) {
-            v = v * 10 + (c - '0');
-            in_num = true;
-            continue;
-        }
-        in_name = t & (B_NAME | B_DIGIT);
-        if (in_num) {
-            h = end_number(l, h, v, &nn, &rest);
-            sk++;
-            v = 0;
-            in_num = false;
-        }
-        h = (h ^ c) * 0x100000001B3ull;
-        sk++;
+        if (d > p) h = hash_word(h, x & ((1ull << 8 * (d - p)) - 1));
+        h = end_number(l, hash_word(h, (uint64_t)(d - piece)), v, &nn, &rest);
+        piece = p = r;
     }
-    if (in_num) h = end_number(l, h, v, &nn, &rest);
+    h = hash_word(h, (uint64_t)(be - piece));
     l->skel = h;
     l->rest = rest;
     l->ends = 0;

@@ -43,21 +43,21 @@ static inline uint64_t mix(uint64_t x)
     return x;
 }
 
-/* Looks the key t up in the table and records it as seen at word now_w (the word count,
- * mod 2^16): returns how many times it came before, each within memory_words of the next
- * (0: new), up to 3. The table is two-way: t sits in either slot of its set, and a new key
- * evicts the older entry. */
-static inline unsigned table_seen(guard *g, uint64_t t, uint16_t now_w)
+/* Looks the key t up in the table tab and records it as seen at word now_w (the word
+ * count, mod 2^16): returns how many times it came before, each within `memory` words of the
+ * next (0: new), up to 3. The table is two-way: t sits in either slot of its set, and a new
+ * key evicts the older entry. */
+static inline unsigned table_seen(gtri *tab, uint64_t t, uint16_t now_w, unsigned memory)
 {
-    gtri *set = &g->ttab[(t >> (64 - GUARD_TTAB_BITS)) & ~(uint64_t)1];
+    gtri *set = &tab[(t >> (64 - GUARD_TTAB_BITS)) & ~(uint64_t)1];
     uint16_t tag = (uint16_t)(t & 0x3FFF);
     uint16_t age0 = (uint16_t)(now_w - set[0].word), age1 = (uint16_t)(now_w - set[1].word);
     /* The slot holding t, else the older one; in arithmetic, not branches: whether a key
      * was seen is what the table is asked, so no branch on it is predictable. */
     bool in1 = set[1].tag == tag, in0 = set[0].tag == tag;
     gtri *e = &set[in1 | (!in0 & (age1 > age0))];
-    bool hit = (in1 | in0) & ((in1 ? age1 : age0) <= g->p->novelty.memory_words);
-    unsigned seen = hit ? e->seen : 0;
+    bool hit = (in1 | in0) & ((in1 ? age1 : age0) <= memory);
+    unsigned seen = e->seen & -(unsigned)hit; /* no branch either */
     e->tag = tag;
     e->seen = seen < 3 ? seen + 1 : 3;
     e->word = now_w;
@@ -69,63 +69,78 @@ static inline unsigned table_seen(guard *g, uint64_t t, uint16_t now_w)
  * were. Words outside prose only ever count as evidence of novelty (code and templated
  * comments repeat on purpose, but their fresh names still show the text is going
  * somewhere), and a trigram made only of numbers does not count at all (zero tables,
- * version lists). `now` is the number of bytes fed when it is decided. The last three
- * words are kept in locals over the segment's words, written back once: per word, not per
- * segment, they cost their loads and stores and the call. */
+ * version lists). `now` is the number of bytes fed when it is decided. The detector's state
+ * (the last three words, the window's counts, its ring's next slot) is kept in locals over
+ * the segment's words and written back once: the ring of novel bits is bytes, which may
+ * alias any field of the guard, so kept in the guard every field was loaded again after
+ * each store to the ring. */
 bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
 {
     if (!nw) return false; /* a blank line, a rule: nothing to load and store back */
     const guard_params *p = g->p;
+    const gword *sw = g->sw;
+    const unsigned w = p->novelty.window, memory = p->novelty.memory_words,
+                   min_seen = p->novelty.min_seen, max_new = p->novelty.max_new_words;
+    const bool mask_numbers = p->novelty.mask_numbers;
+    const double few = p->novelty.min_ratio * w; /* novel trigrams below this trip */
     uint64_t wh0 = g->wh[0], wh1 = g->wh[1], wh2 = g->wh[2];
     uint64_t ws0 = g->ws[0], ws1 = g->ws[1], ws2 = g->ws[2];
-    unsigned walpha = g->walpha;
+    unsigned walpha = g->walpha, slot = g->tri_slot, novel = g->novel, fresh = g->fresh;
     uint32_t nwords = g->nwords;
+    uint64_t ntri = g->ntri;
+    gtri *tab = g->ttab;
+    unsigned char *tri_novel = g->tri_novel;
+    uint64_t *tri_start = g->tri_start;
     bool tripped = false;
     for (unsigned i = 0; i < nw && !tripped; i++) {
-        uint64_t h = g->sw[i].hash;
-        bool alpha = g->sw[i].alpha;
-        if (p->novelty.mask_numbers && !alpha) h = 0x9E3779B97F4A7C15ull; /* "7" is "12" */
+        uint64_t h = sw[i].hash;
+        bool alpha = sw[i].alpha;
+        if (mask_numbers && !alpha) h = 0x9E3779B97F4A7C15ull; /* "7" is "12" */
         wh0 = wh1;
         wh1 = wh2;
         wh2 = h;
         ws0 = ws1;
         ws1 = ws2;
-        ws2 = g->sw[i].start;
+        ws2 = sw[i].start;
         walpha = (walpha << 1 | alpha) & 7;
         if (++nwords < 3 || !walpha) continue;
-        if (!g->ttab) novelty_alloc(g);
+        if (!tab) {
+            novelty_alloc(g);
+            tab = g->ttab;
+            tri_novel = g->tri_novel;
+            tri_start = g->tri_start;
+        }
 
         /* A word of prose new within memory_words (a key of its own in the same table): a
          * loop brings none, a list of one product in several colours one an item. Words
          * outside prose are not looked up: code's names would only crowd the table (and so
          * evict the prose's), and a word of code never counts as evidence against a loop. */
         uint16_t now_w = (uint16_t)nwords;
-        bool fresh = alpha && prose && !table_seen(g, mix(h ^ 0x5BD1E9955BD1E995ull), now_w);
-        unsigned seen = table_seen(g, mix(wh0 * 3 + mix(wh1 * 5 + mix(wh2))), now_w);
-        bool novel = seen < p->novelty.min_seen;
-        if (!novel && !prose) continue;
+        bool new_word =
+            alpha && prose && !table_seen(tab, mix(h ^ 0x5BD1E9955BD1E995ull), now_w, memory);
+        unsigned seen = table_seen(tab, mix(wh0 * 3 + mix(wh1 * 5 + mix(wh2))), now_w, memory);
+        bool is_novel = seen < min_seen;
+        if (!is_novel && !prose) continue;
 
-        unsigned w = p->novelty.window, slot = g->tri_slot;
-        g->tri_slot = slot + 1 < w ? slot + 1 : 0; /* ntri % w, without a division per word */
-        if (g->ntri >= w) {
-            g->novel -= g->tri_novel[slot] & 1;
-            g->fresh -= g->tri_novel[slot] >> 1;
+        if (ntri >= w) {
+            novel -= tri_novel[slot] & 1;
+            fresh -= tri_novel[slot] >> 1;
         }
-        g->tri_novel[slot] = (unsigned char)(novel | fresh << 1);
-        g->tri_start[slot] = ws0;
-        g->novel += novel;
-        g->fresh += fresh;
-        g->ntri++;
-        if (g->fresh > p->novelty.max_new_words) continue;
-        if (g->ntri < w || g->novel >= p->novelty.min_ratio * w) continue;
+        tri_novel[slot] = (unsigned char)(is_novel | new_word << 1);
+        tri_start[slot] = ws0;
+        slot = slot + 1 < w ? slot + 1 : 0; /* ntri % w, without a division per word */
+        novel += is_novel;
+        fresh += new_word;
+        ntri++;
+        if (fresh > max_new || ntri < w || novel >= few) continue;
         /* Repetition the prompt asks for, or the words of a trigram it holds, are no
          * paraphrase loop (g_prompt.c). */
         if (ws0 >= g->base && ws0 < now &&
             guard_prompt_slack(g, g->buf + (ws0 - g->base), (size_t)(now - ws0)))
             continue;
-        uint64_t from = g->tri_start[g->tri_slot];
+        uint64_t from = tri_start[slot];
         guard_set_unit(g, from, now);
-        guard_trip(g, "novelty", from, now, w - g->novel);
+        guard_trip(g, "novelty", from, now, w - novel);
         tripped = true;
     }
     g->wh[0] = wh0;
@@ -136,5 +151,9 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
     g->ws[2] = ws2;
     g->walpha = (unsigned char)walpha;
     g->nwords = nwords;
+    g->tri_slot = slot;
+    g->novel = novel;
+    g->fresh = fresh;
+    g->ntri = ntri;
     return tripped;
 }

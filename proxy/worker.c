@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/timerfd.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -124,6 +125,164 @@ static int ep_ctl(lg_worker *w, int op, int fd, uint32_t events, uint64_t data)
     return epoll_ctl(w->epfd, op, fd, &ev);
 }
 
+/* ---- libmicrohttpd's epoll set, kept across a suspension ---------------------------- */
+
+/* libmicrohttpd 0.9.75 takes a connection's socket out of its daemon's epoll set when the
+ * connection is suspended (EPOLL_CTL_DEL, daemon.c internal_suspend_connection_) and puts
+ * it back once it is resumed and a read or write would block (EPOLL_CTL_ADD, edge-triggered,
+ * EPOLLIN|EPOLLOUT|EPOLLPRI, connection.c MHD_connection_epoll_update_): two system calls
+ * per request, and the ADD of a writable socket raises an EPOLLOUT edge at once, which
+ * wakes the worker and runs the daemon for nothing (two more). So the executable defines
+ * epoll_ctl and epoll_wait, as it does recv and poll (below), and the registration stays
+ * across a suspension:
+ * - a client socket's ADD into a shard's set is registered with the socket's number as
+ *   its data (MHD_CONN_TAG) instead of libmicrohttpd's connection pointer, which
+ *   lg_worker.mhd_conns[fd] keeps;
+ * - the DEL of a suspend (worker_suspend) leaves the registration and marks the socket
+ *   out (MHD_CONN_OUT); the ADD after the resume finds it registered and clears the mark;
+ * - a shard's epoll_wait gives libmicrohttpd its pointer back for every event, and drops
+ *   the events of a socket marked out, which libmicrohttpd must not see (a suspended
+ *   connection on its ready list is a panic at the resume).
+ * Dropping them loses nothing: at a resume libmicrohttpd marks the connection readable and
+ * writable ("we might have missed the edge poll event during suspension", daemon.c) and
+ * reads or writes until a call would block; it asks for the ADD only after such a call,
+ * with no epoll_wait between the two, and any change after it raises a new edge on the
+ * registration, which is delivered. A hang-up during a suspension is seen by the worker's
+ * own watch (worker_req_init), as before. A socket that closes while marked out is taken
+ * out for real first (forget_mhd_conn), as libmicrohttpd does before it closes one.
+ * The cost: an edge on a suspended connection's socket (a client that sends during its
+ * response, a slow reader's buffer draining) wakes the daemon to drop it.
+ *
+ * A daemon's run begins with a zero-timeout epoll_wait on its set, and a request takes
+ * three or four runs (the request; the response; the passes that end it and look for the
+ * next one, see run_mhd), each a system call, though the set is itself in the worker's
+ * (level-triggered: readable while anything in it is ready). So such a call is answered
+ * "nothing" without a system call unless the worker's epoll_wait reported the set since
+ * the daemon last looked into it (lg_shard.reported): what became ready since keeps the
+ * set readable, and the worker's next epoll_wait reports it and runs the daemon again.
+ *
+ * Both are defined under their assembler names: <sys/epoll.h> declares epoll_ctl a leaf
+ * function, which this one, reading the worker's state, is not. Under the sanitizers they
+ * take the place of the epoll interceptors; epoll_wait calls epoll_pwait, which is
+ * intercepted. Every other caller and set passes straight through. */
+#define MHD_CONN_TAG     0x7fu /* a tag byte no user-space pointer has */
+#define MHD_CONN_OUT     ((uintptr_t)1)
+#define MHD_CONN_DRAINED ((uintptr_t)2) /* see mhd_read_known_empty */
+#define MHD_CONN_FLAGS   (MHD_CONN_OUT | MHD_CONN_DRAINED)
+#define MHD_CONN_EVENTS  (EPOLLIN | EPOLLOUT | EPOLLPRI | EPOLLET) /* libmicrohttpd's mask */
+
+static _Thread_local lg_worker *mhd_worker;  /* this thread's worker (NULL elsewhere) */
+static _Thread_local int suspending_fd = -1; /* worker_suspend's socket, while it suspends */
+
+static bool shard_set(const lg_worker *w, int epfd)
+{
+    for (size_t i = 0; i < w->n_shards; i++)
+        if (w->shards[i].epfd == epfd) return true;
+    return false;
+}
+
+int mhd_aware_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev) __asm__("epoll_ctl");
+int mhd_aware_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+    lg_worker *w = mhd_worker;
+    if (!w || epfd == w->epfd || fd < 0 || (size_t)fd >= w->fdmap_len || !shard_set(w, epfd))
+        return (int)syscall(SYS_epoll_ctl, epfd, op, fd, ev);
+    uintptr_t *c = &w->mhd_conns[fd];
+    if (op == EPOLL_CTL_DEL && fd == suspending_fd && *c && !(*c & MHD_CONN_OUT)) {
+        *c |= MHD_CONN_OUT;
+        return 0;
+    }
+    if (op == EPOLL_CTL_ADD && ev && ev->events == MHD_CONN_EVENTS) {
+        if ((*c & ~MHD_CONN_FLAGS) == (uintptr_t)ev->data.ptr && (*c & MHD_CONN_OUT)) {
+            *c &= ~MHD_CONN_OUT; /* back from a suspension */
+            return 0;
+        }
+        struct epoll_event tagged = {.events = ev->events,
+                                     .data.u64 = ev_pack(MHD_CONN_TAG, 0, fd)};
+        /* Registered under another connection's pointer: the number was reused. */
+        int rc = (int)syscall(SYS_epoll_ctl, epfd, *c ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &tagged);
+        if (rc == 0) *c = (uintptr_t)ev->data.ptr;
+        return rc;
+    }
+    if (op == EPOLL_CTL_DEL) *c = 0;
+    return (int)syscall(SYS_epoll_ctl, epfd, op, fd, ev);
+}
+
+int mhd_aware_epoll_wait(int epfd, struct epoll_event *evs, int max,
+                         int timeout_ms) __asm__("epoll_wait");
+int mhd_aware_epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout_ms)
+{
+    lg_worker *w = mhd_worker;
+    lg_shard *s = NULL;
+    for (size_t i = 0; w && epfd != w->epfd && i < w->n_shards; i++)
+        if (w->shards[i].epfd == epfd) s = &w->shards[i];
+    if (s && timeout_ms == 0 && !s->reported) return 0; /* nothing new: see above */
+    int n = epoll_pwait(epfd, evs, max, timeout_ms, NULL);
+    if (s && n < max) s->reported = false;
+    if (n <= 0 || !s) return n;
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t d = evs[i].data.u64;
+        if ((unsigned)(d >> 56) == MHD_CONN_TAG) {
+            int fd = (int)(uint32_t)d;
+            if ((size_t)fd >= w->fdmap_len || !w->mhd_conns[fd]) continue;
+            if (evs[i].events & ~(uint32_t)EPOLLOUT) w->mhd_conns[fd] &= ~MHD_CONN_DRAINED;
+            uintptr_t c = w->mhd_conns[fd];
+            if (c & MHD_CONN_OUT) continue; /* suspended: see above */
+            evs[i].data.ptr = (void *)(c & ~MHD_CONN_FLAGS);
+        }
+        evs[k++] = evs[i];
+    }
+    return k;
+}
+
+/* libmicrohttpd reads a connection once more after each response, for the next request,
+ * which has usually not come: a recv that fails with EAGAIN, one system call per request.
+ * Whether the socket holds anything is often known without it. A recv that took less than
+ * it asked for (a stream socket's recv returns less only when it took all the socket held)
+ * or found nothing, on a socket registered in its shard's set, marks it drained
+ * (MHD_CONN_DRAINED); any input event of the registration, delivered or dropped, clears the
+ * mark. While it is set and no shard's set has been reported unread (lg_shard.reported),
+ * nothing came since the worker's last epoll_wait: what arrived before it raised an event
+ * that cleared the mark or left the set readable. So the read is answered EAGAIN without the
+ * system call; input that arrives after it raises an edge, which the worker's next epoll_wait
+ * reports (the same race every readiness check has, as for libcurl's parked sockets). */
+static bool mhd_read_known_empty(int fd)
+{
+    const lg_worker *w = mhd_worker;
+    if (!w || fd < 0 || (size_t)fd >= w->fdmap_len || !(w->mhd_conns[fd] & MHD_CONN_DRAINED))
+        return false;
+    for (size_t i = 0; i < w->n_shards; i++)
+        if (w->shards[i].reported) return false;
+    return true;
+}
+
+/* After a real read of fd: whether it left the socket drained (see above). */
+static void mhd_note_read(int fd, ssize_t n, size_t len)
+{
+    lg_worker *w = mhd_worker;
+    if (!w || fd < 0 || (size_t)fd >= w->fdmap_len || !w->mhd_conns[fd]) return;
+    if ((n > 0 && (size_t)n < len) || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)))
+        w->mhd_conns[fd] |= MHD_CONN_DRAINED;
+    else
+        w->mhd_conns[fd] &= ~MHD_CONN_DRAINED;
+}
+
+/* The connection on fd starts or closes: a registration kept while it was suspended is
+ * taken out of its shard's set for real before libmicrohttpd closes the socket. */
+static void forget_mhd_conn(lg_worker *w, struct MHD_Connection *conn, int fd)
+{
+    if (!(w->mhd_conns[fd] & MHD_CONN_OUT)) {
+        w->mhd_conns[fd] = 0;
+        return;
+    }
+    w->mhd_conns[fd] = 0;
+    const union MHD_ConnectionInfo *di = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
+    for (size_t i = 0; di && i < w->n_shards; i++)
+        if (w->shards[i].mhd == di->daemon)
+            (void)syscall(SYS_epoll_ctl, w->shards[i].epfd, EPOLL_CTL_DEL, fd, NULL);
+}
+
 /* ---- requests ---------------------------------------------------------------------- */
 
 static void list_unlink(lg_req *r)
@@ -177,7 +336,9 @@ void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops, struct MHD_
 void worker_suspend(lg_req *r)
 {
     if (r->suspended || r->retired) return;
+    suspending_fd = r->client_fd; /* its DEL keeps the registration (see above) */
     MHD_suspend_connection(r->conn);
+    suspending_fd = -1;
     r->suspended = true;
 }
 
@@ -458,9 +619,11 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     lg_worker *w = cls;
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (ci && ci->connect_fd >= 0 && (size_t)ci->connect_fd < w->fdmap_len &&
-        (code == MHD_CONNECTION_NOTIFY_STARTED || w->fdmap[ci->connect_fd].conn == conn))
-        w->fdmap[ci->connect_fd] = (lg_fdslot){0};
+    if (ci && ci->connect_fd >= 0 && (size_t)ci->connect_fd < w->fdmap_len) {
+        forget_mhd_conn(w, conn, ci->connect_fd);
+        if (code == MHD_CONNECTION_NOTIFY_STARTED || w->fdmap[ci->connect_fd].conn == conn)
+            w->fdmap[ci->connect_fd] = (lg_fdslot){0};
+    }
     edge_connection(cls, conn, socket_context, code);
 }
 
@@ -587,7 +750,12 @@ static bool parked(int fd);
 ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags) __asm__("recv");
 ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
 {
+    if (!(flags & MSG_PEEK) && mhd_read_known_empty(fd)) {
+        errno = EAGAIN;
+        return -1;
+    }
     ssize_t n = recvfrom(fd, buf, len, flags, NULL, NULL);
+    if (!(flags & MSG_PEEK)) mhd_note_read(fd, n, len);
     if (fd == curl_read_fd && !(flags & MSG_PEEK)) {
         curl_drained = n > 0 && (size_t)n < len;
         if (n > 0) upread_note_read((size_t)n); /* sizes the next transfers' buffers */
@@ -1040,6 +1208,7 @@ static void *worker_main(void *arg)
     uint64_t stop_at = 0;
     curl_fd_state = w->curl_fds;
     curl_fd_len = w->fdmap_len;
+    mhd_worker = w;
 
     for (;;) {
         /* libmicrohttpd's own timeouts (an idle or stalled client, client_timeout_s) are
@@ -1073,6 +1242,7 @@ static void *worker_main(void *arg)
             switch (tag) {
             case TAG_MHD:
                 w->shards[(d >> 32) & 0xffffff].ready = true;
+                w->shards[(d >> 32) & 0xffffff].reported = true;
                 w->mhd_dirty = true;
                 break;
             case TAG_CURL_TIMER:
@@ -1175,7 +1345,7 @@ static int shard_start(lg_worker *w, size_t i, int fd, unsigned limit, char *err
     }
     w->n_shards = i + 1;
     /* The daemon's own epoll fd, watched by the worker's; the tag carries the shard. */
-    int epfd = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD)->epoll_fd;
+    int epfd = s->epfd = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD)->epoll_fd;
     if (ep_ctl(w, EPOLL_CTL_ADD, epfd, EPOLLIN, ev_pack(TAG_MHD, (uint32_t)i, epfd))) {
         snprintf(err, errlen, "worker %d: epoll_ctl: %s", w->id, strerror(errno));
         return -1;
@@ -1199,8 +1369,10 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
     w->fdmap_len = cfg->rlimit_nofile ? cfg->rlimit_nofile : 65536;
     w->fdmap = calloc(w->fdmap_len, sizeof *w->fdmap);
     w->curl_fds = calloc(w->fdmap_len, sizeof *w->curl_fds);
+    w->mhd_conns = calloc(w->fdmap_len, sizeof *w->mhd_conns);
     w->metrics = metrics_new(srv->cfg->n_upstreams);
-    if (w->epfd < 0 || w->curl_timerfd < 0 || w->wake_fd < 0 || !w->fdmap || !w->curl_fds) {
+    if (w->epfd < 0 || w->curl_timerfd < 0 || w->wake_fd < 0 || !w->fdmap || !w->curl_fds ||
+        !w->mhd_conns) {
         snprintf(err, errlen, "worker %d: %s", id, strerror(errno));
         goto fail;
     }
@@ -1283,5 +1455,6 @@ void worker_free(lg_worker *w)
     lg_buf_free(&w->ended);
     free(w->fdmap);
     free(w->curl_fds);
+    free(w->mhd_conns);
     free(w);
 }

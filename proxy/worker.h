@@ -134,7 +134,10 @@ typedef struct lg_xfer {
 /* One libmicrohttpd daemon of a worker. */
 struct lg_shard {
     struct MHD_Daemon *mhd;
-    bool ready; /* a resume or a ready socket: run the daemon this iteration */
+    int epfd;      /* the daemon's own epoll set (worker.c keeps its suspensions lazily) */
+    bool ready;    /* a resume or a ready socket: run the daemon this iteration */
+    bool reported; /* the worker's epoll_wait found epfd readable since the daemon's last
+                      look into it (worker.c, mhd_aware_epoll_wait) */
 };
 
 struct lg_worker {
@@ -153,9 +156,10 @@ struct lg_worker {
     lg_metrics *metrics;
     struct lg_fdslot *fdmap; /* indexed by client fd */
     size_t fdmap_len;
-    uint32_t last_gen; /* the last lg_req.gen handed out: the worker's own fd map's */
-    uint8_t *curl_fds; /* per fd: how an upstream socket is in the epoll set (worker.c) */
-    CURL **unwatched;  /* transfers whose socket epoll refused, to be failed */
+    uint32_t last_gen;    /* the last lg_req.gen handed out: the worker's own fd map's */
+    uint8_t *curl_fds;    /* per fd: how an upstream socket is in the epoll set (worker.c) */
+    uintptr_t *mhd_conns; /* per fd: a client socket's registration in its shard's set */
+    CURL **unwatched;     /* transfers whose socket epoll refused, to be failed */
     size_t n_unwatched;
     lg_req live;      /* sentinel of the circular list of live requests */
     lg_req graveyard; /* sentinel: retired, destroyed at the end of the iteration */

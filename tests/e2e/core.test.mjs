@@ -672,6 +672,54 @@ describe('chat relay behaviour', () => {
         }
     });
 
+    // A suspended connection's socket stays in libmicrohttpd's epoll set (worker.c keeps the
+    // registration and drops its events until the resume), so what a client sends while
+    // its stream is written, between requests and in parts must still be read. One
+    // connection: a second request sent while the first streams, a third after an idle
+    // pause, a fourth whose head comes in two writes.
+    it('keep-alive: requests sent mid-stream, after a pause and in parts are all answered', T, async () => {
+        await fake.setScenario({ pace_ms: 40, responses: [{ content: [{ varied: 8, seed: 5 }] }] });
+        const sock = net.connect(lg.port, '127.0.0.1');
+        await new Promise((r) => sock.on('connect', r));
+        let got = '';
+        sock.setEncoding('latin1');
+        sock.on('data', (d) => (got += d));
+        const body = JSON.stringify({ messages: MSG, stream: true });
+        const head = `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`;
+        const ends = () => got.split('\r\n0\r\n\r\n').length - 1;
+        const answers = (n) => {
+            const texts = [];
+            for (const part of got.split('\r\n0\r\n\r\n').slice(0, n)) {
+                assert.match(part, /^HTTP\/1\.1 200 /);
+                let text = '';
+                for (let rest = part.slice(part.indexOf('\r\n\r\n') + 4); rest.length; ) {
+                    const eol = rest.indexOf('\r\n');
+                    const len = parseInt(rest.slice(0, eol), 16);
+                    text += rest.slice(eol + 2, eol + 2 + len);
+                    rest = rest.slice(eol + 4 + len);
+                }
+                texts.push(assembleDeltas(sseJSON(text)).content);
+            }
+            return texts;
+        };
+        sock.write(head + body);
+        await waitFor(() => got.includes('data: '), 5000 * SLACK); // the stream's first event: suspended
+        sock.write(head + body);
+        await waitFor(() => ends() === 2, 8000 * SLACK);
+        await sleep(400); // idle between requests, past a tick
+        sock.write(head + body);
+        await waitFor(() => ends() === 3, 8000 * SLACK);
+        sock.write(head.slice(0, 20));
+        await sleep(100);
+        sock.write(head.slice(20) + body);
+        await waitFor(() => ends() === 4, 8000 * SLACK);
+        const texts = answers(4);
+        assert.equal(new Set(texts).size, 1, 'the same answer four times');
+        assert.ok(texts[0].trim().split(' ').length >= 8, texts[0]);
+        assert.equal(sock.destroyed, false, 'one connection for all four');
+        sock.destroy();
+    });
+
     it('Expect: 100-continue from the client is honoured', T, async () => {
         await fake.setScenario({ responses: [{ content: ['continued'] }] });
         const body = JSON.stringify({ messages: MSG });
