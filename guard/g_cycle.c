@@ -241,26 +241,27 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, un
     gcyc *s = &g->cyc[i & m];
     uint32_t len = (uint32_t)(end - start);
 
-    /* Does it continue the replay at lag L? Else the newest earlier copy starts a new one.
-     * Each bucket remembers its newest segment and each segment the one before it in its
-     * bucket, so the search walks only the segments of its bucket (most segments: none). */
-    const gcyc *o = g->cyc_lag ? &g->cyc[(i - g->cyc_lag) & m] : NULL;
+    /* Its copies in the ring, numbers aside (how many, and the newest), and the lags of the
+     * last two equal with it with their numbers: each bucket remembers its newest segment
+     * and each segment the one before it in its bucket, so one walk visits only the
+     * segments of its bucket (most segments: none). */
     uint16_t *last = &g->cyc_last[masked & (GUARD_CYC_BUCKETS - 1)];
-    unsigned c = *last ? (uint16_t)(i + 1 - *last) : 0;
+    unsigned prev = *last ? (uint16_t)(i + 1 - *last) : 0; /* the one before in its bucket */
+    unsigned seen = 0, newest = 0, near[2] = {0, 0}, nnear = 0;
+    for (unsigned k = prev; k && k < w && k <= i;) {
+        const gcyc *e = &g->cyc[(i - k) & m];
+        if (e->masked == masked && !seen++) newest = k;
+        if (e->exact == exact && nnear < 2) near[nnear++] = k;
+        k = e->prev ? k + e->prev : 0;
+    }
+    /* Does it continue the replay at lag L? Else the newest earlier copy starts a new one. */
+    const gcyc *o = g->cyc_lag ? &g->cyc[(i - g->cyc_lag) & m] : NULL;
     /* A return right after a return, at a new lag: the order changed (mixed replays). */
     bool broke = false;
     if (!o || o->masked != masked) {
         broke = g->cyc_lag != 0;
-        g->cyc_lag = 0;
-        while (c && c < w && c <= i) {
-            const gcyc *e = &g->cyc[(i - c) & m];
-            if (e->masked == masked) {
-                g->cyc_lag = c;
-                o = e;
-                break;
-            }
-            c = e->prev ? c + e->prev : 0;
-        }
+        g->cyc_lag = newest;
+        o = newest ? &g->cyc[(i - newest) & m] : NULL;
         g->cyc_run = g->cyc_exact = g->cyc_stepped = 0;
         g->cyc_bytes = g->cyc_text_bytes = g->cyc_sentence_bytes = 0;
         g->cyc_from = start;
@@ -279,16 +280,6 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, un
         g->cyc_bytes += len;
         g->cyc_text_bytes += text ? len : 0;
         g->cyc_sentence_bytes += kind & GSEG_SENTENCE ? len : 0;
-    }
-    /* The one before in its bucket, if still in the ring (0: none). */
-    unsigned prev = *last ? (uint16_t)(i + 1 - *last) : 0;
-    /* Its copies in the ring, numbers aside, and the lags of the last two equal with them. */
-    unsigned seen = 0, near[2] = {0, 0}, nnear = 0;
-    for (unsigned k = prev; k && k < w && k <= i;) {
-        const gcyc *e = &g->cyc[(i - k) & m];
-        seen += e->masked == masked;
-        if (e->exact == exact && nnear < 2) near[nnear++] = k;
-        k = e->prev ? k + e->prev : 0;
     }
     s->prev = prev < w ? (uint16_t)prev : 0;
     *last = (uint16_t)(i + 1);

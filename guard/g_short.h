@@ -67,13 +67,15 @@ static inline uint32_t guard_gram_period(guard *g, uint16_t *gtab, uint64_t gram
     uint32_t h = guard_gram_slot(gram);
     uint16_t last = gtab[h];
     gtab[h] = (uint16_t)(pos + 1);
-    if ((pos & 3) != 0 || !last || pos < g->base + 7) return 0;
-    /* A slot may hold another 8-gram, or an old one: only a real match is a period, and
-     * comparing the 8 bytes is cheaper than cand_add (g_repeat.c) finding out. Whether the
-     * distance is in range is as random as the slot's last writer, so it is no branch of its
-     * own: out of range, the 8 bytes ending at pos itself are read, and the answer masked. */
+    /* One branch, on the offset alone, which follows the loop's own pattern. */
+    if (((pos & 3) != 0) | (pos < g->base + 7)) return 0;
+    /* A slot may hold another 8-gram, or an old one, or none: only a real match is a period,
+     * and comparing the 8 bytes is cheaper than cand_add (g_repeat.c) finding out. Whether
+     * the slot is set and the distance in range is as random as the slot's last writer, so
+     * it is no branch of its own: otherwise the 8 bytes ending at pos itself are read, and
+     * the answer masked. */
     uint32_t d = (uint16_t)((uint16_t)(pos + 1) - last);
-    bool ok = (d - 1u < g->p->repeat.max_period) & (pos >= d + g->base + 7);
+    bool ok = (last != 0) & (d - 1u < g->p->repeat.max_period) & (pos >= d + g->base + 7);
     if (!(ok & (guard_gram_at(g, ok ? pos - d : pos) == gram))) return 0;
     /* Most periods found are live already (a loop finds its own every 4 bytes). */
     for (unsigned k = 0; k < g->ncand; k++)

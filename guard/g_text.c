@@ -36,8 +36,10 @@ static inline unsigned char byte_class(unsigned char c)
 #undef BIT
 
 /* A segment (line or sentence) [seg_start, end) is complete when `now` bytes have been
- * fed: hands it to the lines and novelty detectors. Returns true on a trip. RARE_PATH. */
-RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
+ * fed: hands it to the lines and novelty detectors. Returns true on a trip. Inlined in its
+ * two out-of-line callers, seg_end and newline. */
+static inline __attribute__((always_inline)) bool segment_end(guard *g, uint64_t end, uint64_t now,
+                                                              bool line)
 {
     const guard_params *p = g->p;
     uint32_t len = g->seg_len;
@@ -85,6 +87,12 @@ RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
     return p->novelty.enabled && guard_novelty_words(g, nw, prose, now);
 }
 
+/* segment_end out of line, for a sentence's end and the end of the text. RARE_PATH. */
+RARE_PATH static bool seg_end(guard *g, uint64_t end, uint64_t now, bool line)
+{
+    return segment_end(g, end, now, line);
+}
+
 /* A non-space byte joins the current segment (one space stands for each gap). */
 static inline void seg_add(guard *g, unsigned char b, uint64_t pos)
 {
@@ -106,13 +114,23 @@ static inline void seg_add(guard *g, unsigned char b, uint64_t pos)
 
 /* A line [start, end) is complete when `now` bytes have been fed: hands its body to the
  * template and block detectors. Returns true on a trip. */
-static bool line_end(guard *g, uint64_t start, uint64_t end, uint64_t now)
+static inline bool line_end(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
     const guard_params *p = g->p;
     if (!p->lines.enabled) return false;
     if (start >= g->base) guard_line_body(g, &start, &end);
     if (p->lines.template_run && guard_template_line(g, start, end, now)) return true;
     return (p->lines.block_copies || p->lines.art_run) && guard_block_line(g, start, end, now);
+}
+
+/* A newline at offset pos ends a segment and a line: one call from the text pass for both
+ * (a call and its set-up per line fewer). Returns true on a trip. RARE_PATH. */
+RARE_PATH static bool newline(guard *g, uint64_t pos)
+{
+    uint64_t ls = g->line_start;
+    g->line_start = pos + 1;
+    if (segment_end(g, pos, pos + 1, true)) return true;
+    return line_end(g, ls, pos, pos + 1);
 }
 
 /* Per byte b at offset pos, for the lines and novelty detectors. Returns true on a trip. */
@@ -124,12 +142,7 @@ TEXT_STEP static inline bool lines_step(guard *g, unsigned char b, uint64_t pos)
     if (p1 >= '0' && p1 <= '9' && g->p->lines.enabled && g->p->lines.count_run &&
         guard_count_number(g, pos, pos + 1))
         return true;
-    if (b == '\n') {
-        uint64_t ls = g->line_start;
-        g->line_start = pos + 1;
-        if (seg_end(g, pos, pos + 1, true)) return true;
-        return line_end(g, ls, pos, pos + 1);
-    }
+    if (b == '\n') return newline(g, pos);
     if (b == ' ' || b == '\t' || b == '\r') {
         if ((p1 == '.' || p1 == '!' || p1 == '?') && g->seg_alpha) /* not "12. " */
             return seg_end(g, pos, pos + 1, false);

@@ -225,24 +225,16 @@ static bool feed_piece(guard *g, const unsigned char *s, size_t n)
     return true;
 }
 
-/* Feeds a piece shorter than GUARD_SHORT (a token or so) that fits the history: byte after
- * byte through the step of every detector that is on, in table order (g_short.h), which
- * gives what feed_piece's passes give; the rules and the budget, which act at one offset
- * each, through their passes over the bytes up to that one. Returns true on a trip. */
-static bool feed_short(guard *g, const unsigned char *s, size_t n)
+/* The bytes s[0..n) of a short piece (offset fed0 on, copied to h) byte after byte through
+ * the steps of the detectors on, in table order, up to the byte the rules run at (rules_at,
+ * n: none); returns the index of the byte that trips, or n. Inlined into feed_short with
+ * leak, repeat, text and words as constants for the usual set, whose bytes then pay no test
+ * for them. */
+__attribute__((always_inline)) static inline size_t short_loop(guard *g, const unsigned char *s,
+                                                               size_t n, uint64_t fed0,
+                                                               size_t rules_at, bool leak,
+                                                               bool repeat, bool text, bool words)
 {
-    _Static_assert(NDET == 5, "feed_short has a step for every detector");
-    const guard_params *p = g->p;
-    const unsigned on = g->on;
-    const bool leak = (on & 1u << D_LEAK) && !g->leaks_off, repeat = on & 1u << D_REPEAT;
-    const bool text = on & 1u << D_TEXT, words = guard_text_words(p);
-    const uint64_t fed0 = g->fed;
-    /* The bytes at which the rules run (a multiple of GUARD_RULE_STEP fed) and the budget
-     * trips; n: none in this piece. */
-    size_t rules_at = n, budget_at = n;
-    if (on & 1u << D_RULES) rules_at = (size_t)(GUARD_RULE_STEP - 1 - fed0 % GUARD_RULE_STEP);
-    if ((on & 1u << D_BUDGET) && p->budget_bytes - fed0 < n)
-        budget_at = (size_t)(p->budget_bytes - fed0);
     unsigned char *h = g->buf + g->blen;
     uint64_t gram = g->gram; /* in a register: no step reads it */
     size_t i = 0;
@@ -263,9 +255,37 @@ static bool feed_short(guard *g, const unsigned char *s, size_t n)
             else if (guard_text_other(g, b, pos, words))
                 break;
         }
-        if (i == budget_at && detectors[D_BUDGET]->pass(g, i + 1, fed0) == i) break;
     }
     g->gram = gram;
+    return i;
+}
+
+/* Feeds a piece shorter than GUARD_SHORT (a token or so) that fits the history: byte after
+ * byte through the step of every detector that is on, in table order (g_short.h), which
+ * gives what feed_piece's passes give; the rules and the budget, which act at one offset
+ * each, through their passes at that one (the budget's is the piece's last byte then).
+ * Returns true on a trip. */
+static bool feed_short(guard *g, const unsigned char *s, size_t n)
+{
+    _Static_assert(NDET == 5, "feed_short has a step for every detector");
+    const guard_params *p = g->p;
+    const unsigned on = g->on;
+    const bool leak = (on & 1u << D_LEAK) && !g->leaks_off, repeat = on & 1u << D_REPEAT;
+    const bool text = on & 1u << D_TEXT, words = guard_text_words(p);
+    const uint64_t fed0 = g->fed;
+    /* The byte at which the rules run (a multiple of GUARD_RULE_STEP fed), and the one at
+     * which the budget trips, where the piece then ends; n: none in this piece. */
+    size_t rules_at = n, budget_at = n;
+    if (on & 1u << D_RULES) rules_at = (size_t)(GUARD_RULE_STEP - 1 - fed0 % GUARD_RULE_STEP);
+    if ((on & 1u << D_BUDGET) && p->budget_bytes - fed0 < n)
+        budget_at = (size_t)(p->budget_bytes - fed0);
+    size_t m = budget_at < n ? budget_at + 1 : n, i;
+    if (leak && repeat && text && words)
+        i = short_loop(g, s, m, fed0, rules_at, true, true, true, true);
+    else
+        i = short_loop(g, s, m, fed0, rules_at, leak, repeat, text, words);
+    if (i == m && budget_at < n && detectors[D_BUDGET]->pass(g, m, fed0) == budget_at)
+        i = budget_at;
     g->fed = fed0 + i + (i < n); /* on a trip the history ends where the verdict was taken */
     g->blen = (size_t)(g->fed - g->base);
     return i < n;
@@ -387,8 +407,11 @@ size_t guard_suspect(const guard *g)
     SUSPECT(4);
     SUSPECT(5);
 #undef SUSPECT
-    /* Nothing suspect and an ASCII byte last, the common answer: no character to keep
-     * whole, no boundary to move. */
-    if (!s && guard_at(g, fed - 1) < 0x80) return 0;
+    /* An ASCII byte last, and nothing suspect or a release point on a character boundary
+     * within the history and the cap, the common answers: no character to keep whole, no
+     * boundary to move (what suspect_bounds would find). */
+    if (guard_at(g, fed - 1) < 0x80 && (!s || (s <= g->p->holdback_max && s <= fed - g->base &&
+                                               !guard_is_cont(guard_at(g, fed - s)))))
+        return s;
     return suspect_bounds(g, s);
 }

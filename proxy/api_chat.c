@@ -181,23 +181,26 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     /* The upstream's own bytes go out when nothing stays held; the released text is then
      * not needed apart from `sent`. */
     bool raw = !reshaped && nr == hr->held.len && nc == hc->held.len && raw_ok(ex, d, held_before);
-    lg_buf rel_r = ex_text_borrow(ex, EX_TEXT_R), rel_c = ex_text_borrow(ex, EX_TEXT_C);
     ex_release(ex, LG_CH_TOOL_ARGS, ex->at.ch[LG_CH_TOOL_ARGS].held.len, NULL);
-    ex_release(ex, LG_CH_REASONING, nr, raw ? NULL : &rel_r);
-    ex_release(ex, LG_CH_CONTENT, nc, raw ? NULL : &rel_c);
-    if (raw) {
-        out_append(ex, ev->raw, ev->raw_len);
-    } else if (ex->req.client_stream) {
-        bool other = d->finish_reason || d->n_tools || d->role || d->usage;
-        bool visible = rel_c.len || (rel_r.len && ex->mode != LG_REASONING_HIDE);
-        if ((visible || other) && d->root) {
-            emit_chunk(ex, d, rel_r.p, rel_r.len, rel_c.p, rel_c.len, d->finish_reason);
-        } else if (visible || other) { /* scanned on the fast path: the template needs a tree */
-            dl_delta full;
-            dl_parse(ev->data, ev->data_len, &full);
-            emit_chunk(ex, &full, rel_r.p, rel_r.len, rel_c.p, rel_c.len, full.finish_reason);
-            dl_delta_clear(&full);
-        }
+    if (raw || !ex->req.client_stream) {
+        /* Nothing to rebuild (a whole response is assembled from `sent`): the usual token. */
+        ex_release(ex, LG_CH_REASONING, nr, NULL);
+        ex_release(ex, LG_CH_CONTENT, nc, NULL);
+        if (raw) out_append(ex, ev->raw, ev->raw_len);
+        return 0;
+    }
+    lg_buf rel_r = ex_text_borrow(ex, EX_TEXT_R), rel_c = ex_text_borrow(ex, EX_TEXT_C);
+    ex_release(ex, LG_CH_REASONING, nr, &rel_r);
+    ex_release(ex, LG_CH_CONTENT, nc, &rel_c);
+    bool other = d->finish_reason || d->n_tools || d->role || d->usage;
+    bool visible = rel_c.len || (rel_r.len && ex->mode != LG_REASONING_HIDE);
+    if ((visible || other) && d->root) {
+        emit_chunk(ex, d, rel_r.p, rel_r.len, rel_c.p, rel_c.len, d->finish_reason);
+    } else if (visible || other) { /* scanned on the fast path: the template needs a tree */
+        dl_delta full;
+        dl_parse(ev->data, ev->data_len, &full);
+        emit_chunk(ex, &full, rel_r.p, rel_r.len, rel_c.p, rel_c.len, full.finish_reason);
+        dl_delta_clear(&full);
     }
     ex_text_return(ex, EX_TEXT_R, &rel_r);
     ex_text_return(ex, EX_TEXT_C, &rel_c);

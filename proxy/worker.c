@@ -919,11 +919,26 @@ static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp)
     return timerfd_settime(w->curl_timerfd, 0, &its, NULL) == 0 ? 0 : -1;
 }
 
+/* Runs a socket action of libcurl's. A transfer that ends leaves libcurl's count of running
+ * transfers, the only way one leaves it apart from curl_multi_remove_handle (which takes
+ * its message too): a count below what the worker expects (the last count plus the
+ * transfers added since, add_xfer) tells drain_curl_messages that messages may wait, so
+ * that the other actions, one per upstream read, skip curl_multi_info_read. */
+static void curl_action(lg_worker *w, curl_socket_t s, int flags)
+{
+    int running = w->curl_alive;
+    curl_multi_socket_action(w->multi, s, flags, &running);
+    if (running < w->curl_alive) w->curl_msgs = true;
+    w->curl_alive = running;
+}
+
 static void drain_curl_messages(lg_worker *w)
 {
     CURLMsg *msg;
     int left;
     fail_unwatched(w);
+    if (!w->curl_msgs) return;
+    w->curl_msgs = false;
     while ((msg = curl_multi_info_read(w->multi, &left))) {
         if (msg->msg != CURLMSG_DONE) continue;
         lg_xfer *x = NULL;
@@ -1001,7 +1016,9 @@ static CURLMcode add_xfer(lg_worker *w, CURL *easy)
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, w);
     curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, on_curl_close);
     curl_easy_setopt(easy, CURLOPT_CLOSESOCKETDATA, w);
-    return curl_multi_add_handle(w->multi, easy);
+    CURLMcode rc = curl_multi_add_handle(w->multi, easy);
+    if (rc == CURLM_OK) w->curl_alive++;
+    return rc;
 }
 
 int worker_add_xfer(lg_worker *w, CURL *easy)
@@ -1113,9 +1130,8 @@ static void run_pending(lg_worker *w)
     for (int pass = 0; pass < 4 && (w->mhd_dirty || w->curl_due); pass++) {
         run_mhd(w);
         if (w->curl_due) {
-            int running;
             w->curl_due = false;
-            curl_multi_socket_action(w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+            curl_action(w, CURL_SOCKET_TIMEOUT, 0);
             drain_curl_messages(w);
             flush_all(w);
         }
@@ -1238,7 +1254,6 @@ static void *worker_main(void *arg)
             unsigned tag = (unsigned)(d >> 56);
             int fd = (int)(uint32_t)d;
             uint64_t buf;
-            int running;
             switch (tag) {
             case TAG_MHD:
                 w->shards[(d >> 32) & 0xffffff].ready = true;
@@ -1261,7 +1276,7 @@ static void *worker_main(void *arg)
                             (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
                             (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
                 curl_read_fd = flags & CURL_CSELECT_IN ? fd : -1;
-                curl_multi_socket_action(w->multi, fd, flags, &running);
+                curl_action(w, fd, flags);
                 curl_read_fd = -1;
                 curl_drained = false;
                 break;

@@ -134,7 +134,7 @@ typedef struct lg_xfer {
 /* One libmicrohttpd daemon of a worker. */
 struct lg_shard {
     struct MHD_Daemon *mhd;
-    int epfd;      /* the daemon's own epoll set (worker.c keeps its suspensions lazily) */
+    int epfd;      /* the daemon's own epoll set (a suspended client stays in it: worker.c) */
     bool ready;    /* a resume or a ready socket: run the daemon this iteration */
     bool reported; /* the worker's epoll_wait found epfd readable since the daemon's last
                       look into it (worker.c, mhd_aware_epoll_wait) */
@@ -149,7 +149,9 @@ struct lg_worker {
     int curl_timerfd;
     uint64_t curl_deadline_ms; /* what the timerfd is armed for (0: not armed) */
     bool curl_due;             /* libcurl's timeout action is due ("now", or the timerfd fired) */
-    int wake_fd;               /* eventfd: main thread pokes it on drain/stop */
+    int curl_alive; /* transfers libcurl last said were running, plus those added since */
+    bool curl_msgs; /* a transfer may have ended: curl_multi_info_read has work */
+    int wake_fd;    /* eventfd: main thread pokes it on drain/stop */
     lg_shard shards[WORKER_SHARDS];
     size_t n_shards;
     CURLM *multi;

@@ -7,6 +7,8 @@
 # REV defaults to d471376, the guard before it was split into one file per detector, the
 # reference of the guard's speed goal (within 10 %). The baseline binary is kept in
 # $BUILD/guard_base/REV and rebuilt when guard_bench.c changes. `make bench` runs this.
+# REV's guard is built as it was (-O2); this tree's as the Makefile builds it (GUARD_OPT,
+# -O3): the flags are part of what is compared.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
