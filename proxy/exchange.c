@@ -644,6 +644,7 @@ static void ex_flush(lg_req *base)
     if (!n) return;
     worker_write_chunk(base, p, n);
     lg_fifo_drop(&ex->cl.out, n);
+    lg_fifo_shrink(&ex->cl.out, EX_OUT_KEEP);
     output_taken(ex);
 }
 

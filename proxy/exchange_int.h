@@ -31,10 +31,13 @@
 
 /* A slow client: the upstream transfer is paused while this much output waits for it. */
 #define EX_OUT_HIGH (256 * 1024)
-/* Memory `out` keeps once drained, looked at every tick: a few paced events' worth. A burst
- * (a slow client, a busy host, a saturated upstream) grows it to many KiB, and a stream that
- * kept its high-water mark for its whole life held that memory idle. */
-#define EX_OUT_KEEP 1024
+/* Memory `out` keeps once drained: a paced event's worth (its capacity is a power of two,
+ * and a chunk of one token is 200-400 bytes). A direct write drains it at every flush and
+ * a content reader at its own pace (looked at every tick). A burst (a slow client, a busy
+ * host, a saturated upstream) grows it to many KiB, and a stream that kept that capacity
+ * between its events held the memory idle: with thousands of streams it is a large part of
+ * what a stream costs, while freeing it costs a malloc and a free per burst. */
+#define EX_OUT_KEEP 512
 
 /* The same delta text again and again: a model whose logits went bad emits one token
  * (often id 0, "!") forever. The byte-level guard needs many copies of a one-character unit

@@ -263,12 +263,12 @@ int sse_parser_feed(sse_parser *p, const char *buf, size_t len)
         /* Nothing pending: parse the caller's bytes in place and keep only the incomplete
          * tail, so a parser between events holds no read buffer (10k idle streams cost
          * nothing) and complete events are never copied. */
-        if (p->in.cap > 65536) lg_buf_free(&p->in); /* give back a once-huge event */
+        if (p->in.p) lg_buf_free(&p->in); /* what the last feed that kept bytes took */
         if (len == 0) return 0;
         int rc = scan_lines(p, buf, len);
         keep_data(p);
         if (rc != SSE_ERR_TOO_BIG) {
-            lg_buf_append(&p->in, buf + p->start, len - p->start);
+            if (p->start < len) lg_buf_append(&p->in, buf + p->start, len - p->start);
             p->pos -= p->start;
             p->scan -= p->start;
             p->start = 0;

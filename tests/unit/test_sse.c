@@ -297,6 +297,19 @@ static void test_in_place_path(void **state)
     assert_int_equal(c.n, 5);
     assert_string_equal(c.log.p, "||0|-1|1\n||0|-1|2\n||0|-1|3\n||0|-1|4\n||0|-1|5\n");
     assert_string_equal(c.raws.p, "data: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\ndata: 5\r\n\r\n");
+    /* Back in place after bytes were kept (their buffer is given back): a whole event, an
+     * event cut after its data line, a whole one again. */
+    char more[] = "data: 6\n\ndata: 7\n";
+    assert_int_equal(sse_parser_feed(p, more, strlen(more)), 0);
+    memset(more, 'X', strlen(more));
+    assert_int_equal(c.n, 6);
+    assert_int_equal(sse_parser_pending(p), strlen("data: 7\n"));
+    assert_int_equal(sse_parser_feed(p, "\n", 1), 0);
+    assert_int_equal(sse_parser_feed(p, "data: 8\n\n", 9), 0);
+    assert_int_equal(sse_parser_pending(p), 0);
+    assert_int_equal(c.n, 8);
+    assert_string_equal(strstr(c.log.p, "||0|-1|6"), "||0|-1|6\n||0|-1|7\n||0|-1|8\n");
+    assert_string_equal(strstr(c.raws.p, "data: 6"), "data: 6\n\ndata: 7\n\ndata: 8\n\n");
     sse_parser_free(p);
     collect_free(&c);
 }
