@@ -268,6 +268,22 @@ static void mhd_note_read(int fd, ssize_t n, size_t len)
         w->mhd_conns[fd] &= ~MHD_CONN_DRAINED;
 }
 
+/* The client on fd hung up between requests: libmicrohttpd may have read the request before
+ * the FIN with a short read, which it takes as drained, and gets no new edge for the FIN.
+ * Re-arm its registration (EPOLL_CTL_MOD polls the socket anew and queues the readable
+ * end-of-file), so that its next run reads 0 and closes. */
+static void rearm_mhd_conn(lg_worker *w, struct MHD_Connection *conn, int fd)
+{
+    uintptr_t c = w->mhd_conns[fd];
+    if (!c || (c & MHD_CONN_OUT)) return;
+    w->mhd_conns[fd] &= ~MHD_CONN_DRAINED;
+    const union MHD_ConnectionInfo *di = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
+    struct epoll_event ev = {.events = MHD_CONN_EVENTS, .data.u64 = ev_pack(MHD_CONN_TAG, 0, fd)};
+    for (size_t i = 0; di && i < w->n_shards; i++)
+        if (w->shards[i].mhd == di->daemon)
+            (void)syscall(SYS_epoll_ctl, w->shards[i].epfd, EPOLL_CTL_MOD, fd, &ev);
+}
+
 /* The connection on fd starts or closes: a registration kept while it was suspended is
  * taken out of its shard's set for real before libmicrohttpd closes the socket. */
 static void forget_mhd_conn(lg_worker *w, struct MHD_Connection *conn, int fd)
@@ -1285,11 +1301,13 @@ static void *worker_main(void *arg)
             case TAG_CLIENT: {
                 lg_fdslot *s = client_slot(w, fd, (uint32_t)(d >> 32) & 0xffffff);
                 lg_req *r = s ? s->req : NULL;
-                if (s && !r)
-                    unwatch_socket(w, fd); /* hung up between requests: libmicrohttpd
-                                              closes it; the level-triggered watch must
-                                              not report it again meanwhile */
-                else if (r && (evs[i].events & ~(uint32_t)EPOLLOUT))
+                if (s && !r) {
+                    /* Hung up between requests: libmicrohttpd closes it once it reads
+                     * the end (rearmed, see above); the level-triggered watch must not
+                     * report it again meanwhile. */
+                    rearm_mhd_conn(w, s->conn, fd);
+                    unwatch_socket(w, fd);
+                } else if (r && (evs[i].events & ~(uint32_t)EPOLLOUT))
                     client_hung_up(w, r);
                 else if (r)
                     send_tail(w, r);
