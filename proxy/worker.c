@@ -174,18 +174,29 @@ static int ep_ctl(lg_worker *w, int op, int fd, uint32_t events, uint64_t data)
 static _Thread_local lg_worker *mhd_worker;  /* this thread's worker (NULL elsewhere) */
 static _Thread_local int suspending_fd = -1; /* worker_suspend's socket, while it suspends */
 
-static bool shard_set(const lg_worker *w, int epfd)
+/* The shard whose daemon's set epfd is, or NULL (the worker's own set, anything else). */
+static lg_shard *shard_of_set(lg_worker *w, int epfd)
 {
+    if (epfd == w->epfd) return NULL; /* the worker's own wait and watches: no search */
     for (size_t i = 0; i < w->n_shards; i++)
-        if (w->shards[i].epfd == epfd) return true;
-    return false;
+        if (w->shards[i].epfd == epfd) return &w->shards[i];
+    return NULL;
+}
+
+/* The set of the daemon that serves conn, or -1. */
+static int conn_set(lg_worker *w, struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *di = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
+    for (size_t i = 0; di && i < w->n_shards; i++)
+        if (w->shards[i].mhd == di->daemon) return w->shards[i].epfd;
+    return -1;
 }
 
 int mhd_aware_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev) __asm__("epoll_ctl");
 int mhd_aware_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
     lg_worker *w = mhd_worker;
-    if (!w || epfd == w->epfd || fd < 0 || (size_t)fd >= w->fdmap_len || !shard_set(w, epfd))
+    if (!w || fd < 0 || (size_t)fd >= w->fdmap_len || !shard_of_set(w, epfd))
         return (int)syscall(SYS_epoll_ctl, epfd, op, fd, ev);
     uintptr_t *c = &w->mhd_conns[fd];
     if (op == EPOLL_CTL_DEL && fd == suspending_fd && *c && !(*c & MHD_CONN_OUT)) {
@@ -213,9 +224,7 @@ int mhd_aware_epoll_wait(int epfd, struct epoll_event *evs, int max,
 int mhd_aware_epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout_ms)
 {
     lg_worker *w = mhd_worker;
-    lg_shard *s = NULL;
-    for (size_t i = 0; w && epfd != w->epfd && i < w->n_shards; i++)
-        if (w->shards[i].epfd == epfd) s = &w->shards[i];
+    lg_shard *s = w ? shard_of_set(w, epfd) : NULL;
     if (s && timeout_ms == 0 && !s->reported) return 0; /* nothing new: see above */
     int n = epoll_pwait(epfd, evs, max, timeout_ms, NULL);
     if (s && n < max) s->reported = false;
@@ -277,11 +286,9 @@ static void rearm_mhd_conn(lg_worker *w, struct MHD_Connection *conn, int fd)
     uintptr_t c = w->mhd_conns[fd];
     if (!c || (c & MHD_CONN_OUT)) return;
     w->mhd_conns[fd] &= ~MHD_CONN_DRAINED;
-    const union MHD_ConnectionInfo *di = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
     struct epoll_event ev = {.events = MHD_CONN_EVENTS, .data.u64 = ev_pack(MHD_CONN_TAG, 0, fd)};
-    for (size_t i = 0; di && i < w->n_shards; i++)
-        if (w->shards[i].mhd == di->daemon)
-            (void)syscall(SYS_epoll_ctl, w->shards[i].epfd, EPOLL_CTL_MOD, fd, &ev);
+    int set = conn_set(w, conn);
+    if (set >= 0) (void)syscall(SYS_epoll_ctl, set, EPOLL_CTL_MOD, fd, &ev);
 }
 
 /* The connection on fd starts or closes: a registration kept while it was suspended is
@@ -293,10 +300,8 @@ static void forget_mhd_conn(lg_worker *w, struct MHD_Connection *conn, int fd)
         return;
     }
     w->mhd_conns[fd] = 0;
-    const union MHD_ConnectionInfo *di = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
-    for (size_t i = 0; di && i < w->n_shards; i++)
-        if (w->shards[i].mhd == di->daemon)
-            (void)syscall(SYS_epoll_ctl, w->shards[i].epfd, EPOLL_CTL_DEL, fd, NULL);
+    int set = conn_set(w, conn);
+    if (set >= 0) (void)syscall(SYS_epoll_ctl, set, EPOLL_CTL_DEL, fd, NULL);
 }
 
 /* ---- requests ---------------------------------------------------------------------- */
