@@ -610,7 +610,8 @@ static void output_taken(exchange *ex)
     if (ex->at.up_paused && lg_fifo_len(&ex->cl.out) < EX_OUT_HIGH / 2 && ex->at.easy) {
         ex->at.up_paused = false;
         ex->at.last_event_ns = req_now(&ex->base); /* time paused for the client is not idle time */
-        curl_easy_pause(ex->at.easy, CURLPAUSE_CONT); /* may deliver data right here */
+        if (!worker_body_resume(ex->base.w, &ex->xfer))   /* the worker's read: after this event */
+            curl_easy_pause(ex->at.easy, CURLPAUSE_CONT); /* may deliver data right here */
     }
 }
 
@@ -880,7 +881,7 @@ lg_req *exchange_new(lg_worker *w, struct MHD_Connection *conn, const lg_api *ap
 {
     exchange *ex = lg_xcalloc(1, sizeof *ex);
     worker_req_init(w, &ex->base, &exchange_ops, conn);
-    ex->xfer = (lg_xfer){.done = on_done, .owner = ex};
+    ex->xfer = (lg_xfer){.done = on_done, .owner = ex, .body = ex_on_write};
     ex->api = api;
     ex->rec.attempts = lg_xcheck(cJSON_CreateArray());
     http_head_clear(&ex->at.head);

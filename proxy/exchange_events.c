@@ -227,9 +227,15 @@ static bool is_event_stream(const http_head *h)
 size_t ex_on_header(char *line, size_t size, size_t n, void *ud)
 {
     exchange *ex = ud;
+    bool was_complete = ex->at.head.complete;
     http_head_line(&ex->at.head, line, size * n);
     if (ex->at.head.complete && ex->at.head.status == 200 && !is_event_stream(&ex->at.head))
         ex->at.not_sse = true;
+    /* An event stream's chunked body may be read by the worker (worker.h): ex_on_write
+     * gets it either way. */
+    if (ex->at.head.complete && !was_complete)
+        worker_head_complete(ex->base.w, &ex->xfer, ex->at.easy,
+                             ex->at.head.status == 200 && !ex->at.not_sse && ex->at.head.chunked);
     if (ex->at.head.complete && ex->at.head.status == 200 && !ex->at.not_sse &&
         ex->req.client_stream) {
         ex->cl.stream_ready = true;

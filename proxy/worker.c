@@ -766,6 +766,95 @@ static _Thread_local bool curl_drained;     /* its last recv was short */
 static _Thread_local const uint8_t *curl_fd_state;
 static _Thread_local size_t curl_fd_len;
 
+/* ---- the response body outside libcurl ---------------------------------------------
+ *
+ * libcurl spends some 2,500 instructions on every read of a streamed response (its socket
+ * action, the transfer's state machine, its chunk decoder, progress and timer upkeep): at a
+ * decode pace, one read per token. For the common case, a plain-text HTTP/1.1 response with
+ * Transfer-Encoding: chunked whose body goes to a callback (lg_xfer.body), the worker reads
+ * the body itself; libcurl keeps everything else (connecting, TLS, proxies, the request,
+ * the response head, the connection pool) and sees, of the body, only its end.
+ *
+ * - Linking: when libcurl asks to watch a connection's socket for such a transfer
+ *   (on_curl_socket), the worker follows it (lg_worker.up_xfers[fd], lg_xfer.xb) until
+ *   the transfer is removed, its socket is closed or libcurl stops watching it.
+ * - The head (XB_HEAD): libcurl reads the socket through the executable's recv, which
+ *   hands it the bytes up to the end of a head (upbody_head_end, libcurl's own rule) and
+ *   keeps the rest (xb.stash), to be handed out by the next recv, so that libcurl never
+ *   holds a byte of the body when the head's last line reaches the header callback. An
+ *   interim 1xx head is cut the same way; the bytes after it are the next recv's. The poll
+ *   after a read says "pending" while the stash holds bytes. A response that does not begin
+ *   with "HTTP/1.1 " (TLS, a proxy's tunnel, another version) is libcurl's alone (XB_CURL).
+ * - The body (XB_BODY): once the final head is complete and its owner takes the body
+ *   (worker_head_complete, from the header callback, when the head is exactly what libcurl
+ *   got), libcurl's reads of the socket find nothing (recv: EAGAIN, poll: not readable),
+ *   and at each of the socket's input events the worker reads it (read_body), decodes the
+ *   chunked framing (upbody.h) and calls lg_xfer.body with the data as libcurl would:
+ *   CURL_WRITEFUNC_PAUSE keeps the data and stops watching the socket's input until
+ *   worker_body_resume; any other short count ends the transfer with CURLE_WRITE_ERROR.
+ * - The end: at the terminal chunk's size line the worker gives libcurl "0\r\n" and what
+ *   followed it (the trailers, the final CRLF) through recv and runs its socket action:
+ *   libcurl completes an empty chunked body as it would any other, calls the header
+ *   callback with the trailers, and keeps the connection for the next transfer.
+ * - Failures end the transfer as libcurl would have ended it, through lg_xfer.done (whose
+ *   owner removes the transfer, and libcurl closes the connection of a transfer removed
+ *   unfinished): the upstream's close before the terminal chunk is CURLE_PARTIAL_FILE, a
+ *   read error CURLE_RECV_ERROR with its errno (CURLINFO_OS_ERRNO), a broken framing
+ *   CURLE_RECV_ERROR (libcurl's "Failed reading the chunked-encoded stream").
+ * libcurl sets no timer of its own on a transfer in its body without CURLOPT_TIMEOUT or a
+ * low-speed limit, which the transfers read so set none of: no libcurl timeout fires while
+ * it sees no body bytes. */
+enum { XB_HEAD, XB_BODY, XB_CURL };
+
+#define BODY_READ 16384 /* the worker's read of a body: what a burst brings at once */
+
+static lg_xfer *up_xfer(int fd)
+{
+    const lg_worker *w = mhd_worker;
+    return w && w->up_xfers && fd >= 0 && (size_t)fd < w->fdmap_len ? w->up_xfers[fd] : NULL;
+}
+
+static size_t stash_len(const lg_xbody *b)
+{
+    return b->stash.len - b->stash_at;
+}
+
+static void stash_put(lg_xbody *b, const char *p, size_t n)
+{
+    if (!stash_len(b)) {
+        lg_buf_reset(&b->stash);
+        b->stash_at = 0;
+    }
+    lg_buf_append(&b->stash, p, n);
+}
+
+/* n bytes of a response head reached buf (from the socket or the stash) for libcurl:
+ * how many of them libcurl gets, up to the end of a head. */
+static size_t cut_head(lg_xbody *b, const char *buf, size_t n)
+{
+    if (!b->started) {
+        b->started = true;
+        if (n < 9 || memcmp(buf, "HTTP/1.1 ", 9) != 0) {
+            b->phase = XB_CURL;
+            return n;
+        }
+    }
+    size_t end = upbody_head_end(&b->head, buf, n);
+    b->ends_head = end != 0;
+    return end ? end : n;
+}
+
+/* libcurl's read of a socket whose stash holds bytes: from the stash, without a system
+ * call. */
+static ssize_t recv_stash(lg_xbody *b, char *buf, size_t len)
+{
+    size_t n = stash_len(b) < len ? stash_len(b) : len;
+    memcpy(buf, b->stash.p + b->stash_at, n);
+    if (b->phase == XB_HEAD) n = cut_head(b, buf, n);
+    b->stash_at += n;
+    return (ssize_t)n;
+}
+
 static bool parked(int fd);
 
 ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags) __asm__("recv");
@@ -775,11 +864,25 @@ ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
         errno = EAGAIN;
         return -1;
     }
+    lg_xfer *x = flags & MSG_PEEK ? NULL : up_xfer(fd); /* see "the response body" above */
+    if (x && x->xb.phase == XB_BODY) {
+        errno = EAGAIN; /* the worker's to read */
+        return -1;
+    }
+    if (x && stash_len(&x->xb)) return recv_stash(&x->xb, buf, len);
     ssize_t n = recvfrom(fd, buf, len, flags, NULL, NULL);
     if (!(flags & MSG_PEEK)) mhd_note_read(fd, n, len);
     if (fd == curl_read_fd && !(flags & MSG_PEEK)) {
         curl_drained = n > 0 && (size_t)n < len;
         if (n > 0) upread_note_read((size_t)n); /* sizes the next transfers' buffers */
+    }
+    if (x && n > 0 && x->xb.phase == XB_HEAD) {
+        size_t k = cut_head(&x->xb, buf, (size_t)n);
+        if (k < (size_t)n) {
+            stash_put(&x->xb, (const char *)buf + k, (size_t)n - k);
+            curl_drained = false; /* the stash is pending */
+            return (ssize_t)k;
+        }
     }
     /* libmicrohttpd reads its clients through this recv too: the edge follows those
      * bytes for what libmicrohttpd's parser hides (edge.h). */
@@ -801,6 +904,11 @@ int curl_aware_poll(struct pollfd *fds, nfds_t n, int timeout_ms) __asm__("poll"
 int curl_aware_poll(struct pollfd *fds, nfds_t n, int timeout_ms)
 {
     if (n == 1 && timeout_ms == 0 && !(fds[0].events & POLLOUT)) {
+        const lg_xfer *x = up_xfer(fds[0].fd);
+        if (x && (x->xb.phase == XB_BODY || stash_len(&x->xb))) { /* the stash or the worker's */
+            fds[0].revents = x->xb.phase == XB_BODY ? 0 : (short)(fds[0].events & POLLIN);
+            return fds[0].revents != 0;
+        }
         bool drained = curl_drained && fds[0].fd == curl_read_fd;
         if (drained) curl_drained = false;
         if (drained || parked(fds[0].fd)) {
@@ -829,6 +937,44 @@ enum {
     CFD_PARKED = 8, /* registered (for EPOLLIN only) while libcurl waits for nothing on it */
 };
 
+/* Whether the socket is watched while x's body is the worker's: a paused body callback
+ * (worker_body_resume) takes it out of the set, as libcurl's pause would (an error or a
+ * hang-up is reported even for a registration that asks for nothing), and its resume, or
+ * the end of the worker's hold, puts it back as libcurl asked for it (lg_worker.curl_fds). */
+static void watch_body_input(lg_worker *w, lg_xbody *b, bool on)
+{
+    uint8_t st = w->curl_fds[b->fd];
+    uint32_t ev = (st & CFD_IN ? EPOLLIN : 0) | (st & CFD_OUT ? EPOLLOUT : 0);
+    b->held = !on;
+    if (ev)
+        (void)ep_ctl(w, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, b->fd, ev,
+                     ev_pack(TAG_CURL_SOCK, 0, b->fd));
+}
+
+/* The worker stops following x's socket (see "the response body outside libcurl"). */
+static void unlink_body(lg_worker *w, lg_xfer *x)
+{
+    lg_xbody *b = &x->xb;
+    if (!b->linked) return;
+    if (b->held) watch_body_input(w, b, true);
+    if (w->up_xfers[b->fd] == x) w->up_xfers[b->fd] = NULL;
+    lg_buf_free(&b->stash);
+    *b = (lg_xbody){0};
+}
+
+/* libcurl watches socket s for easy's transfer: the worker follows it when the transfer's
+ * body may be the worker's (lg_xfer.body), from the response's first byte. */
+static void link_body(lg_worker *w, CURL *easy, curl_socket_t s)
+{
+    lg_xfer *x = NULL, *was = w->up_xfers[s];
+    curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+    if (!x || !x->body || was == x) return;
+    if (was) unlink_body(w, was);
+    unlink_body(w, x);
+    x->xb = (lg_xbody){.linked = true, .phase = XB_HEAD, .fd = s};
+    w->up_xfers[s] = x;
+}
+
 static curl_socket_t on_curl_open(void *userp, curlsocktype purpose, struct curl_sockaddr *a)
 {
     lg_worker *w = userp;
@@ -841,7 +987,10 @@ static curl_socket_t on_curl_open(void *userp, curlsocktype purpose, struct curl
 static int on_curl_close(void *userp, curl_socket_t s)
 {
     lg_worker *w = userp;
-    if (s >= 0 && (size_t)s < w->fdmap_len) w->curl_fds[s] = 0;
+    if (s >= 0 && (size_t)s < w->fdmap_len) {
+        if (w->up_xfers[s]) unlink_body(w, w->up_xfers[s]);
+        w->curl_fds[s] = 0;
+    }
     return close(s);
 }
 
@@ -854,6 +1003,12 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
     /* libcurl changes what it waits for on the socket being read (a transfer ended): a poll
      * of it that follows is not its read loop's check, which never comes after this. */
     if (s == curl_read_fd) curl_drained = false;
+    if (*st & CFD_CONN) {
+        if (what == CURL_POLL_REMOVE && w->up_xfers[s])
+            unlink_body(w, w->up_xfers[s]); /* the transfer is over (or moved on) */
+        else if (what != CURL_POLL_REMOVE && easy)
+            link_body(w, easy, s);
+    }
     if (what == CURL_POLL_REMOVE) {
         if ((*st & ~CFD_PARKED) == (CFD_CONN | CFD_IN)) {
             *st |= CFD_PARKED;
@@ -953,10 +1108,141 @@ static void curl_action(lg_worker *w, curl_socket_t s, int flags)
     w->curl_alive = running;
 }
 
+/* x's transfer ends here, as libcurl would have ended it (see "the response body"). */
+static void end_body(lg_worker *w, lg_xfer *x, CURLcode rc, long os_errno)
+{
+    unlink_body(w, x);
+    x->os_errno = os_errno;
+    x->done(x, rc);
+}
+
+/* The terminal chunk's size line was read; rest[0..n) followed it: libcurl gets the
+ * terminal chunk from here on and ends the transfer. */
+static void body_to_curl(lg_worker *w, lg_xfer *x, const char *rest, size_t n)
+{
+    lg_xbody *b = &x->xb;
+    int fd = b->fd;
+    b->phase = XB_CURL;
+    stash_put(b, "0\r\n", 3);
+    stash_put(b, rest, n);
+    curl_read_fd = fd;
+    curl_action(w, fd, CURL_CSELECT_IN);
+    curl_read_fd = -1;
+    curl_drained = false;
+}
+
+/* Raw body bytes p[0..n) of x's socket, decoded and handed to x->body. */
+static void feed_body(lg_worker *w, lg_xfer *x, const char *p, size_t n)
+{
+    lg_xbody *b = &x->xb;
+    while (n) {
+        const char *data;
+        size_t len;
+        ssize_t k = upbody_next(&b->dec, p, n, &data, &len);
+        if (k == UPBODY_BAD) {
+            end_body(w, x, CURLE_RECV_ERROR, 0);
+            return;
+        }
+        if (len) {
+            size_t took = x->body((char *)data, 1, len, x->owner);
+            if (took == CURL_WRITEFUNC_PAUSE) {
+                upbody_unread(&b->dec, len);
+                stash_put(b, data, (size_t)(p + n - data));
+                watch_body_input(w, b, false);
+                return;
+            }
+            if (took != len) {
+                end_body(w, x, CURLE_WRITE_ERROR, 0);
+                return;
+            }
+        }
+        p += k;
+        n -= (size_t)k;
+        if (upbody_ended(&b->dec)) {
+            body_to_curl(w, x, p, n);
+            return;
+        }
+    }
+}
+
+/* What x's socket holds (the stash first): the worker's read of the body. */
+static void read_body(lg_worker *w, lg_xfer *x)
+{
+    lg_xbody *b = &x->xb;
+    if (b->held) return;
+    if (stash_len(b)) {
+        lg_buf kept = b->stash; /* fed from here: feed_body may stash the rest anew */
+        size_t at = b->stash_at;
+        b->stash = (lg_buf)LG_BUF_INIT;
+        b->stash_at = 0;
+        feed_body(w, x, kept.p + at, kept.len - at);
+        lg_buf_free(&kept);
+        return; /* the socket's own input, if any, is reported again (level-triggered) */
+    }
+    ssize_t n = recvfrom(b->fd, w->body_buf, BODY_READ, 0, NULL, NULL);
+    if (n > 0)
+        feed_body(w, x, w->body_buf, (size_t)n);
+    else if (n == 0)
+        end_body(w, x, CURLE_PARTIAL_FILE, 0);
+    else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        end_body(w, x, CURLE_RECV_ERROR, errno);
+}
+
+/* The bodies queued by worker_head_complete (the bytes after the head) and
+ * worker_body_resume, run after the event that queued them, outside libcurl. */
+static void run_due_bodies(lg_worker *w)
+{
+    while (w->body_due.len) {
+        int fd;
+        w->body_due.len -= sizeof fd;
+        memcpy(&fd, w->body_due.p + w->body_due.len, sizeof fd);
+        lg_xfer *x = w->up_xfers[fd];
+        if (!x || !x->xb.due) continue;
+        x->xb.due = false;
+        if (x->xb.phase == XB_BODY) read_body(w, x);
+    }
+}
+
+static void body_due(lg_worker *w, lg_xbody *b)
+{
+    if (b->due) return;
+    b->due = true;
+    lg_buf_append(&w->body_due, &b->fd, sizeof b->fd);
+}
+
+bool worker_head_complete(lg_worker *w, lg_xfer *x, CURL *easy, bool take_body)
+{
+    lg_xbody *b = &x->xb;
+    long version = 0;
+    if (!b->linked || b->phase != XB_HEAD) return false;
+    /* The head libcurl parsed is exactly what it got (see cut_head), and was HTTP/1.1;
+     * libcurl sends nothing more (the rest of a request body would share the socket's
+     * events). */
+    if (!take_body || !b->ends_head || (w->curl_fds[b->fd] & CFD_OUT) ||
+        curl_easy_getinfo(easy, CURLINFO_HTTP_VERSION, &version) != CURLE_OK ||
+        version != CURL_HTTP_VERSION_1_1) {
+        b->phase = XB_CURL;
+        return false;
+    }
+    b->phase = XB_BODY;
+    if (stash_len(b)) body_due(w, b);
+    return true;
+}
+
+bool worker_body_resume(lg_worker *w, lg_xfer *x)
+{
+    lg_xbody *b = &x->xb;
+    if (!b->linked || b->phase != XB_BODY) return false;
+    if (b->held) watch_body_input(w, b, true);
+    body_due(w, b);
+    return true;
+}
+
 static void drain_curl_messages(lg_worker *w)
 {
     CURLMsg *msg;
     int left;
+    run_due_bodies(w); /* the worker's own reads of bodies, which may end transfers too */
     fail_unwatched(w);
     if (!w->curl_msgs) return;
     w->curl_msgs = false;
@@ -1049,6 +1335,9 @@ int worker_add_xfer(lg_worker *w, CURL *easy)
 
 void worker_remove_xfer(lg_worker *w, CURL *easy)
 {
+    lg_xfer *x = NULL;
+    curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+    if (x) unlink_body(w, x);
     for (size_t i = 0; i < w->n_unwatched;)
         if (w->unwatched[i] == easy)
             w->unwatched[i] = w->unwatched[--w->n_unwatched];
@@ -1294,6 +1583,11 @@ static void *worker_main(void *arg)
                 break;
             case TAG_CURL_SOCK: {
                 if (curl_unpark(w, fd)) break; /* parked since the batch began */
+                lg_xfer *x = w->up_xfers[fd];
+                if (x && x->xb.phase == XB_BODY) { /* the worker reads the body */
+                    read_body(w, x);
+                    break;
+                }
                 int flags = (evs[i].events & EPOLLIN ? CURL_CSELECT_IN : 0) |
                             (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
                             (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
@@ -1409,10 +1703,12 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
     w->fdmap_len = cfg->rlimit_nofile ? cfg->rlimit_nofile : 65536;
     w->fdmap = calloc(w->fdmap_len, sizeof *w->fdmap);
     w->curl_fds = calloc(w->fdmap_len, sizeof *w->curl_fds);
+    w->up_xfers = calloc(w->fdmap_len, sizeof *w->up_xfers);
+    w->body_buf = malloc(BODY_READ);
     w->mhd_conns = calloc(w->fdmap_len, sizeof *w->mhd_conns);
     w->metrics = metrics_new(srv->cfg->n_upstreams);
     if (w->epfd < 0 || w->curl_timerfd < 0 || w->wake_fd < 0 || !w->fdmap || !w->curl_fds ||
-        !w->mhd_conns) {
+        !w->mhd_conns || !w->up_xfers || !w->body_buf) {
         snprintf(err, errlen, "worker %d: %s", id, strerror(errno));
         goto fail;
     }
@@ -1495,6 +1791,9 @@ void worker_free(lg_worker *w)
     lg_buf_free(&w->ended);
     free(w->fdmap);
     free(w->curl_fds);
+    free(w->up_xfers);
+    free(w->body_buf);
+    lg_buf_free(&w->body_due);
     free(w->mhd_conns);
     free(w);
 }

@@ -47,6 +47,7 @@
 #include "proxy/buf.h"
 #include "proxy/incident.h"
 #include "proxy/metrics.h"
+#include "proxy/upbody.h"
 
 typedef struct lg_worker lg_worker;
 typedef struct lg_req lg_req;
@@ -124,11 +125,34 @@ struct lg_req {
     lg_req *prev, *next; /* worker's live list (ticks) or graveyard */
 };
 
+/* The worker's hold on a transfer's socket while its response is read (worker.c, "the
+ * response body outside libcurl"); zeroed with its lg_xfer, the worker's alone after that. */
+typedef struct lg_xbody {
+    bool linked;    /* fd is this transfer's socket, and the worker follows it */
+    uint8_t phase;  /* worker.c's XB_* */
+    bool started;   /* the response's first bytes were seen */
+    bool ends_head; /* the last bytes libcurl got end a head */
+    bool held;      /* paused by the body callback: the socket's input is not watched */
+    bool due;       /* queued to be run after the current event (lg_worker.body_due) */
+    int fd;
+    upbody_head head;
+    upbody dec;
+    lg_buf stash; /* read from the socket and not yet handed on, from stash_at */
+    size_t stash_at;
+} lg_xbody;
+
 /* A libcurl transfer's private data (CURLOPT_PRIVATE): who to tell when it finishes. */
 typedef struct lg_xfer {
+    /* The transfer ended (rc as libcurl reports it). The owner removes it from the multi
+     * handle (worker_remove_xfer) before it returns. */
     void (*done)(struct lg_xfer *x, CURLcode rc);
     void *owner;
     long os_errno; /* CURLINFO_OS_ERRNO when the transfer ended: why a connect failed */
+    /* The transfer's CURLOPT_WRITEFUNCTION when the worker may read its response body
+     * itself (worker_head_complete), called as libcurl calls it, with `owner` as its
+     * userdata, on the worker's thread outside libcurl; NULL: libcurl reads every body. */
+    curl_write_callback body;
+    lg_xbody xb;
 } lg_xfer;
 
 /* One libmicrohttpd daemon of a worker. */
@@ -160,6 +184,9 @@ struct lg_worker {
     size_t fdmap_len;
     uint32_t last_gen;    /* the last lg_req.gen handed out: the worker's own fd map's */
     uint8_t *curl_fds;    /* per fd: how an upstream socket is in the epoll set (worker.c) */
+    lg_xfer **up_xfers;   /* per fd: the transfer whose response the worker follows */
+    lg_buf body_due;      /* sockets (int) whose transfer's body is to be run (worker.c) */
+    char *body_buf;       /* the worker's reads of response bodies (BODY_READ bytes) */
     uintptr_t *mhd_conns; /* per fd: a client socket's registration in its shard's set */
     CURL **unwatched;     /* transfers whose socket epoll refused, to be failed */
     size_t n_unwatched;
@@ -289,6 +316,18 @@ CURLU *worker_upstream_url(lg_worker *w, const char *url);
 /* Adds/removes a libcurl easy handle on the worker's multi handle. */
 int worker_add_xfer(lg_worker *w, CURL *easy);
 void worker_remove_xfer(lg_worker *w, CURL *easy);
+/* From x's header callback, once the final head of its response is complete: when
+ * `take_body` (the caller's own conditions hold: a response whose body goes to x->body
+ * and that declared Transfer-Encoding: chunked), the worker reads the body itself if it
+ * can (a plain-text HTTP/1.1 response on a connection the worker follows) and hands libcurl
+ * only its end; otherwise, or without take_body, libcurl reads it. Returns whether the
+ * worker took it: a pause of x->body is then undone by worker_body_resume, not by
+ * curl_easy_pause. */
+bool worker_head_complete(lg_worker *w, lg_xfer *x, CURL *easy, bool take_body);
+/* x->body paused its transfer (CURL_WRITEFUNC_PAUSE) and may take data again: returns true
+ * when the worker reads x's body (the data follows after the current event), false when
+ * libcurl does (the caller unpauses it: curl_easy_pause). */
+bool worker_body_resume(lg_worker *w, lg_xfer *x);
 /* A fire-and-forget POST of `json` to `url` (SGLang's /abort_request): owned by the worker,
  * bounded by a 5 s timeout; the loop waits for pending ones when it shuts down. */
 void worker_post_detached(lg_worker *w, const char *url, const char *json);
