@@ -40,6 +40,7 @@
  * of the segments in the ring that share its bucket (256 buckets) and its first number;
  * the fuzzy lags only at a segment that came before. Memory: the ring, 20 bytes a segment,
  * and 512 bytes of buckets. */
+#include <limits.h>
 #include <stdlib.h>
 
 #include "guard/guard_int.h"
@@ -57,6 +58,14 @@ RARE_PATH static void cycle_alloc(guard *g)
         double need = g->p->cycle.fuzzy_share * 2 * l;
         unsigned n = (unsigned)need;
         g->cyc_fz_need[l - 2] = (unsigned char)(n < need ? n + 1 : n ? n : 1);
+    }
+    /* Per lag L, the fewest returns among the last 2L segments with which a lag L' >= L can
+     * still have enough (each lag adds two segments, so two returns at most). */
+    int lo = INT_MAX;
+    for (unsigned l = GUARD_FUZZY_LAG; l >= 2; l--) {
+        int need = g->cyc_fz_need[l - 2];
+        lo = need < lo - 2 ? need : lo - 2;
+        g->cyc_fz_lo[l - 2] = (unsigned char)(lo > 0 ? lo : 0);
     }
 }
 
@@ -80,11 +89,19 @@ static unsigned skeletons(const guard *g, unsigned nw, uint32_t *exact, uint32_t
 {
     uint32_t e = 0x811C9DC5u, m = 0x811C9DC5u;
     unsigned words = 0, k = nw;
-    for (unsigned i = 0; i < nw; i++) {
-        bool alpha = g->sw[i].alpha;
-        if (i || alpha) e = step(e, g->sw[i].hash);
-        if (alpha) m = step(m, g->sw[i].hash);
-        if (!alpha && i && k == nw) k = i;
+    const gword *sw = g->sw;
+    if (nw && sw[0].alpha) { /* word 0 counts in the exact skeleton when it is no number */
+        e = m = step(e, sw[0].hash);
+        words = 1;
+    }
+    /* Past word 0 without branches: whether a word starts with a letter follows the text. */
+    for (unsigned i = 1; i < nw; i++) {
+        uint64_t h = sw[i].hash;
+        bool alpha = sw[i].alpha;
+        uint32_t mh = step(m, h);
+        e = step(e, h);
+        m = alpha ? mh : m;
+        k = !alpha && k == nw ? i : k;
         words += alpha;
     }
     *exact = e;
@@ -193,6 +210,7 @@ static bool fuzzy_trips(guard *g, uint64_t i, uint64_t start, uint64_t end, uint
     for (unsigned l = 2; l <= GUARD_FUZZY_LAG; l++) {
         unsigned span = 2 * l, need = g->cyc_fz_need[l - 2];
         rets += (r >> (span - 2) & 1) + (r >> (span - 1) & 1);
+        if (rets < g->cyc_fz_lo[l - 2]) break; /* no longer lag can have enough */
         if (rets < need || i + 1 < span + l || 3 * l >= p->cycle.window) continue;
         unsigned eq = 0;
         uint32_t eqmask = 0;

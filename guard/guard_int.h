@@ -347,6 +347,7 @@ struct guard {
      * L = 2 … GUARD_FUZZY_LAG, the segments of 2L equal to the one L before that trip */
     uint32_t cyc_prose;
     unsigned char cyc_fz_need[GUARD_FUZZY_LAG - 1];
+    unsigned char cyc_fz_lo[GUARD_FUZZY_LAG - 1]; /* per L: fewer returns, no lag >= L trips */
 
     /* rules (g_rules.c) */
     pcre2_match_data *md;
