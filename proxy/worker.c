@@ -1544,7 +1544,7 @@ static void *worker_main(void *arg)
          * run (timeout 0) is marked ready by run_mhd. */
         uint64_t left = next_tick > w->now_ns ? next_tick - w->now_ns : 0;
         int timeout = left < TICK_NS ? (int)((left + 999999) / 1000000) : (int)(TICK_NS / 1000000);
-        if (w->curl_due || w->mhd_dirty || w->flush_head)
+        if (w->curl_due || w->mhd_dirty || w->flush_head || w->body_due.len)
             timeout = 0; /* work left or due now: do not block */
         int n = epoll_wait(w->epfd, evs, MAX_EVENTS, timeout);
         if (n < 0 && errno != EINTR) {
