@@ -211,7 +211,13 @@ static void read_line(const guard *g, uint64_t s, uint64_t e, cline *l)
     uint32_t rest = 0x811C9DC5u;
     unsigned nn = 0;
     memset(l->num, 0, sizeof(l->num)); /* the numbers a line lacks are 0 */
-    while (p < be) {
+    for (;;) {
+        /* 8 bytes without a digit (most of a line) are hashed as they are. */
+        while (be - p >= 8 && !digit_bits(load_le(p))) {
+            h = hash_word(h, load_le(p));
+            p += 8;
+        }
+        if (p >= be) break;
         const bool tail = be - p < 8;
         uint64_t x = tail ? load_tail(p, be, s0) : load_le(p), m = digit_bits(x);
         /* The first number starting in these 8 bytes, after any digits of a name
