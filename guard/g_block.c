@@ -31,9 +31,10 @@
  *
  * Measured on the AlpacaEval answers (tests/corpus): 4 copies and 12 lines caught 37 of
  * the labelled loops with no false trip; 8 lines tripped on an ABC tune written out four
- * times. Cost: O(line) once per line (the skeleton hash; art lines a second pass) and
- * CYCLE_MAX_PERIOD compares; memory: about 1.2 KiB (a ring of CYCLE_RING lines), allocated
- * at the first line. */
+ * times. Cost: O(line) once per line (the skeleton hash; art lines a second pass) and a
+ * compare per period with a run or whose line may share the skeleton (its low byte; most
+ * lines: none); memory: about 1.2 KiB (a ring of CYCLE_RING lines), allocated at the first
+ * line with a body. */
 #include <stdlib.h>
 #include <string.h>
 
