@@ -171,9 +171,11 @@ bool http_forward_header(const char *name, const char *connection_value, bool fo
     static const char *const own[] = {"host", "content-length", "expect", "x-forwarded-for"};
     if (one_of(name, own, sizeof own / sizeof *own)) return false;
     if (http_is_hop_header(name, connection_value)) return false;
-    if (for_exchange &&
-        (strcasecmp(name, "Accept-Encoding") == 0 || strcasecmp(name, "Content-Type") == 0 ||
-         strncasecmp(name, "X-Loopguard", 11) == 0))
+    /* An exchange writes its own Content-Type and Accept (http_upstream_headers): the
+     * client's would go out beside them, twice. */
+    static const char *const exchange_own[] = {"accept-encoding", "content-type", "accept"};
+    if (for_exchange && (one_of(name, exchange_own, sizeof exchange_own / sizeof *exchange_own) ||
+                         strncasecmp(name, "X-Loopguard", 11) == 0))
         return false;
     return true;
 }
