@@ -1246,7 +1246,8 @@ static void *worker_main(void *arg)
     curl_fd_state = w->curl_fds;
     curl_fd_len = w->fdmap_len;
     mhd_worker = w;
-    lg_buf_cache_begin(); /* the small buffers of one request serve the next (buf.h) */
+    lg_buf_cache_begin();    /* the small buffers of one request serve the next (buf.h) */
+    lg_xalloc_cache_begin(); /* and the blocks libcurl and cJSON drop (xalloc.h) */
 
     for (;;) {
         /* libmicrohttpd's own timeouts (an idle or stalled client, client_timeout_s) are
@@ -1362,6 +1363,7 @@ static void *worker_main(void *arg)
     }
     resume_all(w);
     lg_buf_cache_end();
+    lg_xalloc_cache_end();
     return NULL;
 }
 
