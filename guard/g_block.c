@@ -47,6 +47,7 @@
 #define ENDS             8    /* bytes of each end that make a line's frame */
 #define RECENT           2048 /* bytes before a line where a grown name's parts are looked for */
 #define GROWN            UINT32_MAX /* the step of a line whose name grew */
+#define PERIODS          0xFFFCu    /* bits 2 to CYCLE_MAX_PERIOD: the periods looked at */
 
 typedef struct cline {
     uint64_t skel;  /* hash of the skeleton */
@@ -64,11 +65,12 @@ struct gblock {
     uint64_t from[CYCLE_MAX_PERIOD + 1];  /* where each run's first copy began */
     uint16_t moved[CYCLE_MAX_PERIOD + 1]; /* bit k: the line k back changed a number */
     uint32_t step[CYCLE_MAX_PERIOD + 1];  /* how much the last moved line's number went up */
-    bool active;                          /* some run is going on */
+    uint16_t runs;                        /* bit P: run[P] is not 0 */
     /* How many of the last CYCLE_MAX_PERIOD lines have each value of skel's low 8 bits: a
      * line whose bits no earlier line has, while no run goes on, matches nothing (with 6
      * bits, one line in five looked like a match). */
     unsigned char hint[256];
+    unsigned char low[CYCLE_RING]; /* per ring slot, the low 8 bits of its line's skel */
     /* The art run: its texture, the last line's hash, its length and first line. */
     uint64_t art_tex, art_raw, art_from;
     unsigned art_run;
@@ -209,7 +211,13 @@ static void read_line(const guard *g, uint64_t s, uint64_t e, cline *l)
     uint32_t rest = 0x811C9DC5u;
     unsigned nn = 0;
     memset(l->num, 0, sizeof(l->num)); /* the numbers a line lacks are 0 */
-    while (p < be) {
+    for (;;) {
+        /* 8 bytes without a digit (most of a line) are hashed as they are. */
+        while (be - p >= 8 && !digit_bits(load_le(p))) {
+            h = hash_word(h, load_le(p));
+            p += 8;
+        }
+        if (p >= be) break;
         const bool tail = be - p < 8;
         uint64_t x = tail ? load_tail(p, be, s0) : load_le(p), m = digit_bits(x);
         /* The first number starting in these 8 bytes, after any digits of a name
@@ -329,6 +337,23 @@ static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     return true;
 }
 
+/* The periods P (bit P) whose line, P lines before line n, may have a skeleton with the
+ * low 8 bits `b`: its slot's byte is b (SWAR over the ring's 16 bytes; a borrow may add a
+ * period, which the caller compares in full, and never drops one). */
+static uint32_t low_matches(const struct gblock *c, unsigned char b, uint64_t n)
+{
+    const uint64_t ones = 0x0101010101010101ull;
+    uint32_t periods = 0;
+    for (unsigned half = 0; half < 2; half++) {
+        uint64_t x = load_le(c->low + 8 * half) ^ (ones * b);
+        for (uint64_t z = (x - ones) & ~x & (ones * 0x80); z; z &= z - 1) {
+            unsigned slot = 8 * half + (unsigned)__builtin_ctzll(z) / 8;
+            periods |= 1u << ((n - slot) % CYCLE_RING);
+        }
+    }
+    return periods;
+}
+
 bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
     const guard_params *p = g->p;
@@ -341,7 +366,7 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         memset(c->run, 0, sizeof(c->run));
         memset(c->moved, 0, sizeof(c->moved));
         memset(c->hint, 0, sizeof(c->hint));
-        c->active = false;
+        c->runs = 0;
         return false;
     }
     if (start == end) return false;
@@ -350,16 +375,23 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     cline *l = &c->ring[c->n % CYCLE_RING];
     read_line(g, start, end, l);
     uint64_t n = c->n++;
-    bool maybe = c->active || c->hint[l->skel & 255];
-    c->hint[l->skel & 255]++;
-    if (n >= CYCLE_MAX_PERIOD) c->hint[c->ring[(n - CYCLE_MAX_PERIOD) % CYCLE_RING].skel & 255]--;
+    unsigned char b = (unsigned char)l->skel;
+    bool maybe = c->runs || c->hint[b];
+    c->hint[b]++;
+    if (n >= CYCLE_MAX_PERIOD) c->hint[c->low[(n - CYCLE_MAX_PERIOD) % CYCLE_RING]]--;
+    c->low[n % CYCLE_RING] = b;
     if (!maybe) return false; /* every run is 0 and stays so */
-    uint64_t longest = 0;     /* lines of the longest run */
-    c->active = false;
-    for (unsigned P = 2; P <= CYCLE_MAX_PERIOD && P <= n; P++) {
+    /* The periods to look at: those with a run, and those whose line may have l's skeleton;
+     * at every other P the run is 0 and stays so. */
+    uint32_t todo = c->runs | low_matches(c, b, n);
+    todo &= n >= CYCLE_MAX_PERIOD ? PERIODS : PERIODS & ((2u << n) - 1);
+    if (!todo) return false;
+    uint64_t longest = 0; /* lines of the longest run */
+    for (; todo; todo &= todo - 1) {
+        unsigned P = (unsigned)__builtin_ctz(todo);
         const cline *o = &c->ring[(n - P) % CYCLE_RING];
         /* No run at P and another skeleton: the compare says 2 and nothing changes (a run
-         * of 0 has no line moved). Most periods of most lines. */
+         * of 0 has no line moved). */
         if (!c->run[P] && o->skel != l->skel) continue;
         /* One line may move per copy (a counter), not one per line. A grown name is looked
          * for (memmem, the costly part) only inside a run with no line moved yet: code
@@ -376,7 +408,7 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         if (m && !c->run[P]) c->from[P] = o->start;
         c->run[P] = m ? (uint16_t)(c->run[P] < UINT16_MAX ? c->run[P] + 1 : c->run[P]) : 0;
         c->moved[P] = m ? moved : 0;
-        c->active |= m;
+        c->runs = (uint16_t)(m ? c->runs | 1u << P : c->runs & ~(1u << P));
         if (m && c->run[P] + P > longest) longest = c->run[P] + P;
     }
     if (longest < p->lines.block_lines) return false;

@@ -40,6 +40,7 @@
  * of the segments in the ring that share its bucket (256 buckets) and its first number;
  * the fuzzy lags only at a segment that came before. Memory: the ring, 20 bytes a segment,
  * and 512 bytes of buckets. */
+#include <limits.h>
 #include <stdlib.h>
 
 #include "guard/guard_int.h"
@@ -57,6 +58,14 @@ RARE_PATH static void cycle_alloc(guard *g)
         double need = g->p->cycle.fuzzy_share * 2 * l;
         unsigned n = (unsigned)need;
         g->cyc_fz_need[l - 2] = (unsigned char)(n < need ? n + 1 : n ? n : 1);
+    }
+    /* Per lag L, the fewest returns among the last 2L segments with which a lag L' >= L can
+     * still have enough (each lag adds two segments, so two returns at most). */
+    int lo = INT_MAX;
+    for (unsigned l = GUARD_FUZZY_LAG; l >= 2; l--) {
+        int need = g->cyc_fz_need[l - 2];
+        lo = need < lo - 2 ? need : lo - 2;
+        g->cyc_fz_lo[l - 2] = (unsigned char)(lo > 0 ? lo : 0);
     }
 }
 
@@ -80,11 +89,19 @@ static unsigned skeletons(const guard *g, unsigned nw, uint32_t *exact, uint32_t
 {
     uint32_t e = 0x811C9DC5u, m = 0x811C9DC5u;
     unsigned words = 0, k = nw;
-    for (unsigned i = 0; i < nw; i++) {
-        bool alpha = g->sw[i].alpha;
-        if (i || alpha) e = step(e, g->sw[i].hash);
-        if (alpha) m = step(m, g->sw[i].hash);
-        if (!alpha && i && k == nw) k = i;
+    const gword *sw = g->sw;
+    if (nw && sw[0].alpha) { /* word 0 counts in the exact skeleton when it is no number */
+        e = m = step(e, sw[0].hash);
+        words = 1;
+    }
+    /* Past word 0 without branches: whether a word starts with a letter follows the text. */
+    for (unsigned i = 1; i < nw; i++) {
+        uint64_t h = sw[i].hash;
+        bool alpha = sw[i].alpha;
+        uint32_t mh = step(m, h);
+        e = step(e, h);
+        m = alpha ? mh : m;
+        k = !alpha && k == nw ? i : k;
         words += alpha;
     }
     *exact = e;
@@ -106,29 +123,34 @@ static uint32_t number_at(const guard *g, unsigned k, uint64_t end)
     return v;
 }
 
-/* The mixed replay: the last mix_window segments all came before (but mix_new of them),
- * and not as one replay: the order changed at least mix_breaks times ("A C B A B C": a few
- * lines drawn again and again in any order). A chorus sung again, even twice, is one
- * replay, and a song's verses are new lines. */
-static bool mix_trips(guard *g, unsigned nw, uint64_t i, uint64_t end, unsigned copies,
-                      uint64_t now)
+/* Can the mixed replay trip at segment i: mix_new or fewer of the last mix_window segments
+ * did not come before? Most segments: no. Their bits are cleared one by one, mix_new of
+ * them at most: a popcount for every segment was a library call (no -mpopcnt). */
+static inline bool mix_may(const guard *g, uint64_t i)
+{
+    unsigned n = g->p->cycle.mix_window;
+    if (!n || i + 1 < n) return false;
+    uint32_t fresh = ~g->cyc_ret & (n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1);
+    for (unsigned k = 0; k < g->p->cycle.mix_new && fresh; k++)
+        fresh &= fresh - 1;
+    return !fresh;
+}
+
+/* The mixed replay: the last mix_window segments all came before (but mix_new of them:
+ * mix_may holds), and not as one replay: the order changed at least mix_breaks times ("A C
+ * B A B C": a few lines drawn again and again in any order). A chorus sung again, even
+ * twice, is one replay, and a song's verses are new lines. RARE_PATH. */
+RARE_PATH static bool mix_trips(guard *g, unsigned nw, uint64_t i, uint64_t end, unsigned copies,
+                                uint64_t now)
 {
     const guard_params *p = g->p;
     unsigned n = p->cycle.mix_window;
-    if (!n || i + 1 < n) return false;
     /* An item of a numbered list the prompt asks for ("write 50 stories": its number at most
      * the prompt's largest) may draw on the items before it: the list is within what was
      * asked. */
     if (g->prompt_number && nw && !g->sw[0].alpha && number_at(g, 0, end) <= g->prompt_number)
         return false;
     uint32_t win = n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1;
-    /* Most segments end here: more than mix_new of the last n did not come before. Their
-     * bits are cleared one by one, mix_new of them at most: a popcount for every segment
-     * was a library call (no -mpopcnt). */
-    uint32_t fresh = ~g->cyc_ret & win;
-    for (unsigned k = 0; k < p->cycle.mix_new && fresh; k++)
-        fresh &= fresh - 1;
-    if (fresh) return false;
     unsigned ret = (unsigned)__builtin_popcount(g->cyc_ret & win);
     unsigned brk = (unsigned)__builtin_popcount(g->cyc_brk & win);
     unsigned third = (unsigned)__builtin_popcount(g->cyc_third & win);
@@ -157,9 +179,9 @@ static bool mix_trips(guard *g, unsigned nw, uint64_t i, uint64_t end, unsigned 
  * segment i's last copy (lag u) sat in a replay of the copy before (lag v), the segments on
  * both sides of it equal to those on both sides of that one. An essay that quotes its
  * thesis a third time, a list that names an item again, do not replay the sentences around
- * it. */
-static bool third_trips(guard *g, uint64_t i, unsigned u, unsigned v, uint64_t start, uint64_t end,
-                        uint64_t now)
+ * it. RARE_PATH. */
+RARE_PATH static bool third_trips(guard *g, uint64_t i, unsigned u, unsigned v, uint64_t start,
+                                  uint64_t end, uint64_t now)
 {
     unsigned m = g->cyc_mask;
     if (u < 2 || v + 1 >= g->p->cycle.window || v + 1 > i) return false;
@@ -182,17 +204,18 @@ static bool third_trips(guard *g, uint64_t i, unsigned u, unsigned v, uint64_t s
  * block of lines comes round a third time with a line or two changed. A song's verses
  * change every line, and its chorus alone is less than that share of a round. The count
  * only grows at a segment that came before, so only those are judged, and only at the
- * lags where enough of the last 2L came before (cyc_ret): most segments cost a test. */
-static bool fuzzy_trips(guard *g, uint64_t i, uint64_t start, uint64_t end, uint64_t now)
+ * lags where enough of the last 2L came before (cyc_ret): the caller asks only at a
+ * segment that came before (bit 0 of cyc_ret). RARE_PATH. */
+RARE_PATH static bool fuzzy_trips(guard *g, uint64_t i, uint64_t start, uint64_t end, uint64_t now)
 {
     const guard_params *p = g->p;
-    if (!(g->cyc_ret & 1)) return false;
     const uint32_t r = g->cyc_ret;
     /* rets: returns among the last 2l segments, counted on as l grows. */
     unsigned m = g->cyc_mask, rets = (r & 1) + (r >> 1 & 1);
     for (unsigned l = 2; l <= GUARD_FUZZY_LAG; l++) {
         unsigned span = 2 * l, need = g->cyc_fz_need[l - 2];
         rets += (r >> (span - 2) & 1) + (r >> (span - 1) & 1);
+        if (rets < g->cyc_fz_lo[l - 2]) break; /* no longer lag can have enough */
         if (rets < need || i + 1 < span + l || 3 * l >= p->cycle.window) continue;
         unsigned eq = 0;
         uint32_t eqmask = 0;
@@ -223,6 +246,34 @@ static bool fuzzy_trips(guard *g, uint64_t i, uint64_t start, uint64_t end, uint
         return true;
     }
     return false;
+}
+
+/* The replay at lag cyc_lag, of min_bytes and half text, for segment [start, end): does it
+ * trip? RARE_PATH. */
+RARE_PATH static bool replay_trips(guard *g, uint64_t start, uint64_t end, uint64_t now)
+{
+    const guard_params *p = g->p;
+    unsigned lag = g->cyc_lag, run = g->cyc_run, need = p->cycle.min_segments;
+    bool by_exact = run >= need && run >= lag * (p->cycle.copies - 1) && g->cyc_exact >= need &&
+                    g->cyc_exact * 3 >= run * 2;
+    /* Equal only with the numbers aside, a replay must come round more often, be a cycle of
+     * two segments or more and half sentences: one sentence said again with new numbers is a
+     * list (one product in several sizes), two or more taking turns with new numbers each
+     * time are a procedure going round ("The cell in row 8 can only be 7." / "… must hold
+     * 2."), and code, protocol tables and changelogs step their numbers through lines on
+     * purpose. */
+    bool by_masked = p->cycle.masked_copies && lag >= 2 && run >= p->cycle.masked_min_segments &&
+                     run >= lag * (p->cycle.masked_copies - 1) && g->cyc_stepped * 3 < run &&
+                     g->cyc_sentence_bytes * 2 >= g->cyc_bytes;
+    if (!by_exact && !by_masked) return false;
+    /* A sentence the prompt asks for, or holds, may come back that many times. */
+    unsigned copies = 1 + run / lag;
+    if (start >= g->base &&
+        copies <= guard_prompt_slack(g, g->buf + (start - g->base), (size_t)(end - start)))
+        return false;
+    guard_set_unit(g, start, end);
+    guard_trip(g, "cycle", g->cyc_from, now, copies);
+    return true;
 }
 
 bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, unsigned kind,
@@ -292,34 +343,13 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, un
     g->cyc_third = g->cyc_third << 1 | (seen >= 2);
     g->cyc_brk = g->cyc_brk << 1 | (broke && g->cyc_lag != 0);
     g->cyc_text = g->cyc_text << 1 | text;
-    if (mix_trips(g, nw, i, end, seen + 1, now)) return true;
+    if (mix_may(g, i) && mix_trips(g, nw, i, end, seen + 1, now)) return true;
     if (nnear == 2 && kind & GSEG_SENTENCE && p->cycle.third_bytes && len >= p->cycle.third_bytes &&
         third_trips(g, i, near[0], near[1], start, end, now))
         return true;
     g->cyc_prose = g->cyc_prose << 1 | ((kind & GSEG_PROSE) != 0);
-    if (p->cycle.fuzzy_share > 0 && fuzzy_trips(g, i, start, end, now)) return true;
-
-    unsigned lag = g->cyc_lag, run = g->cyc_run, need = p->cycle.min_segments;
-    if (!lag || g->cyc_bytes < p->cycle.min_bytes || g->cyc_text_bytes * 2 < g->cyc_bytes)
-        return false;
-    bool by_exact = run >= need && run >= lag * (p->cycle.copies - 1) && g->cyc_exact >= need &&
-                    g->cyc_exact * 3 >= run * 2;
-    /* Equal only with the numbers aside, a replay must come round more often, be a cycle of
-     * two segments or more and half sentences: one sentence said again with new numbers is a
-     * list (one product in several sizes), two or more taking turns with new numbers each
-     * time are a procedure going round ("The cell in row 8 can only be 7." / "… must hold
-     * 2."), and code, protocol tables and changelogs step their numbers through lines on
-     * purpose. */
-    bool by_masked = p->cycle.masked_copies && lag >= 2 && run >= p->cycle.masked_min_segments &&
-                     run >= lag * (p->cycle.masked_copies - 1) && g->cyc_stepped * 3 < run &&
-                     g->cyc_sentence_bytes * 2 >= g->cyc_bytes;
-    if (!by_exact && !by_masked) return false;
-    /* A sentence the prompt asks for, or holds, may come back that many times. */
-    unsigned copies = 1 + run / lag;
-    if (start >= g->base &&
-        copies <= guard_prompt_slack(g, g->buf + (start - g->base), (size_t)(end - start)))
-        return false;
-    guard_set_unit(g, start, end);
-    guard_trip(g, "cycle", g->cyc_from, now, copies);
-    return true;
+    if (p->cycle.fuzzy_share > 0 && (g->cyc_ret & 1) && fuzzy_trips(g, i, start, end, now))
+        return true;
+    return g->cyc_lag && g->cyc_bytes >= p->cycle.min_bytes &&
+           g->cyc_text_bytes * 2 >= g->cyc_bytes && replay_trips(g, start, end, now);
 }

@@ -19,8 +19,8 @@
 
 #include "guard/guard_int.h"
 
-/* The tables, made at the first trigram: a text of fewer than three words, or one that
- * never ends a segment, needs none. RARE_PATH. */
+/* The tables, made at the segment that brings the text's third word: a text of fewer
+ * than three words, or one that never ends a segment, needs none. RARE_PATH. */
 RARE_PATH static void novelty_alloc(guard *g)
 {
     g->ttab = guard_xcalloc((size_t)1 << GUARD_TTAB_BITS, sizeof(*g->ttab));
@@ -34,6 +34,10 @@ void guard_novelty_release(guard *g)
     free(g->tri_start);
     free(g->tri_novel);
 }
+
+/* A slot of the ring (tri_novel): bit 0 a novel trigram, bit 1 a new word, TRI_FILLED once
+ * written, so that the ring is full when the oldest slot, the next one, is filled. */
+#define TRI_FILLED 4
 
 static inline uint64_t mix(uint64_t x)
 {
@@ -50,17 +54,16 @@ static inline uint64_t mix(uint64_t x)
 static inline unsigned table_seen(gtri *tab, uint64_t t, uint16_t now_w, unsigned memory)
 {
     gtri *set = &tab[(t >> (64 - GUARD_TTAB_BITS)) & ~(uint64_t)1];
-    uint16_t tag = (uint16_t)(t & 0x3FFF);
-    uint16_t age0 = (uint16_t)(now_w - set[0].word), age1 = (uint16_t)(now_w - set[1].word);
+    uint32_t tag = (uint32_t)(t & 0x3FFF), s0 = set[0], s1 = set[1];
+    unsigned age0 = (uint16_t)(now_w - s0), age1 = (uint16_t)(now_w - s1);
     /* The slot holding t, else the older one; in arithmetic, not branches: whether a key
      * was seen is what the table is asked, so no branch on it is predictable. */
-    bool in1 = set[1].tag == tag, in0 = set[0].tag == tag;
-    gtri *e = &set[in1 | (!in0 & (age1 > age0))];
-    bool hit = (in1 | in0) & ((in1 ? age1 : age0) <= memory);
-    unsigned seen = e->seen & -(unsigned)hit; /* no branch either */
-    e->tag = tag;
-    e->seen = seen < 3 ? seen + 1 : 3;
-    e->word = now_w;
+    bool in1 = s1 >> 18 == tag, in0 = s0 >> 18 == tag;
+    unsigned i = in1 | (!in0 & (age1 > age0));
+    uint32_t e = i ? s1 : s0;
+    bool hit = (in1 | in0) & ((i ? age1 : age0) <= memory);
+    unsigned seen = (e >> 16 & 3) & -(unsigned)hit; /* no branch either */
+    set[i] = tag << 18 | (seen < 3 ? seen + 1 : 3) << 16 | now_w;
     return seen;
 }
 
@@ -87,7 +90,9 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
     uint64_t ws0 = g->ws[0], ws1 = g->ws[1], ws2 = g->ws[2];
     unsigned walpha = g->walpha, slot = g->tri_slot, novel = g->novel, fresh = g->fresh;
     uint32_t nwords = g->nwords;
-    uint64_t ntri = g->ntri;
+    /* A trigram may end in this segment (one of numbers alone needs no table, but is no
+     * reason to test for the table per word). */
+    if (!g->ttab && nwords + nw >= 3) novelty_alloc(g);
     gtri *tab = g->ttab;
     unsigned char *tri_novel = g->tri_novel;
     uint64_t *tri_start = g->tri_start;
@@ -104,12 +109,6 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
         ws2 = sw[i].start;
         walpha = (walpha << 1 | alpha) & 7;
         if (++nwords < 3 || !walpha) continue;
-        if (!tab) {
-            novelty_alloc(g);
-            tab = g->ttab;
-            tri_novel = g->tri_novel;
-            tri_start = g->tri_start;
-        }
 
         /* A word of prose new within memory_words (a key of its own in the same table): a
          * loop brings none, a list of one product in several colours one an item. Words
@@ -122,17 +121,16 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
         bool is_novel = seen < min_seen;
         if (!is_novel && !prose) continue;
 
-        if (ntri >= w) {
-            novel -= tri_novel[slot] & 1;
-            fresh -= tri_novel[slot] >> 1;
-        }
-        tri_novel[slot] = (unsigned char)(is_novel | new_word << 1);
+        /* The slot's trigram leaves the window (none yet while it is 0, as calloc made
+         * it). */
+        novel -= tri_novel[slot] & 1;
+        fresh -= tri_novel[slot] >> 1 & 1;
+        tri_novel[slot] = (unsigned char)(is_novel | new_word << 1 | TRI_FILLED);
         tri_start[slot] = ws0;
-        slot = slot + 1 < w ? slot + 1 : 0; /* ntri % w, without a division per word */
+        slot = slot + 1 < w ? slot + 1 : 0;
         novel += is_novel;
         fresh += new_word;
-        ntri++;
-        if (fresh > max_new || ntri < w || novel >= few) continue;
+        if (fresh > max_new || novel >= few || !(tri_novel[slot] & TRI_FILLED)) continue;
         /* Repetition the prompt asks for, or the words of a trigram it holds, are no
          * paraphrase loop (g_prompt.c). */
         if (ws0 >= g->base && ws0 < now &&
@@ -154,6 +152,5 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
     g->tri_slot = slot;
     g->novel = novel;
     g->fresh = fresh;
-    g->ntri = ntri;
     return tripped;
 }

@@ -133,13 +133,14 @@ RARE_PATH static bool newline(guard *g, uint64_t pos)
     return line_end(g, ls, pos, pos + 1);
 }
 
-/* Per byte b at offset pos, for the lines and novelty detectors. Returns true on a trip. */
-TEXT_STEP static inline bool lines_step(guard *g, unsigned char b, uint64_t pos)
+/* Per byte b at offset pos, for the lines and novelty detectors. Returns true on a trip.
+ * `quick` (a constant): b is no comma and the byte before no digit (see text_quick). */
+TEXT_STEP static inline bool lines_step(guard *g, unsigned char b, uint64_t pos, bool quick)
 {
     unsigned char p1 = g->prev, p2 = g->prev2;
     g->prev2 = p1;
     g->prev = b;
-    if (p1 >= '0' && p1 <= '9' && g->p->lines.enabled && g->p->lines.count_run &&
+    if (!quick && p1 >= '0' && p1 <= '9' && g->p->lines.enabled && g->p->lines.count_run &&
         guard_count_number(g, pos, pos + 1))
         return true;
     if (b == '\n') return newline(g, pos);
@@ -151,7 +152,7 @@ TEXT_STEP static inline bool lines_step(guard *g, unsigned char b, uint64_t pos)
     }
     /* A comma after a letter may end a name of an identifier list (g_template.c); after
      * anything else the item is no name, and the next one spans it. */
-    if (__builtin_expect(b == ',', 0) &&
+    if (!quick && __builtin_expect(b == ',', 0) &&
         (((p1 | 0x20) >= 'a' && (p1 | 0x20) <= 'z') || p1 == '_') && g->p->lines.enabled &&
         g->p->lines.template_run && guard_template_item(g, g->line_start, pos, pos + 1))
         return true;
@@ -181,12 +182,13 @@ RARE_PATH static void words_grow(guard *g)
     g->sw_cap = cap;
 }
 
-/* A word ended: it joins the current segment's word list (judged at the segment's end). */
-static inline void word_end(guard *g)
+/* A word ended: it joins the current segment's word list (judged at the segment's end).
+ * `quick` (a constant): the list has room (see text_quick). */
+static inline void word_end(guard *g, bool quick)
 {
     if (!g->w_len) return;
     if (g->nsw < GUARD_SEG_WORDS) {
-        if (g->nsw == g->sw_cap) words_grow(g);
+        if (!quick && g->nsw == g->sw_cap) words_grow(g);
         g->sw[g->nsw].hash = g->w_hash;
         g->sw[g->nsw].start = g->w_start;
         g->sw[g->nsw].alpha = g->w_alpha;
@@ -222,15 +224,16 @@ static void word_add(guard *g, unsigned char c, uint64_t pos, bool letter)
 /* Splits the stream into words: runs of ASCII letters, digits and '_', and of non-ASCII
  * letters; each CJK character is a word of its own. Must run before lines_step for the
  * same byte, so that a word is in its segment's list when the segment ends. b is the byte
- * at offset pos, never an ASCII letter or digit: alnum_run takes those. */
-TEXT_STEP static inline void words_step(guard *g, unsigned char b, uint64_t pos)
+ * at offset pos, never an ASCII letter or digit: alnum_run takes those. `quick` (a
+ * constant): b is ASCII and the word list has room (see text_quick). */
+TEXT_STEP static inline void words_step(guard *g, unsigned char b, uint64_t pos, bool quick)
 {
-    if (b < 0x80) {
+    if (quick || b < 0x80) {
         g->cp_need = 0;
         if (b == '_')
             word_add(g, b, pos, true);
         else
-            word_end(g);
+            word_end(g, quick);
         return;
     }
     if (b >= 0xC0) {
@@ -240,21 +243,21 @@ TEXT_STEP static inline void words_step(guard *g, unsigned char b, uint64_t pos)
         return;
     }
     if (!g->cp_need) { /* a stray continuation byte: a separator */
-        word_end(g);
+        word_end(g, false);
         return;
     }
     g->cp = (g->cp << 6) | (b & 0x3F);
     if (--g->cp_need) return;
     if (is_sep_cp(g->cp)) {
-        word_end(g);
+        word_end(g, false);
         return;
     }
     bool cjk = is_cjk(g->cp);
     if (cjk) /* scripts without spaces: every character is a word */
-        word_end(g);
+        word_end(g, false);
     for (uint64_t o = g->cp_start; o <= pos; o++)
         word_add(g, guard_at(g, o), g->cp_start, true);
-    if (cjk) word_end(g);
+    if (cjk) word_end(g, false);
 }
 
 /* guard_alnum_class (g_short.h). */
@@ -299,17 +302,36 @@ static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, 
 }
 
 /* Any other byte, at offset pos, for the words, lines and novelty detectors. Returns true
- * on a trip. */
-TEXT_STEP static inline bool text_other(guard *g, unsigned char b, uint64_t pos, bool words)
+ * on a trip. `quick` (a constant): text_quick holds. */
+TEXT_STEP static inline bool text_other(guard *g, unsigned char b, uint64_t pos, bool words,
+                                        bool quick)
 {
-    if (words) words_step(g, b, pos);
-    return lines_step(g, b, pos);
+    if (words) words_step(g, b, pos, quick);
+    return lines_step(g, b, pos, quick);
+}
+
+/* Does the step for b call into a detector only as its last act (a segment's end), if at
+ * all? Not after a digit (a number may end: the count detector), at a comma (a name may
+ * end: the template detector), for a non-ASCII byte or a word list to grow. Most bytes
+ * between words: their step then needs no registers saved across a call. */
+static inline bool text_quick(const guard *g, unsigned char b, bool words)
+{
+    unsigned char p1 = g->prev;
+    return b < 0x80 && b != ',' && !(p1 >= '0' && p1 <= '9') &&
+           !(words && g->w_len && g->nsw == g->sw_cap);
+}
+
+/* text_other for the bytes text_quick leaves out. RARE_PATH. */
+RARE_PATH static bool text_other_full(guard *g, unsigned char b, uint64_t pos, bool words)
+{
+    return text_other(g, b, pos, words, false);
 }
 
 /* text_other out of line, for guard.c's short path (g_short.h). */
 bool guard_text_other(guard *g, unsigned char b, uint64_t pos, bool words)
 {
-    return text_other(g, b, pos, words);
+    if (!text_quick(g, b, words)) return text_other_full(g, b, pos, words);
+    return text_other(g, b, pos, words, true);
 }
 
 /* The words, lines and novelty detectors' pass (guard_detector). Words are only kept when
@@ -324,7 +346,7 @@ static size_t text_pass(guard *g, size_t lim, uint64_t fed0)
             i = alnum_run(g, s, i, lim, fed0, words);
             continue;
         }
-        if (text_other(g, s[i], fed0 + i, words)) return i;
+        if (text_other(g, s[i], fed0 + i, words, false)) return i;
         i++;
     }
     return lim;
@@ -352,7 +374,7 @@ static void text_release(guard *g)
 static bool text_finish(guard *g)
 {
     const guard_params *p = g->p;
-    if (guard_text_words(p)) word_end(g);
+    if (guard_text_words(p)) word_end(g, false);
     if (g->seg_len && seg_end(g, g->fed, g->fed, true)) return true;
     return g->line_start < g->fed && line_end(g, g->line_start, g->fed, g->fed);
 }

@@ -230,14 +230,11 @@ typedef struct gcyc {
     uint16_t len; /* its bytes, at most UINT16_MAX */
 } gcyc;
 
-/* A trigram table entry, 4 bytes: memory per stream counts. The tag is 14 bits of the
- * trigram's hash, `word` the low 16 bits of the index of the word that last completed it;
- * a wrong "seen" needs a tag collision in one of two slots, 1 in 8,192. `seen`: how many
- * times it came within memory_words of the time before, up to 3. */
-typedef struct gtri {
-    uint16_t tag : 14, seen : 2;
-    uint16_t word;
-} gtri;
+/* A trigram table entry, 4 bytes: memory per stream counts. Bits 0-15: the low 16 bits of
+ * the index of the word that last completed it; 16-17 `seen`, how many times it came within
+ * memory_words of the time before, up to 3; 18-31 the tag, 14 bits of the trigram's hash.
+ * A wrong "seen" needs a tag collision in one of two slots, 1 in 8,192. */
+typedef uint32_t gtri;
 
 struct guard {
     const guard_params *p;
@@ -328,11 +325,10 @@ struct guard {
     uint32_t nwords;
     gtri *ttab;
     uint64_t *tri_start;      /* ring over the novelty window: first byte of each trigram */
-    unsigned char *tri_novel; /* per window slot: bit 0 novel trigram, bit 1 new word */
-    uint64_t ntri;
-    unsigned tri_slot; /* ntri % the window: the ring's next slot */
-    unsigned novel;    /* novel trigrams in the window */
-    unsigned fresh;    /* words new within memory_words among the window's last words */
+    unsigned char *tri_novel; /* per window slot: novel trigram, new word, filled bits */
+    unsigned tri_slot;        /* the ring's next slot: its oldest trigram once it is full */
+    unsigned novel;           /* novel trigrams in the window */
+    unsigned fresh;           /* words new within memory_words among the window's last words */
 
     /* cycle (g_cycle.c): the ring of segments, how many there were, and the replay: its
      * lag, segments, those equal with their numbers, bytes, prose bytes and first byte. */
@@ -351,6 +347,7 @@ struct guard {
      * L = 2 … GUARD_FUZZY_LAG, the segments of 2L equal to the one L before that trip */
     uint32_t cyc_prose;
     unsigned char cyc_fz_need[GUARD_FUZZY_LAG - 1];
+    unsigned char cyc_fz_lo[GUARD_FUZZY_LAG - 1]; /* per L: fewer returns, no lag >= L trips */
 
     /* rules (g_rules.c) */
     pcre2_match_data *md;
