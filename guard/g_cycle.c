@@ -87,21 +87,26 @@ static inline uint32_t step(uint32_t h, uint64_t w)
 static unsigned skeletons(const guard *g, unsigned nw, uint32_t *exact, uint32_t *masked,
                           unsigned *num)
 {
-    uint32_t e = 0x811C9DC5u, m = 0x811C9DC5u;
-    unsigned words = 0, k = nw;
+    uint32_t m = 0x811C9DC5u;
+    unsigned words = 0, i = 1;
     const gword *sw = g->sw;
     if (nw && sw[0].alpha) { /* word 0 counts in the exact skeleton when it is no number */
-        e = m = step(e, sw[0].hash);
+        m = step(m, sw[0].hash);
         words = 1;
     }
-    /* Past word 0 without branches: whether a word starts with a letter follows the text. */
-    for (unsigned i = 1; i < nw; i++) {
+    /* Up to the first number past word 0 (most segments have none) the two skeletons are
+     * one. */
+    for (; i < nw && sw[i].alpha; i++, words++)
+        m = step(m, sw[i].hash);
+    uint32_t e = m;
+    unsigned k = i < nw ? i : nw;
+    /* From there without branches: whether a word starts with a letter follows the text. */
+    for (; i < nw; i++) {
         uint64_t h = sw[i].hash;
         bool alpha = sw[i].alpha;
         uint32_t mh = step(m, h);
         e = step(e, h);
         m = alpha ? mh : m;
-        k = !alpha && k == nw ? i : k;
         words += alpha;
     }
     *exact = e;

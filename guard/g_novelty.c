@@ -60,8 +60,8 @@ static inline unsigned table_seen(gtri *tab, uint64_t t, uint16_t now_w, unsigne
      * was seen is what the table is asked, so no branch on it is predictable. */
     bool in1 = s1 >> 18 == tag, in0 = s0 >> 18 == tag;
     unsigned i = in1 | (!in0 & (age1 > age0));
-    uint32_t e = i ? s1 : s0;
-    bool hit = (in1 | in0) & ((i ? age1 : age0) <= memory);
+    uint32_t e = set[i]; /* read again, by index: a select here became a branch */
+    bool hit = (in1 | in0) & ((uint16_t)(now_w - e) <= memory);
     unsigned seen = (e >> 16 & 3) & -(unsigned)hit; /* no branch either */
     set[i] = tag << 18 | (seen < 3 ? seen + 1 : 3) << 16 | now_w;
     return seen;

@@ -165,6 +165,37 @@ static bool recent(const guard *g, uint64_t s, uint64_t e, uint64_t before, bool
     return false;
 }
 
+/* How many of their first n bytes x and y share. 8 bytes at a time; in the first pair of
+ * words that differ, the first byte that does is the lowest of their XOR's nonzero bytes
+ * (little-endian, as the block detector's digit search assumes). */
+static uint64_t common_prefix(const unsigned char *x, const unsigned char *y, uint64_t n)
+{
+    uint64_t k = 0, u, v;
+    for (; k + 8 <= n; k += 8) {
+        memcpy(&u, x + k, 8);
+        memcpy(&v, y + k, 8);
+        if (u != v) return k + (unsigned)__builtin_ctzll(u ^ v) / 8;
+    }
+    while (k < n && x[k] == y[k])
+        k++;
+    return k;
+}
+
+/* How many of their last n bytes the texts ending at xe and ye share: common_prefix
+ * backwards (the last byte of a word is its highest). */
+static uint64_t common_suffix(const unsigned char *xe, const unsigned char *ye, uint64_t n)
+{
+    uint64_t k = 0, u, v;
+    for (; k + 8 <= n; k += 8) {
+        memcpy(&u, xe - k - 8, 8);
+        memcpy(&v, ye - k - 8, 8);
+        if (u != v) return k + (unsigned)__builtin_clzll(u ^ v) / 8;
+    }
+    while (k < n && *(xe - k - 1) == *(ye - k - 1))
+        k++;
+    return k;
+}
+
 enum { T_NONE, T_TEXT, T_TOKEN, T_OLD }; /* how a line follows another */
 
 /* How the body [b, be) follows [a, ae): T_TEXT by the text template (asked when `text`),
@@ -181,23 +212,15 @@ static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uin
 {
     const guard_params *p = g->p;
     const unsigned char *x = g->buf + (a - g->base), *y = g->buf + (b - g->base);
-    uint64_t la = ae - a, lb = be - b, n = la < lb ? la : lb, pre = 0, suf = 0;
+    uint64_t la = ae - a, lb = be - b, n = la < lb ? la : lb;
     *equal = false;
-    uint64_t u, v;
-    while (pre + 8 <= n && (memcpy(&u, x + pre, 8), memcpy(&v, y + pre, 8), u == v))
-        pre += 8;
-    while (pre < n && x[pre] == y[pre])
-        pre++;
+    uint64_t pre = common_prefix(x, y, n);
     if (pre == la && la == lb) {
         *equal = true;
         return T_NONE;
     }
     if (n < p->lines.template_bytes) return T_NONE; /* prefix + suffix <= the shorter line */
-    while (suf + 8 <= n - pre &&
-           (memcpy(&u, x + la - suf - 8, 8), memcpy(&v, y + lb - suf - 8, 8), u == v))
-        suf += 8;
-    while (suf < n - pre && x[la - 1 - suf] == y[lb - 1 - suf])
-        suf++;
+    uint64_t suf = common_suffix(x + la, y + lb, n - pre);
     uint64_t frame = pre + suf, longer = la > lb ? la : lb;
     if (frame < p->lines.template_bytes) return T_NONE;
     /* The text template is asked first at period 1, last at the others (a line that is both

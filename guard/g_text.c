@@ -84,7 +84,7 @@ static inline __attribute__((always_inline)) bool segment_end(guard *g, uint64_t
                             plain, one_word, now))
         return true;
     if (p->cycle.enabled && ok && guard_cycle_segment(g, nw, start, end, kind, now)) return true;
-    return p->novelty.enabled && guard_novelty_words(g, nw, prose, now);
+    return p->novelty.enabled && nw && guard_novelty_words(g, nw, prose, now);
 }
 
 /* segment_end out of line, for a sentence's end and the end of the text. RARE_PATH. */
@@ -119,6 +119,8 @@ static inline bool line_end(guard *g, uint64_t start, uint64_t end, uint64_t now
     const guard_params *p = g->p;
     if (!p->lines.enabled) return false;
     if (start >= g->base) guard_line_body(g, &start, &end);
+    /* A blank line changes neither detector (both return at once): neither is called. */
+    if (start == end) return false;
     if (p->lines.template_run && guard_template_line(g, start, end, now)) return true;
     return (p->lines.block_copies || p->lines.art_run) && guard_block_line(g, start, end, now);
 }
@@ -129,7 +131,9 @@ RARE_PATH static bool newline(guard *g, uint64_t pos)
 {
     uint64_t ls = g->line_start;
     g->line_start = pos + 1;
-    if (segment_end(g, pos, pos + 1, true)) return true;
+    /* An empty segment (a blank line, a line after a sentence's end) is in its state after a
+     * segment's end already, and has no word: as at the end of the text, nothing is ended. */
+    if (g->seg_len && segment_end(g, pos, pos + 1, true)) return true;
     return line_end(g, ls, pos, pos + 1);
 }
 

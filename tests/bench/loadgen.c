@@ -8,7 +8,10 @@
  * time from the upstream's write to our read is (time of our read - stamp). That is the
  * per-event latency; run against the upstream directly it is the floor, and a proxy's
  * added latency is its figure minus the floor. TTFT is the time from writing the request to
- * the first stamped event.
+ * the first stamped event; it is also given in two legs split at that event's stamp
+ * (ttft_up: the request's way to the upstream plus the upstream's pace before its first
+ * token; first_lat: that token's way back), so that a relay's added TTFT can be told apart
+ * as request handling or as first-token delivery.
  *
  * Only a measurement window [warmup, warmup + duration) is counted; connections are opened
  * evenly over the ramp so that paced streams do not tick in lockstep. At the start and end
@@ -125,6 +128,8 @@ typedef struct counters {
     uint64_t err_status, err_malformed, err_io, err_connect, err_truncated, err_event;
     uint64_t negative; /* stamps later than our read: clock trouble, counted not hidden */
     hist lat, ttft;
+    hist ttft_up;   /* request written -> the upstream's stamp of its first token */
+    hist first_lat; /* that stamp -> our read: the first token's own latency */
 } counters;
 
 static options opt;
@@ -274,6 +279,7 @@ static int line_append(conn *c, const char *p, size_t n)
 static unsigned scan_stamps(const char *p, const char *end, uint64_t t_read, conn *c)
 {
     unsigned found = 0;
+    uint64_t first = 0; /* the first stamp of this string */
     while (p < end && *p != '"') {
         if (*p == '\\') {
             p += 2;
@@ -284,7 +290,7 @@ static unsigned scan_stamps(const char *p, const char *end, uint64_t t_read, con
             p++;
             while (p < end && *p >= '0' && *p <= '9')
                 v = v * 10 + (uint64_t)(*p++ - '0');
-            found++;
+            if (!found++) first = v;
             if (!in_window(t_read)) continue;
             cnt.stamps++;
             if (v > t_read) {
@@ -299,7 +305,13 @@ static unsigned scan_stamps(const char *p, const char *end, uint64_t t_read, con
     }
     if (found && !c->got_first) {
         c->got_first = true;
-        if (in_window(t_read) && c->t_sent) hist_add(&cnt.ttft, (t_read - c->t_sent) / 1000);
+        if (in_window(t_read) && c->t_sent) {
+            hist_add(&cnt.ttft, (t_read - c->t_sent) / 1000);
+            /* TTFT split at the upstream's stamp: the request's way there (with the
+             * upstream's own pace before its first token) and the first token's way back. */
+            hist_add(&cnt.ttft_up, first > c->t_sent ? (first - c->t_sent) / 1000 : 0);
+            hist_add(&cnt.first_lat, t_read > first ? (t_read - first) / 1000 : 0);
+        }
     }
     return found;
 }
@@ -738,18 +750,21 @@ static void print_summary(double wall_s, cpu_sample a, cpu_sample b, uint64_t rs
            ",\"events_per_s\":%.1f,"
            "\"lat_p50_us\":%" PRIu64 ",\"lat_p99_us\":%" PRIu64 ",\"lat_p999_us\":%" PRIu64
            ",\"lat_max_us\":%" PRIu64 ",\"ttft_p50_us\":%" PRIu64 ",\"ttft_p99_us\":%" PRIu64
-           ",\"errors\":%" PRIu64 ",\"err\":{\"status\":%" PRIu64 ",\"malformed\":%" PRIu64
-           ",\"io\":%" PRIu64 ",\"connect\":%" PRIu64 ",\"truncated\":%" PRIu64
-           ",\"error_event\":%" PRIu64 "},\"negative_latency\":%" PRIu64
-           ",\"target_cpu_s\":%.3f,\"target_rss_kib\":%" PRIu64
+           ",\"ttft_up_p50_us\":%" PRIu64 ",\"ttft_up_p99_us\":%" PRIu64
+           ",\"first_lat_p50_us\":%" PRIu64 ",\"first_lat_p99_us\":%" PRIu64 ",\"errors\":%" PRIu64
+           ",\"err\":{\"status\":%" PRIu64 ",\"malformed\":%" PRIu64 ",\"io\":%" PRIu64
+           ",\"connect\":%" PRIu64 ",\"truncated\":%" PRIu64 ",\"error_event\":%" PRIu64
+           "},\"negative_latency\":%" PRIu64 ",\"target_cpu_s\":%.3f,\"target_rss_kib\":%" PRIu64
            ",\"target_lost\":%s,\"loadgen_cpu_s\":%.3f,\"upstream_cpu_s\":%.3f,\"target_runq_wait_"
            "s\":%.3f"
            ",\"machine_busy_cpu_s\":%.3f,\"cores\":%ld}\n",
            opt.label, opt.streams, opt.max_tokens, wall_s, cnt.requests, cnt.events, cnt.stamps,
            (double)cnt.events / wall_s, hist_quantile(&cnt.lat, 0.5), hist_quantile(&cnt.lat, 0.99),
            hist_quantile(&cnt.lat, 0.999), cnt.lat.max, hist_quantile(&cnt.ttft, 0.5),
-           hist_quantile(&cnt.ttft, 0.99), errors, cnt.err_status, cnt.err_malformed, cnt.err_io,
-           cnt.err_connect, cnt.err_truncated, cnt.err_event, cnt.negative, cpu_s, rss,
+           hist_quantile(&cnt.ttft, 0.99), hist_quantile(&cnt.ttft_up, 0.5),
+           hist_quantile(&cnt.ttft_up, 0.99), hist_quantile(&cnt.first_lat, 0.5),
+           hist_quantile(&cnt.first_lat, 0.99), errors, cnt.err_status, cnt.err_malformed,
+           cnt.err_io, cnt.err_connect, cnt.err_truncated, cnt.err_event, cnt.negative, cpu_s, rss,
            watch_lost ? "true" : "false", b.self - a.self,
            hz > 0 ? (double)(b.upstream - a.upstream) / hz : 0,
            b.target_wait >= a.target_wait ? (double)(b.target_wait - a.target_wait) / 1e9 : 0,

@@ -12,7 +12,9 @@ table (the one README quotes) and writes bench.json:
   p50/p99_added_us    per-event latency at the smallest paced load minus direct's, same run
                       shape (each event is timed from the upstream's write, so the
                       difference is what the relay added)
-  ttft_added_us       p99 TTFT minus direct's at the smallest paced load (ttft_added_p50_us too)
+  ttft_added_us       p99 TTFT minus direct's at the smallest paced load (ttft_added_p50_us too);
+                      under "paced" also its two legs, split at the upstream's stamp of the
+                      first token (ttft_up_added_p99_us, first_token_added_p99_us)
   rss_kib_per_stream  (VmRSS at the largest paced load - idle VmRSS) / streams
   cpu_us_per_paced_event, syscalls_per_paced_event
                       the target's CPU µs and system calls (perf's count over the measured
@@ -192,7 +194,7 @@ def per_request(rec, key, scale=1.0):
 
 def diff(rec, base, key):
     """rec[key] - base[key]; None unless both runs relayed events."""
-    if not base or not rec["events"] or not base["events"]:
+    if not base or not rec["events"] or not base["events"] or key not in rec or key not in base:
         return None
     return rec[key] - base[key]
 
@@ -228,6 +230,10 @@ def figures(runs, errors):
                 "p99_added_us": diff(r, base, "lat_p99_us"),
                 "ttft_added_p50_us": diff(r, base, "ttft_p50_us"),
                 "ttft_added_us": diff(r, base, "ttft_p99_us"),
+                # TTFT in two legs, split at the upstream's stamp of the first token: the
+                # request's way to the upstream (with its pace) and the first token's way back.
+                "ttft_up_added_p99_us": diff(r, base, "ttft_up_p99_us"),
+                "first_token_added_p99_us": diff(r, base, "first_lat_p99_us"),
                 "rss_kib": r["target_rss_kib"],
                 "cpu_us_per_event": per_event(r, "target_cpu_s", 1e6),
                 "syscalls_per_event": per_event(r, "target_syscalls"),
