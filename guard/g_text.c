@@ -191,7 +191,7 @@ RARE_PATH static void words_grow(guard *g)
 static inline void word_end(guard *g, bool quick)
 {
     if (!g->w_len) return;
-    if (g->nsw < GUARD_SEG_WORDS) {
+    if (quick || g->nsw < GUARD_SEG_WORDS) { /* quick: nsw < sw_cap <= GUARD_SEG_WORDS */
         if (!quick && g->nsw == g->sw_cap) words_grow(g);
         g->sw[g->nsw].hash = g->w_hash;
         g->sw[g->nsw].start = g->w_start;

@@ -345,11 +345,11 @@ static void chat_destroy(exchange *ex)
     chat_state *cs = CS(ex);
     if (!cs) return;
     asm_free(cs->as);
-    free(cs->c_id);
-    free(cs->c_model);
+    lg_xfree(cs->c_id);
+    lg_xfree(cs->c_model);
     lg_buf_free(&cs->done_raw);
     chunkscan_free(&cs->scan);
-    free(cs);
+    lg_xfree(cs);
     ex->api_state = NULL;
 }
 

@@ -214,7 +214,7 @@ void edge_connection(void *cls, struct MHD_Connection *conn, void **socket_conte
         w->edge_conns = e->next;
     if (e->next) e->next->prev = e->prev;
     ip_release(e->ip);
-    free(e);
+    lg_xfree(e);
 }
 
 void *edge_uri(void *cls, const char *uri, struct MHD_Connection *conn)

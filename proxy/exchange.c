@@ -155,7 +155,7 @@ static void stop_transfer(exchange *ex)
     }
     curl_slist_free_all(ex->at.headers);
     ex->at.headers = NULL;
-    free(ex->at.up_body);
+    lg_xfree(ex->at.up_body);
     ex->at.up_body = NULL;
 }
 
@@ -573,7 +573,7 @@ static void start_attempt(exchange *ex)
     /* The same URL parsed once (or NULL: libcurl parses the string); the string stays
      * libcurl's record of the URL (a retry on a fresh connection reads it). */
     curl_easy_setopt(e, CURLOPT_CURLU, worker_upstream_url(w, url));
-    free(url);
+    lg_xfree(url);
     curl_easy_setopt(e, CURLOPT_PRIVATE, &ex->xfer);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, ex->at.headers);
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, ex->at.up_body);
@@ -859,11 +859,11 @@ static void ex_destroy(lg_req *base)
     lg_fifo_free(&ex->cl.out);
     lg_buf_free(&ex->cl.text[EX_TEXT_R]);
     lg_buf_free(&ex->cl.text[EX_TEXT_C]);
-    free(ex->cl.final_body);
-    free(ex->cl.final_ctype);
-    free(ex->rec.excerpt);
+    lg_xfree(ex->cl.final_body);
+    lg_xfree(ex->cl.final_ctype);
+    lg_xfree(ex->rec.excerpt);
     cJSON_Delete(ex->rec.attempts);
-    free(ex);
+    lg_xfree(ex); /* kept for the worker's next request (xalloc.h) */
 }
 
 static const lg_req_ops exchange_ops = {

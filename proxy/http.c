@@ -171,9 +171,11 @@ bool http_forward_header(const char *name, const char *connection_value, bool fo
     static const char *const own[] = {"host", "content-length", "expect", "x-forwarded-for"};
     if (one_of(name, own, sizeof own / sizeof *own)) return false;
     if (http_is_hop_header(name, connection_value)) return false;
-    if (for_exchange &&
-        (strcasecmp(name, "Accept-Encoding") == 0 || strcasecmp(name, "Content-Type") == 0 ||
-         strncasecmp(name, "X-Loopguard", 11) == 0))
+    /* An exchange writes its own Content-Type and Accept (http_upstream_headers): the
+     * client's would go out beside them, twice. */
+    static const char *const exchange_own[] = {"accept-encoding", "content-type", "accept"};
+    if (for_exchange && (one_of(name, exchange_own, sizeof exchange_own / sizeof *exchange_own) ||
+                         strncasecmp(name, "X-Loopguard", 11) == 0))
         return false;
     return true;
 }
@@ -242,7 +244,7 @@ struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_e
     char *xff =
         http_xff(MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Forwarded-For"), addr);
     if (xff) c.list = append_header(c.list, "X-Forwarded-For", xff);
-    free(xff);
+    lg_xfree(xff);
     /* "Expect:" with no value stops libcurl from adding its own Expect: 100-continue. */
     c.list = curl_slist_append(c.list, "Expect:");
     if (!c.list) lg_oom(0);
@@ -258,10 +260,10 @@ struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_e
 void http_head_clear(http_head *h)
 {
     for (size_t i = 0; i < h->n; i++)
-        free(h->names[i]);
-    free(h->names);
-    free(h->values);
-    free(h->content_type);
+        lg_xfree(h->names[i]);
+    lg_xfree(h->names);
+    lg_xfree(h->values);
+    lg_xfree(h->content_type);
     memset(h, 0, sizeof *h);
     h->content_length = -1;
 }
@@ -324,7 +326,7 @@ void http_head_line(http_head *h, const char *line, size_t len)
     if (strcasecmp(name, "Transfer-Encoding") == 0 && token_listed(value, "chunked"))
         h->chunked = true;
     if (strcasecmp(name, "Content-Type") == 0) {
-        free(h->content_type);
+        lg_xfree(h->content_type);
         h->content_type = lg_xstrdup(value);
     }
     h->names[h->n] = name;

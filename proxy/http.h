@@ -39,7 +39,7 @@ bool http_is_hop_header(const char *name, const char *connection_value);
 /* Whether a client header named `name` is forwarded upstream: never the hop-by-hop set
  * (Connection, Transfer-Encoding, TE, ... and what Connection names), Host,
  * Content-Length, Expect or X-Forwarded-For, which loopguard writes itself; with
- * `for_exchange`, not Accept-Encoding, Content-Type or X-Loopguard-* either. */
+ * `for_exchange`, not Accept-Encoding, Content-Type, Accept or X-Loopguard-* either. */
 bool http_forward_header(const char *name, const char *connection_value, bool for_exchange);
 
 /* The X-Forwarded-For value to send: the client's list (may be NULL) with the peer address
@@ -49,7 +49,7 @@ char *http_xff(const char *client_xff, const char *peer);
 /* Builds the upstream request headers from the client's (http_forward_header decides),
  * X-Forwarded-For appended.
  * With `for_exchange`, Accept-Encoding is dropped too (loopguard must read the stream) and
- * Content-Type is set to application/json. Returns a list the caller frees with
+ * Content-Type and Accept are loopguard's (application/json, text/event-stream). Returns a list the caller frees with
  * curl_slist_free_all (NULL only when empty). */
 struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_exchange);
 

@@ -277,8 +277,8 @@ int main(int argc, char **argv)
     keep_freed_memory();
     /* The libraries allocate through the one OOM policy too (xalloc.h): their results are
      * never NULL for want of memory. */
-    cJSON_InitHooks(&(cJSON_Hooks){.malloc_fn = lg_xmalloc, .free_fn = free});
-    if (curl_global_init_mem(CURL_GLOBAL_DEFAULT, lg_xmalloc, free, lg_xrealloc, lg_xstrdup,
+    cJSON_InitHooks(&(cJSON_Hooks){.malloc_fn = lg_xmalloc, .free_fn = lg_xfree});
+    if (curl_global_init_mem(CURL_GLOBAL_DEFAULT, lg_xmalloc, lg_xfree, lg_xrealloc, lg_xstrdup,
                              lg_xcalloc) != CURLE_OK) {
         fprintf(stderr, "loopguard: curl_global_init failed\n");
         return 1;

@@ -363,6 +363,8 @@ void worker_suspend(lg_req *r)
     r->suspended = true;
 }
 
+static void release_queued(lg_worker *w); /* see worker_go_direct */
+
 void worker_resume(lg_req *r)
 {
     if (!r->suspended || r->retired) return;
@@ -379,6 +381,7 @@ void worker_resume(lg_req *r)
         r->resume_due = true;
         return;
     }
+    if (r->pages_queued) release_queued(r->w); /* before libmicrohttpd uses the pool */
     r->suspended = false;
     MHD_resume_connection(r->conn);
     r->shard->ready = true;
@@ -444,15 +447,58 @@ static size_t whole_pages(const char *buf, size_t n, uintptr_t *lo, uintptr_t *h
     return page;
 }
 
-/* The whole pages of buf[0..n) go back to the kernel: a stream's connection pool is
- * mostly this buffer (max_header_bytes, 16 KiB by default), and between its head and its
- * end a directly written stream never uses it. madvise(MADV_DONTNEED) on private anonymous
- * memory (the heap) makes the pages read as zeros when next touched. */
-static void release_pages(char *buf, size_t n)
+/* A directly written stream's pool pages go back to the kernel in batches. Each
+ * MADV_DONTNEED of the process's memory makes the kernel flush the TLB of every core that
+ * runs one of its threads: an interrupt to the other workers' cores and a wait for their
+ * answer. One call per stream and request was a tenth of loopguard's CPU at 1,000 paced
+ * streams; process_madvise takes a batch of ranges in one call and one flush. A range waits
+ * at most RELEASE_WAIT_NS (or until WORKER_RELEASES wait), and never past its request's
+ * resume, from which libmicrohttpd uses the pool again (worker_resume). */
+#define RELEASE_WAIT_NS (10ull * 1000 * 1000)
+
+static int self_pidfd = -1; /* this process, for process_madvise; -1 when not available */
+static pthread_once_t self_pidfd_once = PTHREAD_ONCE_INIT;
+
+static void open_self_pidfd(void)
 {
+    self_pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+}
+
+/* The queued ranges go back now: in one process_madvise, or (a kernel without it for
+ * MADV_DONTNEED, before 6.x) one madvise each. MADV_DONTNEED on private anonymous memory
+ * (the heap) makes the pages read as zeros when next touched. */
+static void release_queued(lg_worker *w)
+{
+    size_t n = w->n_releases, total = 0;
+    struct iovec iov[WORKER_RELEASES];
+    for (size_t i = 0; i < n; i++) {
+        iov[i] = (struct iovec){w->releases[i].at, w->releases[i].len};
+        total += w->releases[i].len;
+        w->releases[i].r->pages_queued = false;
+    }
+    w->n_releases = 0;
+    if (!n) return;
+    pthread_once(&self_pidfd_once, open_self_pidfd);
+    if (self_pidfd >= 0 &&
+        syscall(SYS_process_madvise, self_pidfd, iov, n, MADV_DONTNEED, 0) == (long)total)
+        return;
+    for (size_t i = 0; i < n; i++) /* again where a part went back: it reads zeros anyway */
+        (void)madvise(iov[i].iov_base, iov[i].iov_len, MADV_DONTNEED);
+}
+
+/* Queues the whole pages of buf[0..n) of r's pool: a stream's connection pool is mostly
+ * this buffer (max_header_bytes, 16 KiB by default), and between its head and its end a
+ * directly written stream never uses it. */
+static void queue_release(lg_req *r, char *buf, size_t n)
+{
+    lg_worker *w = r->w;
     uintptr_t lo, hi;
     whole_pages(buf, n, &lo, &hi);
-    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    if (hi <= lo) return;
+    if (w->n_releases == WORKER_RELEASES) release_queued(w);
+    if (!w->n_releases) w->releases_since = w->now_ns;
+    w->releases[w->n_releases++] = (struct lg_release){r, (void *)lo, hi - lo};
+    r->pages_queued = true;
 }
 
 /* The whole pages of buf[0..n) that hold only zeros go back to the kernel, in runs. They
@@ -478,7 +524,7 @@ bool worker_go_direct(lg_req *r, char *buf, size_t max)
 {
     if (r->client_gone || r->retired || !watched(r)) return false;
     worker_suspend(r);
-    release_pages(buf, max);
+    queue_release(r, buf, max);
     lg_fdslot *s = &r->w->fdmap[r->client_fd];
     s->pool = buf;
     s->pool_len = max > UINT32_MAX ? UINT32_MAX : (uint32_t)max;
@@ -617,6 +663,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         w->fdmap[r->client_fd].req = NULL; /* the watch stays for the next request */
         note_ended(w, r);
     }
+    if (r->pages_queued) release_queued(w); /* the queue must not outlive r */
     r->retired = true;
     r->suspended = false;
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !r->client_gone) {
@@ -1246,7 +1293,8 @@ static void *worker_main(void *arg)
     curl_fd_state = w->curl_fds;
     curl_fd_len = w->fdmap_len;
     mhd_worker = w;
-    lg_buf_cache_begin(); /* the small buffers of one request serve the next (buf.h) */
+    lg_buf_cache_begin();    /* the small buffers of one request serve the next (buf.h) */
+    lg_xalloc_cache_begin(); /* and the blocks libcurl and cJSON drop (xalloc.h) */
 
     for (;;) {
         /* libmicrohttpd's own timeouts (an idle or stalled client, client_timeout_s) are
@@ -1255,6 +1303,11 @@ static void *worker_main(void *arg)
          * run (timeout 0) is marked ready by run_mhd. */
         uint64_t left = next_tick > w->now_ns ? next_tick - w->now_ns : 0;
         int timeout = left < TICK_NS ? (int)((left + 999999) / 1000000) : (int)(TICK_NS / 1000000);
+        if (w->n_releases) { /* queued pool pages go back within RELEASE_WAIT_NS */
+            uint64_t due = w->releases_since + RELEASE_WAIT_NS;
+            uint64_t wait_ms = due > w->now_ns ? (due - w->now_ns + 999999) / 1000000 : 0;
+            if (wait_ms < (uint64_t)timeout) timeout = (int)wait_ms;
+        }
         if (w->curl_due || w->mhd_dirty || w->flush_head)
             timeout = 0; /* work left or due now: do not block */
         int n = epoll_wait(w->epfd, evs, MAX_EVENTS, timeout);
@@ -1339,6 +1392,7 @@ static void *worker_main(void *arg)
             ready_all(w); /* libmicrohttpd's timeouts, see above */
             run_pending(w);
         }
+        if (w->n_releases && w->now_ns - w->releases_since >= RELEASE_WAIT_NS) release_queued(w);
         flush_all(w); /* before the dead are freed: nothing on the list may outlive them */
         bury_the_dead(w);
 
@@ -1362,6 +1416,7 @@ static void *worker_main(void *arg)
     }
     resume_all(w);
     lg_buf_cache_end();
+    lg_xalloc_cache_end();
     return NULL;
 }
 

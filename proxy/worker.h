@@ -62,6 +62,9 @@ typedef struct lg_pool lg_pool;
 /* Guards a worker keeps for reuse (worker_guard_get). */
 #define WORKER_SPARE_GUARDS 16
 
+/* Pool ranges a worker gives back to the kernel in one call at most (worker.c). */
+#define WORKER_RELEASES 64
+
 /* Parsed upstream URLs a worker keeps (worker_upstream_url): replicas times API paths. */
 #define WORKER_URLS 32
 
@@ -117,6 +120,7 @@ struct lg_req {
     bool direct;       /* suspended with MHD's buffer drained: we may write the socket */
     bool resume_due;   /* resume MHD once the tail or the queued output is sent */
     bool flush_queued; /* on the worker's flush list */
+    bool pages_queued; /* its pool's pages wait in the worker's releases (worker.c) */
     lg_req *flush_next;
     lg_fifo tail;     /* the unsent rest of a directly written chunk (owned by the worker) */
     uint64_t tail_ns; /* when the tail last shrank or began */
@@ -172,6 +176,13 @@ struct lg_worker {
     guard *spare_guards[WORKER_SPARE_GUARDS]; /* reset, each for its own params and channel */
     size_t n_spare_guards;
     lg_buf ended; /* lg_conn_ended records: connections whose request ended since the tick */
+    struct lg_release {
+        lg_req *r;
+        void *at;
+        size_t len;
+    } releases[WORKER_RELEASES]; /* pool pages that go back together (worker.c) */
+    size_t n_releases;
+    uint64_t releases_since; /* when the oldest of them was queued */
     struct lg_url {
         char *url;
         CURLU *parsed;

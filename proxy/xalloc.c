@@ -1,7 +1,9 @@
 /* xalloc.c — see xalloc.h. */
 #include "proxy/xalloc.h"
 
+#include <malloc.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,15 +20,102 @@ _Noreturn void lg_oom(size_t size)
     abort();
 }
 
+/* The spare blocks of the calling thread (see lg_xalloc_cache_begin). Class k holds blocks
+ * whose glibc chunk is k * XA_GRAIN bytes (usable k * XA_GRAIN - 8, the header word before
+ * them), each linked to the next through its first word. */
+#define XA_GRAIN   16
+#define XA_CLASSES ((LG_XALLOC_CACHE_MAX + 8) / XA_GRAIN + 1)
+typedef struct xa_cache {
+    bool on;
+    size_t bytes; /* usable bytes kept, all classes */
+    void *head[XA_CLASSES];
+    unsigned short n[XA_CLASSES];
+} xa_cache;
+static _Thread_local xa_cache xa;
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define XA_USABLE 0 /* the sanitizers' allocators: every block goes back to them */
+#else
+#define XA_USABLE 1
+#endif
+
+/* The class glibc's chunk for a request of `size` bytes falls in: the size with its header
+ * word, rounded up to the grain, at least 32 (malloc.c's request2size). */
+static size_t class_of_request(size_t size)
+{
+    size_t chunk = (size + 8 + XA_GRAIN - 1) & ~(size_t)(XA_GRAIN - 1);
+    return (chunk < 32 ? 32 : chunk) / XA_GRAIN;
+}
+
+/* A kept block for `size` bytes, or NULL (no cache, none of that class, too large). */
+static void *cache_take(size_t size)
+{
+    if (!xa.on || size > LG_XALLOC_CACHE_MAX) return NULL;
+    size_t k = class_of_request(size);
+    void *p = xa.head[k];
+    if (!p) return NULL;
+    memcpy(&xa.head[k], p, sizeof p);
+    xa.n[k]--;
+    xa.bytes -= k * XA_GRAIN - 8;
+    return p;
+}
+
+void lg_xfree(void *p)
+{
+    if (!p) return;
+    if (XA_USABLE && xa.on) {
+        /* A block of usable size u serves the requests whose chunk is at most u + 8: the
+         * class below that bound, so a block is never handed to a request larger than it. */
+        size_t u = malloc_usable_size(p), k = (u + 8) / XA_GRAIN;
+        if (u <= LG_XALLOC_CACHE_MAX && k < XA_CLASSES && xa.n[k] < LG_XALLOC_CACHE_KEEP &&
+            xa.bytes + u <= LG_XALLOC_CACHE_BYTES) {
+            memcpy(p, &xa.head[k], sizeof p);
+            xa.head[k] = p;
+            xa.n[k]++;
+            xa.bytes += k * XA_GRAIN - 8;
+            return;
+        }
+    }
+    free(p);
+}
+
+void lg_xalloc_cache_begin(void)
+{
+    xa.on = XA_USABLE;
+}
+
+void lg_xalloc_cache_end(void)
+{
+    xa.on = false;
+    for (size_t k = 0; k < XA_CLASSES; k++)
+        while (xa.head[k]) {
+            void *p = xa.head[k];
+            memcpy(&xa.head[k], p, sizeof p);
+            free(p);
+        }
+    memset(&xa, 0, sizeof xa);
+}
+
+size_t lg_xalloc_cache_kept(void)
+{
+    return xa.bytes;
+}
+
 void *lg_xmalloc(size_t size)
 {
-    void *p = malloc(size ? size : 1);
+    void *p = cache_take(size);
+    if (p) return p;
+    p = malloc(size ? size : 1);
     if (!p) lg_oom(size);
     return p;
 }
 
 void *lg_xcalloc(size_t n, size_t size)
 {
+    if (size && n <= SIZE_MAX / size) {
+        void *p = cache_take(n * size);
+        if (p) return memset(p, 0, n * size);
+    }
     void *p = calloc(n ? n : 1, size ? size : 1);
     if (!p) lg_oom(n > SIZE_MAX / (size ? size : 1) ? SIZE_MAX : n * size);
     return p;

@@ -698,13 +698,15 @@ describe('chat relay behaviour', () => {
             assert.equal((await lastUpstreamRequest(fake)).headers['x-forwarded-for'], '203.0.113.77, 127.0.0.1');
             await fake.setScenario({ responses: [{ content: ['b'] }] });
             for (const stream of [true, false]) {
-                const b = await one({ messages: MSG, stream });
+                const b = await one({ messages: MSG, stream }, { accept: stream ? 'text/event-stream' : 'application/json' });
                 assert.equal(b.status, 200);
                 const content = stream ? assembleDeltas(sseJSON(b.text)).content : JSON.parse(b.text).choices[0].message.content;
                 assert.equal(content, 'b');
                 assert.doesNotMatch(b.text, /SECRET|PROMPT-A|tail of A|model-of-a|user-a|203\.0\.113/);
                 const rec = await lastUpstreamRequest(fake);
                 assert.equal(rec.headers['x-forwarded-for'], '127.0.0.1');
+                // The exchange's own Accept, once: the client's is not sent beside it.
+                assert.equal(rec.headers.accept, 'text/event-stream');
                 assert.doesNotMatch(JSON.stringify(rec.body), /SECRET|PROMPT-A|model-of-a|user-a/);
             }
         } finally {

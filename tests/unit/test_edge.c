@@ -376,6 +376,8 @@ static void test_forward_headers(void **state)
     assert_false(http_forward_header("X-Custom", "close, x-custom", false));
     assert_true(http_forward_header("Content-Type", NULL, false));
     assert_false(http_forward_header("Content-Type", NULL, true));
+    assert_true(http_forward_header("Accept", NULL, false));
+    assert_false(http_forward_header("accept", NULL, true)); /* an exchange writes its own */
     assert_false(http_forward_header("X-Loopguard-Reasoning", NULL, true));
 }
 
