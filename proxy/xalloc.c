@@ -65,9 +65,11 @@ void lg_xfree(void *p)
     if (!p) return;
     if (XA_USABLE && xa.on) {
         /* A block of usable size u serves the requests whose chunk is at most u + 8: the
-         * class below that bound, so a block is never handed to a request larger than it. */
+         * class below that bound, so a block is never handed to a request larger than it.
+         * Under valgrind the usable size is the size asked for: one below the smallest
+         * chunk's (24) would serve no request and could not hold the link. */
         size_t u = malloc_usable_size(p), k = (u + 8) / XA_GRAIN;
-        if (u <= LG_XALLOC_CACHE_MAX && k < XA_CLASSES && xa.n[k] < LG_XALLOC_CACHE_KEEP &&
+        if (k >= 32 / XA_GRAIN && u <= LG_XALLOC_CACHE_MAX && xa.n[k] < LG_XALLOC_CACHE_KEEP &&
             xa.bytes + u <= LG_XALLOC_CACHE_BYTES) {
             memcpy(p, &xa.head[k], sizeof p);
             xa.head[k] = p;

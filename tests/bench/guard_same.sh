@@ -6,6 +6,9 @@
 # ../shared/corpus/alpaca-dev) and, with LIST, every file it names (one path a line), each in
 # random 1-8 byte chunks and whole, on both channels (guard_trace.c), and compares the
 # traces: the verdict, its byte, unit and loop start, and every holdback value.
+# GUARD_TRACE_PARAMS='{"novelty":{"min_ratio":0.7}}' runs both with those settings: the
+# defaults trip some detectors rarely (novelty 4 times here), lowered thresholds test their
+# counting on thousands of trips.
 # Exit 0: identical; 1: they differ (the first differences are shown). About 20 s.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

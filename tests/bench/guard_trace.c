@@ -11,7 +11,7 @@
  * whole; on the reasoning channel without a prompt, the same two ways. A line holds the bytes
  * fed, a hash of every guard_suspect value in order, and the verdict (detector, trip byte,
  * loop start, repeats, and a hash of the unit). Speed work on the guard must leave this
- * output unchanged. */
+ * output unchanged. GUARD_TRACE_PARAMS (see apply_env_params) traces with other settings. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +145,23 @@ static int trace_records(const char *name)
     return 0;
 }
 
+/* GUARD_TRACE_PARAMS, a JSON object of guard settings (the config's guard section), over
+ * both channels' defaults: a detector's thresholds lowered so that it trips often puts
+ * its counting to the test. False (and a message) when it is not valid. */
+static bool apply_env_params(void)
+{
+    const char *json = getenv("GUARD_TRACE_PARAMS");
+    if (!json || !*json) return true;
+    cJSON *o = cJSON_Parse(json);
+    char err[256] = "GUARD_TRACE_PARAMS: not a JSON object";
+    bool ok = cJSON_IsObject(o);
+    for (int k = 0; ok && k < 2; k++)
+        ok = guard_params_apply_json(params[k], o, "GUARD_TRACE_PARAMS", err, sizeof err) == 0;
+    cJSON_Delete(o);
+    if (!ok) fprintf(stderr, "guard_trace: %s\n", err);
+    return ok;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2 && !(argc == 3 && !strcmp(argv[1], "-f"))) {
@@ -153,6 +170,7 @@ int main(int argc, char **argv)
     }
     params[0] = guard_params_new(LG_CH_CONTENT);
     params[1] = guard_params_new(LG_CH_REASONING);
+    if (!apply_env_params()) return 2;
     int rc = argc == 3 ? trace_files(argv[2]) : trace_records(argv[1]);
     guard_params_free(params[0]);
     guard_params_free(params[1]);
