@@ -21,13 +21,11 @@ size_t upbody_head_end(upbody_head *h, const char *p, size_t n)
 
 enum {
     S_SIZE,      /* the first hex digit of a size line */
-    S_SIZE_MORE, /* more hex digits, an extension or CR */
-    S_EXT,       /* a chunk extension: skipped up to CR */
-    S_SIZE_LF,   /* the size line's LF */
+    S_SIZE_MORE, /* more hex digits, or the first byte after them */
+    S_SIZE_REST, /* the rest of the size line (an extension, a CR): skipped up to its LF */
     S_DATA,      /* `left` data bytes */
-    S_DATA_CR,   /* the CRLF after a chunk's data */
-    S_DATA_LF,
-    S_END, /* the terminal chunk's size line was consumed */
+    S_DATA_END,  /* after a chunk's data: CRs, then an LF */
+    S_END,       /* the terminal chunk's size line was consumed */
 };
 
 #define MAX_DIGITS 16
@@ -38,6 +36,13 @@ static int hex_value(char c)
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     if (c >= 'A' && c <= 'F') return c - 'A' + 10;
     return -1;
+}
+
+/* The LF that ends a size line was consumed: data follows, or the trailers after "0". */
+static void size_line_done(upbody *d)
+{
+    d->digits = 0;
+    d->state = d->left ? S_DATA : S_END;
 }
 
 ssize_t upbody_next(upbody *d, const char *p, size_t n, const char **data, size_t *len)
@@ -60,42 +65,34 @@ ssize_t upbody_next(upbody *d, const char *p, size_t n, const char **data, size_
                 d->state = S_SIZE_MORE;
             } else if (d->state == S_SIZE) {
                 return UPBODY_BAD;
-            } else if (c == '\r') {
-                d->state = S_SIZE_LF;
-            } else if (c == ';' || c == ' ' || c == '\t') {
-                d->state = S_EXT;
+            } else if (c == '\n') {
+                size_line_done(d);
             } else {
-                return UPBODY_BAD;
+                d->state = S_SIZE_REST;
             }
             i++;
+            if (d->state == S_END) return (ssize_t)i;
             break;
-        case S_EXT:
-            if (c == '\n' || c == '\0') return UPBODY_BAD;
-            if (c == '\r') d->state = S_SIZE_LF;
+        case S_SIZE_REST:
             i++;
-            break;
-        case S_SIZE_LF:
-            if (c != '\n') return UPBODY_BAD;
-            i++;
-            d->digits = 0;
-            if (d->left == 0) {
-                d->state = S_END;
-                return (ssize_t)i;
+            if (c == '\n') {
+                size_line_done(d);
+                if (d->state == S_END) return (ssize_t)i;
             }
-            d->state = S_DATA;
             break;
         case S_DATA: {
             size_t k = n - i < d->left ? n - i : (size_t)d->left;
             d->left -= k;
-            if (d->left == 0) d->state = S_DATA_CR;
+            if (d->left == 0) d->state = S_DATA_END;
             *data = p + i;
             *len = k;
             return (ssize_t)(i + k);
         }
-        case S_DATA_CR:
-        case S_DATA_LF:
-            if (c != (d->state == S_DATA_CR ? '\r' : '\n')) return UPBODY_BAD;
-            d->state = d->state == S_DATA_CR ? S_DATA_LF : S_SIZE;
+        case S_DATA_END:
+            if (c == '\n')
+                d->state = S_SIZE;
+            else if (c != '\r')
+                return UPBODY_BAD;
             i++;
             break;
         default: /* S_END: nothing more is the decoder's */

@@ -8,9 +8,11 @@
  * a header line is a run of bytes up to LF, and a line whose first byte is CR or LF ends
  * the head. The worker cuts what it hands libcurl there (worker.c), so the two must agree.
  *
- * The chunk decoder is strict where libcurl is lenient: a size line is 1 to 16 hex digits,
- * then optionally a chunk extension (after ';', space or tab: skipped), then CRLF; a
- * chunk's data is followed by CRLF. Anything else, or a size above INT64_MAX, is an error.
+ * The chunk decoder takes what libcurl 7.88's takes (http_chunks.c), since it takes its
+ * place: an upstream that streamed through libcurl must stream the same. A size line is 1
+ * to 16 hex digits (a size above INT64_MAX is an error), then anything up to an LF (an
+ * extension, a CR: skipped); a chunk's data is followed by any number of CRs and an LF.
+ * Anything else is an error.
  * The decoder stops at the terminal chunk's size line ("0\r\n"): the trailer section and
  * the final CRLF are left to the caller (the worker hands them to libcurl, which ends the
  * transfer and keeps the connection). */

@@ -879,12 +879,15 @@ static void stash_put(lg_xbody *b, const char *p, size_t n)
  * how many of them libcurl gets, up to the end of a head. */
 static size_t cut_head(lg_xbody *b, const char *buf, size_t n)
 {
-    if (!b->started) {
-        b->started = true;
-        if (n < 9 || memcmp(buf, "HTTP/1.1 ", 9) != 0) {
+    static const char prefix[] = "HTTP/1.1 ";
+    if (b->matched < sizeof prefix - 1) { /* the prefix may come over several reads */
+        size_t k = sizeof prefix - 1 - b->matched;
+        if (k > n) k = n;
+        if (memcmp(buf, prefix + b->matched, k) != 0) {
             b->phase = XB_CURL;
             return n;
         }
+        b->matched = (uint8_t)(b->matched + k);
     }
     size_t end = upbody_head_end(&b->head, buf, n);
     b->ends_head = end != 0;
@@ -903,6 +906,18 @@ static ssize_t recv_stash(lg_xbody *b, char *buf, size_t len)
 }
 
 static bool parked(int fd);
+static bool conn_socket(int fd);
+
+/* libcurl's liveness check of a pooled connection (Curl_connalive) peeks one byte and takes
+ * the connection for alive unless the peek reads the end of the stream; libcurl peeks for
+ * nothing else. But an idle HTTP/1.1 connection has nothing to say: bytes that arrive on it
+ * answer no request, and the next transfer, another client's perhaps, would read them as
+ * its response. So a peek that finds bytes on a connection's socket that no transfer reads
+ * here reads as the end of the stream: libcurl closes that connection and opens another. */
+static bool unasked_bytes(int fd, ssize_t n, int flags)
+{
+    return (flags & MSG_PEEK) && n > 0 && conn_socket(fd) && !up_xfer(fd);
+}
 
 ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags) __asm__("recv");
 ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
@@ -918,6 +933,7 @@ ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
     }
     if (x && stash_len(&x->xb)) return recv_stash(&x->xb, buf, len);
     ssize_t n = recvfrom(fd, buf, len, flags, NULL, NULL);
+    if (unasked_bytes(fd, n, flags)) return 0;
     if (!(flags & MSG_PEEK)) mhd_note_read(fd, n, len);
     if (fd == curl_read_fd && !(flags & MSG_PEEK)) {
         curl_drained = n > 0 && (size_t)n < len;
@@ -1091,6 +1107,11 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
     }
     *st = (uint8_t)((*st & CFD_CONN) | want);
     return 0;
+}
+
+static bool conn_socket(int fd)
+{
+    return curl_fd_state && fd >= 0 && (size_t)fd < curl_fd_len && (curl_fd_state[fd] & CFD_CONN);
 }
 
 static bool parked(int fd)

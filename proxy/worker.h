@@ -132,12 +132,12 @@ struct lg_req {
 /* The worker's hold on a transfer's socket while its response is read (worker.c, "the
  * response body outside libcurl"); zeroed with its lg_xfer, the worker's alone after that. */
 typedef struct lg_xbody {
-    bool linked;    /* fd is this transfer's socket, and the worker follows it */
-    uint8_t phase;  /* worker.c's XB_* */
-    bool started;   /* the response's first bytes were seen */
-    bool ends_head; /* the last bytes libcurl got end a head */
-    bool held;      /* paused by the body callback: the socket's input is not watched */
-    bool due;       /* queued to be run after the current event (lg_worker.body_due) */
+    bool linked;     /* fd is this transfer's socket, and the worker follows it */
+    uint8_t phase;   /* worker.c's XB_* */
+    uint8_t matched; /* how many of the response's first bytes matched "HTTP/1.1 " (to 9) */
+    bool ends_head;  /* the last bytes libcurl got end a head */
+    bool held;       /* paused by the body callback: the socket's input is not watched */
+    bool due;        /* queued to be run after the current event (lg_worker.body_due) */
     int fd;
     upbody_head head;
     upbody dec;

@@ -2,7 +2,8 @@
  * ends it (an empty line, or one that begins with CR), at any split of the input; a chunked
  * body decodes to the same bytes at every split point of its framing, into one piece and
  * into two, a refused data run is given again, the decoder stops at the terminal chunk's
- * size line with the trailers left over, and broken framings are errors, however split. */
+ * size line with the trailers left over, the framings libcurl 7.88 takes are taken, and
+ * the others are errors, however split. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -163,13 +164,10 @@ static void test_broken_framings(void **state)
     static const char *bad[] = {
         "zz\r\n",                /* not hex */
         "\r\n",                  /* no digits */
+        "\n3\r\nabc\r\n",        /* an empty size line */
         "-1\r\nx\r\n",           /* sign */
-        "3\nabc\r\n",            /* bare LF after the size */
         "3\r\nabcX\r\n",         /* data not followed by CRLF */
-        "3\r\nabc\n0\r\n",       /* data followed by a bare LF */
-        "3\rabc\r\n",            /* CR not followed by LF */
-        "3;ext\nabc\r\n",        /* extension ended by a bare LF */
-        "3x\r\nabc\r\n",         /* junk after the digits */
+        "3\r\nabc\r\rX\n",       /* CRs then not an LF */
         "10000000000000000\r\n", /* 17 digits */
         "00000000000000001\r\n", /* 17 digits, however small */
         "8000000000000000\r\n",  /* above INT64_MAX */
@@ -183,6 +181,40 @@ static void test_broken_framings(void **state)
             decoded d = decode(bad[i], n, one, 1, false);
             if (!d.bad) fprintf(stderr, "not refused: case %zu split at %zu\n", i, c);
             assert_true(d.bad);
+        }
+    }
+}
+
+/* What libcurl 7.88 takes, the decoder takes (an upstream that streamed through libcurl
+ * streams the same): a bare LF ends a size line or a chunk's data, CRs before that LF are
+ * skipped, and so is anything between the digits and the LF. At every split. */
+static void test_lenient_as_libcurl(void **state)
+{
+    (void)state;
+#define CASE(lit)                                                                                  \
+    {                                                                                              \
+        lit, sizeof lit - 1                                                                        \
+    }
+    static const struct {
+        const char *s;
+        size_t n;
+    } ok[] = {
+        CASE("3\nabc\n0\n"),            /* bare LF everywhere */
+        CASE("3;ext\nabc\r\r\n0\r\n"),  /* an extension ended by LF; CRs before the LF */
+        CASE("3x\r\nabc\r\n0\r\n"),     /* junk after the digits */
+        CASE("3\rz\nabc\r\n0;e\0\r\n"), /* a CR, then bytes, up to the LF; a NUL in one */
+    };
+#undef CASE
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        size_t n = ok[i].n;
+        for (size_t c = 0; c < n; c++) {
+            size_t one[] = {c};
+            decoded d = decode(ok[i].s, n, c ? one : NULL, c ? 1 : 0, c % 2 == 1);
+            assert_false(d.bad);
+            assert_true(d.ended);
+            assert_int_equal(d.len, 3);
+            assert_memory_equal(d.out, "abc", 3);
+            assert_int_equal(d.rest_at, n);
         }
     }
 }
@@ -206,7 +238,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_head_end_at_every_split), cmocka_unit_test(test_head_after_interim),
         cmocka_unit_test(test_chunks_every_split),      cmocka_unit_test(test_stops_at_terminal),
-        cmocka_unit_test(test_broken_framings),         cmocka_unit_test(test_large_size_allowed),
+        cmocka_unit_test(test_broken_framings),         cmocka_unit_test(test_lenient_as_libcurl),
+        cmocka_unit_test(test_large_size_allowed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
