@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 
@@ -566,6 +567,10 @@ static void start_attempt(exchange *ex)
     ex->at.start_ns = ex->at.last_event_ns = req_now(&ex->base);
 
     char *url = pool_url(pool, ex->replica, ex->api->upstream_path);
+    /* A plain-HTTP upstream's event stream is read by the worker, not by libcurl (worker.c,
+     * "the response body outside libcurl"): libcurl reads its head and its end, for which
+     * its smallest buffer does. Other upstreams' buffers follow the reads (upread.h). */
+    ex->at.rbuf = strncasecmp(url, "http://", 7) == 0 ? UPREAD_HEAD : upread_take();
     ex->at.headers = http_upstream_headers(ex->base.conn, true);
     /* Every option, unconditionally: a kept handle still has the last attempt's. */
     CURL *e = ex->at.easy = worker_easy_get(w);
@@ -589,7 +594,6 @@ static void start_attempt(exchange *ex)
     curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, ex);
     curl_easy_setopt(e, CURLOPT_HTTP_CONTENT_DECODING, 0L);
-    ex->at.rbuf = upread_take();
     curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)ex->at.rbuf);
     if (worker_add_xfer(w, e) != 0) {
         stop_transfer(ex);

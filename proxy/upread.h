@@ -16,12 +16,16 @@
  * streams on a host that falls behind would otherwise each hold 8 KiB for a backlog that a
  * small buffer takes in a few more reads.
  *
+ * A plain-HTTP exchange's event stream is read by the worker, not libcurl (worker.c), so
+ * its transfer gets UPREAD_HEAD, libcurl's smallest, whatever the reads.
+ *
  * The state is the calling thread's (each worker keeps its own); nothing is shared. */
 #ifndef LG_UPREAD_H
 #define LG_UPREAD_H
 
 #include <stddef.h>
 
+#define UPREAD_HEAD      1024 /* libcurl's smallest: a body the worker reads (worker.c) */
 #define UPREAD_SMALL     2048 /* eight paced events of ~250 bytes */
 #define UPREAD_LARGE     8192 /* a saturated stream: half the recvfrom and poll calls of 4 KiB */
 #define UPREAD_LARGE_MAX 512  /* large buffers one thread holds at once: 4 MiB */

@@ -363,7 +363,7 @@ void worker_suspend(lg_req *r)
     r->suspended = true;
 }
 
-static void release_queued(lg_worker *w); /* see worker_go_direct */
+static void unqueue_release(lg_req *r); /* see worker_go_direct */
 
 void worker_resume(lg_req *r)
 {
@@ -381,7 +381,7 @@ void worker_resume(lg_req *r)
         r->resume_due = true;
         return;
     }
-    if (r->pages_queued) release_queued(r->w); /* before libmicrohttpd uses the pool */
+    if (r->pages_queued) unqueue_release(r); /* libmicrohttpd uses the pool again */
     r->suspended = false;
     MHD_resume_connection(r->conn);
     r->shard->ready = true;
@@ -452,8 +452,8 @@ static size_t whole_pages(const char *buf, size_t n, uintptr_t *lo, uintptr_t *h
  * runs one of its threads: an interrupt to the other workers' cores and a wait for their
  * answer. One call per stream and request was a tenth of loopguard's CPU at 1,000 paced
  * streams; process_madvise takes a batch of ranges in one call and one flush. A range waits
- * at most RELEASE_WAIT_NS (or until WORKER_RELEASES wait), and never past its request's
- * resume, from which libmicrohttpd uses the pool again (worker_resume). */
+ * at most RELEASE_WAIT_NS (or until WORKER_RELEASES wait); a request that resumes or ends
+ * before then takes its range out unreleased (unqueue_release). */
 #define RELEASE_WAIT_NS (10ull * 1000 * 1000)
 
 static int self_pidfd = -1; /* this process, for process_madvise; -1 when not available */
@@ -484,6 +484,21 @@ static void release_queued(lg_worker *w)
         return;
     for (size_t i = 0; i < n; i++) /* again where a part went back: it reads zeros anyway */
         (void)madvise(iov[i].iov_base, iov[i].iov_len, MADV_DONTNEED);
+}
+
+/* r's pool is libmicrohttpd's again (its request resumed or ended) before its pages went
+ * back: they leave the queue unreleased. Giving them back now would only have libmicrohttpd
+ * fault them in again (it zeroes the pool for the next request), and a short answer, ended
+ * within RELEASE_WAIT_NS, costs no system call. */
+static void unqueue_release(lg_req *r)
+{
+    lg_worker *w = r->w;
+    for (size_t i = 0; i < w->n_releases; i++)
+        if (w->releases[i].r == r) {
+            w->releases[i] = w->releases[--w->n_releases];
+            break;
+        }
+    r->pages_queued = false;
 }
 
 /* Queues the whole pages of buf[0..n) of r's pool: a stream's connection pool is mostly
@@ -663,7 +678,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         w->fdmap[r->client_fd].req = NULL; /* the watch stays for the next request */
         note_ended(w, r);
     }
-    if (r->pages_queued) release_queued(w); /* the queue must not outlive r */
+    if (r->pages_queued) unqueue_release(r); /* the queue must not outlive r */
     r->retired = true;
     r->suspended = false;
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !r->client_gone) {
@@ -826,10 +841,11 @@ static _Thread_local size_t curl_fd_len;
  *   (on_curl_socket), the worker follows it (lg_worker.up_xfers[fd], lg_xfer.xb) until
  *   the transfer is removed, its socket is closed or libcurl stops watching it.
  * - The head (XB_HEAD): libcurl reads the socket through the executable's recv, which
- *   hands it the bytes up to the end of a head (upbody_head_end, libcurl's own rule) and
- *   keeps the rest (xb.stash), to be handed out by the next recv, so that libcurl never
- *   holds a byte of the body when the head's last line reaches the header callback. An
- *   interim 1xx head is cut the same way; the bytes after it are the next recv's. The poll
+ *   reads what the socket holds (recv_head), hands libcurl the bytes up to the end of a
+ *   head (upbody_head_end, libcurl's own rule) and keeps the rest (xb.stash), to be handed
+ *   out by the next recv, so that libcurl never holds a byte of the body when the head's
+ *   last line reaches the header callback. An interim 1xx head is cut the same way; the
+ *   bytes after it are the next recv's. The poll
  *   after a read says "pending" while the stash holds bytes. A response that does not begin
  *   with "HTTP/1.1 " (TLS, a proxy's tunnel, another version) is libcurl's alone (XB_CURL).
  * - The body (XB_BODY): once the final head is complete and its owner takes the body
@@ -902,11 +918,33 @@ static ssize_t recv_stash(lg_xbody *b, char *buf, size_t len)
     memcpy(buf, b->stash.p + b->stash_at, n);
     if (b->phase == XB_HEAD) n = cut_head(b, buf, n);
     b->stash_at += n;
+    if (!stash_len(b)) { /* a stream that libcurl reads on keeps no buffer (recv_head) */
+        lg_buf_free(&b->stash);
+        b->stash_at = 0;
+    }
     return (ssize_t)n;
 }
 
 static bool parked(int fd);
 static bool conn_socket(int fd);
+
+/* libcurl's read of a response head (the stash empty): the worker reads what the socket
+ * holds, up to BODY_READ into its body buffer, not only what libcurl's buffer takes, so a
+ * short answer comes in one read however small that buffer (a body the worker reads gets
+ * libcurl's smallest, UPREAD_HEAD). libcurl gets its part through the stash, cut at the
+ * head's end; the rest waits there. */
+static ssize_t recv_head(lg_xfer *x, int fd, char *buf, size_t len)
+{
+    lg_worker *w = mhd_worker;
+    ssize_t n = recvfrom(fd, w->body_buf, BODY_READ, 0, NULL, NULL);
+    if (fd == curl_read_fd) {
+        curl_drained = n > 0 && n < BODY_READ;
+        if (n > 0) upread_note_read((size_t)n);
+    }
+    if (n <= 0) return n;
+    stash_put(&x->xb, w->body_buf, (size_t)n);
+    return recv_stash(&x->xb, buf, len);
+}
 
 /* libcurl's liveness check of a pooled connection (Curl_connalive) peeks one byte and takes
  * the connection for alive unless the peek reads the end of the stream; libcurl peeks for
@@ -932,20 +970,13 @@ ssize_t curl_aware_recv(int fd, void *buf, size_t len, int flags)
         return -1;
     }
     if (x && stash_len(&x->xb)) return recv_stash(&x->xb, buf, len);
+    if (x && x->xb.phase == XB_HEAD) return recv_head(x, fd, buf, len);
     ssize_t n = recvfrom(fd, buf, len, flags, NULL, NULL);
     if (unasked_bytes(fd, n, flags)) return 0;
     if (!(flags & MSG_PEEK)) mhd_note_read(fd, n, len);
     if (fd == curl_read_fd && !(flags & MSG_PEEK)) {
         curl_drained = n > 0 && (size_t)n < len;
         if (n > 0) upread_note_read((size_t)n); /* sizes the next transfers' buffers */
-    }
-    if (x && n > 0 && x->xb.phase == XB_HEAD) {
-        size_t k = cut_head(&x->xb, buf, (size_t)n);
-        if (k < (size_t)n) {
-            stash_put(&x->xb, (const char *)buf + k, (size_t)n - k);
-            curl_drained = false; /* the stash is pending */
-            return (ssize_t)k;
-        }
     }
     /* libmicrohttpd reads its clients through this recv too: the edge follows those
      * bytes for what libmicrohttpd's parser hides (edge.h). */
