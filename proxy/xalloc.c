@@ -32,6 +32,20 @@ typedef struct xa_cache {
     unsigned short n[XA_CLASSES];
 } xa_cache;
 static _Thread_local xa_cache xa;
+/* The second word of a kept block (its first is the link): a block given to lg_xfree with
+ * it is looked for in its class, and a double free aborts, as glibc's tcache does, rather
+ * than handing the block to two requests. */
+static const uintptr_t xa_key = (uintptr_t)0x6c67786130666b65ull;
+
+static bool kept_already(const void *p, size_t k)
+{
+    uintptr_t tag;
+    memcpy(&tag, (const char *)p + sizeof p, sizeof tag);
+    if (tag != xa_key) return false;
+    for (const void *q = xa.head[k]; q; memcpy(&q, q, sizeof q))
+        if (q == p) return true;
+    return false;
+}
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define XA_USABLE 0 /* the sanitizers' allocators: every block goes back to them */
@@ -55,6 +69,7 @@ static void *cache_take(size_t size)
     void *p = xa.head[k];
     if (!p) return NULL;
     memcpy(&xa.head[k], p, sizeof p);
+    memset((char *)p + sizeof p, 0, sizeof xa_key); /* no longer kept */
     xa.n[k]--;
     xa.bytes -= k * XA_GRAIN - 8;
     return p;
@@ -71,7 +86,12 @@ void lg_xfree(void *p)
         size_t u = malloc_usable_size(p), k = (u + 8) / XA_GRAIN;
         if (k >= 32 / XA_GRAIN && u <= LG_XALLOC_CACHE_MAX && xa.n[k] < LG_XALLOC_CACHE_KEEP &&
             xa.bytes + u <= LG_XALLOC_CACHE_BYTES) {
+            if (kept_already(p, k)) {
+                fputs("loopguard: lg_xfree: double free\n", stderr);
+                abort();
+            }
             memcpy(p, &xa.head[k], sizeof p);
+            memcpy((char *)p + sizeof p, &xa_key, sizeof xa_key);
             xa.head[k] = p;
             xa.n[k]++;
             xa.bytes += k * XA_GRAIN - 8;
