@@ -47,10 +47,12 @@ static bool kept_already(const void *p, size_t k)
     return false;
 }
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define XA_USABLE 0 /* the sanitizers' allocators: every block goes back to them */
+#define XA_USABLE (!LG_XALLOC_SANITIZED) /* the sanitizers' allocators see every block */
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#define XA_UNDER_VALGRIND() RUNNING_ON_VALGRIND
 #else
-#define XA_USABLE 1
+#define XA_UNDER_VALGRIND() 0
 #endif
 
 /* The class glibc's chunk for a request of `size` bytes falls in: the size with its header
@@ -103,7 +105,7 @@ void lg_xfree(void *p)
 
 void lg_xalloc_cache_begin(void)
 {
-    xa.on = XA_USABLE;
+    xa.on = XA_USABLE && !XA_UNDER_VALGRIND();
 }
 
 void lg_xalloc_cache_end(void)

@@ -37,6 +37,19 @@ char *lg_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * each block goes through its arena's bins and lock. Threads that never begin a cache
  * free as before; so do the sanitizer builds, whose checks of freed memory a kept block
  * would escape. */
+/* The sanitizer builds keep nothing: GCC names them __SANITIZE_*__, clang (14) only in
+ * __has_feature. Nor does a process under valgrind (lg_xalloc_cache_begin): memcheck too
+ * must see every free, or a use after free of a kept block goes unreported. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define LG_XALLOC_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define LG_XALLOC_SANITIZED 1
+#endif
+#endif
+#ifndef LG_XALLOC_SANITIZED
+#define LG_XALLOC_SANITIZED 0
+#endif
 #define LG_XALLOC_CACHE_MAX   4088
 #define LG_XALLOC_CACHE_KEEP  64
 #define LG_XALLOC_CACHE_BYTES (64u << 10)

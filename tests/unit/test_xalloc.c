@@ -19,11 +19,7 @@
 
 #include "proxy/xalloc.h"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define KEEPS false
-#else
-#define KEEPS true
-#endif
+#define KEEPS (!LG_XALLOC_SANITIZED)
 
 /* Random sizes up to just past the largest kept, freed and asked for in a random order:
  * each block is large enough and holds its own bytes until it is freed. */
