@@ -845,9 +845,9 @@ static _Thread_local size_t curl_fd_len;
  *   head (upbody_head_end, libcurl's own rule) and keeps the rest (xb.stash), to be handed
  *   out by the next recv, so that libcurl never holds a byte of the body when the head's
  *   last line reaches the header callback. An interim 1xx head is cut the same way; the
- *   bytes after it are the next recv's. The poll
- *   after a read says "pending" while the stash holds bytes. A response that does not begin
- *   with "HTTP/1.1 " (TLS, a proxy's tunnel, another version) is libcurl's alone (XB_CURL).
+ *   bytes after it are the next recv's. The poll after a read says "pending" while the
+ *   stash holds bytes. A response that does not begin with "HTTP/1.1 " (TLS, a proxy's
+ *   tunnel, another version) is libcurl's alone (XB_CURL).
  * - The body (XB_BODY): once the final head is complete and its owner takes the body
  *   (worker_head_complete, from the header callback, when the head is exactly what libcurl
  *   got), libcurl's reads of the socket find nothing (recv: EAGAIN, poll: not readable),
@@ -931,8 +931,8 @@ static bool conn_socket(int fd);
 /* libcurl's read of a response head (the stash empty): the worker reads what the socket
  * holds, up to BODY_READ into its body buffer, not only what libcurl's buffer takes, so a
  * short answer comes in one read however small that buffer (a body the worker reads gets
- * libcurl's smallest, UPREAD_HEAD). libcurl gets its part through the stash, cut at the
- * head's end; the rest waits there. */
+ * libcurl's smallest, UPREAD_HEAD). libcurl gets its part, cut at the head's end; only the
+ * rest, if any, is stashed. */
 static ssize_t recv_head(lg_xfer *x, int fd, char *buf, size_t len)
 {
     lg_worker *w = mhd_worker;
@@ -942,8 +942,11 @@ static ssize_t recv_head(lg_xfer *x, int fd, char *buf, size_t len)
         if (n > 0) upread_note_read((size_t)n);
     }
     if (n <= 0) return n;
-    stash_put(&x->xb, w->body_buf, (size_t)n);
-    return recv_stash(&x->xb, buf, len);
+    size_t k = (size_t)n < len ? (size_t)n : len;
+    memcpy(buf, w->body_buf, k);
+    k = cut_head(&x->xb, buf, k);
+    if (k < (size_t)n) stash_put(&x->xb, w->body_buf + k, (size_t)n - k);
+    return (ssize_t)k;
 }
 
 /* libcurl's liveness check of a pooled connection (Curl_connalive) peeks one byte and takes
