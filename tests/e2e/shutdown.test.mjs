@@ -130,24 +130,25 @@ describe('SIGTERM', () => {
             let streamEnded = false;
             s.then(() => (streamEnded = true), () => (streamEnded = true));
             await waitFor(async () => (await fake.requests('/v1/chat/completions')).length === 1);
+            // Each connection's end is watched from the start: a worker with no stream may
+            // close it before the request below is sent.
+            const outcomes = [];
             for (let i = 0; i < 6; i++) {
                 const c = net.connect(lg.port, '127.0.0.1');
+                let got = '';
+                c.on('data', (d) => (got += d));
+                c.on('error', () => {});
+                outcomes.push(new Promise((resolve) => c.on('close', () => resolve({ got, streamEnded }))));
                 await new Promise((r, j) => c.once('connect', r).once('error', j));
                 idle.push(c);
             }
             lg.proc.kill('SIGTERM');
             termed = true;
             await waitFor(async () => (await probe(lg.port)) === 'refused', 5000 * SLACK);
-            // Each sends a request now: an answer (503, the worker still drains a stream) or
-            // the connection closed (its worker is done), and either before the stream ends.
-            const outcomes = await Promise.all(idle.map((c) => new Promise((resolve) => {
-                let got = '';
-                c.on('data', (d) => (got += d));
-                c.on('error', () => {});
-                c.on('close', () => resolve({ got, streamEnded }));
-                c.write('GET /loopguard/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
-            })));
-            for (const o of outcomes) {
+            // Those still open send a request now: an answer (503, their worker still drains a
+            // stream) or the connection closed (their worker is done), before the stream ends.
+            for (const c of idle) if (!c.destroyed) c.write('GET /loopguard/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+            for (const o of await Promise.all(outcomes)) {
                 assert.equal(o.streamEnded, false, 'answered or closed while the stream was still draining');
                 assert.ok(o.got === '' || o.got.startsWith('HTTP/1.1 503 '), JSON.stringify(o.got.slice(0, 60)));
             }
