@@ -30,12 +30,18 @@ enum {
 
 #define MAX_DIGITS 16
 
+/* A byte's hex digit value, or -1: one load per digit of a size line. */
+#define H(c, v) [(unsigned char)(c)] = (v) + 1
+static const int8_t hex_plus1[256] = {
+    H('0', 0),  H('1', 1),  H('2', 2),  H('3', 3),  H('4', 4),  H('5', 5),  H('6', 6),  H('7', 7),
+    H('8', 8),  H('9', 9),  H('a', 10), H('b', 11), H('c', 12), H('d', 13), H('e', 14), H('f', 15),
+    H('A', 10), H('B', 11), H('C', 12), H('D', 13), H('E', 14), H('F', 15),
+};
+#undef H
+
 static int hex_value(char c)
 {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
+    return hex_plus1[(unsigned char)c] - 1;
 }
 
 /* The LF that ends a size line was consumed: data follows, or the trailers after "0". */
@@ -73,17 +79,18 @@ ssize_t upbody_next(upbody *d, const char *p, size_t n, const char **data, size_
             uint64_t left = d->left;
             uint8_t digits = d->digits;
             while ((v = hex_value(c)) >= 0) {
-                if (digits == MAX_DIGITS || left > (uint64_t)INT64_MAX >> 4) return UPBODY_BAD;
-                left = left << 4 | (uint64_t)v;
+                if (digits == MAX_DIGITS) return UPBODY_BAD;
+                left = left << 4 | (uint64_t)v; /* 16 digits fit: INT64_MAX is checked below */
                 digits++;
                 if (++i == n) break;
                 c = p[i];
             }
             d->left = left;
             d->digits = digits;
-            if (!digits) return UPBODY_BAD;
+            if (!digits || left > (uint64_t)INT64_MAX) return UPBODY_BAD;
             d->state = S_SIZE_MORE;
             if (i == n) return (ssize_t)i;
+            if (c == '\r' && i + 1 < n && p[i + 1] == '\n') c = p[++i]; /* the usual CR LF */
             i++;
             if (c != '\n') {
                 d->state = S_SIZE_REST;
