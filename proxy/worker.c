@@ -583,7 +583,7 @@ static void queue_waiting_pool(lg_req *r)
 
 bool worker_go_direct(lg_req *r, char *buf, size_t max)
 {
-    if (r->client_gone || r->retired || !watched(r)) return false;
+    if (r->unchunked || r->client_gone || r->retired || !watched(r)) return false;
     if (!r->suspended) suspend_conn(r);
     queue_release(r, buf, max);
     lg_fdslot *s = &r->w->fdmap[r->client_fd];
@@ -844,6 +844,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     }
     rc = route(w, conn, path, method, con_cls);
     free(path);
+    if (*con_cls) ((lg_req *)*con_cls)->unchunked = strcmp(version, MHD_HTTP_VERSION_1_1) != 0;
     return rc;
 }
 
