@@ -2,14 +2,19 @@
  * window, the signature of a paraphrase loop ("Let me check 5 again. Wait, let me verify 5
  * once more.").
  *
- * It reads the words of each segment g_text.c completes. A table (1,024 entries of 4 bytes,
- * tagged with 14 bits of the hash, in sets of two) says how often a trigram, or a word, came
- * within memory_words of its last time; a ring over the last novelty.window trigrams counts
- * the novel ones (seen fewer than min_seen times before) and the new words among the words
- * that completed them. It trips when fewer than min_ratio of the trigrams are novel and at
- * most max_new_words words are new: a block said twice is no loop (its trigrams were seen
- * once), nor is a list of one product in several colours (each item brings a word). O(1)
- * per word.
+ * It reads the words of each prose segment g_text.c completes. A table (1,024 entries of 4
+ * bytes, tagged with 14 bits of the hash, in sets of two) says how often a trigram, or a
+ * word, came within memory_words (of prose) of its last time; a ring over the last
+ * novelty.window trigrams counts the novel ones (seen fewer than min_seen times before) and
+ * the new words among the words that completed them. It trips when fewer than min_ratio of
+ * the trigrams are novel and at most max_new_words words are new: a block said twice is no
+ * loop (its trigrams were seen once), nor is a list of one product in several colours (each
+ * item brings a word). O(1) per word.
+ *
+ * A segment outside prose (code, a table row, a short item) is only evidence that the text
+ * is going somewhere: each of its words enters the window as a novel trigram, without a
+ * look-up, and it never trips. Code and data repeat on purpose; looking their trigrams up
+ * cost two thirds of the detector's time on source files.
  *
  * The table is two-way: a key may sit in either slot of its set, and a new one evicts the
  * older. Direct-mapped, a trigram seen 200 words before had lost its slot to another one
@@ -67,11 +72,33 @@ static inline unsigned table_seen(gtri *tab, uint64_t t, uint16_t now_w, unsigne
     return seen;
 }
 
+/* A segment of nw words outside prose: each word enters the window as a novel trigram
+ * (more than a window of them replace all of it). Its words join no trigram. */
+static void novelty_other(guard *g, unsigned nw)
+{
+    const unsigned w = g->p->novelty.window;
+    if (!g->ttab) novelty_alloc(g);
+    unsigned char *tri_novel = g->tri_novel;
+    uint64_t *tri_start = g->tri_start;
+    const gword *sw = g->sw;
+    unsigned slot = g->tri_slot, novel = g->novel, fresh = g->fresh;
+    for (unsigned i = nw > w ? nw - w : 0; i < nw; i++) {
+        novel -= tri_novel[slot] & 1;
+        fresh -= tri_novel[slot] >> 1 & 1;
+        tri_novel[slot] = 1 | TRI_FILLED;
+        tri_start[slot] = sw[i].start;
+        slot = slot + 1 < w ? slot + 1 : 0;
+    }
+    g->tri_slot = slot;
+    g->novel = novel + (nw > w ? w : nw);
+    g->fresh = fresh;
+}
+
 /* The novelty detector, for each word of a segment that ended: is the trigram ending there
  * new within memory_words? Trips when fewer than min_ratio of the last `window` trigrams
- * were. Words outside prose only ever count as evidence of novelty (code and templated
- * comments repeat on purpose, but their fresh names still show the text is going
- * somewhere), and a trigram made only of numbers does not count at all (zero tables,
+ * were. Words outside prose only ever count as evidence of novelty (novelty_other: code
+ * and templated comments repeat on purpose, but their fresh names still show the text is
+ * going somewhere), and a trigram made only of numbers does not count at all (zero tables,
  * version lists). `now` is the number of bytes fed when it is decided. The detector's state
  * (the last three words, the window's counts, its ring's next slot) is kept in locals over
  * the segment's words and written back once: the ring of novel bits is bytes, which may
@@ -80,6 +107,10 @@ static inline unsigned table_seen(gtri *tab, uint64_t t, uint16_t now_w, unsigne
 bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
 {
     if (!nw) return false; /* a blank line, a rule: nothing to load and store back */
+    if (!prose) {
+        novelty_other(g, nw);
+        return false;
+    }
     const guard_params *p = g->p;
     const gword *sw = g->sw;
     const unsigned w = p->novelty.window, memory = p->novelty.memory_words,
@@ -110,16 +141,12 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
         walpha = (walpha << 1 | alpha) & 7;
         if (++nwords < 3 || !walpha) continue;
 
-        /* A word of prose new within memory_words (a key of its own in the same table): a
-         * loop brings none, a list of one product in several colours one an item. Words
-         * outside prose are not looked up: code's names would only crowd the table (and so
-         * evict the prose's), and a word of code never counts as evidence against a loop. */
+        /* A word new within memory_words (a key of its own in the same table): a loop
+         * brings none, a list of one product in several colours one an item. */
         uint16_t now_w = (uint16_t)nwords;
-        bool new_word =
-            alpha && prose && !table_seen(tab, mix(h ^ 0x5BD1E9955BD1E995ull), now_w, memory);
+        bool new_word = alpha && !table_seen(tab, mix(h ^ 0x5BD1E9955BD1E995ull), now_w, memory);
         unsigned seen = table_seen(tab, mix(wh0 * 3 + mix(wh1 * 5 + mix(wh2))), now_w, memory);
         bool is_novel = seen < min_seen;
-        if (!is_novel && !prose) continue;
 
         /* The slot's trigram leaves the window (none yet while it is 0, as calloc made
          * it). */
