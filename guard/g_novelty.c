@@ -21,6 +21,7 @@
  * time in five on a 1,024-entry table, and every loss counted as a novel trigram: a loop
  * with 10 % new trigrams looked like 25 %. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "guard/guard_int.h"
 
@@ -70,6 +71,41 @@ static inline unsigned table_seen(gtri *tab, uint64_t t, uint16_t now_w, unsigne
     unsigned seen = (e >> 16 & 3) & -(unsigned)hit; /* no branch either */
     set[i] = tag << 18 | (seen < 3 ? seen + 1 : 3) << 16 | now_w;
     return seen;
+}
+
+/* The end of the word that starts at offset `start`, at most `now`. */
+static uint64_t word_end_at(const guard *g, uint64_t start, uint64_t now)
+{
+    uint64_t e = start;
+    for (unsigned char c; e < now; e++) {
+        c = guard_at(g, e);
+        if (!(((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
+              c >= 0x80))
+            break;
+    }
+    return e;
+}
+
+/* Is the repetition the prompt's? Asked when the window is about to trip at the trigram
+ * that starts at ws0 in the segment of nw words, `now` bytes fed. True when the prompt
+ * asks for copies, or holds at least half the trigrams of the segment, each as written
+ * from its first word to the end of its third: a product recommended in several sizes
+ * copies the product's name from the prompt, its numbers aside. A segment of fewer than
+ * three words is judged by its text from ws0 on. O(prompt) per trigram. RARE_PATH. */
+RARE_PATH static bool novelty_prompt(const guard *g, unsigned nw, uint64_t ws0, uint64_t now)
+{
+    if (!g->prompt_len) return false;
+    const gword *sw = g->sw;
+    unsigned held = 0, n = 0;
+    for (unsigned i = 2; i < nw; i++) {
+        uint64_t s = sw[i - 2].start, e = word_end_at(g, sw[i].start, now);
+        if (s < g->base) continue;
+        n++;
+        held += guard_prompt_slack(g, g->buf + (s - g->base), (size_t)(e - s)) > 0;
+    }
+    if (n) return 2 * held >= n;
+    return ws0 >= g->base && ws0 < now &&
+           guard_prompt_slack(g, g->buf + (ws0 - g->base), (size_t)(now - ws0));
 }
 
 /* A segment of nw words outside prose: each word enters the window as a novel trigram
@@ -145,7 +181,11 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
          * brings none, a list of one product in several colours one an item. */
         uint16_t now_w = (uint16_t)nwords;
         bool new_word = alpha && !table_seen(tab, mix(h ^ 0x5BD1E9955BD1E995ull), now_w, memory);
-        unsigned seen = table_seen(tab, mix(wh0 * 3 + mix(wh1 * 5 + mix(wh2))), now_w, memory);
+        /* The trigram's key: each word's hash times its own odd constant (the product's
+         * high bits depend on all of the word's), mixed once. */
+        uint64_t key = mix(wh0 * 0x9E3779B97F4A7C15ull ^ wh1 * 0xC2B2AE3D27D4EB4Full ^
+                           wh2 * 0x94D049BB133111EBull);
+        unsigned seen = table_seen(tab, key, now_w, memory);
         bool is_novel = seen < min_seen;
 
         /* The slot's trigram leaves the window (none yet while it is 0, as calloc made
@@ -158,11 +198,15 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
         novel += is_novel;
         fresh += new_word;
         if (fresh > max_new || novel >= few || !(tri_novel[slot] & TRI_FILLED)) continue;
-        /* Repetition the prompt asks for, or the words of a trigram it holds, are no
-         * paraphrase loop (g_prompt.c). */
-        if (ws0 >= g->base && ws0 < now &&
-            guard_prompt_slack(g, g->buf + (ws0 - g->base), (size_t)(now - ws0)))
+        /* Repetition the prompt asks for, or trigrams it holds, are no paraphrase loop
+         * (g_prompt.c): the window is judged afresh from here, so that what follows the
+         * copy trips only on a window of its own, and the prompt is not searched again
+         * for every word of a long copy. */
+        if (novelty_prompt(g, nw, ws0, now)) {
+            memset(tri_novel, 0, w);
+            novel = fresh = slot = 0;
             continue;
+        }
         uint64_t from = tri_start[slot];
         guard_set_unit(g, from, now);
         guard_trip(g, "novelty", from, now, w - novel);
