@@ -1344,6 +1344,7 @@ static void drain_curl_messages(lg_worker *w)
 {
     CURLMsg *msg;
     int left;
+    if (!w->body_due.len && !w->n_unwatched && !w->curl_msgs) return; /* after most events */
     run_due_bodies(w); /* the worker's own reads of bodies, which may end transfers too */
     fail_unwatched(w);
     if (!w->curl_msgs) return;
