@@ -464,19 +464,14 @@ static void open_self_pidfd(void)
     self_pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
 }
 
-/* The queued ranges go back now: in one process_madvise, or (a kernel without it for
+/* iov[0..n) go back now: in one process_madvise, or (a kernel without it for
  * MADV_DONTNEED, before 6.x) one madvise each. MADV_DONTNEED on private anonymous memory
  * (the heap) makes the pages read as zeros when next touched. */
-static void release_queued(lg_worker *w)
+static void give_back(const struct iovec *iov, size_t n)
 {
-    size_t n = w->n_releases, total = 0;
-    struct iovec iov[WORKER_RELEASES];
-    for (size_t i = 0; i < n; i++) {
-        iov[i] = (struct iovec){w->releases[i].at, w->releases[i].len};
-        total += w->releases[i].len;
-        w->releases[i].r->pages_queued = false;
-    }
-    w->n_releases = 0;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += iov[i].iov_len;
     if (!n) return;
     pthread_once(&self_pidfd_once, open_self_pidfd);
     if (self_pidfd >= 0 &&
@@ -484,6 +479,19 @@ static void release_queued(lg_worker *w)
         return;
     for (size_t i = 0; i < n; i++) /* again where a part went back: it reads zeros anyway */
         (void)madvise(iov[i].iov_base, iov[i].iov_len, MADV_DONTNEED);
+}
+
+/* The queued ranges go back now (give_back). */
+static void release_queued(lg_worker *w)
+{
+    size_t n = w->n_releases;
+    struct iovec iov[WORKER_RELEASES];
+    for (size_t i = 0; i < n; i++) {
+        iov[i] = (struct iovec){w->releases[i].at, w->releases[i].len};
+        w->releases[i].r->pages_queued = false;
+    }
+    w->n_releases = 0;
+    give_back(iov, n);
 }
 
 /* r's pool is libmicrohttpd's again (its request resumed or ended) before its pages went
@@ -516,9 +524,28 @@ static void queue_release(lg_req *r, char *buf, size_t n)
     r->pages_queued = true;
 }
 
-/* The whole pages of buf[0..n) that hold only zeros go back to the kernel, in runs. They
- * read the same afterwards, so this is safe whoever uses the memory on this thread. */
-static void release_zero_pages(char *buf, size_t n)
+/* Runs of zero pages found at one tick, given back together at its end (give_back): one
+ * system call and one TLB flush of the other workers' cores instead of one per run. */
+#define ZERO_RUNS 64
+typedef struct lg_zero_runs {
+    struct iovec iov[ZERO_RUNS];
+    size_t n;
+} lg_zero_runs;
+
+static void zero_runs_add(lg_zero_runs *z, uintptr_t lo, uintptr_t hi)
+{
+    if (z->n == ZERO_RUNS) {
+        give_back(z->iov, z->n);
+        z->n = 0;
+    }
+    z->iov[z->n++] = (struct iovec){(void *)lo, hi - lo};
+}
+
+/* The whole pages of buf[0..n) that hold only zeros join z, in runs. They read the same
+ * once given back, so this is safe whoever uses the memory on this thread, as long as
+ * nothing writes them before z goes back: between the two only other requests' ticks run,
+ * and libmicrohttpd writes a connection's pool only inside its own calls. */
+static void release_zero_pages(lg_zero_runs *z, char *buf, size_t n)
 {
     uintptr_t p, hi;
     const size_t page = whole_pages(buf, n, &p, &hi);
@@ -528,11 +555,11 @@ static void release_zero_pages(char *buf, size_t n)
         bool zero = c[0] == 0 && memcmp(c, c + 1, page - 1) == 0;
         if (zero && !run) run = p;
         if (!zero && run) {
-            (void)madvise((void *)run, p - run, MADV_DONTNEED);
+            zero_runs_add(z, run, p);
             run = 0;
         }
     }
-    if (run) (void)madvise((void *)run, hi - run, MADV_DONTNEED);
+    if (run) zero_runs_add(z, run, hi);
 }
 
 bool worker_go_direct(lg_req *r, char *buf, size_t max)
@@ -1565,12 +1592,12 @@ static void ready_all(lg_worker *w)
  * libmicrohttpd's records share with it. The zero test is what makes this safe. */
 #define POOL_WAIT_NS (100ull * 1000 * 1000)
 
-static void release_waiting_pool(lg_worker *w, lg_req *r)
+static void release_waiting_pool(lg_worker *w, lg_req *r, lg_zero_runs *z)
 {
     if (!r->suspended || r->direct || !watched(r) || w->now_ns - r->start_ns < POOL_WAIT_NS) return;
     lg_fdslot *s = &w->fdmap[r->client_fd];
     if (!s->pool) return;
-    release_zero_pages(s->pool, s->pool_len);
+    release_zero_pages(z, s->pool, s->pool_len);
     s->pool = NULL; /* once a request: the stream's own buffer is learned when it goes direct */
 }
 
@@ -1579,13 +1606,13 @@ static void release_waiting_pool(lg_worker *w, lg_req *r)
  * after a request ended, a connection that is still open (its fd slot unchanged: a close
  * forgets it, see on_connection) and has no new request gives back the zero pages of its
  * last direct stream's buffer, as release_waiting_pool does. */
-static void idle_pools(lg_worker *w)
+static void idle_pools(lg_worker *w, lg_zero_runs *z)
 {
     const lg_conn_ended *e = (const lg_conn_ended *)w->ended.p;
     for (size_t i = 0; i < w->ended.len / sizeof *e; i++) {
         lg_fdslot *s = &w->fdmap[e[i].fd];
         if (!s->conn || s->gen != e[i].gen || s->req || !s->pool) continue;
-        release_zero_pages(s->pool, s->pool_len);
+        release_zero_pages(z, s->pool, s->pool_len);
         s->pool = NULL;
     }
     lg_buf_reset(&w->ended);
@@ -1594,6 +1621,7 @@ static void idle_pools(lg_worker *w)
 static void tick_all(lg_worker *w)
 {
     uint64_t stuck = (uint64_t)w->srv->cfg->client_timeout_s * 1000000000ull;
+    lg_zero_runs z = {.n = 0};
     lg_req *r = w->live.next;
     while (r != &w->live) {
         lg_req *next = r->next; /* tick may retire r */
@@ -1601,10 +1629,11 @@ static void tick_all(lg_worker *w)
             client_hung_up(w, r); /* the client stopped reading mid-chunk */
         else if (r->ops->tick)
             r->ops->tick(r, w->now_ns);
-        if (!r->retired) release_waiting_pool(w, r);
+        if (!r->retired) release_waiting_pool(w, r, &z);
         r = next;
     }
-    idle_pools(w);
+    idle_pools(w, &z);
+    give_back(z.iov, z.n);
 }
 
 static void shutdown_all(lg_worker *w)
