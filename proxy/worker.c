@@ -1460,10 +1460,32 @@ CURLU *worker_upstream_url(lg_worker *w, const char *url)
     return u;
 }
 
+/* libcurl 7.88 picks a transfer's proxy from the environment each time it sets up a
+ * connection, a reused one too (url.c, create_conn_helper_init_proxy and detect_proxy):
+ * no_proxy, NO_PROXY, then <scheme>_proxy (and HTTPS_PROXY for https; not HTTP_PROXY),
+ * all_proxy, ALL_PROXY, each a walk of the environment, and an empty value counts as
+ * unset. When none of them is set the answer is "no proxy" for every transfer, which the
+ * options say without the walks: CURLOPT_PROXY "" (libcurl's documented "no proxy, whatever
+ * the environment says") and CURLOPT_NOPROXY "" (an empty list excludes no host). When any
+ * is set, both options stay NULL and libcurl reads the environment as before. loopguard
+ * never changes its environment, so it is read once, when the worker is made. */
+static bool proxy_env_set(void)
+{
+    static const char *const names[] = {"no_proxy",    "NO_PROXY",  "http_proxy", "https_proxy",
+                                        "HTTPS_PROXY", "all_proxy", "ALL_PROXY"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        const char *v = getenv(names[i]);
+        if (v && *v) return true;
+    }
+    return false;
+}
+
 /* Every transfer of the worker's multi handle opens and closes its sockets through the
- * worker (see on_curl_open). */
+ * worker (see on_curl_open), and takes its proxy as above. */
 static CURLMcode add_xfer(lg_worker *w, CURL *easy)
 {
+    curl_easy_setopt(easy, CURLOPT_PROXY, w->proxy_env ? NULL : "");
+    curl_easy_setopt(easy, CURLOPT_NOPROXY, w->proxy_env ? NULL : "");
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, on_curl_open);
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, w);
     curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, on_curl_close);
@@ -1875,6 +1897,7 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
             goto fail;
     }
 
+    w->proxy_env = proxy_env_set();
     w->multi = curl_multi_init();
     if (!w->multi) {
         snprintf(err, errlen, "worker %d: curl_multi_init failed", id);
