@@ -236,6 +236,14 @@ static int scan_lines(sse_parser *p, const char *s, size_t n)
             if (rc) return rc;
         } else if (s[line] != ':') {
             process_field(p, s + line, i - line);
+            /* The usual event: its blank line right after its LF-ended data line, taken
+             * here without a search. */
+            if (s[i] == '\n' && end < n && s[end] == '\n') {
+                if (end + 1 - p->start > p->max) break;
+                p->pos = p->scan = end + 1;
+                int rc = dispatch(p, s, end + 1);
+                if (rc) return rc;
+            }
         }
     }
     p->dead = true;
