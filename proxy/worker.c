@@ -7,6 +7,7 @@
  * destroyed only at the end of an iteration for the same reason. */
 #include "proxy/worker.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -58,10 +59,25 @@ static uint64_t ev_pack(unsigned tag, uint32_t gen, int fd)
     return ((uint64_t)tag << 56) | ((uint64_t)(gen & 0xffffff) << 32) | (uint32_t)fd;
 }
 
+/* The C library's clock_gettime, which the executable's (loop_clock_gettime, below) stands
+ * in front of; found before main, so before any thread reads it. */
+static int (*libc_clock_gettime)(clockid_t, struct timespec *);
+
+__attribute__((constructor)) static void find_libc_clock(void)
+{
+    libc_clock_gettime = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
+}
+
+static int real_clock_gettime(clockid_t id, struct timespec *ts)
+{
+    if (libc_clock_gettime) return libc_clock_gettime(id, ts);
+    return (int)syscall(SYS_clock_gettime, id, ts);
+}
+
 uint64_t lg_now_ns(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    real_clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
@@ -173,6 +189,27 @@ static int ep_ctl(lg_worker *w, int op, int fd, uint32_t events, uint64_t data)
 
 static _Thread_local lg_worker *mhd_worker;  /* this thread's worker (NULL elsewhere) */
 static _Thread_local int suspending_fd = -1; /* worker_suspend's socket, while it suspends */
+
+/* libcurl 7.88 reads CLOCK_MONOTONIC (Curl_now) some forty times in a 2-token transfer: at
+ * every state of its machine, for its progress times, its timers and its connection cache.
+ * On this host a read is ~50 ns (a paravirtualised clock), about 2 us a request. A worker
+ * runs a loop pass in one go, and loopguard's own request times are the pass's already
+ * (req_now, taken once after each epoll_wait): so, as nginx does with its cached time, the
+ * executable defines clock_gettime, and on a worker thread past its first epoll_wait
+ * CLOCK_MONOTONIC reads the pass's time. libcurl's timers then fall due against the time
+ * the worker arms the timerfd with (on_curl_timer), and a pass cannot wait on the clock:
+ * nothing in a pass waits. upstream.c's pool times, read on the worker, are the pass's too.
+ * lg_now_ns (which sets the pass's time), other clocks (libmicrohttpd's is
+ * CLOCK_MONOTONIC_COARSE) and other threads read the C library's clock. */
+int loop_clock_gettime(clockid_t id, struct timespec *ts) __asm__("clock_gettime");
+int loop_clock_gettime(clockid_t id, struct timespec *ts)
+{
+    const lg_worker *w = mhd_worker;
+    if (id != CLOCK_MONOTONIC || !w || !w->now_ns || !ts) return real_clock_gettime(id, ts);
+    ts->tv_sec = (time_t)(w->now_ns / 1000000000u);
+    ts->tv_nsec = (long)(w->now_ns % 1000000000u);
+    return 0;
+}
 
 /* The shard whose daemon's set epfd is, or NULL (the worker's own set, anything else). */
 static lg_shard *shard_of_set(lg_worker *w, int epfd)
@@ -1212,16 +1249,22 @@ static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp)
         w->curl_due = true;
         return 0;
     }
-    /* libcurl re-announces nearly the same deadline many times a second; re-arming the
-     * timerfd for a change under a millisecond is a syscall for nothing. */
-    uint64_t deadline = timeout_ms < 0 ? 0 : lg_now_ns() / 1000000u + (uint64_t)timeout_ms;
+    /* timeout_ms counts from libcurl's "now", the clock it reads (a worker's pass time, see
+     * loop_clock_gettime): the timerfd is armed at that time plus timeout_ms. libcurl
+     * re-announces nearly the same deadline many times a second; re-arming the timerfd for
+     * a change under a millisecond is a syscall for nothing. */
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t now_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+    uint64_t deadline = timeout_ms < 0 ? 0 : now_ns / 1000000u + (uint64_t)timeout_ms;
     if (deadline == w->curl_deadline_ms) return 0;
     w->curl_deadline_ms = deadline;
     if (timeout_ms > 0) {
-        its.it_value.tv_sec = timeout_ms / 1000;
-        its.it_value.tv_nsec = (timeout_ms % 1000) * 1000000L;
+        uint64_t at = now_ns + (uint64_t)timeout_ms * 1000000u;
+        its.it_value.tv_sec = (time_t)(at / 1000000000u);
+        its.it_value.tv_nsec = (long)(at % 1000000000u);
     }
-    return timerfd_settime(w->curl_timerfd, 0, &its, NULL) == 0 ? 0 : -1;
+    return timerfd_settime(w->curl_timerfd, TFD_TIMER_ABSTIME, &its, NULL) == 0 ? 0 : -1;
 }
 
 /* Runs a socket action of libcurl's. A transfer that ends leaves libcurl's count of running
@@ -1444,10 +1487,32 @@ CURLU *worker_upstream_url(lg_worker *w, const char *url)
     return u;
 }
 
+/* libcurl 7.88 picks a transfer's proxy from the environment each time it sets up a
+ * connection, a reused one too (url.c, create_conn_helper_init_proxy and detect_proxy):
+ * no_proxy, NO_PROXY, then <scheme>_proxy (and HTTPS_PROXY for https; not HTTP_PROXY),
+ * all_proxy, ALL_PROXY, each a walk of the environment, and an empty value counts as
+ * unset. When none of them is set the answer is "no proxy" for every transfer, which the
+ * options say without the walks: CURLOPT_PROXY "" (libcurl's documented "no proxy, whatever
+ * the environment says") and CURLOPT_NOPROXY "" (an empty list excludes no host). When any
+ * is set, both options stay NULL and libcurl reads the environment as before. loopguard
+ * never changes its environment, so it is read once, when the worker is made. */
+static bool proxy_env_set(void)
+{
+    static const char *const names[] = {"no_proxy",    "NO_PROXY",  "http_proxy", "https_proxy",
+                                        "HTTPS_PROXY", "all_proxy", "ALL_PROXY"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        const char *v = getenv(names[i]);
+        if (v && *v) return true;
+    }
+    return false;
+}
+
 /* Every transfer of the worker's multi handle opens and closes its sockets through the
- * worker (see on_curl_open). */
+ * worker (see on_curl_open), and takes its proxy as above. */
 static CURLMcode add_xfer(lg_worker *w, CURL *easy)
 {
+    curl_easy_setopt(easy, CURLOPT_PROXY, w->proxy_env ? NULL : "");
+    curl_easy_setopt(easy, CURLOPT_NOPROXY, w->proxy_env ? NULL : "");
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, on_curl_open);
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, w);
     curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, on_curl_close);
@@ -1880,6 +1945,7 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
             goto fail;
     }
 
+    w->proxy_env = proxy_env_set();
     w->multi = curl_multi_init();
     if (!w->multi) {
         snprintf(err, errlen, "worker %d: curl_multi_init failed", id);
