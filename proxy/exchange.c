@@ -700,9 +700,10 @@ static enum MHD_Result queue_stream(exchange *ex)
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, EX_BLOCK, reader, ex, NULL);
     }
     if (!resp) return MHD_NO;
-    if (ex->at.head.complete)
+    if (ex->at.head.complete) {
         http_head_apply(&ex->at.head, resp, false);
-    else
+        http_head_drop_fields(&ex->at.head); /* the response holds its own copies */
+    } else
         MHD_add_response_header(resp, "Content-Type", "text/event-stream; charset=utf-8");
     ex->cl.queued = true;
     ex->cl.last_out_ns = req_now(&ex->base);
