@@ -122,6 +122,8 @@ struct lg_req {
     bool resume_due;   /* resume MHD once the tail or the queued output is sent */
     bool flush_queued; /* on the worker's flush list */
     bool pages_queued; /* its pool's pages wait in the worker's releases (worker.c) */
+    bool unchunked;    /* not HTTP/1.1: libmicrohttpd sends the body without chunks, so
+                          it is never written directly (worker_go_direct) */
     lg_req *flush_next;
     lg_fifo tail;     /* the unsent rest of a directly written chunk (owned by the worker) */
     uint64_t tail_ns; /* when the tail last shrank or began */
@@ -179,6 +181,7 @@ struct lg_worker {
     bool curl_due;             /* libcurl's timeout action is due ("now", or the timerfd fired) */
     int curl_alive; /* transfers libcurl last said were running, plus those added since */
     bool curl_msgs; /* a transfer may have ended: curl_multi_info_read has work */
+    bool proxy_env; /* a proxy variable is set: libcurl reads them (add_xfer) */
     int wake_fd;    /* eventfd: main thread pokes it on drain/stop */
     lg_shard shards[WORKER_SHARDS];
     size_t n_shards;
@@ -291,8 +294,8 @@ void worker_resume(lg_req *r);
  * anything and which nothing reads while the stream is direct: its whole pages are given
  * back to the kernel (they read as zeros, and are touched again only when the stream
  * ends). Returns false, and does nothing, when direct writes are not possible (the client
- * left, or its socket is not watched); the reader must then give its data to
- * libmicrohttpd. */
+ * left, its socket is not watched, or it is an HTTP/1.0 client, whose body goes unchunked);
+ * the reader must then give its data to libmicrohttpd. */
 bool worker_go_direct(lg_req *r, char *buf, size_t max);
 /* The request queued output for the client: with direct writes armed, its ops->flush runs
  * after the event being handled; otherwise MHD is resumed to call the content reader. */
