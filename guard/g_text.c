@@ -350,8 +350,22 @@ static size_t text_pass(guard *g, size_t lim, uint64_t fed0)
             i = alnum_run(g, s, i, lim, fed0, words);
             continue;
         }
-        if (text_other(g, s[i], fed0 + i, words, false)) return i;
+        unsigned char b = s[i];
+        if (text_other(g, b, fed0 + i, words, false)) return i;
         i++;
+        /* After a blank (space, tab, CR) the next blanks change nothing but prev and prev2:
+         * no word is open, the gap is set already (or the segment just ended), and no digit
+         * or '.' precedes them. Indentation, a sixth of a source file, is skipped so. */
+        if (b == ' ' || b == '\t' || b == '\r') {
+            size_t j = i;
+            while (j < lim && (s[j] == ' ' || s[j] == '\t' || s[j] == '\r'))
+                j++;
+            if (j > i) {
+                g->prev2 = s[j - 2];
+                g->prev = s[j - 1];
+                i = j;
+            }
+        }
     }
     return lim;
 }
