@@ -19,19 +19,17 @@
  * whole-file pass (9 % more instructions there). */
 #define TEXT_STEP __attribute__((always_inline))
 
-/* Byte classes for judging whether a segment is prose. */
-enum { BC_LETTER = 1, BC_CODE = 2 };
+/* Is the ASCII byte c a code character (= ; < > @ [ \ ] _ ` { | }), for judging whether a
+ * segment is prose? Two 64-bit masks. */
 #define BIT(c) (1ull << ((c)&63))
-static inline unsigned char byte_class(unsigned char c)
+static inline bool is_code(unsigned char c)
 {
-    /* Code characters as two 64-bit masks: = ; < > and @ [ \ ] _ ` { | }. */
     static const uint64_t code[2] = {
         BIT(';') | BIT('<') | BIT('=') | BIT('>'),
         BIT('@') | BIT('[') | BIT('\\') | BIT(']') | BIT('_') | BIT('`') | BIT('{') | BIT('|') |
             BIT('}'),
     };
-    if (((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c >= 0x80) return BC_LETTER;
-    return c < 0x80 && (code[c >> 6] >> (c & 63) & 1) ? BC_CODE : 0;
+    return code[c >> 6 & 1] >> (c & 63) & 1;
 }
 #undef BIT
 
@@ -161,10 +159,14 @@ TEXT_STEP static inline bool lines_step(guard *g, unsigned char b, uint64_t pos,
         g->p->lines.template_run && guard_template_item(g, g->line_start, pos, pos + 1))
         return true;
     seg_add(g, b, pos);
-    unsigned char bc = byte_class(b);
-    g->seg_alpha += bc == BC_LETTER;
-    g->seg_code += bc == BC_CODE;
-    g->seg_wide += b >= 0x80;
+    /* b is no ASCII letter or digit (alnum_run and guard_text_alnum take those): an ASCII
+     * byte here is a letter never, a code character maybe; any other byte is a letter. */
+    if (b < 0x80) {
+        g->seg_code += is_code(b);
+        return false;
+    }
+    g->seg_alpha++;
+    g->seg_wide++;
     /* CJK sentence ends: 。 (E3 80 82), ！ (EF BC 81), ？ (EF BC 9F). */
     if ((p2 == 0xE3 && p1 == 0x80 && b == 0x82) ||
         (p2 == 0xEF && p1 == 0xBC && (b == 0x81 || b == 0x9F)))
