@@ -348,13 +348,27 @@ static size_t text_pass(guard *g, size_t lim, uint64_t fed0)
     const unsigned char *s = g->buf + (size_t)(fed0 - g->base);
     size_t i = 0;
     while (i < lim) {
-        if (guard_alnum_class[s[i]]) {
-            i = alnum_run(g, s, i, lim, fed0, words);
-            continue;
-        }
         unsigned char b = s[i];
-        if (text_other(g, b, fed0 + i, words, false)) return i;
-        i++;
+        if (guard_alnum_class[b]) {
+            i = alnum_run(g, s, i, lim, fed0, words);
+            /* A space after a word that ends in a letter (most spaces): what text_other does
+             * with it, with nothing to test but room in the word list: the word ends, the
+             * gap is set (the run joined the segment), no digit or '.' precedes it. */
+            if (i == lim || s[i] != ' ' || guard_alnum_class[s[i - 1]] != 2 ||
+                (words && g->nsw == g->sw_cap))
+                continue;
+            if (words) {
+                g->cp_need = 0;
+                word_end(g, true);
+            }
+            g->seg_gap = true;
+            g->prev2 = s[i - 1];
+            g->prev = ' ';
+            b = s[i++];
+        } else {
+            if (text_other(g, b, fed0 + i, words, false)) return i;
+            i++;
+        }
         /* After a blank (space, tab, CR) the next blanks change nothing but prev and prev2:
          * no word is open, the gap is set already (or the segment just ended), and no digit
          * or '.' precedes them. Indentation, a sixth of a source file, is skipped so. */
