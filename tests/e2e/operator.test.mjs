@@ -266,7 +266,8 @@ describe('upstream failures name their cause', () => {
 });
 
 describe('access log', () => {
-    const lines = (file) => (fs.existsSync(file) ? fs.readFileSync(file, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l)) : []);
+    // The complete lines of `file` (a line still being written is not one yet).
+    const lines = (file) => (fs.existsSync(file) ? fs.readFileSync(file, 'utf8').split('\n').slice(0, -1).map((l) => JSON.parse(l)) : []);
 
     it('one JSON line per request, reopened on SIGHUP', T, async () => {
         const fake = await startFake({ scenario: path.join(SCENARIOS, 'seed_lambda.json') });
@@ -296,14 +297,22 @@ describe('access log', () => {
                 ts: 0, id: null, route: '/v1/models', status: 200, model: null, upstream: fake.url,
                 attempts: 1, trips: 0, tokens: null, ttft_ms: null, duration_ms: 0, outcome: null,
             });
-            // logrotate: rename, SIGHUP, and the next line goes to a new file at the path.
+            // logrotate: rename, SIGHUP, and the lines go to a new file at the path. A request
+            // sent while the signal is still being handled may land in either file (as with
+            // nginx's USR1); none is lost, and the renamed file keeps the two lines above.
             fs.renameSync(file, file + '.1');
             lg.proc.kill('SIGHUP');
+            let sent = 0;
             await waitFor(async () => {
-                await request(lg.url + '/v1/models');
+                assert.equal((await request(lg.url + '/v1/models')).status, 200);
+                sent++;
                 return lines(file).length >= 1;
             });
-            assert.equal(lines(file + '.1').length, 2);
+            const old = lines(file + '.1');
+            assert.deepEqual(old.slice(0, 2).map((l) => l.route), ['/v1/chat/completions', '/v1/models']);
+            assert.equal(old[0].id, ex.id);
+            assert.ok(old.slice(2).every((l) => l.route === '/v1/models'), JSON.stringify(old));
+            await waitFor(() => old.length + lines(file).length === 2 + sent);
         } finally {
             await lg.stop();
             await fake.stop();

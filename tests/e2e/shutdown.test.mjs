@@ -81,7 +81,9 @@ const pacedPlan = (pace) => ({ dialect: 'sglang', pace_ms: pace, responses: [{ r
 
 describe('SIGTERM', () => {
     test('within the grace: new connections refused, in-flight stream and whole request finish, exit 0', T, async () => {
-        const fake = await startFake({ kind: 'sglang', scenario: pacedPlan(20) });
+        // ~2 s of stream: long enough to outlast the signal's handling and the probes on a
+        // loaded two-core machine (at 20 ms a token it ended first in two CI runs).
+        const fake = await startFake({ kind: 'sglang', scenario: pacedPlan(50) });
         const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { shutdown_grace_ms: 10000 } });
         let termed = false;
         try {
