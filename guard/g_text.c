@@ -333,9 +333,21 @@ RARE_PATH static bool text_other_full(guard *g, unsigned char b, uint64_t pos, b
     return text_other(g, b, pos, words, false);
 }
 
+/* Is c a blank: a space, a tab or a CR? */
+static inline bool is_blank(unsigned char c)
+{
+    return c == ' ' || c == '\t' || c == '\r';
+}
+
 /* text_other out of line, for guard.c's short path (g_short.h). */
 bool guard_text_other(guard *g, unsigned char b, uint64_t pos, bool words)
 {
+    /* A blank after a blank changes nothing but prev and prev2 (see text_pass). */
+    if (is_blank(b) && is_blank(g->prev)) {
+        g->prev2 = g->prev;
+        g->prev = b;
+        return false;
+    }
     if (!text_quick(g, b, words)) return text_other_full(g, b, pos, words);
     return text_other(g, b, pos, words, true);
 }
@@ -372,9 +384,9 @@ static size_t text_pass(guard *g, size_t lim, uint64_t fed0)
         /* After a blank (space, tab, CR) the next blanks change nothing but prev and prev2:
          * no word is open, the gap is set already (or the segment just ended), and no digit
          * or '.' precedes them. Indentation, a sixth of a source file, is skipped so. */
-        if (b == ' ' || b == '\t' || b == '\r') {
+        if (is_blank(b)) {
             size_t j = i;
-            while (j < lim && (s[j] == ' ' || s[j] == '\t' || s[j] == '\r'))
+            while (j < lim && is_blank(s[j]))
                 j++;
             if (j > i) {
                 g->prev2 = s[j - 2];
