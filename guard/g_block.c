@@ -16,7 +16,9 @@
  * last ENDS bytes) and a name in it grew or shrank by text written just before ("lemma
  * a_b_c (x) {" after "lemma a_b (x) {"): a block re-emitted under recombined names. A name
  * replaced by a new one is a new variant, which code declares on purpose. For every P of 2 to
- * CYCLE_MAX_PERIOD lines, run[P] counts the lines in a row that match the line P before.
+ * CYCLE_MAX_PERIOD lines, run[P] counts the lines in a row that match the line P before; a
+ * run starts only at a line whose key (its first and last 8 bytes, digits aside) is that
+ * line's too, so the skeleton is read only where a run may go on or start.
  * A cycle trips when its copies (run / P + 1) reach block_copies and its lines block_lines,
  * P being the smallest period of the block (two equal lines are a one-line loop: the lines
  * and repeat detectors judge those). A cycle whose characters are less than a quarter letters (a
@@ -31,10 +33,10 @@
  *
  * Measured on the AlpacaEval answers (tests/corpus): 4 copies and 12 lines caught 37 of
  * the labelled loops with no false trip; 8 lines tripped on an ABC tune written out four
- * times. Cost: O(line) once per line (the skeleton hash; art lines a second pass) and a
- * compare per period with a run or whose line may share the skeleton (its low byte; most
- * lines: none); memory: about 1.2 KiB (a ring of CYCLE_RING lines), allocated at the first
- * line with a body. */
+ * times. Cost: per line its key (O(1)); the skeleton (O(line)) and a compare per period
+ * only with a run or whose line may share the key (its low byte; most lines: none), and
+ * art lines a second pass; memory: about 1.2 KiB (a ring of CYCLE_RING lines), allocated
+ * at the first line with a body. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,14 +53,13 @@
 #define PERIODS          0xFFFCu    /* bits 2 to CYCLE_MAX_PERIOD: the periods looked at */
 
 typedef struct cline {
-    uint64_t key;   /* its ends, digits aside (line_key) */
-    uint64_t skel;  /* hash of the skeleton; the fields below it: read when `read` */
-    uint64_t start; /* offset of the line's body */
-    uint32_t len;
-    uint32_t rest;            /* hash of the numbers past the first CYCLE_NUMS */
-    uint16_t num[CYCLE_NUMS]; /* the first numbers, mod 2^16 */
+    uint64_t skel;            /* hash of the skeleton; 0: not read yet (read_line) */
+    uint64_t start;           /* offset of the line's body */
     uint64_t ends;            /* its first and last ENDS bytes (lines of 2 * ENDS or more) */
-    bool read;                /* read_line has filled the skeleton, numbers and ends */
+    uint16_t num[CYCLE_NUMS]; /* the first numbers, mod 2^16 */
+    uint32_t rest;            /* hash of the numbers past the first CYCLE_NUMS */
+    uint16_t len;             /* at most the history's length */
+    uint16_t key;             /* its ends, digits aside (line_key), low 16 bits */
 } cline;
 
 struct gblock {
@@ -240,7 +241,7 @@ static void read_line(const guard *g, cline *l)
         piece = p = r;
     }
     h = hash_word(h, (uint64_t)(be - piece));
-    l->skel = h;
+    l->skel = h ? h : 1; /* never 0, "not read" */
     l->rest = rest;
     l->ends = 0;
     if (e - s >= 2 * ENDS) { /* the first and last 8 bytes, mixed */
@@ -250,7 +251,6 @@ static void read_line(const guard *g, cline *l)
         x = (x ^ (y * 0x9E3779B97F4A7C15ull)) * 0xFF51AFD7ED558CCDull;
         l->ends = (x ^ x >> 29) | 1;
     }
-    l->read = true;
 }
 
 /* The line k back from the newest (k < CYCLE_RING), read (read_line) if it was not yet:
@@ -258,7 +258,7 @@ static void read_line(const guard *g, cline *l)
 static const cline *line_back(const guard *g, struct gblock *c, unsigned k)
 {
     cline *o = &c->ring[(c->n - 1 - k) % CYCLE_RING];
-    if (!o->read) {
+    if (!o->skel) {
         if (o->start < g->base) return NULL;
         read_line(g, o);
     }
@@ -409,7 +409,7 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
      * none). */
     if (!g->blk) g->blk = guard_xcalloc(1, sizeof(*g->blk));
     struct gblock *c = g->blk;
-    if (start < g->base || end - start > UINT32_MAX) { /* longer than the history: a break */
+    if (start < g->base || end - start > UINT16_MAX) { /* longer than the history: a break */
         c->n = 0;
         memset(c->run, 0, sizeof(c->run));
         memset(c->moved, 0, sizeof(c->moved));
@@ -421,11 +421,11 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     if (p->lines.art_run && art_line(g, start, end, now)) return true;
     if (!p->lines.block_copies) return false;
     cline *l = &c->ring[c->n % CYCLE_RING];
-    const uint64_t key = line_key(g, start, end);
+    const uint16_t key = (uint16_t)line_key(g, start, end);
     l->key = key;
     l->start = start;
-    l->len = (uint32_t)(end - start);
-    l->read = false;
+    l->len = (uint16_t)(end - start);
+    l->skel = 0;
     uint64_t n = c->n++;
     unsigned char b = (unsigned char)key;
     bool maybe = c->runs || c->hint[b];
@@ -440,7 +440,7 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 RARE_PATH static bool block_judge(guard *g, struct gblock *c, cline *l, uint64_t n, uint64_t now)
 {
     const guard_params *p = g->p;
-    const uint64_t key = l->key;
+    const uint16_t key = l->key;
     unsigned char b = (unsigned char)key;
     /* The periods to look at: those with a run, and those whose line may have l's key; at
      * every other P the run is 0 and stays so. */
@@ -454,7 +454,7 @@ RARE_PATH static bool block_judge(guard *g, struct gblock *c, cline *l, uint64_t
         /* No run at P and another key: nothing starts (the skeleton is only read and
          * compared where the ends match, digits aside). */
         if (!c->run[P] && o->key != key) continue;
-        if (!l->read) read_line(g, l);
+        if (!l->skel) read_line(g, l);
         if (!(o = line_back(g, c, P))) {
             c->run[P] = 0;
             c->runs = (uint16_t)(c->runs & ~(1u << P));
