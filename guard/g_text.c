@@ -8,7 +8,10 @@
  * character is a word of its own. A segment ends at a newline, at a space after . ! ?, or
  * at a CJK stop. Runs of ASCII letters and digits, most of the text, are hashed in a loop of
  * their own (alnum_run); every other byte goes through words_step and lines_step. A token
- * goes byte after byte through the same steps from guard.c's short path (g_short.h). */
+ * goes byte after byte through the same steps from guard.c's short path (g_short.h). A
+ * segment's hash takes each word's hash (case folded) when the word ends and every other
+ * byte as it comes: one hash per byte of a word, not two (byte after byte when no detector
+ * keeps words). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -200,6 +203,8 @@ static inline void word_end(guard *g, bool quick)
         g->sw[g->nsw].alpha = g->w_alpha;
         g->nsw++;
     }
+    /* The segment's hash takes the word's, but a number that opens it ("7. X" is "8. X"). */
+    if (!g->seg_lead) g->seg_hash = (g->seg_hash ^ g->w_hash) * 0x100000001B3ull;
     g->w_len = 0;
     g->w_hash = 0xCBF29CE484222325ull;
 }
@@ -271,8 +276,8 @@ const unsigned char guard_alnum_class[256] = {
     ['0' ... '9'] = 1, ['A' ... 'Z'] = 2, ['a' ... 'z'] = 2};
 
 /* The most common bytes, a run of ASCII letters and digits from s[i] (offset fed0 + i) up
- * to lim: does exactly what words_step and lines_step do with each of them, with the two
- * hashes in registers. One loop finds the run's end and hashes it: most runs are words of a
+ * to lim: does exactly what words_step and lines_step do with each of them, with the word's
+ * hash (or without words, the segment's) in a register. One loop finds the run's end and hashes it: most runs are words of a
  * few letters, where finding the end 16 bytes at a time first, then hashing, cost a second
  * loop and its mispredicted exit per word, and more instructions than they saved. Returns
  * the index past the run. */
@@ -290,8 +295,10 @@ static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, 
     }
     for (unsigned c; j < lim && (c = guard_alnum_class[s[j]]); j++) {
         letters += c >> 1;
-        wh = guard_fnv(wh, s[j] | 0x20); /* lower case; digits have that bit already */
-        sh = guard_fnv(sh, s[j]);
+        if (words) /* the segment takes the word's hash when it ends (word_end) */
+            wh = guard_fnv(wh, s[j] | 0x20); /* lower case; digits have that bit already */
+        else
+            sh = guard_fnv(sh, s[j]);
     }
     uint32_t run = (uint32_t)(j - i);
     if (words) {
