@@ -281,8 +281,8 @@ const unsigned char guard_alnum_class[256] = {
  * few letters, where finding the end 16 bytes at a time first, then hashing, cost a second
  * loop and its mispredicted exit per word, and more instructions than they saved. Returns
  * the index past the run. */
-static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, uint64_t fed0,
-                        bool words)
+TEXT_STEP static inline size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim,
+                                         uint64_t fed0, bool words)
 {
     guard_text_run_start(g, s[i], fed0 + i, words);
     uint64_t wh = g->w_hash, sh = g->seg_hash;
@@ -369,7 +369,8 @@ static size_t text_pass(guard *g, size_t lim, uint64_t fed0)
     while (i < lim) {
         unsigned char b = s[i];
         if (guard_alnum_class[b]) {
-            i = alnum_run(g, s, i, lim, fed0, words);
+            /* Two copies of the run's loop, words kept or not: no test of `words` per byte. */
+            i = words ? alnum_run(g, s, i, lim, fed0, true) : alnum_run(g, s, i, lim, fed0, false);
             /* A space after a word that ends in a letter (most spaces): what text_other does
              * with it, with nothing to test but room in the word list: the word ends, the
              * gap is set (the run joined the segment), no digit or '.' precedes it. */
