@@ -81,7 +81,7 @@ void lg_buf_reserve(lg_buf *b, size_t extra)
     b->p[b->len] = '\0'; /* a new block holds no text yet, whoever had it last */
 }
 
-void lg_buf_append(lg_buf *b, const void *s, size_t n)
+void lg_buf_append_grow(lg_buf *b, const void *s, size_t n)
 {
     lg_buf_reserve(b, n);
     if (n) memcpy(b->p + b->len, s, n);
@@ -163,11 +163,6 @@ void lg_buf_free(lg_buf *b)
     if (b->p) cache_put(b->p, b->cap);
     b->p = NULL;
     b->len = b->cap = 0;
-}
-
-void lg_fifo_append(lg_fifo *f, const void *s, size_t n)
-{
-    lg_buf_append(&f->b, s, n);
 }
 
 void lg_fifo_drop(lg_fifo *f, size_t n)

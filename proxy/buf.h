@@ -12,6 +12,7 @@
 #define LG_BUF_H
 
 #include <stddef.h>
+#include <string.h>
 
 typedef struct lg_buf {
     char *p;
@@ -25,8 +26,19 @@ typedef struct lg_buf {
 
 /* Makes room for `extra` more bytes (plus the NUL) without changing len. */
 void lg_buf_reserve(lg_buf *b, size_t extra);
-/* Appends n bytes from s (s may be NULL when n is 0). */
-void lg_buf_append(lg_buf *b, const void *s, size_t n);
+/* Appends n bytes from s (s may be NULL when n is 0). Inline when they fit, the usual
+ * case of a buffer that is reused: a token's few bytes pass through several. */
+void lg_buf_append_grow(lg_buf *b, const void *s, size_t n);
+static inline void lg_buf_append(lg_buf *b, const void *s, size_t n)
+{
+    if (n >= b->cap - b->len) { /* strict: one byte stays for the NUL (and cap 0: no block) */
+        lg_buf_append_grow(b, s, n);
+        return;
+    }
+    if (n) memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
 /* Appends a NUL-terminated string. */
 void lg_buf_append_str(lg_buf *b, const char *s);
 /* Appends the code point cp (at most U+10FFFF) in UTF-8. */
@@ -75,7 +87,10 @@ static inline size_t lg_fifo_len(const lg_fifo *f)
     return f->b.len - f->off;
 }
 /* Queues n bytes from s (s may be NULL when n is 0). */
-void lg_fifo_append(lg_fifo *f, const void *s, size_t n);
+static inline void lg_fifo_append(lg_fifo *f, const void *s, size_t n)
+{
+    lg_buf_append(&f->b, s, n);
+}
 /* The queued bytes in place: *n of them at the returned pointer (NULL when empty), valid
  * until the queue changes. */
 static inline const char *lg_fifo_peek(const lg_fifo *f, size_t *n)

@@ -92,6 +92,7 @@ void ex_release(exchange *ex, lg_channel ch, size_t n, lg_buf *into)
 size_t ex_releasable(const exchange *ex, lg_channel ch)
 {
     const chan *c = &ex->at.ch[ch];
+    if (!c->held.len) return 0; /* a channel this event did not use */
     size_t suspect = c->g ? guard_suspect(c->g) : 0;
     /* a run of identical tokens past its first copy waits too */
     size_t run = c->g && c->run.count > 1 ? (c->run.count - 1) * c->run.len : 0;

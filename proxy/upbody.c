@@ -30,12 +30,18 @@ enum {
 
 #define MAX_DIGITS 16
 
+/* A byte's hex digit value, or -1: one load per digit of a size line. */
+#define H(c, v) [(unsigned char)(c)] = (v) + 1
+static const int8_t hex_plus1[256] = {
+    H('0', 0),  H('1', 1),  H('2', 2),  H('3', 3),  H('4', 4),  H('5', 5),  H('6', 6),  H('7', 7),
+    H('8', 8),  H('9', 9),  H('a', 10), H('b', 11), H('c', 12), H('d', 13), H('e', 14), H('f', 15),
+    H('A', 10), H('B', 11), H('C', 12), H('D', 13), H('E', 14), H('F', 15),
+};
+#undef H
+
 static int hex_value(char c)
 {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
+    return hex_plus1[(unsigned char)c] - 1;
 }
 
 /* The LF that ends a size line was consumed: data follows, or the trailers after "0". */
@@ -43,6 +49,19 @@ static void size_line_done(upbody *d)
 {
     d->digits = 0;
     d->state = d->left ? S_DATA : S_END;
+}
+
+/* After a chunk's data ended at p[i]: the CRs and the LF that follow it, as far as p[0..n)
+ * holds them. Anything else is left for the next call (S_DATA_END refuses it). */
+static size_t data_end(upbody *d, const char *p, size_t n, size_t i)
+{
+    while (i < n && p[i] == '\r')
+        i++;
+    if (i < n && p[i] == '\n') {
+        d->state = S_SIZE;
+        i++;
+    }
+    return i;
 }
 
 ssize_t upbody_next(upbody *d, const char *p, size_t n, const char **data, size_t *len)
@@ -55,24 +74,32 @@ ssize_t upbody_next(upbody *d, const char *p, size_t n, const char **data, size_
         int v;
         switch (d->state) {
         case S_SIZE:
-        case S_SIZE_MORE:
-            v = hex_value(c);
-            if (v >= 0) {
-                if (d->digits == MAX_DIGITS || d->left > (uint64_t)INT64_MAX >> 4)
-                    return UPBODY_BAD;
-                d->left = d->left << 4 | (uint64_t)v;
-                d->digits++;
-                d->state = S_SIZE_MORE;
-            } else if (d->state == S_SIZE) {
-                return UPBODY_BAD;
-            } else if (c == '\n') {
-                size_line_done(d);
-            } else {
-                d->state = S_SIZE_REST;
+        case S_SIZE_MORE: {
+            /* The size's digits in one loop, in locals (p's bytes may alias *d). */
+            uint64_t left = d->left;
+            uint8_t digits = d->digits;
+            while ((v = hex_value(c)) >= 0) {
+                if (digits == MAX_DIGITS) return UPBODY_BAD;
+                left = left << 4 | (uint64_t)v; /* 16 digits fit: INT64_MAX is checked below */
+                digits++;
+                if (++i == n) break;
+                c = p[i];
             }
+            d->left = left;
+            d->digits = digits;
+            if (!digits || left > (uint64_t)INT64_MAX) return UPBODY_BAD;
+            d->state = S_SIZE_MORE;
+            if (i == n) return (ssize_t)i;
+            if (c == '\r' && i + 1 < n && p[i + 1] == '\n') c = p[++i]; /* the usual CR LF */
             i++;
+            if (c != '\n') {
+                d->state = S_SIZE_REST;
+                break;
+            }
+            size_line_done(d);
             if (d->state == S_END) return (ssize_t)i;
             break;
+        }
         case S_SIZE_REST:
             i++;
             if (c == '\n') {
@@ -83,10 +110,14 @@ ssize_t upbody_next(upbody *d, const char *p, size_t n, const char **data, size_
         case S_DATA: {
             size_t k = n - i < d->left ? n - i : (size_t)d->left;
             d->left -= k;
-            if (d->left == 0) d->state = S_DATA_END;
             *data = p + i;
             *len = k;
-            return (ssize_t)(i + k);
+            i += k;
+            if (d->left == 0) {
+                d->state = S_DATA_END;
+                i = data_end(d, p, n, i); /* a second call for two bytes costs more */
+            }
+            return (ssize_t)i;
         }
         case S_DATA_END:
             if (c == '\n')

@@ -43,15 +43,16 @@ typedef struct upbody {
 
 #define UPBODY_BAD ((ssize_t)-1)
 
-/* Decodes p[0..n) up to the end of its next data run. Returns the bytes consumed: framing,
- * then *len data bytes at *data (inside p, at the end of the consumed span; *len is 0 when
- * the consumed bytes hold no data). Returns fewer than n only when it stopped after a data
- * run or at the terminal chunk (upbody_ended). UPBODY_BAD: the framing is broken (the state
- * is then undefined). */
+/* Decodes p[0..n) up to the end of its next data run (and the CR LF after it, when the run
+ * ends its chunk and p holds them). Returns the bytes consumed: framing, then *len data
+ * bytes at *data (inside the consumed span, followed only by framing; *len is 0 when the
+ * consumed bytes hold no data). Returns fewer than n only when it stopped after a data run
+ * or at the terminal chunk (upbody_ended). UPBODY_BAD: the framing is broken (the state is
+ * then undefined). */
 ssize_t upbody_next(upbody *d, const char *p, size_t n, const char **data, size_t *len);
 
 /* The last `len` data bytes upbody_next handed out were not taken: they are still due, and
- * are to be given again at the start of the next input. */
+ * the next input is to start at them (*data): the framing consumed after them comes again. */
 void upbody_unread(upbody *d, size_t len);
 
 /* The terminal chunk's size line was consumed: what follows is the trailer section. */

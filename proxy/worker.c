@@ -7,6 +7,7 @@
  * destroyed only at the end of an iteration for the same reason. */
 #include "proxy/worker.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -58,10 +59,25 @@ static uint64_t ev_pack(unsigned tag, uint32_t gen, int fd)
     return ((uint64_t)tag << 56) | ((uint64_t)(gen & 0xffffff) << 32) | (uint32_t)fd;
 }
 
+/* The C library's clock_gettime, which the executable's (loop_clock_gettime, below) stands
+ * in front of; found before main, so before any thread reads it. */
+static int (*libc_clock_gettime)(clockid_t, struct timespec *);
+
+__attribute__((constructor)) static void find_libc_clock(void)
+{
+    libc_clock_gettime = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
+}
+
+static int real_clock_gettime(clockid_t id, struct timespec *ts)
+{
+    if (libc_clock_gettime) return libc_clock_gettime(id, ts);
+    return (int)syscall(SYS_clock_gettime, id, ts);
+}
+
 uint64_t lg_now_ns(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    real_clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
@@ -173,6 +189,27 @@ static int ep_ctl(lg_worker *w, int op, int fd, uint32_t events, uint64_t data)
 
 static _Thread_local lg_worker *mhd_worker;  /* this thread's worker (NULL elsewhere) */
 static _Thread_local int suspending_fd = -1; /* worker_suspend's socket, while it suspends */
+
+/* libcurl 7.88 reads CLOCK_MONOTONIC (Curl_now) some forty times in a 2-token transfer: at
+ * every state of its machine, for its progress times, its timers and its connection cache.
+ * On this host a read is ~50 ns (a paravirtualised clock), about 2 us a request. A worker
+ * runs a loop pass in one go, and loopguard's own request times are the pass's already
+ * (req_now, taken once after each epoll_wait): so, as nginx does with its cached time, the
+ * executable defines clock_gettime, and on a worker thread past its first epoll_wait
+ * CLOCK_MONOTONIC reads the pass's time. libcurl's timers then fall due against the time
+ * the worker arms the timerfd with (on_curl_timer), and a pass cannot wait on the clock:
+ * nothing in a pass waits. upstream.c's pool times, read on the worker, are the pass's too.
+ * lg_now_ns (which sets the pass's time), other clocks (libmicrohttpd's is
+ * CLOCK_MONOTONIC_COARSE) and other threads read the C library's clock. */
+int loop_clock_gettime(clockid_t id, struct timespec *ts) __asm__("clock_gettime");
+int loop_clock_gettime(clockid_t id, struct timespec *ts)
+{
+    const lg_worker *w = mhd_worker;
+    if (id != CLOCK_MONOTONIC || !w || !w->now_ns || !ts) return real_clock_gettime(id, ts);
+    ts->tv_sec = (time_t)(w->now_ns / 1000000000u);
+    ts->tv_nsec = (long)(w->now_ns % 1000000000u);
+    return 0;
+}
 
 /* The shard whose daemon's set epfd is, or NULL (the worker's own set, anything else). */
 static lg_shard *shard_of_set(lg_worker *w, int epfd)
@@ -464,19 +501,14 @@ static void open_self_pidfd(void)
     self_pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
 }
 
-/* The queued ranges go back now: in one process_madvise, or (a kernel without it for
+/* iov[0..n) go back now: in one process_madvise, or (a kernel without it for
  * MADV_DONTNEED, before 6.x) one madvise each. MADV_DONTNEED on private anonymous memory
  * (the heap) makes the pages read as zeros when next touched. */
-static void release_queued(lg_worker *w)
+static void give_back(const struct iovec *iov, size_t n)
 {
-    size_t n = w->n_releases, total = 0;
-    struct iovec iov[WORKER_RELEASES];
-    for (size_t i = 0; i < n; i++) {
-        iov[i] = (struct iovec){w->releases[i].at, w->releases[i].len};
-        total += w->releases[i].len;
-        w->releases[i].r->pages_queued = false;
-    }
-    w->n_releases = 0;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += iov[i].iov_len;
     if (!n) return;
     pthread_once(&self_pidfd_once, open_self_pidfd);
     if (self_pidfd >= 0 &&
@@ -484,6 +516,19 @@ static void release_queued(lg_worker *w)
         return;
     for (size_t i = 0; i < n; i++) /* again where a part went back: it reads zeros anyway */
         (void)madvise(iov[i].iov_base, iov[i].iov_len, MADV_DONTNEED);
+}
+
+/* The queued ranges go back now (give_back). */
+static void release_queued(lg_worker *w)
+{
+    size_t n = w->n_releases;
+    struct iovec iov[WORKER_RELEASES];
+    for (size_t i = 0; i < n; i++) {
+        iov[i] = (struct iovec){w->releases[i].at, w->releases[i].len};
+        w->releases[i].r->pages_queued = false;
+    }
+    w->n_releases = 0;
+    give_back(iov, n);
 }
 
 /* r's pool is libmicrohttpd's again (its request resumed or ended) before its pages went
@@ -516,9 +561,28 @@ static void queue_release(lg_req *r, char *buf, size_t n)
     r->pages_queued = true;
 }
 
-/* The whole pages of buf[0..n) that hold only zeros go back to the kernel, in runs. They
- * read the same afterwards, so this is safe whoever uses the memory on this thread. */
-static void release_zero_pages(char *buf, size_t n)
+/* Runs of zero pages found at one tick, given back together at its end (give_back): one
+ * system call and one TLB flush of the other workers' cores instead of one per run. */
+#define ZERO_RUNS 64
+typedef struct lg_zero_runs {
+    struct iovec iov[ZERO_RUNS];
+    size_t n;
+} lg_zero_runs;
+
+static void zero_runs_add(lg_zero_runs *z, uintptr_t lo, uintptr_t hi)
+{
+    if (z->n == ZERO_RUNS) {
+        give_back(z->iov, z->n);
+        z->n = 0;
+    }
+    z->iov[z->n++] = (struct iovec){(void *)lo, hi - lo};
+}
+
+/* The whole pages of buf[0..n) that hold only zeros join z, in runs. They read the same
+ * once given back, so this is safe whoever uses the memory on this thread, as long as
+ * nothing writes them before z goes back: between the two only other requests' ticks run,
+ * and libmicrohttpd writes a connection's pool only inside its own calls. */
+static void release_zero_pages(lg_zero_runs *z, char *buf, size_t n)
 {
     uintptr_t p, hi;
     const size_t page = whole_pages(buf, n, &p, &hi);
@@ -528,11 +592,11 @@ static void release_zero_pages(char *buf, size_t n)
         bool zero = c[0] == 0 && memcmp(c, c + 1, page - 1) == 0;
         if (zero && !run) run = p;
         if (!zero && run) {
-            (void)madvise((void *)run, p - run, MADV_DONTNEED);
+            zero_runs_add(z, run, p);
             run = 0;
         }
     }
-    if (run) (void)madvise((void *)run, hi - run, MADV_DONTNEED);
+    if (run) zero_runs_add(z, run, hi);
 }
 
 bool worker_go_direct(lg_req *r, char *buf, size_t max)
@@ -585,6 +649,21 @@ static void flush_all(lg_worker *w)
     }
 }
 
+/* A token's two system calls, the upstream read and the client write, made directly: glibc's
+ * recvfrom and sendmsg are cancellation points, and bracket the call with two calls into
+ * its cancellation state (about 35 instructions of a token's few thousand) for a feature no
+ * worker uses (no thread is ever cancelled). Results and errno as the wrappers give them;
+ * epoll_ctl goes the same way above. */
+static ssize_t sys_recv(int fd, void *buf, size_t len)
+{
+    return (ssize_t)syscall(SYS_recvfrom, fd, buf, len, 0, NULL, NULL);
+}
+
+static ssize_t sys_sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+    return (ssize_t)syscall(SYS_sendmsg, fd, msg, flags);
+}
+
 /* A chunk's size line, "<hex>\r\n", written at the end of head[0..24); returns where it
  * starts. Once per token, where snprintf's format machinery costs hundreds of instructions. */
 static char *chunk_size_line(char head[24], size_t n)
@@ -607,7 +686,7 @@ void worker_write_chunk(lg_req *r, const char *p, size_t n)
     struct iovec iov[3] = {
         {line, (size_t)(head + sizeof head - line)}, {(void *)p, n}, {"\r\n", 2}};
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 3};
-    ssize_t k = sendmsg(r->client_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t k = sys_sendmsg(r->client_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         client_hung_up(r->w, r);
         return;
@@ -1185,16 +1264,22 @@ static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp)
         w->curl_due = true;
         return 0;
     }
-    /* libcurl re-announces nearly the same deadline many times a second; re-arming the
-     * timerfd for a change under a millisecond is a syscall for nothing. */
-    uint64_t deadline = timeout_ms < 0 ? 0 : lg_now_ns() / 1000000u + (uint64_t)timeout_ms;
+    /* timeout_ms counts from libcurl's "now", the clock it reads (a worker's pass time, see
+     * loop_clock_gettime): the timerfd is armed at that time plus timeout_ms. libcurl
+     * re-announces nearly the same deadline many times a second; re-arming the timerfd for
+     * a change under a millisecond is a syscall for nothing. */
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t now_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+    uint64_t deadline = timeout_ms < 0 ? 0 : now_ns / 1000000u + (uint64_t)timeout_ms;
     if (deadline == w->curl_deadline_ms) return 0;
     w->curl_deadline_ms = deadline;
     if (timeout_ms > 0) {
-        its.it_value.tv_sec = timeout_ms / 1000;
-        its.it_value.tv_nsec = (timeout_ms % 1000) * 1000000L;
+        uint64_t at = now_ns + (uint64_t)timeout_ms * 1000000u;
+        its.it_value.tv_sec = (time_t)(at / 1000000000u);
+        its.it_value.tv_nsec = (long)(at % 1000000000u);
     }
-    return timerfd_settime(w->curl_timerfd, 0, &its, NULL) == 0 ? 0 : -1;
+    return timerfd_settime(w->curl_timerfd, TFD_TIMER_ABSTIME, &its, NULL) == 0 ? 0 : -1;
 }
 
 /* Runs a socket action of libcurl's. A transfer that ends leaves libcurl's count of running
@@ -1281,7 +1366,7 @@ static void read_body(lg_worker *w, lg_xfer *x)
         lg_buf_free(&kept);
         return; /* the socket's own input, if any, is reported again (level-triggered) */
     }
-    ssize_t n = recvfrom(b->fd, w->body_buf, BODY_READ, 0, NULL, NULL);
+    ssize_t n = sys_recv(b->fd, w->body_buf, BODY_READ);
     if (n > 0)
         feed_body(w, x, w->body_buf, (size_t)n);
     else if (n == 0)
@@ -1344,6 +1429,7 @@ static void drain_curl_messages(lg_worker *w)
 {
     CURLMsg *msg;
     int left;
+    if (!w->body_due.len && !w->n_unwatched && !w->curl_msgs) return; /* after most events */
     run_due_bodies(w); /* the worker's own reads of bodies, which may end transfers too */
     fail_unwatched(w);
     if (!w->curl_msgs) return;
@@ -1417,10 +1503,32 @@ CURLU *worker_upstream_url(lg_worker *w, const char *url)
     return u;
 }
 
+/* libcurl 7.88 picks a transfer's proxy from the environment each time it sets up a
+ * connection, a reused one too (url.c, create_conn_helper_init_proxy and detect_proxy):
+ * no_proxy, NO_PROXY, then <scheme>_proxy (and HTTPS_PROXY for https; not HTTP_PROXY),
+ * all_proxy, ALL_PROXY, each a walk of the environment, and an empty value counts as
+ * unset. When none of them is set the answer is "no proxy" for every transfer, which the
+ * options say without the walks: CURLOPT_PROXY "" (libcurl's documented "no proxy, whatever
+ * the environment says") and CURLOPT_NOPROXY "" (an empty list excludes no host). When any
+ * is set, both options stay NULL and libcurl reads the environment as before. loopguard
+ * never changes its environment, so it is read once, when the worker is made. */
+static bool proxy_env_set(void)
+{
+    static const char *const names[] = {"no_proxy",    "NO_PROXY",  "http_proxy", "https_proxy",
+                                        "HTTPS_PROXY", "all_proxy", "ALL_PROXY"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        const char *v = getenv(names[i]);
+        if (v && *v) return true;
+    }
+    return false;
+}
+
 /* Every transfer of the worker's multi handle opens and closes its sockets through the
- * worker (see on_curl_open). */
+ * worker (see on_curl_open), and takes its proxy as above. */
 static CURLMcode add_xfer(lg_worker *w, CURL *easy)
 {
+    curl_easy_setopt(easy, CURLOPT_PROXY, w->proxy_env ? NULL : "");
+    curl_easy_setopt(easy, CURLOPT_NOPROXY, w->proxy_env ? NULL : "");
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, on_curl_open);
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, w);
     curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, on_curl_close);
@@ -1565,12 +1673,12 @@ static void ready_all(lg_worker *w)
  * libmicrohttpd's records share with it. The zero test is what makes this safe. */
 #define POOL_WAIT_NS (100ull * 1000 * 1000)
 
-static void release_waiting_pool(lg_worker *w, lg_req *r)
+static void release_waiting_pool(lg_worker *w, lg_req *r, lg_zero_runs *z)
 {
     if (!r->suspended || r->direct || !watched(r) || w->now_ns - r->start_ns < POOL_WAIT_NS) return;
     lg_fdslot *s = &w->fdmap[r->client_fd];
     if (!s->pool) return;
-    release_zero_pages(s->pool, s->pool_len);
+    release_zero_pages(z, s->pool, s->pool_len);
     s->pool = NULL; /* once a request: the stream's own buffer is learned when it goes direct */
 }
 
@@ -1579,13 +1687,13 @@ static void release_waiting_pool(lg_worker *w, lg_req *r)
  * after a request ended, a connection that is still open (its fd slot unchanged: a close
  * forgets it, see on_connection) and has no new request gives back the zero pages of its
  * last direct stream's buffer, as release_waiting_pool does. */
-static void idle_pools(lg_worker *w)
+static void idle_pools(lg_worker *w, lg_zero_runs *z)
 {
     const lg_conn_ended *e = (const lg_conn_ended *)w->ended.p;
     for (size_t i = 0; i < w->ended.len / sizeof *e; i++) {
         lg_fdslot *s = &w->fdmap[e[i].fd];
         if (!s->conn || s->gen != e[i].gen || s->req || !s->pool) continue;
-        release_zero_pages(s->pool, s->pool_len);
+        release_zero_pages(z, s->pool, s->pool_len);
         s->pool = NULL;
     }
     lg_buf_reset(&w->ended);
@@ -1594,6 +1702,7 @@ static void idle_pools(lg_worker *w)
 static void tick_all(lg_worker *w)
 {
     uint64_t stuck = (uint64_t)w->srv->cfg->client_timeout_s * 1000000000ull;
+    lg_zero_runs z = {.n = 0};
     lg_req *r = w->live.next;
     while (r != &w->live) {
         lg_req *next = r->next; /* tick may retire r */
@@ -1601,10 +1710,11 @@ static void tick_all(lg_worker *w)
             client_hung_up(w, r); /* the client stopped reading mid-chunk */
         else if (r->ops->tick)
             r->ops->tick(r, w->now_ns);
-        if (!r->retired) release_waiting_pool(w, r);
+        if (!r->retired) release_waiting_pool(w, r, &z);
         r = next;
     }
-    idle_pools(w);
+    idle_pools(w, &z);
+    give_back(z.iov, z.n);
 }
 
 static void shutdown_all(lg_worker *w)
@@ -1668,17 +1778,36 @@ static void *worker_main(void *arg)
             if ((unsigned)(evs[i].data.u64 >> 56) == TAG_CURL_SOCK &&
                 curl_unpark(w, (int)(uint32_t)evs[i].data.u64))
                 evs[i].data.u64 = 0;
+        /* Then the order of the batch's work: the requests libmicrohttpd reads go upstream
+         * first (its daemons' events: a request waits behind no token), then the token
+         * reads (the body reads the worker makes: a token waits behind the batch's new
+         * requests only), then the rest in the order it came (response heads, and what the
+         * token reads made due: a stream's end, its resume), each a run of libmicrohttpd's
+         * or libcurl's that costs several token reads. */
+        for (int i = 0; i < n; i++)
+            if ((unsigned)(evs[i].data.u64 >> 56) == TAG_MHD) {
+                lg_shard *s = &w->shards[(evs[i].data.u64 >> 32) & 0xffffff];
+                s->ready = s->reported = true;
+                w->mhd_dirty = true;
+                evs[i].data.u64 = 0;
+            }
+        run_pending(w);
+        flush_all(w);
+        for (int i = 0; i < n; i++) {
+            uint64_t d = evs[i].data.u64;
+            lg_xfer *x = (unsigned)(d >> 56) == TAG_CURL_SOCK ? up_xfer((int)(uint32_t)d) : NULL;
+            if (!x || x->xb.phase != XB_BODY) continue;
+            read_body(w, x);
+            drain_curl_messages(w);
+            flush_all(w);
+            evs[i].data.u64 = 0;
+        }
         for (int i = 0; i < n; i++) {
             uint64_t d = evs[i].data.u64;
             unsigned tag = (unsigned)(d >> 56);
             int fd = (int)(uint32_t)d;
             uint64_t buf;
-            switch (tag) {
-            case TAG_MHD:
-                w->shards[(d >> 32) & 0xffffff].ready = true;
-                w->shards[(d >> 32) & 0xffffff].reported = true;
-                w->mhd_dirty = true;
-                break;
+            switch (tag) { /* TAG_MHD: above */
             case TAG_CURL_TIMER:
                 if (read(w->curl_timerfd, &buf, sizeof buf) < 0 && errno != EAGAIN)
                     perror("loopguard: timerfd read");
@@ -1724,8 +1853,8 @@ static void *worker_main(void *arg)
             drain_curl_messages(w);
             flush_all(w); /* each event's tokens leave now, not at the end of the batch */
             /* And what the event made due runs now too, in the order the events came: a
-             * request libmicrohttpd reads goes upstream, a response head or a stream's end
-             * reaches the client, without waiting behind the rest of the batch. */
+             * response head or a stream's end reaches the client without waiting behind
+             * the rest of the batch. */
             if (w->mhd_dirty || w->curl_due) {
                 run_pending(w);
                 flush_all(w);
@@ -1832,6 +1961,7 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
             goto fail;
     }
 
+    w->proxy_env = proxy_env_set();
     w->multi = curl_multi_init();
     if (!w->multi) {
         snprintf(err, errlen, "worker %d: curl_multi_init failed", id);

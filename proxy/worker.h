@@ -179,6 +179,7 @@ struct lg_worker {
     bool curl_due;             /* libcurl's timeout action is due ("now", or the timerfd fired) */
     int curl_alive; /* transfers libcurl last said were running, plus those added since */
     bool curl_msgs; /* a transfer may have ended: curl_multi_info_read has work */
+    bool proxy_env; /* a proxy variable is set: libcurl reads them (add_xfer) */
     int wake_fd;    /* eventfd: main thread pokes it on drain/stop */
     lg_shard shards[WORKER_SHARDS];
     size_t n_shards;

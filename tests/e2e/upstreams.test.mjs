@@ -13,6 +13,7 @@ import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
+import http from 'node:http';
 import { spawn } from 'node:child_process';
 import { startFake, startLoopguard, request, chat, sseData, sseJSON, assembleDeltas, incidents, metrics, metricValue, waitFor, sleep, tmpFile, SCENARIOS, isSanitizerBuild } from './lib.mjs';
 
@@ -496,4 +497,63 @@ describe('a replica that never completes the TCP handshake (timeouts.connect_ms)
             await lg.stop();
         }
     });
+});
+
+/* ---- a forward proxy from the environment ------------------------------------------- */
+
+// A plain-HTTP forward proxy that records the request target of every request it relays
+// (absolute-form for a client that talks to a proxy) and passes the answer through as it
+// comes.
+function forwardProxy() {
+    const seen = [];
+    const server = http.createServer((req, res) => {
+        seen.push(req.url);
+        const up = http.request(req.url, { method: req.method, headers: req.headers }, (ur) => {
+            res.writeHead(ur.statusCode, ur.headers);
+            ur.pipe(res);
+        });
+        up.on('error', () => res.destroy());
+        req.pipe(up);
+    });
+    return new Promise((resolve) =>
+        server.listen(0, '127.0.0.1', () => resolve({ url: `http://127.0.0.1:${server.address().port}`, seen, close: () => server.close() })),
+    );
+}
+
+// libcurl picks the upstream's proxy from http_proxy, no_proxy and the like (loopguard gives
+// it "no proxy" itself only when none of them is set: worker.c, add_xfer).
+describe('an upstream proxy from the environment', () => {
+    let fake, proxy;
+    const UNSET = { no_proxy: '', NO_PROXY: '', http_proxy: '', https_proxy: '', HTTPS_PROXY: '', all_proxy: '', ALL_PROXY: '' };
+    before(async () => {
+        fake = await startFake({ scenario: CLEAN_FILE });
+        proxy = await forwardProxy();
+    });
+    after(async () => {
+        proxy?.close();
+        await fake?.stop();
+    });
+    const config = { health: { interval_ms: 3600000 } };
+
+    for (const [name, env, viaProxy] of [
+        ['http_proxy: every upstream request goes through the proxy', () => ({ ...UNSET, http_proxy: proxy.url }), true],
+        ['all_proxy: every upstream request goes through the proxy', () => ({ ...UNSET, all_proxy: proxy.url }), true],
+        ['http_proxy with the upstream in no_proxy: the proxy is bypassed', () => ({ ...UNSET, http_proxy: proxy.url, no_proxy: '127.0.0.1' }), false],
+        ['no proxy variable: the upstream is reached directly', () => UNSET, false],
+    ]) {
+        test(name, async () => {
+            proxy.seen.length = 0;
+            const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config, env: env() });
+            try {
+                const results = [];
+                for (const stream of [false, true, false]) results.push(await cleanChat(lg, { stream }));
+                const reached = (await chatRequests(fake)).map((r) => r.tag);
+                for (const r of results) assert.ok(reached.includes(r.tag), `${r.tag} reached the upstream`);
+                const relayed = proxy.seen.filter((u) => u === `${fake.url}/v1/chat/completions`).length;
+                assert.equal(relayed, viaProxy ? results.length : 0, `requests the proxy relayed: ${JSON.stringify(proxy.seen)}`);
+            } finally {
+                await lg.stop();
+            }
+        });
+    }
 });

@@ -88,10 +88,10 @@ static decoded decode(const char *s, size_t n, const size_t *cuts, size_t n_cuts
                 break;
             }
             assert_true(k > 0 || upbody_ended(&dec));
-            assert_true(len == 0 || (len <= (size_t)k && data + len == s + at + (size_t)k));
-            if (len && refuse && !refused) { /* refused: the run comes again */
+            assert_true(len == 0 || (data >= s + at && data + len <= s + at + (size_t)k));
+            if (len && refuse && !refused) { /* refused: the run comes again, from its start */
                 upbody_unread(&dec, len);
-                at += (size_t)k - len;
+                at = (size_t)(data - s);
                 refused = true;
                 continue;
             }
@@ -233,13 +233,38 @@ static void test_large_size_allowed(void **state)
     assert_memory_equal(data, "ab", 2);
 }
 
+/* A run that ends its chunk takes the CR LF after it along, not the next size line. */
+static void test_run_takes_its_crlf(void **state)
+{
+    (void)state;
+    upbody dec = {0};
+    const char *data;
+    size_t len;
+    const char *s = "5\r\nhello\r\n3\r\nabc";
+    ssize_t k = upbody_next(&dec, s, strlen(s), &data, &len);
+    assert_int_equal(k, 10);
+    assert_int_equal(len, 5);
+    assert_ptr_equal(data, s + 3);
+    k = upbody_next(&dec, s + 10, strlen(s) - 10, &data, &len);
+    assert_int_equal(k, (ssize_t)strlen(s) - 10);
+    assert_int_equal(len, 3);
+    assert_memory_equal(data, "abc", 3);
+    /* a byte other than CR or LF after the data is left for the next call, which refuses it */
+    upbody bad = {0};
+    const char *t = "2\r\nab\rX";
+    k = upbody_next(&bad, t, strlen(t), &data, &len);
+    assert_int_equal(k, 6);
+    assert_int_equal(len, 2);
+    assert_int_equal(upbody_next(&bad, t + 6, 1, &data, &len), UPBODY_BAD);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_head_end_at_every_split), cmocka_unit_test(test_head_after_interim),
         cmocka_unit_test(test_chunks_every_split),      cmocka_unit_test(test_stops_at_terminal),
         cmocka_unit_test(test_broken_framings),         cmocka_unit_test(test_lenient_as_libcurl),
-        cmocka_unit_test(test_large_size_allowed),
+        cmocka_unit_test(test_large_size_allowed),      cmocka_unit_test(test_run_takes_its_crlf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
