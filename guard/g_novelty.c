@@ -2,20 +2,26 @@
  * window, the signature of a paraphrase loop ("Let me check 5 again. Wait, let me verify 5
  * once more.").
  *
- * It reads the words of each segment g_text.c completes. A table (1,024 entries of 4 bytes,
- * tagged with 14 bits of the hash, in sets of two) says how often a trigram, or a word, came
- * within memory_words of its last time; a ring over the last novelty.window trigrams counts
- * the novel ones (seen fewer than min_seen times before) and the new words among the words
- * that completed them. It trips when fewer than min_ratio of the trigrams are novel and at
- * most max_new_words words are new: a block said twice is no loop (its trigrams were seen
- * once), nor is a list of one product in several colours (each item brings a word). O(1)
- * per word.
+ * It reads the words of each prose segment g_text.c completes. A table (1,024 entries of 4
+ * bytes, tagged with 14 bits of the hash, in sets of two) says how often a trigram, or a
+ * word, came within memory_words (of prose) of its last time; a ring over the last
+ * novelty.window trigrams counts the novel ones (seen fewer than min_seen times before) and
+ * the new words among the words that completed them. It trips when fewer than min_ratio of
+ * the trigrams are novel and at most max_new_words words are new: a block said twice is no
+ * loop (its trigrams were seen once), nor is a list of one product in several colours (each
+ * item brings a word). O(1) per word.
+ *
+ * A segment outside prose (code, a table row, a short item) is only evidence that the text
+ * is going somewhere: each of its words enters the window as a novel trigram, without a
+ * look-up, and it never trips. Code and data repeat on purpose; looking their trigrams up
+ * cost two thirds of the detector's time on source files.
  *
  * The table is two-way: a key may sit in either slot of its set, and a new one evicts the
  * older. Direct-mapped, a trigram seen 200 words before had lost its slot to another one
  * time in five on a 1,024-entry table, and every loss counted as a novel trigram: a loop
  * with 10 % new trigrams looked like 25 %. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "guard/guard_int.h"
 
@@ -67,11 +73,68 @@ static inline unsigned table_seen(gtri *tab, uint64_t t, uint16_t now_w, unsigne
     return seen;
 }
 
+/* The end of the word that starts at offset `start`, at most `now`. */
+static uint64_t word_end_at(const guard *g, uint64_t start, uint64_t now)
+{
+    uint64_t e = start;
+    for (unsigned char c; e < now; e++) {
+        c = guard_at(g, e);
+        if (!(((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
+              c >= 0x80))
+            break;
+    }
+    return e;
+}
+
+/* Is the repetition the prompt's? Asked when the window is about to trip at the trigram
+ * that starts at ws0 in the segment of nw words, `now` bytes fed. True when the prompt
+ * asks for copies, or holds at least half the trigrams of the segment, each as written
+ * from its first word to the end of its third: a product recommended in several sizes
+ * copies the product's name from the prompt, its numbers aside. A segment of fewer than
+ * three words is judged by its text from ws0 on. O(prompt) per trigram. RARE_PATH. */
+RARE_PATH static bool novelty_prompt(const guard *g, unsigned nw, uint64_t ws0, uint64_t now)
+{
+    if (!g->prompt_len) return false;
+    const gword *sw = g->sw;
+    unsigned held = 0, n = 0;
+    for (unsigned i = 2; i < nw; i++) {
+        uint64_t s = sw[i - 2].start, e = word_end_at(g, sw[i].start, now);
+        if (s < g->base) continue;
+        n++;
+        held += guard_prompt_slack(g, g->buf + (s - g->base), (size_t)(e - s)) > 0;
+    }
+    if (n) return 2 * held >= n;
+    return ws0 >= g->base && ws0 < now &&
+           guard_prompt_slack(g, g->buf + (ws0 - g->base), (size_t)(now - ws0));
+}
+
+/* A segment of nw words outside prose: each word enters the window as a novel trigram
+ * (more than a window of them replace all of it). Its words join no trigram. */
+static void novelty_other(guard *g, unsigned nw)
+{
+    const unsigned w = g->p->novelty.window;
+    if (!g->ttab) novelty_alloc(g);
+    unsigned char *tri_novel = g->tri_novel;
+    uint64_t *tri_start = g->tri_start;
+    const gword *sw = g->sw;
+    unsigned slot = g->tri_slot, novel = g->novel, fresh = g->fresh;
+    for (unsigned i = nw > w ? nw - w : 0; i < nw; i++) {
+        novel -= tri_novel[slot] & 1;
+        fresh -= tri_novel[slot] >> 1 & 1;
+        tri_novel[slot] = 1 | TRI_FILLED;
+        tri_start[slot] = sw[i].start;
+        slot = slot + 1 < w ? slot + 1 : 0;
+    }
+    g->tri_slot = slot;
+    g->novel = novel + (nw > w ? w : nw);
+    g->fresh = fresh;
+}
+
 /* The novelty detector, for each word of a segment that ended: is the trigram ending there
  * new within memory_words? Trips when fewer than min_ratio of the last `window` trigrams
- * were. Words outside prose only ever count as evidence of novelty (code and templated
- * comments repeat on purpose, but their fresh names still show the text is going
- * somewhere), and a trigram made only of numbers does not count at all (zero tables,
+ * were. Words outside prose only ever count as evidence of novelty (novelty_other: code
+ * and templated comments repeat on purpose, but their fresh names still show the text is
+ * going somewhere), and a trigram made only of numbers does not count at all (zero tables,
  * version lists). `now` is the number of bytes fed when it is decided. The detector's state
  * (the last three words, the window's counts, its ring's next slot) is kept in locals over
  * the segment's words and written back once: the ring of novel bits is bytes, which may
@@ -80,6 +143,10 @@ static inline unsigned table_seen(gtri *tab, uint64_t t, uint16_t now_w, unsigne
 bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
 {
     if (!nw) return false; /* a blank line, a rule: nothing to load and store back */
+    if (!prose) {
+        novelty_other(g, nw);
+        return false;
+    }
     const guard_params *p = g->p;
     const gword *sw = g->sw;
     const unsigned w = p->novelty.window, memory = p->novelty.memory_words,
@@ -110,16 +177,16 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
         walpha = (walpha << 1 | alpha) & 7;
         if (++nwords < 3 || !walpha) continue;
 
-        /* A word of prose new within memory_words (a key of its own in the same table): a
-         * loop brings none, a list of one product in several colours one an item. Words
-         * outside prose are not looked up: code's names would only crowd the table (and so
-         * evict the prose's), and a word of code never counts as evidence against a loop. */
+        /* A word new within memory_words (a key of its own in the same table): a loop
+         * brings none, a list of one product in several colours one an item. */
         uint16_t now_w = (uint16_t)nwords;
-        bool new_word =
-            alpha && prose && !table_seen(tab, mix(h ^ 0x5BD1E9955BD1E995ull), now_w, memory);
-        unsigned seen = table_seen(tab, mix(wh0 * 3 + mix(wh1 * 5 + mix(wh2))), now_w, memory);
+        bool new_word = alpha && !table_seen(tab, mix(h ^ 0x5BD1E9955BD1E995ull), now_w, memory);
+        /* The trigram's key: each word's hash times its own odd constant (the product's
+         * high bits depend on all of the word's), mixed once. */
+        uint64_t key = mix(wh0 * 0x9E3779B97F4A7C15ull ^ wh1 * 0xC2B2AE3D27D4EB4Full ^
+                           wh2 * 0x94D049BB133111EBull);
+        unsigned seen = table_seen(tab, key, now_w, memory);
         bool is_novel = seen < min_seen;
-        if (!is_novel && !prose) continue;
 
         /* The slot's trigram leaves the window (none yet while it is 0, as calloc made
          * it). */
@@ -131,11 +198,15 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
         novel += is_novel;
         fresh += new_word;
         if (fresh > max_new || novel >= few || !(tri_novel[slot] & TRI_FILLED)) continue;
-        /* Repetition the prompt asks for, or the words of a trigram it holds, are no
-         * paraphrase loop (g_prompt.c). */
-        if (ws0 >= g->base && ws0 < now &&
-            guard_prompt_slack(g, g->buf + (ws0 - g->base), (size_t)(now - ws0)))
+        /* Repetition the prompt asks for, or trigrams it holds, are no paraphrase loop
+         * (g_prompt.c): the window is judged afresh from here, so that what follows the
+         * copy trips only on a window of its own, and the prompt is not searched again
+         * for every word of a long copy. */
+        if (novelty_prompt(g, nw, ws0, now)) {
+            memset(tri_novel, 0, w);
+            novel = fresh = slot = 0;
             continue;
+        }
         uint64_t from = tri_start[slot];
         guard_set_unit(g, from, now);
         guard_trip(g, "novelty", from, now, w - novel);

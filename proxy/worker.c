@@ -1778,36 +1778,17 @@ static void *worker_main(void *arg)
             if ((unsigned)(evs[i].data.u64 >> 56) == TAG_CURL_SOCK &&
                 curl_unpark(w, (int)(uint32_t)evs[i].data.u64))
                 evs[i].data.u64 = 0;
-        /* Then the order of the batch's work: the requests libmicrohttpd reads go upstream
-         * first (its daemons' events: a request waits behind no token), then the token
-         * reads (the body reads the worker makes: a token waits behind the batch's new
-         * requests only), then the rest in the order it came (response heads, and what the
-         * token reads made due: a stream's end, its resume), each a run of libmicrohttpd's
-         * or libcurl's that costs several token reads. */
-        for (int i = 0; i < n; i++)
-            if ((unsigned)(evs[i].data.u64 >> 56) == TAG_MHD) {
-                lg_shard *s = &w->shards[(evs[i].data.u64 >> 32) & 0xffffff];
-                s->ready = s->reported = true;
-                w->mhd_dirty = true;
-                evs[i].data.u64 = 0;
-            }
-        run_pending(w);
-        flush_all(w);
-        for (int i = 0; i < n; i++) {
-            uint64_t d = evs[i].data.u64;
-            lg_xfer *x = (unsigned)(d >> 56) == TAG_CURL_SOCK ? up_xfer((int)(uint32_t)d) : NULL;
-            if (!x || x->xb.phase != XB_BODY) continue;
-            read_body(w, x);
-            drain_curl_messages(w);
-            flush_all(w);
-            evs[i].data.u64 = 0;
-        }
         for (int i = 0; i < n; i++) {
             uint64_t d = evs[i].data.u64;
             unsigned tag = (unsigned)(d >> 56);
             int fd = (int)(uint32_t)d;
             uint64_t buf;
-            switch (tag) { /* TAG_MHD: above */
+            switch (tag) {
+            case TAG_MHD:
+                w->shards[(d >> 32) & 0xffffff].ready = true;
+                w->shards[(d >> 32) & 0xffffff].reported = true;
+                w->mhd_dirty = true;
+                break;
             case TAG_CURL_TIMER:
                 if (read(w->curl_timerfd, &buf, sizeof buf) < 0 && errno != EAGAIN)
                     perror("loopguard: timerfd read");
@@ -1853,8 +1834,8 @@ static void *worker_main(void *arg)
             drain_curl_messages(w);
             flush_all(w); /* each event's tokens leave now, not at the end of the batch */
             /* And what the event made due runs now too, in the order the events came: a
-             * response head or a stream's end reaches the client without waiting behind
-             * the rest of the batch. */
+             * request libmicrohttpd reads goes upstream, a response head or a stream's end
+             * reaches the client, without waiting behind the rest of the batch. */
             if (w->mhd_dirty || w->curl_due) {
                 run_pending(w);
                 flush_all(w);

@@ -469,6 +469,39 @@ static void test_prompt_slack(void **state)
     trep(&pr, "| cell | cell | cell |\n", 40);
     assert_false(scan_prompted(LG_CH_CONTENT, pr.s, t.s).tripped);
 
+    /* held: the prompt's product, recommended again in several sizes, then a closing
+     * sentence of the answer's own (novelty asks about the trigrams of the whole line, its
+     * numbers aside, and judges what follows the copy afresh) */
+    static const char product[] =
+        "Zeroll Zerolon Hardcoat Anodized Commercial Ice Cream Scoop with Unique Liquid Filled "
+        "Heat Conductive Handle Easy Release Made in USA";
+    static const char *const sizes[] = {"1.5", "2.5", "2.0", "2.25", "5.0",  "4.25", "3.5",
+                                        "4.5", "3.0", "2.0", "1.5",  "2.25", "5.0",  "4.25",
+                                        "3.5", "4.5", "3.0", "2.0",  "1.5",  "2.25"};
+    pr.n = 0;
+    tcat(&pr, "What other Amazon products might interest someone who visited the given "
+              "product?\n\n");
+    tcat(&pr, product);
+    tcat(&pr, ", 1.5-Ounce, Black");
+    t.n = 0;
+    tcat(&t, "You may be interested in the following products based on your purchase "
+             "history:\n\n");
+    for (int i = 0; i < 20; i++) {
+        char num[16];
+        snprintf(num, sizeof(num), "%d. ", i + 1);
+        tcat(&t, num);
+        tcat(&t, product);
+        tcat(&t, ", ");
+        tcat(&t, sizes[i]);
+        tcat(&t, "-Ounce, Black\n");
+    }
+    tcat(&t, "I hope this list of suggestions will be helpful and that you will find something "
+             "that interests you.\n");
+    result r = scan_text(LG_CH_CONTENT, t.s);
+    assert_true(r.tripped);
+    assert_string_equal(r.detector, "novelty");
+    assert_false(scan_prompted(LG_CH_CONTENT, pr.s, t.s).tripped);
+
     /* A prompt that asks for nothing gives nothing: the seed loop still trips. */
     t.n = 0;
     tcat(&t, "You can use the ");
