@@ -45,14 +45,17 @@
 
 #include "guard/guard_int.h"
 
-/* The ring, made at the first segment (memory per stream counts: a text that never ends a
- * line or a sentence needs none); a power of two, so that indexing is a mask, not a
- * division. RARE_PATH. */
+/* The ring and its buckets' heads (one block), made at the first segment (memory per
+ * stream counts: a text that never ends a line or a sentence needs none); a power of two,
+ * so that indexing is a mask, not a division. RARE_PATH. */
 RARE_PATH static void cycle_alloc(guard *g)
 {
     for (g->cyc_mask = 1; g->cyc_mask < g->p->cycle.window; g->cyc_mask <<= 1)
         ;
-    g->cyc = guard_xcalloc(g->cyc_mask--, sizeof(*g->cyc));
+    size_t ring = g->cyc_mask * sizeof(*g->cyc);
+    g->cyc = guard_xcalloc(1, ring + GUARD_CYC_BUCKETS * sizeof(*g->cyc_last));
+    g->cyc_last = (uint16_t *)((char *)g->cyc + ring);
+    g->cyc_mask--;
     /* Per lag L of the fuzzy replays, the equal segments of 2L that trip (ceiling). */
     for (unsigned l = 2; l <= GUARD_FUZZY_LAG; l++) {
         double need = g->p->cycle.fuzzy_share * 2 * l;

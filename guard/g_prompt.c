@@ -139,6 +139,8 @@ static uint32_t asked_count(guard *g, const char *s, size_t len)
             best = b.value;
         else if (b.kind == PT_NUM && b.value >= 2 && c.kind == PT_WORD && c.n >= 2 &&
                  g->prompt_nof < GUARD_PROMPT_COUNTS) {
+            if (!g->prompt_of)
+                g->prompt_of = guard_xcalloc(GUARD_PROMPT_COUNTS, sizeof(*g->prompt_of));
             g->prompt_of[g->prompt_nof].n =
                 b.value > GUARD_PROMPT_ASK_MAX ? GUARD_PROMPT_ASK_MAX : b.value;
             memcpy(g->prompt_of[g->prompt_nof++].w, c.w, c.n + 1);
@@ -249,4 +251,5 @@ uint32_t guard_prompt_slack(const guard *g, const unsigned char *u, size_t n)
 void guard_prompt_release(guard *g)
 {
     free(g->prompt);
+    free(g->prompt_of);
 }

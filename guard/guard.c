@@ -111,6 +111,7 @@ void guard_reset(guard *g, const guard_params *p, lg_channel ch)
     if (old.prompt_cap <= GUARD_KEEP_MAX) {
         g->prompt = old.prompt;
         g->prompt_cap = old.prompt_cap;
+        g->prompt_of = old.prompt_of;
     } else {
         guard_prompt_release(&old);
     }

@@ -333,9 +333,9 @@ struct guard {
     /* cycle (g_cycle.c): the ring of segments, how many there were, and the replay: its
      * lag, segments, those equal with their numbers, bytes, prose bytes and first byte. */
     gcyc *cyc;
-    unsigned cyc_mask;                    /* the ring holds cyc_mask + 1 segments, >= window */
-    uint16_t cyc_last[GUARD_CYC_BUCKETS]; /* per low bits of the masked skeleton: the newest
-                                             segment's number + 1, mod 2^16; 0: none */
+    unsigned cyc_mask;  /* the ring holds cyc_mask + 1 segments, >= window */
+    uint16_t *cyc_last; /* GUARD_CYC_BUCKETS, made with the ring: per low bits of the masked
+                           skeleton, the newest segment's number + 1, mod 2^16; 0: none */
     uint64_t cyc_n, cyc_from;
     unsigned cyc_lag, cyc_run, cyc_exact, cyc_stepped;
     /* the replay's bytes, those of text, and of sentences */
@@ -361,10 +361,11 @@ struct guard {
     char *prompt;
     size_t prompt_len, prompt_cap;
     uint32_t prompt_asked;
-    struct {
+    struct gprompt_of {
         uint32_t n;
-        char w[16];                   /* lower case */
-    } prompt_of[GUARD_PROMPT_COUNTS]; /* "100 None": n copies of a unit holding word w */
+        char w[16]; /* lower case */
+    } * prompt_of;  /* "100 None": n copies of a unit holding word w; GUARD_PROMPT_COUNTS,
+                       made at the first such pair (most prompts have none) */
     unsigned prompt_nof;
     uint32_t prompt_number; /* the largest number in the prompt (g_count.c's slack) */
 

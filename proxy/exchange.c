@@ -187,6 +187,7 @@ static void attempt_reset(exchange *ex)
     lg_buf_free(&ex->at.errbody);
     lg_buf_free(&ex->at.aborts);
     cJSON_Delete(ex->at.sampling);
+    lg_xfree(ex->at.trip);
     memset(&ex->at, 0, sizeof ex->at);
     http_head_clear(&ex->at.head);
 }
@@ -199,9 +200,9 @@ void ex_record_attempt(exchange *ex, const guard_verdict *v)
     cJSON_AddStringToObject(a, "rid", ex->at.rid);
     cJSON_AddStringToObject(a, "upstream", pool_base(req_pool(&ex->base), ex->replica));
     if (v) {
-        cJSON_AddStringToObject(a, "detector", ex->at.verdict_detector);
+        cJSON_AddStringToObject(a, "detector", ex->at.trip->detector);
         cJSON_AddStringToObject(a, "channel", guard_channel_name(v->channel));
-        cJSON_AddStringToObject(a, "unit", ex->at.verdict_unit);
+        cJSON_AddStringToObject(a, "unit", ex->at.trip->unit);
         cJSON_AddNumberToObject(a, "repeats", v->repeats);
         cJSON_AddNumberToObject(a, "loop_start", (double)v->loop_start);
         cJSON_AddNumberToObject(a, "at_byte", (double)v->at_byte);
@@ -291,7 +292,7 @@ static void count_trip(exchange *ex, uint64_t tokens)
 {
     const guard_verdict *v = &ex->at.verdict;
     ex->rec.trips++;
-    metrics_trip(req_metrics(&ex->base), ex->replica, ex->at.verdict_detector, (int)v->channel);
+    metrics_trip(req_metrics(&ex->base), ex->replica, ex->at.trip->detector, (int)v->channel);
     metrics_aborted_tokens(req_metrics(&ex->base), tokens);
     ex->rec.cut_tokens += tokens;
     if (pool_report_generation(req_pool(&ex->base), ex->replica, true))
@@ -699,9 +700,10 @@ static enum MHD_Result queue_stream(exchange *ex)
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, EX_BLOCK, reader, ex, NULL);
     }
     if (!resp) return MHD_NO;
-    if (ex->at.head.complete)
+    if (ex->at.head.complete) {
         http_head_apply(&ex->at.head, resp, false);
-    else
+        http_head_drop_fields(&ex->at.head); /* the response holds its own copies */
+    } else
         MHD_add_response_header(resp, "Content-Type", "text/event-stream; charset=utf-8");
     ex->cl.queued = true;
     ex->cl.last_out_ns = req_now(&ex->base);

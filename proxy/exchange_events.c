@@ -20,6 +20,7 @@
 #include <strings.h>
 
 #include "proxy/exchange_int.h"
+#include "proxy/xalloc.h"
 
 #define EX_ERRBODY_MAX (1 << 20) /* an upstream's error body kept for the client */
 
@@ -107,6 +108,13 @@ size_t ex_releasable(const exchange *ex, lg_channel ch)
 
 /* ---- upstream events --------------------------------------------------------------- */
 
+/* The attempt's verdict strings, made at its first trip (attempt_reset frees them). */
+static struct ex_trip_text *trip_text(exchange *ex)
+{
+    if (!ex->at.trip) ex->at.trip = lg_xcalloc(1, sizeof *ex->at.trip);
+    return ex->at.trip;
+}
+
 /* Counts identical consecutive deltas; true when the run reaches RUN_TRIP (the verdict is
  * then set). */
 static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
@@ -126,15 +134,16 @@ static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
         r->start = at;
     }
     if (r->count < RUN_TRIP) return false;
-    ex->at.verdict = (guard_verdict){.detector = ex->at.verdict_detector,
+    struct ex_trip_text *t = trip_text(ex);
+    ex->at.verdict = (guard_verdict){.detector = t->detector,
                                      .channel = ch,
                                      .loop_start = r->start,
                                      .at_byte = ex->at.ch[ch].attempt_bytes,
-                                     .unit = ex->at.verdict_unit,
+                                     .unit = t->unit,
                                      .unit_len = n,
                                      .repeats = r->count};
-    snprintf(ex->at.verdict_detector, sizeof ex->at.verdict_detector, "token_repeat");
-    snprintf(ex->at.verdict_unit, sizeof ex->at.verdict_unit, "%.*s", (int)n, s);
+    snprintf(t->detector, sizeof t->detector, "token_repeat");
+    snprintf(t->unit, sizeof t->unit, "%.*s", (int)n, s);
     ex->at.trip_pending = true;
     ex->rec.trip_ns = req_now(&ex->base);
     return true;
@@ -176,12 +185,13 @@ bool ex_guard_text(exchange *ex, lg_channel ch, const char *s, size_t n)
 static void take_verdict(exchange *ex, const guard *g)
 {
     const guard_verdict *v = guard_get_verdict(g);
+    struct ex_trip_text *t = trip_text(ex);
     ex->at.verdict = *v;
-    snprintf(ex->at.verdict_unit, sizeof ex->at.verdict_unit, "%.*s",
-             (int)(v->unit_len < 256 ? v->unit_len : 256), v->unit ? v->unit : "");
-    snprintf(ex->at.verdict_detector, sizeof ex->at.verdict_detector, "%s", v->detector);
-    ex->at.verdict.unit = ex->at.verdict_unit;
-    ex->at.verdict.detector = ex->at.verdict_detector;
+    snprintf(t->unit, sizeof t->unit, "%.*s", (int)(v->unit_len < 256 ? v->unit_len : 256),
+             v->unit ? v->unit : "");
+    snprintf(t->detector, sizeof t->detector, "%s", v->detector);
+    ex->at.verdict.unit = t->unit;
+    ex->at.verdict.detector = t->detector;
     ex->at.trip_pending = true;
     ex->rec.trip_ns = req_now(&ex->base);
 }

@@ -96,8 +96,12 @@ typedef struct ex_attempt {
     bool not_sse;   /* 200 without text/event-stream: a broken upstream */
     bool timed_out;
     guard_verdict verdict;
-    char verdict_unit[260];
-    char verdict_detector[64];
+    /* The verdict's strings (copies: a guard's die with it), made at the trip: most
+     * attempts never trip, and a stream keeps its exchange. */
+    struct ex_trip_text {
+        char unit[260];
+        char detector[64];
+    } * trip;
     cJSON *sampling;
 } ex_attempt;
 

@@ -257,12 +257,19 @@ struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_e
 
 /* ---- response heads ---------------------------------------------------------------- */
 
-void http_head_clear(http_head *h)
+void http_head_drop_fields(http_head *h)
 {
     for (size_t i = 0; i < h->n; i++)
         lg_xfree(h->names[i]);
     lg_xfree(h->names);
     lg_xfree(h->values);
+    h->names = h->values = NULL;
+    h->n = h->cap = 0;
+}
+
+void http_head_clear(http_head *h)
+{
+    http_head_drop_fields(h);
     lg_xfree(h->content_type);
     memset(h, 0, sizeof *h);
     h->content_length = -1;

@@ -78,5 +78,8 @@ void http_head_line(http_head *h, const char *line, size_t len);
  * Content-Type too when `own_type`: the response's body is not the upstream's). */
 void http_head_apply(const http_head *h, struct MHD_Response *resp, bool own_type);
 void http_head_clear(http_head *h);
+/* Frees h's fields once they are applied to a response; its status, framing, content type
+ * and completeness stay (a stream keeps its exchange, and with it the head, to its end). */
+void http_head_drop_fields(http_head *h);
 
 #endif

@@ -51,7 +51,7 @@ typedef struct lg_fdslot {
     uint32_t gen;                /* the registration's tag: a new connection gets a new one */
     bool nodelay;                /* TCP_NODELAY is set on the socket */
     uint32_t pool_len;           /* pool[0..pool_len): the connection's last direct stream's */
-    char *pool;                  /* buffer, in its pool (release_waiting_pool); NULL: none */
+    char *pool;                  /* buffer, in its pool (queue_waiting_pool); NULL: none */
 } lg_fdslot;
 
 static uint64_t ev_pack(unsigned tag, uint32_t gen, int fd)
@@ -391,13 +391,21 @@ void worker_req_init(lg_worker *w, lg_req *r, const lg_req_ops *ops, struct MHD_
         *s = (lg_fdslot){0};
 }
 
-void worker_suspend(lg_req *r)
+static void suspend_conn(lg_req *r)
 {
-    if (r->suspended || r->retired) return;
     suspending_fd = r->client_fd; /* its DEL keeps the registration (see above) */
     MHD_suspend_connection(r->conn);
     suspending_fd = -1;
     r->suspended = true;
+}
+
+static void queue_waiting_pool(lg_req *r); /* see worker_go_direct */
+
+void worker_suspend(lg_req *r)
+{
+    if (r->suspended || r->retired) return;
+    suspend_conn(r);
+    if (!r->direct) queue_waiting_pool(r);
 }
 
 static void unqueue_release(lg_req *r); /* see worker_go_direct */
@@ -546,19 +554,31 @@ static void unqueue_release(lg_req *r)
     r->pages_queued = false;
 }
 
-/* Queues the whole pages of buf[0..n) of r's pool: a stream's connection pool is mostly
- * this buffer (max_header_bytes, 16 KiB by default), and between its head and its end a
- * directly written stream never uses it. */
-static void queue_release(lg_req *r, char *buf, size_t n)
+/* Queues the pages [lo, hi) of r's pool (r is suspended; one range a request). */
+static void queue_range(lg_req *r, uintptr_t lo, uintptr_t hi)
 {
     lg_worker *w = r->w;
-    uintptr_t lo, hi;
-    whole_pages(buf, n, &lo, &hi);
     if (hi <= lo) return;
     if (w->n_releases == WORKER_RELEASES) release_queued(w);
     if (!w->n_releases) w->releases_since = w->now_ns;
     w->releases[w->n_releases++] = (struct lg_release){r, (void *)lo, hi - lo};
     r->pages_queued = true;
+}
+
+/* Queues the whole pages of buf[0..n) of r's pool: a stream's connection pool is mostly
+ * this buffer (max_header_bytes, 16 KiB by default), and between its head and its end a
+ * directly written stream never uses it. */
+static void queue_release(lg_req *r, char *buf, size_t n)
+{
+    uintptr_t lo, hi;
+    whole_pages(buf, n, &lo, &hi);
+    queue_range(r, lo, hi);
+}
+
+static bool page_zero(uintptr_t p, size_t page)
+{
+    const unsigned char *c = (const unsigned char *)p;
+    return c[0] == 0 && memcmp(c, c + 1, page - 1) == 0;
 }
 
 /* Runs of zero pages found at one tick, given back together at its end (give_back): one
@@ -588,8 +608,7 @@ static void release_zero_pages(lg_zero_runs *z, char *buf, size_t n)
     const size_t page = whole_pages(buf, n, &p, &hi);
     uintptr_t run = 0; /* the first zero page of the current run, 0 when none */
     for (; p < hi; p += page) {
-        const unsigned char *c = (const unsigned char *)p;
-        bool zero = c[0] == 0 && memcmp(c, c + 1, page - 1) == 0;
+        bool zero = page_zero(p, page);
         if (zero && !run) run = p;
         if (!zero && run) {
             zero_runs_add(z, run, p);
@@ -599,10 +618,37 @@ static void release_zero_pages(lg_zero_runs *z, char *buf, size_t n)
     if (run) zero_runs_add(z, run, hi);
 }
 
+/* libmicrohttpd zeroes a connection's whole pool after each request (max_header_bytes,
+ * 16 KiB by default), so a request that waits (for its upstream's first output, a busy
+ * host) would keep all of it resident until it writes directly. When it suspends, the
+ * longest run of zero pages in the buffer of its connection's last direct stream (most of
+ * the pool, which this request's head and libmicrohttpd's records share with it) is
+ * queued like a direct stream's pages: it goes back within RELEASE_WAIT_NS, or not at all
+ * when the request resumes first (unqueue_release). The pages are tested now and still
+ * hold zeros when released: libmicrohttpd leaves a suspended connection's pool alone. */
+static void queue_waiting_pool(lg_req *r)
+{
+    if (r->pages_queued || !watched(r)) return;
+    lg_fdslot *s = &r->w->fdmap[r->client_fd];
+    if (!s->pool) return;
+    uintptr_t p, end, lo = 0, hi = 0, run = 0;
+    const size_t page = whole_pages(s->pool, s->pool_len, &p, &end);
+    for (; p <= end; p += page) {
+        if (p < end && page_zero(p, page)) {
+            if (!run) run = p;
+        } else if (run) {
+            if (p - run > hi - lo) lo = run, hi = p;
+            run = 0;
+        }
+    }
+    s->pool = NULL; /* once a request: the stream's own buffer is learned when it goes direct */
+    queue_range(r, lo, hi);
+}
+
 bool worker_go_direct(lg_req *r, char *buf, size_t max)
 {
-    if (r->client_gone || r->retired || !watched(r)) return false;
-    worker_suspend(r);
+    if (r->unchunked || r->client_gone || r->retired || !watched(r)) return false;
+    if (!r->suspended) suspend_conn(r);
     queue_release(r, buf, max);
     lg_fdslot *s = &r->w->fdmap[r->client_fd];
     s->pool = buf;
@@ -877,6 +923,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     }
     rc = route(w, conn, path, method, con_cls);
     free(path);
+    if (*con_cls) ((lg_req *)*con_cls)->unchunked = strcmp(version, MHD_HTTP_VERSION_1_1) != 0;
     return rc;
 }
 
@@ -1665,28 +1712,11 @@ static void ready_all(lg_worker *w)
     w->mhd_dirty = true;
 }
 
-/* libmicrohttpd zeroes a connection's whole pool after each request (max_header_bytes,
- * 16 KiB by default), so a request waiting for its first output (a slow upstream, a busy
- * host) keeps all of it resident until it writes directly (worker_go_direct). Once it has
- * waited POOL_WAIT_NS, the pages that still hold only zeros go back, in the buffer of the
- * connection's last direct stream: most of the pool, which this request's head and
- * libmicrohttpd's records share with it. The zero test is what makes this safe. */
-#define POOL_WAIT_NS (100ull * 1000 * 1000)
-
-static void release_waiting_pool(lg_worker *w, lg_req *r, lg_zero_runs *z)
-{
-    if (!r->suspended || r->direct || !watched(r) || w->now_ns - r->start_ns < POOL_WAIT_NS) return;
-    lg_fdslot *s = &w->fdmap[r->client_fd];
-    if (!s->pool) return;
-    release_zero_pages(z, s->pool, s->pool_len);
-    s->pool = NULL; /* once a request: the stream's own buffer is learned when it goes direct */
-}
-
 /* Between two requests a keep-alive connection holds its pool zeroed whole, for as long as
  * its client waits (an SDK's pool of idle connections: seconds to minutes). At the tick
  * after a request ended, a connection that is still open (its fd slot unchanged: a close
  * forgets it, see on_connection) and has no new request gives back the zero pages of its
- * last direct stream's buffer, as release_waiting_pool does. */
+ * last direct stream's buffer, as a waiting request does (queue_waiting_pool), in z. */
 static void idle_pools(lg_worker *w, lg_zero_runs *z)
 {
     const lg_conn_ended *e = (const lg_conn_ended *)w->ended.p;
@@ -1710,7 +1740,6 @@ static void tick_all(lg_worker *w)
             client_hung_up(w, r); /* the client stopped reading mid-chunk */
         else if (r->ops->tick)
             r->ops->tick(r, w->now_ns);
-        if (!r->retired) release_waiting_pool(w, r, &z);
         r = next;
     }
     idle_pools(w, &z);

@@ -122,6 +122,8 @@ struct lg_req {
     bool resume_due;   /* resume MHD once the tail or the queued output is sent */
     bool flush_queued; /* on the worker's flush list */
     bool pages_queued; /* its pool's pages wait in the worker's releases (worker.c) */
+    bool unchunked;    /* not HTTP/1.1: libmicrohttpd sends the body without chunks, so
+                          it is never written directly (worker_go_direct) */
     lg_req *flush_next;
     lg_fifo tail;     /* the unsent rest of a directly written chunk (owned by the worker) */
     uint64_t tail_ns; /* when the tail last shrank or began */
@@ -292,8 +294,8 @@ void worker_resume(lg_req *r);
  * anything and which nothing reads while the stream is direct: its whole pages are given
  * back to the kernel (they read as zeros, and are touched again only when the stream
  * ends). Returns false, and does nothing, when direct writes are not possible (the client
- * left, or its socket is not watched); the reader must then give its data to
- * libmicrohttpd. */
+ * left, its socket is not watched, or it is an HTTP/1.0 client, whose body goes unchunked);
+ * the reader must then give its data to libmicrohttpd. */
 bool worker_go_direct(lg_req *r, char *buf, size_t max);
 /* The request queued output for the client: with direct writes armed, its ops->flush runs
  * after the event being handled; otherwise MHD is resumed to call the content reader. */

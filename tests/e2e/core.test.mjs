@@ -587,6 +587,29 @@ describe('chat relay behaviour', () => {
         sock.destroy();
     });
 
+    // libmicrohttpd answers an HTTP/1.0 client without chunked encoding (it sends the body
+    // as is and closes), so such a stream must not be written directly as chunks: the
+    // events arrive bare, up to [DONE], and carry what an HTTP/1.1 client gets.
+    it('an HTTP/1.0 client gets the events without chunk framing', T, async () => {
+        await fake.setScenario({ pace_ms: 20, responses: [{ content: [{ varied: 12, seed: 3 }] }] });
+        const body = JSON.stringify({ messages: MSG, stream: true });
+        const sock = net.connect(lg.port, '127.0.0.1');
+        let got = '';
+        sock.setEncoding('latin1');
+        sock.on('data', (d) => (got += d));
+        const closed = new Promise((r) => sock.on('close', r));
+        sock.write(`POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
+        await closed;
+        const sep = got.indexOf('\r\n\r\n');
+        assert.match(got.slice(0, sep), /^HTTP\/1\.[01] 200 /);
+        assert.doesNotMatch(got.slice(0, sep), /transfer-encoding/i);
+        const text = got.slice(sep + 4);
+        assert.match(text, /^data: /, 'no chunk-size line before the first event');
+        assert.equal(sseData(text).at(-1), '[DONE]');
+        const ref = await chat(lg.url + '/v1/chat/completions', { messages: MSG, stream: true });
+        assert.equal(assembleDeltas(sseJSON(text)).content, assembleDeltas(sseJSON(ref.text)).content);
+    });
+
     it('each event is forwarded when it arrives, not when the stream ends', T, async () => {
         await fake.setScenario({ pace_ms: 60, responses: [{ content: [{ varied: 12, seed: 3 }] }] });
         const u = new URL(lg.url + '/v1/chat/completions');
