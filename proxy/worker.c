@@ -1756,6 +1756,15 @@ static void shutdown_all(lg_worker *w)
     }
 }
 
+/* Stops the shards' daemons, closing their connections (their requests complete through
+ * on_completed); afterwards the worker has none. */
+static void stop_shards(lg_worker *w)
+{
+    for (size_t i = 0; i < w->n_shards; i++)
+        MHD_stop_daemon(w->shards[i].mhd);
+    w->n_shards = 0;
+}
+
 /* Before the daemons stop: every connection resumed, unsent tails dropped. */
 static void resume_all(lg_worker *w)
 {
@@ -1903,6 +1912,10 @@ static void *worker_main(void *arg)
         if (quiesced && ((w->n_live == 0 && !w->detached) || (shut && w->now_ns > stop_at))) break;
     }
     resume_all(w);
+    /* The connections left (idle between requests, or accepted with no request yet) close
+     * now, as nginx closes idle connections at a graceful stop: a request sent on one after
+     * this worker is done must not wait unanswered for the other workers' streams. */
+    stop_shards(w);
     lg_buf_cache_end();
     lg_xalloc_cache_end();
     return NULL;
@@ -2018,8 +2031,7 @@ void worker_join(lg_worker *w)
 void worker_free(lg_worker *w)
 {
     if (!w) return;
-    for (size_t i = 0; i < w->n_shards; i++)
-        MHD_stop_daemon(w->shards[i].mhd);
+    stop_shards(w); /* a worker that never ran */
     bury_the_dead(w);
     while (w->detached)
         detached_free(w->detached);

@@ -27,9 +27,15 @@ describe('in front of @dwmkerr/mock-llm', () => {
             env: { ...process.env, HOST: '127.0.0.1', PORT: String(port) },
             stdio: ['ignore', 'pipe', 'pipe'],
         });
-        let out = '';
+        let out = '', err = '';
         mock.stdout.on('data', (d) => (out += d));
-        await waitFor(async () => /server running on/.test(out), 15000, 50);
+        mock.stderr.on('data', (d) => (err += d));
+        // A node server's start takes seconds on a loaded two-core host; one that exits (its
+        // port taken meanwhile, say) says why at once.
+        await waitFor(async () => {
+            if (mock.exitCode !== null) throw new Error(`mock-llm exited ${mock.exitCode}: ${err || out}`);
+            return /server running on/.test(out);
+        }, 60000, 50);
         mockUrl = `http://127.0.0.1:${port}`;
         lg = await startLoopguard({ upstream: mockUrl, kind: 'auto' });
     });

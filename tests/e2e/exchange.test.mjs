@@ -274,18 +274,17 @@ describe('guarded exchange: a loop under the original sampling is cut and retrie
                         assert.notEqual(g1.ended, 'complete', 'attempt 1 was cut');
                         assert.ok(g1.client_gone || g1.aborted, 'attempt 1 released at the upstream');
                     }
-                    // "Aborted within 40 tokens" of the loop. At 10 ms a token (a fast GPU) the fake's
-                    // own count is the witness. The 5,000-token scenario runs at 0.2 ms a token so
-                    // that it stays quick; there, socket buffering alone is worth ~100 tokens, so
-                    // the witness is what loopguard had read when it tripped (the incident), and
-                    // the fake's count only has to show the generation stopped soon after. Under
-                    // valgrind loopguard runs ~30x slower than the fake's clock, so only its own
-                    // count is meaningful.
+                    // "Aborted within 40 tokens" of the loop: the witness is what loopguard had
+                    // read when it tripped (the incident). The fake's own count adds the time the
+                    // cut takes to reach it, which is scheduling, not the guard: at 10 ms a token
+                    // a loaded two-core host delays it by more than 10 tokens, at 0.2 ms socket
+                    // buffering alone is worth ~100, and under valgrind loopguard runs ~30x
+                    // slower than the fake's clock. So the fake's count only has to show the
+                    // generation stopped soon after.
                     const pre = tokensBeforeLoop(looping);
-                    const byProxy = fastPace || UNDER_VALGRIND;
-                    const seen = byProxy ? inc.attempts[0].tokens : g1.tokens_sent;
-                    assert.ok(seen - pre <= 40, `attempt 1 cut within 40 tokens of the loop (${seen - pre} loop tokens ${byProxy ? 'read by loopguard' : 'sent by the fake'}; ${g1.tokens_sent} sent in all)`);
-                    if (fastPace && !UNDER_VALGRIND) assert.ok(g1.tokens_sent - pre <= 1000, `the generation stopped soon after the trip (${g1.tokens_sent - pre} loop tokens sent)`);
+                    const seen = inc.attempts[0].tokens;
+                    assert.ok(seen - pre <= 40, `attempt 1 cut within 40 tokens of the loop (${seen - pre} loop tokens read by loopguard; ${g1.tokens_sent} sent in all)`);
+                    if (!UNDER_VALGRIND) assert.ok(g1.tokens_sent - pre <= 1000, `the generation stopped soon after the trip (${g1.tokens_sent - pre} loop tokens sent)`);
                     assert.equal(g2.ended, 'complete', 'attempt 2 ran to the end');
                     assert.ok(up.abortCalls.some((r) => r.body?.rid === a1.rid), 'POST /abort_request with attempt 1 rid');
                     assert.ok(up.aborts.some((r) => r.rid === a1.rid), 'abort record for attempt 1 rid');
@@ -367,8 +366,9 @@ describe('guarded exchange: a loop under the original sampling is cut and retrie
                     // The last abort is fire-and-forget: it may land just after the answer.
                     await fake.waitRecord((r) => r.kind === 'request' && r.path === '/abort_request' && r.body?.rid === c.rid);
                     const i = inc.attempts.find((a) => a.rid === c.rid);
-                    const n = UNDER_VALGRIND ? i.tokens : up.gens.get(c.rid).tokens_sent;
-                    assert.ok(n <= 40, `cut within 40 tokens (${n} ${UNDER_VALGRIND ? 'read by loopguard' : 'sent by the fake'})`);
+                    // What loopguard read when it tripped (see the seed cases on the fake's count).
+                    assert.ok(i.tokens <= 40, `cut within 40 tokens (${i.tokens} read by loopguard)`);
+                    if (!UNDER_VALGRIND) assert.ok(up.gens.get(c.rid).tokens_sent <= 1000, 'the generation stopped soon after the trip');
                 }
                 assert.equal(inc.outcome, 'failed');
                 assert.equal(inc.trips, 3);

@@ -81,15 +81,16 @@ const pacedPlan = (pace) => ({ dialect: 'sglang', pace_ms: pace, responses: [{ r
 
 describe('SIGTERM', () => {
     test('within the grace: new connections refused, in-flight stream and whole request finish, exit 0', T, async () => {
-        // ~2 s of stream: long enough to outlast the signal's handling and the probes on a
-        // loaded two-core machine (at 20 ms a token it ended first in two CI runs).
-        const fake = await startFake({ kind: 'sglang', scenario: pacedPlan(50) });
-        const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { shutdown_grace_ms: 10000 } });
+        // ~4 s of stream: long enough to outlast the signal's handling and the probes on a
+        // loaded two-core machine (at 20 ms a token it ended first in CI runs).
+        const fake = await startFake({ kind: 'sglang', scenario: pacedPlan(100) });
+        const GRACE = 60000;
+        const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { shutdown_grace_ms: GRACE } });
         let termed = false;
         try {
             const t0 = performance.now();
-            const s = request(lg.url + '/v1/chat/completions', { method: 'POST', body: { messages: MSG, stream: true } });
-            const w = request(lg.url + '/v1/chat/completions', { method: 'POST', body: { messages: MSG } });
+            const s = request(lg.url + '/v1/chat/completions', { method: 'POST', body: { messages: MSG, stream: true }, timeout: GRACE });
+            const w = request(lg.url + '/v1/chat/completions', { method: 'POST', body: { messages: MSG }, timeout: GRACE });
             let streamEnded = false;
             s.then(() => (streamEnded = true), () => (streamEnded = true));
             await waitFor(async () => (await fake.requests('/v1/chat/completions')).length === 2);
@@ -112,9 +113,52 @@ describe('SIGTERM', () => {
             assert.equal(rw.json().choices[0].message.content.split(' ').filter(Boolean).length, WORDS);
             const { code } = await exited(lg.proc);
             assert.equal(code, 0, 'exit code 0');
-            assert.ok(performance.now() - t0 < 5000 * SLACK, 'exited once the streams were done, not at the deadline');
+            assert.ok(performance.now() - t0 < GRACE / 2, 'exited once the streams were done, not at the deadline');
         } finally {
             await cleanup(() => stopAfterTerm(lg, termed), () => fake.stop()); // checks exit code and sanitizer report
+        }
+    });
+
+    test('connections open with no request when the signal comes are answered or closed while a stream still drains, never held until exit', T, async () => {
+        // ~4 s of stream on one worker; six idle connections spread over both.
+        const fake = await startFake({ kind: 'sglang', scenario: pacedPlan(100) });
+        const lg = await startLoopguard({ upstream: fake.url, kind: 'sglang', config: { shutdown_grace_ms: 30000, workers: 2 } });
+        let termed = false;
+        const idle = [];
+        try {
+            const s = request(lg.url + '/v1/chat/completions', { method: 'POST', body: { messages: MSG, stream: true }, timeout: 60000 * SLACK });
+            let streamEnded = false;
+            s.then(() => (streamEnded = true), () => (streamEnded = true));
+            await waitFor(async () => (await fake.requests('/v1/chat/completions')).length === 1);
+            // Each connection's end is watched from the start: a worker with no stream may
+            // close it before the request below is sent.
+            const outcomes = [];
+            for (let i = 0; i < 6; i++) {
+                const c = net.connect(lg.port, '127.0.0.1');
+                let got = '';
+                c.on('data', (d) => (got += d));
+                c.on('error', () => {});
+                outcomes.push(new Promise((resolve) => c.on('close', () => resolve({ got, streamEnded }))));
+                await new Promise((r, j) => c.once('connect', r).once('error', j));
+                idle.push(c);
+            }
+            lg.proc.kill('SIGTERM');
+            termed = true;
+            await waitFor(async () => (await probe(lg.port)) === 'refused', 5000 * SLACK);
+            // Those still open send a request now: an answer (503, their worker still drains a
+            // stream) or the connection closed (their worker is done), before the stream ends.
+            for (const c of idle) if (!c.destroyed) c.write('GET /loopguard/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+            for (const o of await Promise.all(outcomes)) {
+                assert.equal(o.streamEnded, false, 'answered or closed while the stream was still draining');
+                assert.ok(o.got === '' || o.got.startsWith('HTTP/1.1 503 '), JSON.stringify(o.got.slice(0, 60)));
+            }
+            const rs = await s;
+            assert.equal(sseData(rs.text).at(-1), '[DONE]');
+            assert.equal(assembleDeltas(sseJSON(rs.text)).content.split(' ').filter(Boolean).length, WORDS, 'the stream finished whole');
+            assert.equal((await exited(lg.proc)).code, 0);
+        } finally {
+            for (const c of idle) c.destroy();
+            await cleanup(() => stopAfterTerm(lg, termed), () => fake.stop());
         }
     });
 

@@ -97,8 +97,10 @@ describe('the upstream body read outside libcurl', () => {
             await cleanup(() => lg.stop(), () => stopFront(front));
         }
     }
+    // A response split into pieces 2 ms apart takes hundreds of writes: seconds on a loaded host,
+    // more under ASan, so the request may take as long as the case (the hang guard).
     const ask = (lg, extra = {}) =>
-        request(lg.url + '/v1/chat/completions', { method: 'POST', body: { model: 'm', messages: MSG, stream: true, ...extra } });
+        request(lg.url + '/v1/chat/completions', { method: 'POST', body: { model: 'm', messages: MSG, stream: true, ...extra }, timeout: T.timeout });
 
     test('framing split at odd byte boundaries: the same answer, one upstream connection for three requests', T, async () => {
         await withFront({ pieces: [1, 2, 3, 5, 7, 4, 6] }, async (lg, front) => {
