@@ -16,7 +16,9 @@
  * last ENDS bytes) and a name in it grew or shrank by text written just before ("lemma
  * a_b_c (x) {" after "lemma a_b (x) {"): a block re-emitted under recombined names. A name
  * replaced by a new one is a new variant, which code declares on purpose. For every P of 2 to
- * CYCLE_MAX_PERIOD lines, run[P] counts the lines in a row that match the line P before.
+ * CYCLE_MAX_PERIOD lines, run[P] counts the lines in a row that match the line P before; a
+ * run starts only at a line whose key (its first and last 8 bytes, digits aside) is that
+ * line's too, so the skeleton is read only where a run may go on or start.
  * A cycle trips when its copies (run / P + 1) reach block_copies and its lines block_lines,
  * P being the smallest period of the block (two equal lines are a one-line loop: the lines
  * and repeat detectors judge those). A cycle whose characters are less than a quarter letters (a
@@ -31,10 +33,10 @@
  *
  * Measured on the AlpacaEval answers (tests/corpus): 4 copies and 12 lines caught 37 of
  * the labelled loops with no false trip; 8 lines tripped on an ABC tune written out four
- * times. Cost: O(line) once per line (the skeleton hash; art lines a second pass) and a
- * compare per period with a run or whose line may share the skeleton (its low byte; most
- * lines: none); memory: about 1.2 KiB (a ring of CYCLE_RING lines), allocated at the first
- * line with a body. */
+ * times. Cost: per line its key (O(1)); the skeleton (O(line)) and a compare per period
+ * only with a run or whose line may share the key (its low byte; most lines: none), and
+ * art lines a second pass; memory: about 1.2 KiB (a ring of CYCLE_RING lines), allocated
+ * at the first line with a body. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,12 +53,13 @@
 #define PERIODS          0xFFFCu    /* bits 2 to CYCLE_MAX_PERIOD: the periods looked at */
 
 typedef struct cline {
-    uint64_t skel;  /* hash of the skeleton */
-    uint64_t start; /* offset of the line's body */
-    uint32_t len;
-    uint32_t rest;            /* hash of the numbers past the first CYCLE_NUMS */
-    uint16_t num[CYCLE_NUMS]; /* the first numbers, mod 2^16 */
+    uint64_t skel;            /* hash of the skeleton; 0: not read yet (read_line) */
+    uint64_t start;           /* offset of the line's body */
     uint64_t ends;            /* its first and last ENDS bytes (lines of 2 * ENDS or more) */
+    uint16_t num[CYCLE_NUMS]; /* the first numbers, mod 2^16 */
+    uint32_t rest;            /* hash of the numbers past the first CYCLE_NUMS */
+    uint16_t len;             /* at most the history's length */
+    uint16_t key;             /* its ends, digits aside (line_key), low 16 bits */
 } cline;
 
 struct gblock {
@@ -67,11 +70,10 @@ struct gblock {
     uint16_t moved[CYCLE_MAX_PERIOD + 1]; /* bit k: the line k back changed a number */
     uint32_t step[CYCLE_MAX_PERIOD + 1];  /* how much the last moved line's number went up */
     uint16_t runs;                        /* bit P: run[P] is not 0 */
-    /* How many of the last CYCLE_MAX_PERIOD lines have each value of skel's low 8 bits: a
-     * line whose bits no earlier line has, while no run goes on, matches nothing (with 6
-     * bits, one line in five looked like a match). */
+    /* How many of the last CYCLE_MAX_PERIOD lines have each value of key's low 8 bits: a
+     * line whose bits no earlier line has, while no run goes on, starts nothing. */
     unsigned char hint[256];
-    unsigned char low[CYCLE_RING]; /* per ring slot, the low 8 bits of its line's skel */
+    unsigned char low[CYCLE_RING]; /* per ring slot, the low 8 bits of its line's key */
     /* The art run: its texture, the last line's hash, its length and first line. */
     uint64_t art_tex, art_raw, art_from;
     unsigned art_run;
@@ -119,20 +121,6 @@ static unsigned lines_compare(const guard *g, const cline *a, const cline *b, bo
             *step = (uint16_t)(a->num[k] - b->num[k]);
         }
     return diff < 2 ? diff : 2;
-}
-
-/* Is the block of the last P lines made of a shorter period? */
-static bool has_shorter_period(const struct gblock *c, unsigned P)
-{
-    for (unsigned d = 1; d < P; d++) {
-        if (P % d) continue;
-        unsigned k = 0;
-        while (k + d < P && c->ring[(c->n - 1 - k) % CYCLE_RING].skel ==
-                                c->ring[(c->n - 1 - k - d) % CYCLE_RING].skel)
-            k++;
-        if (k + d == P) return true;
-    }
-    return false;
 }
 
 /* Byte classes for read_line. */
@@ -204,8 +192,9 @@ static inline uint64_t hash_word(uint64_t h, uint64_t w)
  * then its length (so that lines with one skeleton hash alike, whatever their numbers'
  * lengths). One loop takes the body 8 bytes at a time: those without a digit (most) are
  * hashed at once. */
-static void read_line(const guard *g, uint64_t s, uint64_t e, cline *l)
+static void read_line(const guard *g, cline *l)
 {
+    const uint64_t s = l->start, e = s + l->len;
     const unsigned char *s0 = g->buf + (s - g->base), *be = s0 + (e - s);
     const unsigned char *piece = s0, *p = s0; /* p: the piece's next 8 bytes */
     uint64_t h = 0xCBF29CE484222325ull;
@@ -252,7 +241,7 @@ static void read_line(const guard *g, uint64_t s, uint64_t e, cline *l)
         piece = p = r;
     }
     h = hash_word(h, (uint64_t)(be - piece));
-    l->skel = h;
+    l->skel = h ? h : 1; /* never 0, "not read" */
     l->rest = rest;
     l->ends = 0;
     if (e - s >= 2 * ENDS) { /* the first and last 8 bytes, mixed */
@@ -262,8 +251,33 @@ static void read_line(const guard *g, uint64_t s, uint64_t e, cline *l)
         x = (x ^ (y * 0x9E3779B97F4A7C15ull)) * 0xFF51AFD7ED558CCDull;
         l->ends = (x ^ x >> 29) | 1;
     }
-    l->start = s;
-    l->len = (uint32_t)(e - s);
+}
+
+/* The line k back from the newest (k < CYCLE_RING), read (read_line) if it was not yet:
+ * NULL when its bytes left the history. */
+static const cline *line_back(const guard *g, struct gblock *c, unsigned k)
+{
+    cline *o = &c->ring[(c->n - 1 - k) % CYCLE_RING];
+    if (!o->skel) {
+        if (o->start < g->base) return NULL;
+        read_line(g, o);
+    }
+    return o;
+}
+
+/* Is the block of the last P lines made of a shorter period? */
+static bool has_shorter_period(const guard *g, struct gblock *c, unsigned P)
+{
+    for (unsigned d = 1; d < P; d++) {
+        if (P % d) continue;
+        unsigned k = 0;
+        for (; k + d < P; k++) {
+            const cline *a = line_back(g, c, k), *b = line_back(g, c, k + d);
+            if (!a || !b || a->skel != b->skel) break;
+        }
+        if (k + d == P) return true;
+    }
+    return false;
 }
 
 /* Are the characters of history [s, e) less than a quarter letters? Asked of a cycle about
@@ -343,6 +357,32 @@ static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     return true;
 }
 
+/* The key of the body [s, e): its first and last 8 bytes (or its bytes), each digit a 0
+ * byte, mixed. Lines with one skeleton and numbers of the same lengths share it; a number
+ * that grew a digit in the last or first 8 bytes moves it. Most lines' keys match none of
+ * the last CYCLE_MAX_PERIOD lines', and their skeletons are not read (read_line). */
+static uint64_t line_key(const guard *g, uint64_t s, uint64_t e)
+{
+    const unsigned char *x = g->buf + (s - g->base);
+    const uint64_t ones = 0x0101010101010101ull, high = ones * 0x80;
+    uint64_t head, tail;
+    if (e - s >= 8) {
+        head = load_le(x);
+        tail = load_le(x + (e - s) - 8);
+    } else {
+        head = load_tail(x, x + (e - s), x);
+        tail = 0;
+    }
+    /* A byte y of v ^ '0' * ones is a digit when y < 10: each byte's high bit set first, so
+     * that no borrow crosses bytes (exact, unlike digit_bits). */
+    uint64_t y = head ^ (ones * '0'), z = tail ^ (ones * '0');
+    uint64_t dh = ~((y | high) - ones * 10) & ~y & high, dt = ~((z | high) - ones * 10) & ~z & high;
+    head &= ~((dh >> 7) * 0xFF);
+    tail &= ~((dt >> 7) * 0xFF);
+    uint64_t k = (head ^ (tail * 0x9E3779B97F4A7C15ull)) * 0xFF51AFD7ED558CCDull;
+    return k ^ k >> 29;
+}
+
 /* The periods P (bit P) whose line, P lines before line n, may have a skeleton with the
  * low 8 bits `b`: its slot's byte is b (SWAR over the ring's 16 bytes; a borrow may add a
  * period, which the caller compares in full, and never drops one). */
@@ -360,6 +400,8 @@ static uint32_t low_matches(const struct gblock *c, unsigned char b, uint64_t n)
     return periods;
 }
 
+static bool block_judge(guard *g, struct gblock *c, cline *l, uint64_t n, uint64_t now);
+
 bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
     const guard_params *p = g->p;
@@ -367,7 +409,7 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
      * none). */
     if (!g->blk) g->blk = guard_xcalloc(1, sizeof(*g->blk));
     struct gblock *c = g->blk;
-    if (start < g->base || end - start > UINT32_MAX) { /* longer than the history: a break */
+    if (start < g->base || end - start > UINT16_MAX) { /* longer than the history: a break */
         c->n = 0;
         memset(c->run, 0, sizeof(c->run));
         memset(c->moved, 0, sizeof(c->moved));
@@ -379,16 +421,29 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     if (p->lines.art_run && art_line(g, start, end, now)) return true;
     if (!p->lines.block_copies) return false;
     cline *l = &c->ring[c->n % CYCLE_RING];
-    read_line(g, start, end, l);
+    const uint16_t key = (uint16_t)line_key(g, start, end);
+    l->key = key;
+    l->start = start;
+    l->len = (uint16_t)(end - start);
+    l->skel = 0;
     uint64_t n = c->n++;
-    unsigned char b = (unsigned char)l->skel;
+    unsigned char b = (unsigned char)key;
     bool maybe = c->runs || c->hint[b];
     c->hint[b]++;
     if (n >= CYCLE_MAX_PERIOD) c->hint[c->low[(n - CYCLE_MAX_PERIOD) % CYCLE_RING]]--;
     c->low[n % CYCLE_RING] = b;
-    if (!maybe) return false; /* every run is 0 and stays so */
-    /* The periods to look at: those with a run, and those whose line may have l's skeleton;
-     * at every other P the run is 0 and stays so. */
+    /* Every run is 0 and stays so (most lines), or the line is judged. */
+    return maybe && block_judge(g, c, l, n, now);
+}
+
+/* guard_block_line for a line l, the n-th, that may continue or start a run. RARE_PATH. */
+RARE_PATH static bool block_judge(guard *g, struct gblock *c, cline *l, uint64_t n, uint64_t now)
+{
+    const guard_params *p = g->p;
+    const uint16_t key = l->key;
+    unsigned char b = (unsigned char)key;
+    /* The periods to look at: those with a run, and those whose line may have l's key; at
+     * every other P the run is 0 and stays so. */
     uint32_t todo = c->runs | low_matches(c, b, n);
     todo &= n >= CYCLE_MAX_PERIOD ? PERIODS : PERIODS & ((2u << n) - 1);
     if (!todo) return false;
@@ -396,9 +451,15 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     for (; todo; todo &= todo - 1) {
         unsigned P = (unsigned)__builtin_ctz(todo);
         const cline *o = &c->ring[(n - P) % CYCLE_RING];
-        /* No run at P and another skeleton: the compare says 2 and nothing changes (a run
-         * of 0 has no line moved). */
-        if (!c->run[P] && o->skel != l->skel) continue;
+        /* No run at P and another key: nothing starts (the skeleton is only read and
+         * compared where the ends match, digits aside). */
+        if (!c->run[P] && o->key != key) continue;
+        if (!l->skel) read_line(g, l);
+        if (!(o = line_back(g, c, P))) {
+            c->run[P] = 0;
+            c->runs = (uint16_t)(c->runs & ~(1u << P));
+            continue;
+        }
         /* One line may move per copy (a counter), not one per line. A grown name is looked
          * for (memmem, the costly part) only inside a run with no line moved yet: code
          * repeats lines' frames all the time, and a run starts on equal lines anyway. */
@@ -427,7 +488,7 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         uint64_t from = first->start, to = l->start + l->len;
         if (from < g->base) continue;
         if (lines < (uint64_t)CYCLE_ART_COPIES * P && few_letters(g, from, to)) continue;
-        if (has_shorter_period(c, P)) continue;
+        if (has_shorter_period(g, c, P)) continue;
         /* The block the prompt asks for or holds may come back that many times. */
         unsigned copies = (unsigned)(lines / P);
         if (copies <= guard_prompt_slack(g, g->buf + (from - g->base), (size_t)(to - from)))

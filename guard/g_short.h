@@ -158,9 +158,10 @@ static inline void guard_text_alnum(guard *g, unsigned char c, unsigned cls, uin
         g->w_hash = guard_fnv(g->w_hash, c | 0x20); /* lower case; digits have that bit */
         g->w_len++;
     }
-    /* Digits opening the segment are left out of its hash: "7. X" is "8. X". */
+    /* Digits opening the segment are left out of its hash: "7. X" is "8. X". With words
+     * kept, the segment takes the word's hash when the word ends (g_text.c). */
     bool lead = g->seg_lead && cls == 1;
-    g->seg_hash = lead ? g->seg_hash : guard_fnv(g->seg_hash, c);
+    if (!words) g->seg_hash = lead ? g->seg_hash : guard_fnv(g->seg_hash, c);
     g->seg_lead = lead;
     g->seg_len++;
     g->seg_alpha += cls >> 1;

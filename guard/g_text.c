@@ -8,7 +8,10 @@
  * character is a word of its own. A segment ends at a newline, at a space after . ! ?, or
  * at a CJK stop. Runs of ASCII letters and digits, most of the text, are hashed in a loop of
  * their own (alnum_run); every other byte goes through words_step and lines_step. A token
- * goes byte after byte through the same steps from guard.c's short path (g_short.h). */
+ * goes byte after byte through the same steps from guard.c's short path (g_short.h). A
+ * segment's hash takes each word's hash (case folded) when the word ends and every other
+ * byte as it comes: one hash per byte of a word, not two (byte after byte when no detector
+ * keeps words). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,19 +22,17 @@
  * whole-file pass (9 % more instructions there). */
 #define TEXT_STEP __attribute__((always_inline))
 
-/* Byte classes for judging whether a segment is prose. */
-enum { BC_LETTER = 1, BC_CODE = 2 };
+/* Is the ASCII byte c a code character (= ; < > @ [ \ ] _ ` { | }), for judging whether a
+ * segment is prose? Two 64-bit masks. */
 #define BIT(c) (1ull << ((c)&63))
-static inline unsigned char byte_class(unsigned char c)
+static inline bool is_code(unsigned char c)
 {
-    /* Code characters as two 64-bit masks: = ; < > and @ [ \ ] _ ` { | }. */
     static const uint64_t code[2] = {
         BIT(';') | BIT('<') | BIT('=') | BIT('>'),
         BIT('@') | BIT('[') | BIT('\\') | BIT(']') | BIT('_') | BIT('`') | BIT('{') | BIT('|') |
             BIT('}'),
     };
-    if (((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c >= 0x80) return BC_LETTER;
-    return c < 0x80 && (code[c >> 6] >> (c & 63) & 1) ? BC_CODE : 0;
+    return code[c >> 6 & 1] >> (c & 63) & 1;
 }
 #undef BIT
 
@@ -161,10 +162,14 @@ TEXT_STEP static inline bool lines_step(guard *g, unsigned char b, uint64_t pos,
         g->p->lines.template_run && guard_template_item(g, g->line_start, pos, pos + 1))
         return true;
     seg_add(g, b, pos);
-    unsigned char bc = byte_class(b);
-    g->seg_alpha += bc == BC_LETTER;
-    g->seg_code += bc == BC_CODE;
-    g->seg_wide += b >= 0x80;
+    /* b is no ASCII letter or digit (alnum_run and guard_text_alnum take those): an ASCII
+     * byte here is a letter never, a code character maybe; any other byte is a letter. */
+    if (b < 0x80) {
+        g->seg_code += is_code(b);
+        return false;
+    }
+    g->seg_alpha++;
+    g->seg_wide++;
     /* CJK sentence ends: 。 (E3 80 82), ！ (EF BC 81), ？ (EF BC 9F). */
     if ((p2 == 0xE3 && p1 == 0x80 && b == 0x82) ||
         (p2 == 0xEF && p1 == 0xBC && (b == 0x81 || b == 0x9F)))
@@ -198,6 +203,8 @@ static inline void word_end(guard *g, bool quick)
         g->sw[g->nsw].alpha = g->w_alpha;
         g->nsw++;
     }
+    /* The segment's hash takes the word's, but a number that opens it ("7. X" is "8. X"). */
+    if (!g->seg_lead) g->seg_hash = (g->seg_hash ^ g->w_hash) * 0x100000001B3ull;
     g->w_len = 0;
     g->w_hash = 0xCBF29CE484222325ull;
 }
@@ -269,13 +276,13 @@ const unsigned char guard_alnum_class[256] = {
     ['0' ... '9'] = 1, ['A' ... 'Z'] = 2, ['a' ... 'z'] = 2};
 
 /* The most common bytes, a run of ASCII letters and digits from s[i] (offset fed0 + i) up
- * to lim: does exactly what words_step and lines_step do with each of them, with the two
- * hashes in registers. One loop finds the run's end and hashes it: most runs are words of a
+ * to lim: does exactly what words_step and lines_step do with each of them, with the word's
+ * hash (or without words, the segment's) in a register. One loop finds the run's end and hashes it: most runs are words of a
  * few letters, where finding the end 16 bytes at a time first, then hashing, cost a second
  * loop and its mispredicted exit per word, and more instructions than they saved. Returns
  * the index past the run. */
-static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, uint64_t fed0,
-                        bool words)
+TEXT_STEP static inline size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim,
+                                         uint64_t fed0, bool words)
 {
     guard_text_run_start(g, s[i], fed0 + i, words);
     uint64_t wh = g->w_hash, sh = g->seg_hash;
@@ -288,8 +295,10 @@ static size_t alnum_run(guard *g, const unsigned char *s, size_t i, size_t lim, 
     }
     for (unsigned c; j < lim && (c = guard_alnum_class[s[j]]); j++) {
         letters += c >> 1;
-        wh = guard_fnv(wh, s[j] | 0x20); /* lower case; digits have that bit already */
-        sh = guard_fnv(sh, s[j]);
+        if (words) /* the segment takes the word's hash when it ends (word_end) */
+            wh = guard_fnv(wh, s[j] | 0x20); /* lower case; digits have that bit already */
+        else
+            sh = guard_fnv(sh, s[j]);
     }
     uint32_t run = (uint32_t)(j - i);
     if (words) {
@@ -331,9 +340,21 @@ RARE_PATH static bool text_other_full(guard *g, unsigned char b, uint64_t pos, b
     return text_other(g, b, pos, words, false);
 }
 
+/* Is c a blank: a space, a tab or a CR? */
+static inline bool is_blank(unsigned char c)
+{
+    return c == ' ' || c == '\t' || c == '\r';
+}
+
 /* text_other out of line, for guard.c's short path (g_short.h). */
 bool guard_text_other(guard *g, unsigned char b, uint64_t pos, bool words)
 {
+    /* A blank after a blank changes nothing but prev and prev2 (see text_pass). */
+    if (is_blank(b) && is_blank(g->prev)) {
+        g->prev2 = g->prev;
+        g->prev = b;
+        return false;
+    }
     if (!text_quick(g, b, words)) return text_other_full(g, b, pos, words);
     return text_other(g, b, pos, words, true);
 }
@@ -346,12 +367,41 @@ static size_t text_pass(guard *g, size_t lim, uint64_t fed0)
     const unsigned char *s = g->buf + (size_t)(fed0 - g->base);
     size_t i = 0;
     while (i < lim) {
-        if (guard_alnum_class[s[i]]) {
-            i = alnum_run(g, s, i, lim, fed0, words);
-            continue;
+        unsigned char b = s[i];
+        if (guard_alnum_class[b]) {
+            /* Two copies of the run's loop, words kept or not: no test of `words` per byte. */
+            i = words ? alnum_run(g, s, i, lim, fed0, true) : alnum_run(g, s, i, lim, fed0, false);
+            /* A space after a word that ends in a letter (most spaces): what text_other does
+             * with it, with nothing to test but room in the word list: the word ends, the
+             * gap is set (the run joined the segment), no digit or '.' precedes it. */
+            if (i == lim || s[i] != ' ' || guard_alnum_class[s[i - 1]] != 2 ||
+                (words && g->nsw == g->sw_cap))
+                continue;
+            if (words) {
+                g->cp_need = 0;
+                word_end(g, true);
+            }
+            g->seg_gap = true;
+            g->prev2 = s[i - 1];
+            g->prev = ' ';
+            b = s[i++];
+        } else {
+            if (text_other(g, b, fed0 + i, words, false)) return i;
+            i++;
         }
-        if (text_other(g, s[i], fed0 + i, words, false)) return i;
-        i++;
+        /* After a blank (space, tab, CR) the next blanks change nothing but prev and prev2:
+         * no word is open, the gap is set already (or the segment just ended), and no digit
+         * or '.' precedes them. Indentation, a sixth of a source file, is skipped so. */
+        if (is_blank(b)) {
+            size_t j = i;
+            while (j < lim && is_blank(s[j]))
+                j++;
+            if (j > i) {
+                g->prev2 = s[j - 2];
+                g->prev = s[j - 1];
+                i = j;
+            }
+        }
     }
     return lim;
 }
