@@ -219,18 +219,30 @@ static void test_lenient_as_libcurl(void **state)
     }
 }
 
+/* One call of upbody_next on s[0..n): what it took and the run it gave. */
+typedef struct step {
+    ssize_t k;
+    const char *data;
+    size_t len;
+} step;
+
+static step next(upbody *dec, const char *s, size_t n)
+{
+    step r = {0};
+    r.k = upbody_next(dec, s, n, &r.data, &r.len);
+    return r;
+}
+
 /* The largest sizes that are allowed: 16 digits, INT64_MAX. */
 static void test_large_size_allowed(void **state)
 {
     (void)state;
     upbody dec = {0};
-    const char *data;
-    size_t len;
     const char *s = "7fffffffffffffff\r\nab";
-    ssize_t k = upbody_next(&dec, s, strlen(s), &data, &len);
-    assert_int_equal(k, (ssize_t)strlen(s));
-    assert_int_equal(len, 2);
-    assert_memory_equal(data, "ab", 2);
+    step r = next(&dec, s, strlen(s));
+    assert_int_equal(r.k, (ssize_t)strlen(s));
+    assert_int_equal(r.len, 2);
+    assert_memory_equal(r.data, "ab", 2);
 }
 
 /* A run that ends its chunk takes the CR LF after it along, not the next size line. */
@@ -238,24 +250,22 @@ static void test_run_takes_its_crlf(void **state)
 {
     (void)state;
     upbody dec = {0};
-    const char *data;
-    size_t len;
     const char *s = "5\r\nhello\r\n3\r\nabc";
-    ssize_t k = upbody_next(&dec, s, strlen(s), &data, &len);
-    assert_int_equal(k, 10);
-    assert_int_equal(len, 5);
-    assert_ptr_equal(data, s + 3);
-    k = upbody_next(&dec, s + 10, strlen(s) - 10, &data, &len);
-    assert_int_equal(k, (ssize_t)strlen(s) - 10);
-    assert_int_equal(len, 3);
-    assert_memory_equal(data, "abc", 3);
+    step r = next(&dec, s, strlen(s));
+    assert_int_equal(r.k, 10);
+    assert_int_equal(r.len, 5);
+    assert_ptr_equal(r.data, s + 3);
+    r = next(&dec, s + 10, strlen(s) - 10);
+    assert_int_equal(r.k, (ssize_t)strlen(s) - 10);
+    assert_int_equal(r.len, 3);
+    assert_memory_equal(r.data, "abc", 3);
     /* a byte other than CR or LF after the data is left for the next call, which refuses it */
     upbody bad = {0};
     const char *t = "2\r\nab\rX";
-    k = upbody_next(&bad, t, strlen(t), &data, &len);
-    assert_int_equal(k, 6);
-    assert_int_equal(len, 2);
-    assert_int_equal(upbody_next(&bad, t + 6, 1, &data, &len), UPBODY_BAD);
+    r = next(&bad, t, strlen(t));
+    assert_int_equal(r.k, 6);
+    assert_int_equal(r.len, 2);
+    assert_int_equal(next(&bad, t + 6, 1).k, UPBODY_BAD);
 }
 
 int main(void)
