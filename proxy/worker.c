@@ -501,17 +501,23 @@ static size_t whole_pages(const char *buf, size_t n, uintptr_t *lo, uintptr_t *h
  * before then takes its range out unreleased (unqueue_release). */
 #define RELEASE_WAIT_NS (10ull * 1000 * 1000)
 
-static int self_pidfd = -1; /* this process, for process_madvise; -1 when not available */
+/* This process, for process_madvise: opened once, kept for the process's life; -1 when
+ * pidfd_open is not available. Set to -1 again by the first worker that sees the kernel
+ * refuse MADV_DONTNEED through process_madvise (EINVAL: an older kernel, which allows only
+ * a few advice values there; ENOSYS, EPERM: not built in, or a seccomp filter), so that
+ * such a kernel pays the failed call once, not once per batch. The descriptor is then left
+ * open, unused. */
+static _Atomic int self_pidfd = -1;
 static pthread_once_t self_pidfd_once = PTHREAD_ONCE_INIT;
 
 static void open_self_pidfd(void)
 {
-    self_pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+    atomic_store(&self_pidfd, (int)syscall(SYS_pidfd_open, getpid(), 0));
 }
 
 /* iov[0..n) go back now: in one process_madvise, or (a kernel without it for
- * MADV_DONTNEED, before 6.x) one madvise each. MADV_DONTNEED on private anonymous memory
- * (the heap) makes the pages read as zeros when next touched. */
+ * MADV_DONTNEED) one madvise each. MADV_DONTNEED on private anonymous memory (the heap)
+ * makes the pages read as zeros when next touched. */
 static void give_back(const struct iovec *iov, size_t n)
 {
     size_t total = 0;
@@ -519,9 +525,13 @@ static void give_back(const struct iovec *iov, size_t n)
         total += iov[i].iov_len;
     if (!n) return;
     pthread_once(&self_pidfd_once, open_self_pidfd);
-    if (self_pidfd >= 0 &&
-        syscall(SYS_process_madvise, self_pidfd, iov, n, MADV_DONTNEED, 0) == (long)total)
-        return;
+    int pidfd = atomic_load(&self_pidfd);
+    if (pidfd >= 0) {
+        long done = syscall(SYS_process_madvise, pidfd, iov, n, MADV_DONTNEED, 0);
+        if (done == (long)total) return;
+        if (done < 0 && (errno == EINVAL || errno == ENOSYS || errno == EPERM))
+            atomic_store(&self_pidfd, -1);
+    }
     for (size_t i = 0; i < n; i++) /* again where a part went back: it reads zeros anyway */
         (void)madvise(iov[i].iov_base, iov[i].iov_len, MADV_DONTNEED);
 }
