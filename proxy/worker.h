@@ -304,12 +304,14 @@ void worker_output(lg_req *r);
  * socket does not take is kept and sent before anything else. A client that is gone is
  * handled as a hang-up. */
 void worker_write_chunk(lg_req *r, const char *p, size_t n);
-/* A libcurl easy handle: a kept one, which still has the options of its last transfer
- * except CURLOPT_CURLU (worker_easy_put clears it), or a new one with libcurl's defaults.
- * So a caller sets every option its transfers use, every time (the exchange's attempts, the
- * only users, all set the same list), and the kept handle skips curl_easy_reset's rebuild of
+/* A libcurl easy handle: a kept one (*fresh false), which still has the options of its
+ * last transfer except CURLOPT_CURLU (worker_easy_put clears it), or a new one (*fresh
+ * true) with libcurl's defaults and the worker's own options (its sockets and proxy, which
+ * worker_add_xfer would set). So a caller sets every option that differs between its
+ * transfers every time, and the rest when the handle is fresh (the exchange's attempts, the
+ * only users, all set the same list); the kept handle skips curl_easy_reset's rebuild of
  * libcurl's whole option set. Aborts when libcurl cannot allocate a handle. */
-CURL *worker_easy_get(lg_worker *w);
+CURL *worker_easy_get(lg_worker *w, bool *fresh);
 /* Takes back a handle from worker_easy_get that is not on the multi handle (removed, or
  * never added): kept for the next transfer, or cleaned up when enough are kept. */
 void worker_easy_put(lg_worker *w, CURL *easy);
@@ -327,8 +329,11 @@ void worker_guard_put(lg_worker *w, guard *g);
  * instructions per transfer). NULL when `url` does not parse or the worker keeps
  * WORKER_URLS already: the transfer then gives libcurl the string alone. */
 CURLU *worker_upstream_url(lg_worker *w, const char *url);
-/* Adds/removes a libcurl easy handle on the worker's multi handle. */
+/* Adds/removes a libcurl easy handle on the worker's multi handle: worker_add_xfer a
+ * caller's own handle, given the worker's options first; worker_add_kept_xfer one from
+ * worker_easy_get, which has them. */
 int worker_add_xfer(lg_worker *w, CURL *easy);
+int worker_add_kept_xfer(lg_worker *w, CURL *easy);
 void worker_remove_xfer(lg_worker *w, CURL *easy);
 /* From x's header callback, once the final head of its response is complete: when
  * `take_body` (the caller's own conditions hold: a response whose body goes to x->body
