@@ -600,7 +600,7 @@ static void start_attempt(exchange *ex)
         curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
         curl_easy_setopt(e, CURLOPT_HTTP_CONTENT_DECODING, 0L);
     }
-    if (worker_add_kept_xfer(w, e) != 0) {
+    if ((fresh ? worker_add_xfer(w, e) : worker_add_kept_xfer(w, e)) != 0) {
         stop_transfer(ex);
         attempt_failed(ex, CURLE_FAILED_INIT);
     }
