@@ -573,8 +573,10 @@ static void start_attempt(exchange *ex)
      * its smallest buffer does. Other upstreams' buffers follow the reads (upread.h). */
     ex->at.rbuf = strncasecmp(url, "http://", 7) == 0 ? UPREAD_HEAD : upread_take();
     ex->at.headers = http_upstream_headers(ex->base.conn, true);
-    /* Every option, unconditionally: a kept handle still has the last attempt's. */
-    CURL *e = ex->at.easy = worker_easy_get(w);
+    /* Every option that differs between attempts, every time: a kept handle still has the
+     * last attempt's (worker_easy_get); the others once, on a fresh handle. */
+    bool fresh;
+    CURL *e = ex->at.easy = worker_easy_get(w, &fresh);
     curl_easy_setopt(e, CURLOPT_URL, url); /* libcurl keeps a copy */
     /* The same URL parsed once (or NULL: libcurl parses the string); the string stays
      * libcurl's record of the URL (a retry on a fresh connection reads it). */
@@ -584,19 +586,21 @@ static void start_attempt(exchange *ex)
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, ex->at.headers);
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, ex->at.up_body);
     curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(ex->at.up_body));
-    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, ex_on_header);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, ex);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, ex_on_write);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, ex);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    /* The connect timeout is ex_tick's: libcurl would keep its timer armed for the whole
-     * transfer, and with it every transfer younger than connect_ms in its timer tree,
-     * which each read re-sorts (3 % of the CPU at 1,000 paced streams). */
-    curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, ex);
-    curl_easy_setopt(e, CURLOPT_HTTP_CONTENT_DECODING, 0L);
     curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)ex->at.rbuf);
-    if (worker_add_xfer(w, e) != 0) {
+    if (fresh) {
+        curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, ex_on_header);
+        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, ex_on_write);
+        curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+        /* The connect timeout is ex_tick's: libcurl would keep its timer armed for the
+         * whole transfer, and with it every transfer younger than connect_ms in its timer
+         * tree, which each read re-sorts (3 % of the CPU at 1,000 paced streams). */
+        curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
+        curl_easy_setopt(e, CURLOPT_HTTP_CONTENT_DECODING, 0L);
+    }
+    if ((fresh ? worker_add_xfer(w, e) : worker_add_kept_xfer(w, e)) != 0) {
         stop_transfer(ex);
         attempt_failed(ex, CURLE_FAILED_INIT);
     }

@@ -1505,10 +1505,11 @@ static void drain_curl_messages(lg_worker *w)
 /* A transfer's handle is reused rather than made anew: curl_easy_init allocates and sets
  * up about 5 KiB, and the first transfer on it its read buffer; a kept handle has both.
  * A kept handle keeps its last transfer's options (no curl_easy_reset): the contract in
- * worker.h says its users set every option they use. */
-CURL *worker_easy_get(lg_worker *w)
+ * worker.h says which ones its users set again. */
+CURL *worker_easy_get(lg_worker *w, bool *fresh)
 {
-    return w->n_spare ? w->spare[--w->n_spare] : lg_xcheck(curl_easy_init());
+    *fresh = w->n_spare == 0;
+    return *fresh ? lg_xcheck(curl_easy_init()) : w->spare[--w->n_spare];
 }
 
 void worker_easy_put(lg_worker *w, CURL *easy)
@@ -1581,15 +1582,19 @@ static bool proxy_env_set(void)
 }
 
 /* Every transfer of the worker's multi handle opens and closes its sockets through the
- * worker (see on_curl_open), and takes its proxy as above. */
-static CURLMcode add_xfer(lg_worker *w, CURL *easy)
+ * worker (see on_curl_open), and takes its proxy as above. A kept handle (worker_easy_get)
+ * has these options from its first transfer: they are set on the others only (two are
+ * strings, which libcurl copies at each setting). */
+static CURLMcode add_xfer(lg_worker *w, CURL *easy, bool kept)
 {
-    curl_easy_setopt(easy, CURLOPT_PROXY, w->proxy_env ? NULL : "");
-    curl_easy_setopt(easy, CURLOPT_NOPROXY, w->proxy_env ? NULL : "");
-    curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, on_curl_open);
-    curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, w);
-    curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, on_curl_close);
-    curl_easy_setopt(easy, CURLOPT_CLOSESOCKETDATA, w);
+    if (!kept) {
+        curl_easy_setopt(easy, CURLOPT_PROXY, w->proxy_env ? NULL : "");
+        curl_easy_setopt(easy, CURLOPT_NOPROXY, w->proxy_env ? NULL : "");
+        curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, on_curl_open);
+        curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, w);
+        curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, on_curl_close);
+        curl_easy_setopt(easy, CURLOPT_CLOSESOCKETDATA, w);
+    }
     CURLMcode rc = curl_multi_add_handle(w->multi, easy);
     if (rc == CURLM_OK) w->curl_alive++;
     return rc;
@@ -1597,7 +1602,12 @@ static CURLMcode add_xfer(lg_worker *w, CURL *easy)
 
 int worker_add_xfer(lg_worker *w, CURL *easy)
 {
-    return add_xfer(w, easy) == CURLM_OK ? 0 : -1;
+    return add_xfer(w, easy, false) == CURLM_OK ? 0 : -1;
+}
+
+int worker_add_kept_xfer(lg_worker *w, CURL *easy)
+{
+    return add_xfer(w, easy, true) == CURLM_OK ? 0 : -1;
 }
 
 void worker_remove_xfer(lg_worker *w, CURL *easy)
@@ -1669,7 +1679,7 @@ void worker_post_detached(lg_worker *w, const char *url, const char *json)
     d->next = w->detached;
     if (w->detached) w->detached->prev = d;
     w->detached = d;
-    if (add_xfer(w, d->easy) != CURLM_OK) detached_free(d);
+    if (add_xfer(w, d->easy, false) != CURLM_OK) detached_free(d);
 }
 
 /* ---- the loop ---------------------------------------------------------------------- */

@@ -305,11 +305,13 @@ void worker_output(lg_req *r);
  * handled as a hang-up. */
 void worker_write_chunk(lg_req *r, const char *p, size_t n);
 /* A libcurl easy handle: a kept one, which still has the options of its last transfer
- * except CURLOPT_CURLU (worker_easy_put clears it), or a new one with libcurl's defaults.
- * So a caller sets every option its transfers use, every time (the exchange's attempts, the
- * only users, all set the same list), and the kept handle skips curl_easy_reset's rebuild of
- * libcurl's whole option set. Aborts when libcurl cannot allocate a handle. */
-CURL *worker_easy_get(lg_worker *w);
+ * except CURLOPT_CURLU (worker_easy_put clears it), or a new one with libcurl's defaults
+ * (*fresh). So a caller sets the options that differ between its transfers every time and
+ * the others on a fresh handle, which it adds with worker_add_xfer, a kept one with
+ * worker_add_kept_xfer (the exchange's attempts, the only users, all set the same list);
+ * the kept handle skips curl_easy_reset's rebuild of libcurl's whole option set. Aborts
+ * when libcurl cannot allocate a handle. */
+CURL *worker_easy_get(lg_worker *w, bool *fresh);
 /* Takes back a handle from worker_easy_get that is not on the multi handle (removed, or
  * never added): kept for the next transfer, or cleaned up when enough are kept. */
 void worker_easy_put(lg_worker *w, CURL *easy);
@@ -327,8 +329,11 @@ void worker_guard_put(lg_worker *w, guard *g);
  * instructions per transfer). NULL when `url` does not parse or the worker keeps
  * WORKER_URLS already: the transfer then gives libcurl the string alone. */
 CURLU *worker_upstream_url(lg_worker *w, const char *url);
-/* Adds/removes a libcurl easy handle on the worker's multi handle. */
+/* Adds/removes a libcurl easy handle on the worker's multi handle: worker_add_xfer gives
+ * it the worker's own options first (its sockets, its proxy), which a kept handle from
+ * worker_easy_get has already (worker_add_kept_xfer). */
 int worker_add_xfer(lg_worker *w, CURL *easy);
+int worker_add_kept_xfer(lg_worker *w, CURL *easy);
 void worker_remove_xfer(lg_worker *w, CURL *easy);
 /* From x's header callback, once the final head of its response is complete: when
  * `take_body` (the caller's own conditions hold: a response whose body goes to x->body
