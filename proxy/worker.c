@@ -1775,6 +1775,33 @@ static void resume_all(lg_worker *w)
     }
 }
 
+/* A batch's client input runs before its upstream reads. The daemons' events (TAG_MHD: new
+ * connections, new requests, a keep-alive client's next request) mark their shards ready and
+ * are taken out of the batch (tag 0: no event); the daemons then run, with libcurl's "now"
+ * action (run_pending), so a request read in this batch goes upstream before the batch's
+ * token reads, each of which costs a token's way through the guard and out (~25-30 us; a
+ * batch holds up to MAX_EVENTS). Taken in the batch's order instead, a request waited for
+ * its place behind the reads, which made loopguard's added time to first token at 1,000
+ * paced streams several times nginx's while its added latency per event was not
+ * (tests/bench/HISTORY.md, issue 28). A token read later in the batch waits behind the
+ * batch's requests instead, which are few (one per stream every ~60 tokens). What the
+ * daemons see of a connection is the same either way: a client's hang-up during its request
+ * reaches the worker's own watch (TAG_CLIENT, below), and an event of the batch that names a
+ * connection the daemons closed meanwhile finds its slot changed (client_slot). */
+static void requests_first(lg_worker *w, struct epoll_event *evs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        uint64_t d = evs[i].data.u64;
+        if ((unsigned)(d >> 56) != TAG_MHD) continue;
+        lg_shard *s = &w->shards[(d >> 32) & 0xffffff];
+        s->ready = s->reported = true;
+        w->mhd_dirty = true;
+        evs[i].data.u64 = 0;
+    }
+    run_pending(w);
+    flush_all(w);
+}
+
 static void *worker_main(void *arg)
 {
     lg_worker *w = arg;
@@ -1816,17 +1843,13 @@ static void *worker_main(void *arg)
             if ((unsigned)(evs[i].data.u64 >> 56) == TAG_CURL_SOCK &&
                 curl_unpark(w, (int)(uint32_t)evs[i].data.u64))
                 evs[i].data.u64 = 0;
+        requests_first(w, evs, n);
         for (int i = 0; i < n; i++) {
             uint64_t d = evs[i].data.u64;
             unsigned tag = (unsigned)(d >> 56);
             int fd = (int)(uint32_t)d;
             uint64_t buf;
-            switch (tag) {
-            case TAG_MHD:
-                w->shards[(d >> 32) & 0xffffff].ready = true;
-                w->shards[(d >> 32) & 0xffffff].reported = true;
-                w->mhd_dirty = true;
-                break;
+            switch (tag) { /* TAG_MHD: requests_first */
             case TAG_CURL_TIMER:
                 if (read(w->curl_timerfd, &buf, sizeof buf) < 0 && errno != EAGAIN)
                     perror("loopguard: timerfd read");
@@ -1872,8 +1895,8 @@ static void *worker_main(void *arg)
             drain_curl_messages(w);
             flush_all(w); /* each event's tokens leave now, not at the end of the batch */
             /* And what the event made due runs now too, in the order the events came: a
-             * request libmicrohttpd reads goes upstream, a response head or a stream's end
-             * reaches the client, without waiting behind the rest of the batch. */
+             * response head or a stream's end reaches the client without waiting behind the
+             * rest of the batch. */
             if (w->mhd_dirty || w->curl_due) {
                 run_pending(w);
                 flush_all(w);
