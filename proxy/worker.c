@@ -36,8 +36,9 @@
 
 enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT };
 
-#define TICK_NS    (250ull * 1000 * 1000)
-#define MAX_EVENTS 256
+#define TICK_NS        (250ull * 1000 * 1000)
+#define MAX_EVENTS     256
+#define REQUESTS_EVERY 64 /* events of a batch between two looks for client input */
 
 /* A client socket the worker watches (fd map entry). The watch belongs to the connection,
  * not to a request: it is registered for the connection's first request and stays
@@ -1775,6 +1776,13 @@ static void resume_all(lg_worker *w)
     }
 }
 
+/* Shard s's set is readable: its daemon runs in this pass (run_mhd). */
+static void shard_reported(lg_worker *w, size_t s)
+{
+    w->shards[s].ready = w->shards[s].reported = true;
+    w->mhd_dirty = true;
+}
+
 /* A batch's client input runs before its upstream reads. The daemons' events (TAG_MHD: new
  * connections, new requests, a keep-alive client's next request) mark their shards ready and
  * are taken out of the batch (tag 0: no event); the daemons then run, with libcurl's "now"
@@ -1793,11 +1801,26 @@ static void requests_first(lg_worker *w, struct epoll_event *evs, int n)
     for (int i = 0; i < n; i++) {
         uint64_t d = evs[i].data.u64;
         if ((unsigned)(d >> 56) != TAG_MHD) continue;
-        lg_shard *s = &w->shards[(d >> 32) & 0xffffff];
-        s->ready = s->reported = true;
-        w->mhd_dirty = true;
+        shard_reported(w, (d >> 32) & 0xffffff);
         evs[i].data.u64 = 0;
     }
+    run_pending(w);
+    flush_all(w);
+}
+
+/* Client input that came during a long batch: every REQUESTS_EVERY events the worker looks
+ * into the shards' sets (one zero-timeout epoll_wait of shards_epfd, which holds them and
+ * nothing else) and runs the daemons whose set is readable, as requests_first does, so a
+ * request that arrives mid-batch waits for at most that many token reads rather than for
+ * the rest of the batch. Small batches (the usual case at a paced load) never look. The
+ * worker's own set still holds the shards' sets (level-triggered): a set the daemon has
+ * emptied here is not reported by the next epoll_wait, one with work left is. */
+static void requests_between(lg_worker *w)
+{
+    struct epoll_event evs[WORKER_SHARDS];
+    int n = epoll_pwait(w->shards_epfd, evs, WORKER_SHARDS, 0, NULL);
+    for (int i = 0; i < n; i++)
+        shard_reported(w, evs[i].data.u32);
     run_pending(w);
     flush_all(w);
 }
@@ -1845,6 +1868,7 @@ static void *worker_main(void *arg)
                 evs[i].data.u64 = 0;
         requests_first(w, evs, n);
         for (int i = 0; i < n; i++) {
+            if (i && i % REQUESTS_EVERY == 0) requests_between(w);
             uint64_t d = evs[i].data.u64;
             unsigned tag = (unsigned)(d >> 56);
             int fd = (int)(uint32_t)d;
@@ -1965,7 +1989,9 @@ static int shard_start(lg_worker *w, size_t i, int fd, unsigned limit, char *err
     w->n_shards = i + 1;
     /* The daemon's own epoll fd, watched by the worker's; the tag carries the shard. */
     int epfd = s->epfd = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD)->epoll_fd;
-    if (ep_ctl(w, EPOLL_CTL_ADD, epfd, EPOLLIN, ev_pack(TAG_MHD, (uint32_t)i, epfd))) {
+    struct epoll_event alone = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
+    if (ep_ctl(w, EPOLL_CTL_ADD, epfd, EPOLLIN, ev_pack(TAG_MHD, (uint32_t)i, epfd)) ||
+        epoll_ctl(w->shards_epfd, EPOLL_CTL_ADD, epfd, &alone)) {
         snprintf(err, errlen, "worker %d: epoll_ctl: %s", w->id, strerror(errno));
         return -1;
     }
@@ -1983,6 +2009,7 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
     w->live.prev = w->live.next = &w->live;
     w->graveyard.prev = w->graveyard.next = &w->graveyard;
     w->epfd = epoll_create1(EPOLL_CLOEXEC);
+    w->shards_epfd = epoll_create1(EPOLL_CLOEXEC);
     w->curl_timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     w->fdmap_len = cfg->rlimit_nofile ? cfg->rlimit_nofile : 65536;
@@ -1992,8 +2019,8 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
     w->body_buf = malloc(BODY_READ);
     w->mhd_conns = calloc(w->fdmap_len, sizeof *w->mhd_conns);
     w->metrics = metrics_new(srv->cfg->n_upstreams);
-    if (w->epfd < 0 || w->curl_timerfd < 0 || w->wake_fd < 0 || !w->fdmap || !w->curl_fds ||
-        !w->mhd_conns || !w->up_xfers || !w->body_buf) {
+    if (w->epfd < 0 || w->shards_epfd < 0 || w->curl_timerfd < 0 || w->wake_fd < 0 || !w->fdmap ||
+        !w->curl_fds || !w->mhd_conns || !w->up_xfers || !w->body_buf) {
         snprintf(err, errlen, "worker %d: %s", id, strerror(errno));
         goto fail;
     }
@@ -2069,6 +2096,7 @@ void worker_free(lg_worker *w)
     }
     if (w->multi) curl_multi_cleanup(w->multi);
     if (w->epfd >= 0) close(w->epfd);
+    if (w->shards_epfd >= 0) close(w->shards_epfd);
     if (w->curl_timerfd >= 0) close(w->curl_timerfd);
     if (w->wake_fd >= 0) close(w->wake_fd);
     metrics_free(w->metrics);
