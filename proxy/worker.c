@@ -1787,7 +1787,7 @@ static void shard_reported(lg_worker *w, size_t s)
  * connections, new requests, a keep-alive client's next request) mark their shards ready and
  * are taken out of the batch (tag 0: no event); the daemons then run, with libcurl's "now"
  * action (run_pending), so a request read in this batch goes upstream before the batch's
- * token reads, each of which costs a token's way through the guard and out (~25-30 us; a
+ * token reads, each of which costs a token's way through the guard and out (~15-30 us; a
  * batch holds up to MAX_EVENTS). Taken in the batch's order instead, a request waited for
  * its place behind the reads, which made loopguard's added time to first token at 1,000
  * paced streams several times nginx's while its added latency per event was not
