@@ -36,8 +36,9 @@
 
 enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT };
 
-#define TICK_NS    (250ull * 1000 * 1000)
-#define MAX_EVENTS 256
+#define TICK_NS        (250ull * 1000 * 1000)
+#define MAX_EVENTS     256
+#define REQUESTS_EVERY 64 /* events of a batch between two looks for client input */
 
 /* A client socket the worker watches (fd map entry). The watch belongs to the connection,
  * not to a request: it is registered for the connection's first request and stays
@@ -1795,6 +1796,55 @@ static void resume_all(lg_worker *w)
     }
 }
 
+/* Shard s's set is readable: its daemon runs in this pass (run_mhd). */
+static void shard_reported(lg_worker *w, size_t s)
+{
+    w->shards[s].ready = w->shards[s].reported = true;
+    w->mhd_dirty = true;
+}
+
+/* A batch's client input runs before its upstream reads. The daemons' events (TAG_MHD: new
+ * connections, new requests, a keep-alive client's next request) mark their shards ready and
+ * are taken out of the batch (tag 0: no event); the daemons then run, with libcurl's "now"
+ * action (run_pending), so a request read in this batch goes upstream before the batch's
+ * token reads, each of which costs a token's way through the guard and out (~15-30 us; a
+ * batch holds up to MAX_EVENTS). Taken in the batch's order instead, a request waited for
+ * its place behind the reads, which made loopguard's added time to first token at 1,000
+ * paced streams several times nginx's while its added latency per event was not
+ * (tests/bench/HISTORY.md, issue 28). A token read later in the batch waits behind the
+ * batch's requests instead, which are few (one per stream every ~60 tokens). What the
+ * daemons see of a connection is the same either way: a client's hang-up during its request
+ * reaches the worker's own watch (TAG_CLIENT, below), and an event of the batch that names a
+ * connection the daemons closed meanwhile finds its slot changed (client_slot). */
+static void requests_first(lg_worker *w, struct epoll_event *evs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        uint64_t d = evs[i].data.u64;
+        if ((unsigned)(d >> 56) != TAG_MHD) continue;
+        shard_reported(w, (d >> 32) & 0xffffff);
+        evs[i].data.u64 = 0;
+    }
+    run_pending(w);
+    flush_all(w);
+}
+
+/* Client input that came during a long batch: every REQUESTS_EVERY events the worker looks
+ * into the shards' sets (one zero-timeout epoll_wait of shards_epfd, which holds them and
+ * nothing else) and runs the daemons whose set is readable, as requests_first does, so a
+ * request that arrives mid-batch waits for at most that many token reads rather than for
+ * the rest of the batch. Small batches (the usual case at a paced load) never look. The
+ * worker's own set still holds the shards' sets (level-triggered): a set the daemon has
+ * emptied here is not reported by the next epoll_wait, one with work left is. */
+static void requests_between(lg_worker *w)
+{
+    struct epoll_event evs[WORKER_SHARDS];
+    int n = epoll_pwait(w->shards_epfd, evs, WORKER_SHARDS, 0, NULL);
+    for (int i = 0; i < n; i++)
+        shard_reported(w, evs[i].data.u32);
+    run_pending(w);
+    flush_all(w);
+}
+
 static void *worker_main(void *arg)
 {
     lg_worker *w = arg;
@@ -1836,17 +1886,14 @@ static void *worker_main(void *arg)
             if ((unsigned)(evs[i].data.u64 >> 56) == TAG_CURL_SOCK &&
                 curl_unpark(w, (int)(uint32_t)evs[i].data.u64))
                 evs[i].data.u64 = 0;
+        requests_first(w, evs, n);
         for (int i = 0; i < n; i++) {
+            if (i && i % REQUESTS_EVERY == 0) requests_between(w);
             uint64_t d = evs[i].data.u64;
             unsigned tag = (unsigned)(d >> 56);
             int fd = (int)(uint32_t)d;
             uint64_t buf;
-            switch (tag) {
-            case TAG_MHD:
-                w->shards[(d >> 32) & 0xffffff].ready = true;
-                w->shards[(d >> 32) & 0xffffff].reported = true;
-                w->mhd_dirty = true;
-                break;
+            switch (tag) { /* TAG_MHD: requests_first */
             case TAG_CURL_TIMER:
                 if (read(w->curl_timerfd, &buf, sizeof buf) < 0 && errno != EAGAIN)
                     perror("loopguard: timerfd read");
@@ -1892,8 +1939,8 @@ static void *worker_main(void *arg)
             drain_curl_messages(w);
             flush_all(w); /* each event's tokens leave now, not at the end of the batch */
             /* And what the event made due runs now too, in the order the events came: a
-             * request libmicrohttpd reads goes upstream, a response head or a stream's end
-             * reaches the client, without waiting behind the rest of the batch. */
+             * response head or a stream's end reaches the client without waiting behind the
+             * rest of the batch. */
             if (w->mhd_dirty || w->curl_due) {
                 run_pending(w);
                 flush_all(w);
@@ -1962,7 +2009,9 @@ static int shard_start(lg_worker *w, size_t i, int fd, unsigned limit, char *err
     w->n_shards = i + 1;
     /* The daemon's own epoll fd, watched by the worker's; the tag carries the shard. */
     int epfd = s->epfd = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD)->epoll_fd;
-    if (ep_ctl(w, EPOLL_CTL_ADD, epfd, EPOLLIN, ev_pack(TAG_MHD, (uint32_t)i, epfd))) {
+    struct epoll_event alone = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
+    if (ep_ctl(w, EPOLL_CTL_ADD, epfd, EPOLLIN, ev_pack(TAG_MHD, (uint32_t)i, epfd)) ||
+        epoll_ctl(w->shards_epfd, EPOLL_CTL_ADD, epfd, &alone)) {
         snprintf(err, errlen, "worker %d: epoll_ctl: %s", w->id, strerror(errno));
         return -1;
     }
@@ -1980,6 +2029,7 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
     w->live.prev = w->live.next = &w->live;
     w->graveyard.prev = w->graveyard.next = &w->graveyard;
     w->epfd = epoll_create1(EPOLL_CLOEXEC);
+    w->shards_epfd = epoll_create1(EPOLL_CLOEXEC);
     w->curl_timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     w->fdmap_len = cfg->rlimit_nofile ? cfg->rlimit_nofile : 65536;
@@ -1989,8 +2039,8 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
     w->body_buf = malloc(BODY_READ);
     w->mhd_conns = calloc(w->fdmap_len, sizeof *w->mhd_conns);
     w->metrics = metrics_new(srv->cfg->n_upstreams);
-    if (w->epfd < 0 || w->curl_timerfd < 0 || w->wake_fd < 0 || !w->fdmap || !w->curl_fds ||
-        !w->mhd_conns || !w->up_xfers || !w->body_buf) {
+    if (w->epfd < 0 || w->shards_epfd < 0 || w->curl_timerfd < 0 || w->wake_fd < 0 || !w->fdmap ||
+        !w->curl_fds || !w->mhd_conns || !w->up_xfers || !w->body_buf) {
         snprintf(err, errlen, "worker %d: %s", id, strerror(errno));
         goto fail;
     }
@@ -2066,6 +2116,7 @@ void worker_free(lg_worker *w)
     }
     if (w->multi) curl_multi_cleanup(w->multi);
     if (w->epfd >= 0) close(w->epfd);
+    if (w->shards_epfd >= 0) close(w->shards_epfd);
     if (w->curl_timerfd >= 0) close(w->curl_timerfd);
     if (w->wake_fd >= 0) close(w->wake_fd);
     metrics_free(w->metrics);

@@ -176,6 +176,7 @@ struct lg_worker {
     bool admin_only; /* serves only /loopguard/ on the admin listener */
     pthread_t thread;
     int epfd;
+    int shards_epfd; /* the shards' sets alone: a batch looks for client input (worker.c) */
     int curl_timerfd;
     uint64_t curl_deadline_ms; /* what the timerfd is armed for (0: not armed) */
     bool curl_due;             /* libcurl's timeout action is due ("now", or the timerfd fired) */
