@@ -187,7 +187,8 @@ static inline uint64_t cand_ready_at(const gcand *c)
 
 /* The first offset k in [from, to) with buf[k] != buf[k - period], or `to`. Every byte read
  * is in the history: from - period ≥ base, to ≤ the bytes held. */
-static uint64_t period_break(const guard *g, uint32_t period, uint64_t from, uint64_t to)
+static inline __attribute__((always_inline)) uint64_t period_break(const guard *g, uint32_t period,
+                                                                   uint64_t from, uint64_t to)
 {
     const unsigned char *s = g->buf + (from - g->base), *t = s - period;
     size_t n = (size_t)(to - from), i = 0;
