@@ -240,12 +240,11 @@ static uint64_t run_back(const guard *g, uint32_t d, uint64_t from)
 }
 
 /* The 8 bytes ending at pos also end at pos - d, inside the history (the caller compared
- * them): tracks period d, unless it is live already, when a slot is free or holds a
- * shorter run. The live candidates are those of the caller's list at pos. */
+ * them): tracks period d when a slot is free or holds a shorter run. The caller's list
+ * holds the candidates live at pos, none of period d (guard_gram_period found d is no live
+ * candidate's, and guard_repeat_event dropped the others first). */
 static void cand_add(guard *g, uint64_t pos, uint32_t d, uint64_t end)
 {
-    for (unsigned i = 0; i < g->ncand; i++)
-        if (g->cand[i].period == d) return;
     /* Measure the run by walking back from those 8 bytes: O(run), and a run only starts
      * being tracked once, so this is amortised O(1). */
     uint64_t j = run_back(g, d, pos - 8);
