@@ -119,7 +119,7 @@ static size_t nl_count(const unsigned char *u, size_t n)
 
 /* The tail length a candidate must reach once its unit's class and the fence are known;
  * `end` is the offset just past the byte being judged. */
-static uint32_t judge(const guard *g, const gcand *c, uint64_t end)
+COLD_PATH static uint32_t judge(const guard *g, const gcand *c, uint64_t end)
 {
     const guard_params *p = g->p;
     const unsigned char *u = g->buf + (end - c->period - g->base);
@@ -156,7 +156,7 @@ static uint32_t judge(const guard *g, const gcand *c, uint64_t end)
 
 /* Trips "repeat" for a tail periodic in `period` that ends at `end`: reports the smallest
  * period that divides it and where the periodic stretch began (bounded by the history). */
-static void repeat_trip(guard *g, uint32_t period, uint64_t end)
+COLD_PATH static void repeat_trip(guard *g, uint32_t period, uint64_t end)
 {
     const unsigned char *u = g->buf + (end - period - g->base);
     uint32_t q = period;
