@@ -47,8 +47,8 @@
 
 /* The ring and its buckets' heads (one block), made at the first segment (memory per
  * stream counts: a text that never ends a line or a sentence needs none); a power of two,
- * so that indexing is a mask, not a division. RARE_PATH. */
-RARE_PATH static void cycle_alloc(guard *g)
+ * so that indexing is a mask, not a division. COLD_PATH. */
+COLD_PATH static void cycle_alloc(guard *g)
 {
     for (g->cyc_mask = 1; g->cyc_mask < g->p->cycle.window; g->cyc_mask <<= 1)
         ;

@@ -15,8 +15,8 @@
 /* The window, made at the first segment: a text that never ends a line or a sentence needs
  * none. The ring is sized to a power of two so that indexing is a mask, not a division, and
  * the buckets to GUARD_SEG_BUCKETS per segment of it: they only shorten the walks, so their
- * number changes no verdict. RARE_PATH. */
-RARE_PATH static void lines_alloc(guard *g)
+ * number changes no verdict. COLD_PATH. */
+COLD_PATH static void lines_alloc(guard *g)
 {
     for (g->seg_mask = 1; g->seg_mask < g->p->lines.window; g->seg_mask <<= 1)
         ;

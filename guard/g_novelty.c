@@ -26,8 +26,8 @@
 #include "guard/guard_int.h"
 
 /* The tables, made at the segment that brings the text's third word: a text of fewer
- * than three words, or one that never ends a segment, needs none. RARE_PATH. */
-RARE_PATH static void novelty_alloc(guard *g)
+ * than three words, or one that never ends a segment, needs none. COLD_PATH. */
+COLD_PATH static void novelty_alloc(guard *g)
 {
     g->ttab = guard_xcalloc((size_t)1 << GUARD_TTAB_BITS, sizeof(*g->ttab));
     g->tri_start = guard_xcalloc(g->p->novelty.window, sizeof(*g->tri_start));
@@ -91,8 +91,8 @@ static uint64_t word_end_at(const guard *g, uint64_t start, uint64_t now)
  * asks for copies, or holds at least half the trigrams of the segment, each as written
  * from its first word to the end of its third: a product recommended in several sizes
  * copies the product's name from the prompt, its numbers aside. A segment of fewer than
- * three words is judged by its text from ws0 on. O(prompt) per trigram. RARE_PATH. */
-RARE_PATH static bool novelty_prompt(const guard *g, unsigned nw, uint64_t ws0, uint64_t now)
+ * three words is judged by its text from ws0 on. O(prompt) per trigram. COLD_PATH. */
+COLD_PATH static bool novelty_prompt(const guard *g, unsigned nw, uint64_t ws0, uint64_t now)
 {
     if (!g->prompt_len) return false;
     const gword *sw = g->sw;

@@ -119,7 +119,7 @@ static size_t nl_count(const unsigned char *u, size_t n)
 
 /* The tail length a candidate must reach once its unit's class and the fence are known;
  * `end` is the offset just past the byte being judged. */
-static uint32_t judge(const guard *g, const gcand *c, uint64_t end)
+COLD_PATH static uint32_t judge(const guard *g, const gcand *c, uint64_t end)
 {
     const guard_params *p = g->p;
     const unsigned char *u = g->buf + (end - c->period - g->base);
@@ -156,7 +156,7 @@ static uint32_t judge(const guard *g, const gcand *c, uint64_t end)
 
 /* Trips "repeat" for a tail periodic in `period` that ends at `end`: reports the smallest
  * period that divides it and where the periodic stretch began (bounded by the history). */
-static void repeat_trip(guard *g, uint32_t period, uint64_t end)
+COLD_PATH static void repeat_trip(guard *g, uint32_t period, uint64_t end)
 {
     const unsigned char *u = g->buf + (end - period - g->base);
     uint32_t q = period;
@@ -187,7 +187,8 @@ static inline uint64_t cand_ready_at(const gcand *c)
 
 /* The first offset k in [from, to) with buf[k] != buf[k - period], or `to`. Every byte read
  * is in the history: from - period ≥ base, to ≤ the bytes held. */
-static uint64_t period_break(const guard *g, uint32_t period, uint64_t from, uint64_t to)
+static inline __attribute__((always_inline)) uint64_t period_break(const guard *g, uint32_t period,
+                                                                   uint64_t from, uint64_t to)
 {
     const unsigned char *s = g->buf + (from - g->base), *t = s - period;
     size_t n = (size_t)(to - from), i = 0;
@@ -213,18 +214,40 @@ static uint64_t period_break(const guard *g, uint32_t period, uint64_t from, uin
     return from + i;
 }
 
+/* The last offset j ≤ from, walking back, with buf[j] != buf[j - d], or base + d - 1 when
+ * the period holds back to the history's start. 8 bytes a round: most runs end within the
+ * first 8 (a new period is mostly two lines that share their indentation or a word), and
+ * one test of 8 bytes is one branch where a loop's exit byte after byte is mispredicted
+ * about once a call. */
+static uint64_t run_back(const guard *g, uint32_t d, uint64_t from)
+{
+    const uint64_t lo = g->base + d; /* the lowest j with buf[j - d] in the history */
+    uint64_t j = from;
+    for (; j >= lo + 7; j -= 8) {
+        uint64_t a, b;
+        memcpy(&a, g->buf + (j - 7 - g->base), sizeof a);
+        memcpy(&b, g->buf + (j - 7 - d - g->base), sizeof b);
+        if (a == b) continue;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        return j - (unsigned)__builtin_clzll(a ^ b) / 8; /* byte j is the highest */
+#else
+        return j - (unsigned)__builtin_ctzll(a ^ b) / 8;
+#endif
+    }
+    while (j >= lo && guard_at(g, j) == guard_at(g, j - d))
+        j--;
+    return j;
+}
+
 /* The 8 bytes ending at pos also end at pos - d, inside the history (the caller compared
- * them): tracks period d, unless it is live already, when a slot is free or holds a
- * shorter run. The live candidates are those of the caller's list at pos. */
+ * them): tracks period d when a slot is free or holds a shorter run. The caller's list
+ * holds the candidates live at pos, none of period d (guard_gram_period found d is no live
+ * candidate's, and guard_repeat_event dropped the others first). */
 static void cand_add(guard *g, uint64_t pos, uint32_t d, uint64_t end)
 {
-    for (unsigned i = 0; i < g->ncand; i++)
-        if (g->cand[i].period == d) return;
     /* Measure the run by walking back from those 8 bytes: O(run), and a run only starts
      * being tracked once, so this is amortised O(1). */
-    uint64_t j = pos - 8;
-    while (j >= g->base + d && guard_at(g, j) == guard_at(g, j - d))
-        j--;
+    uint64_t j = run_back(g, d, pos - 8);
     unsigned slot = g->ncand;
     if (slot == GUARD_NCAND) { /* replace the shortest run, the latest start */
         slot = 0;
@@ -329,7 +352,8 @@ static void fence_run_end(guard *g)
     }
 }
 
-void guard_fence_step(guard *g, unsigned char b)
+/* guard_fence_step, inline in fence_pass: most lines' first bytes go through it. */
+static inline void fence_step(guard *g, unsigned char b)
 {
     if (b == '\n') {
         if (g->fstate == 1) fence_run_end(g);
@@ -362,6 +386,11 @@ void guard_fence_step(guard *g, unsigned char b)
     }
 }
 
+void guard_fence_step(guard *g, unsigned char b)
+{
+    fence_step(g, b);
+}
+
 /* Does byte b end a run of fence characters that opens or closes a fence? */
 static bool fence_toggles(const guard *g, unsigned char b)
 {
@@ -381,7 +410,7 @@ static size_t fence_pass(guard *g, const unsigned char *s, size_t n)
             i = (size_t)(nl - s);
         }
         if (i > 0 && fence_toggles(g, s[i])) return i;
-        guard_fence_step(g, s[i]);
+        fence_step(g, s[i]);
     }
     return n;
 }

@@ -190,6 +190,14 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
  * real text (cachegrind), verdicts unchanged. */
 #define RARE_PATH __attribute__((noinline))
 
+/* Code that runs once per guard (a table's allocation) or at a verdict (a candidate
+ * judged, a trip): out of line as RARE_PATH, and out of the way of the code that runs per
+ * byte and per line (GCC puts it with the other cold code, in .text.unlikely, and lays out
+ * the branches to it as not taken). Measured with an L1i of 32 KiB (cachegrind --I1=32768,
+ * 8,64; this VM's is 64 KiB), the guard's per-line detectors otherwise evicted each other's
+ * code and the per-byte loops' (tests/bench/HISTORY.md, gwall). */
+#define COLD_PATH __attribute__((noinline, cold))
+
 /* A live candidate period. Its run (the consecutive bytes ending now with s[i] == s[i -
  * period]) is not counted byte by byte: it is the bytes fed since `start`. */
 typedef struct gcand {
@@ -431,11 +439,11 @@ static inline bool guard_is_cont(unsigned char c)
 }
 
 /* Copies history [start, end) into the verdict's unit, cut to GUARD_UNIT_MAX bytes on a
- * UTF-8 boundary. Bytes older than the history are skipped. */
-void guard_set_unit(guard *g, uint64_t start, uint64_t end);
-/* Records the verdict; `at_byte` is the number of bytes fed when decided. */
-void guard_trip(guard *g, const char *detector, uint64_t loop_start, uint64_t at_byte,
-                unsigned repeats);
+ * UTF-8 boundary. Bytes older than the history are skipped. COLD_PATH (as guard_trip). */
+COLD_PATH void guard_set_unit(guard *g, uint64_t start, uint64_t end);
+/* Records the verdict; `at_byte` is the number of bytes fed when decided. COLD_PATH. */
+COLD_PATH void guard_trip(guard *g, const char *detector, uint64_t loop_start, uint64_t at_byte,
+                          unsigned repeats);
 /* calloc that aborts on OOM (the guard's contract: never NULL). */
 void *guard_xcalloc(size_t n, size_t sz);
 
