@@ -100,6 +100,11 @@ for p in $(TEST_TOOLS); do command -v $${p%%:*} >/dev/null || missing="$$missing
 pkg-config --exists cmocka 2>/dev/null || missing="$$missing libcmocka-dev"; \
 if command -v clang >/dev/null; then [ -e "$(FUZZ_RT)" ] || missing="$$missing libclang-rt-$(CLANG_MAJOR)-dev"; fi
 endef
+# Adds the Debian packages whose files the guard's machine-file corpus reads (listed in
+# tests/corpus/corpus.py, which fails without them); only setup installs them.
+define missing_corpus_debs
+command -v python3 >/dev/null && missing="$$missing $$(python3 tests/corpus/corpus.py debs)"
+endef
 
 # Installs what the build and the tests need (Debian packages as root, else it names the one
 # command; the npm clients under tests/client) and says what it installs. `make test` and
@@ -110,7 +115,7 @@ setup:
 	@$(MAKE) setup-npm
 setup-debs:
 	@for round in 1 2 3; do \
-	  $(missing_test_deps); [ -z "$$missing" ] && break; \
+	  $(missing_test_deps); $(missing_corpus_debs); [ -z "$$(echo $$missing)" ] && break; \
 	  if [ "$$(id -u)" != 0 ]; then echo "setup: missing; run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
 	  if [ $$round = 3 ]; then echo "setup: still missing after apt-get:$$missing" >&2; exit 1; fi; \
 	  echo "setup: installing Debian packages:$$missing"; \

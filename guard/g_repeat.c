@@ -35,8 +35,8 @@ static guard_rclass classify(const unsigned char *u, size_t n, bool reasoning, b
         } else if (c >= '0' && c <= '9') {
             digits++;
             wordc = true;
-        } else if (c == ' ' || c == '\t' || c == '\r') {
-            spaces++;
+        } else if (c == ' ' || c == '\t' || c == '\r' || (c == 0xC2 && u[(i + 1) % n] == 0xA0)) {
+            spaces++; /* the no-break space U+00A0 (C2 A0) pads as a space does */
         } else if (c == '\n') {
             nl++;
             unsigned char b = u[(i + n - 1) % n];

@@ -1,26 +1,39 @@
 #!/usr/bin/env python3
 """Corpus tests for the guard, driven through `loopguard scan`.
 
-  corpus.py fp      — machine files: >= 2,000 real files from this machine (Python's
-                      standard library, /usr/include headers, /usr/share/doc READMEs and
-                      changelogs, npm packages' markdown/JSON/JS), first 64 KiB of each,
-                      scanned on the content and the reasoning channel, with no prompt: at
-                      most 0.2 % of the files may trip per channel, each trip listed with its
-                      detector and unit. Files repeat on purpose (a changelog's identical
-                      entries, a test's ten identical steps); they are a secondary check of
-                      code and data a model may quote, and the AlpacaEval answers
-                      (alpaca_eval.py) are the authority.
+  corpus.py fp      — machine files: >= 2,000 real files (Python's standard library, C
+                      headers, Debian docs: READMEs, changelogs, release notes; npm packages'
+                      markdown/JSON/JS), first 64 KiB of each, scanned on the content and
+                      the reasoning channel, with no prompt: at most 0.2 % of the files may
+                      trip per channel, each trip listed with its detector and unit. Files
+                      repeat on purpose (a changelog's identical entries, a codec table's
+                      undefined rows); they are a secondary check of code and data a model
+                      may quote, and the AlpacaEval answers (alpaca_eval.py) are the
+                      authority.
+  corpus.py debs    — prints the listed Debian packages that are not installed (setup).
   corpus.py recall  — loops injected into such text at a random point (word, phrase,
                       sentence, code line, block of code, prose paragraph, punctuation,
                       CJK, rotating paraphrases): >= 99% caught per kind and median distance from the
                       loop's start to the trip within the targets; prints a table.
 
-Nobody here wrote these files; selection is sorted and seeded, so a given machine always
-yields the same corpus. Environment: LOOPGUARD_BIN (the binary, called as `BIN scan`),
+Nobody here wrote these files. They come from a fixed list of Debian 12 packages (DEBS,
+PY_DEBS: dpkg -L) and from the npm packages locked in tests/client and tests/browser, never
+from wherever the machine image happens to put things (a pyenv Python with pip packages,
+NodeSource's Node.js, the docs of packages nobody asked for): every Debian 12 machine after
+`make setup` (which installs the listed packages `corpus.py debs` names) gathers the same
+files, and fp/recall exit naming any listed package that is missing. Python is Debian's
+standard library (/usr/lib/python3.11, no site-packages, no test suite: all its ~540 .py
+files); headers are the .h files under /usr/include and docs the /usr/share/doc files
+whose name matches DOC_RE, of the packages in DEBS. Each family keeps the files whose
+seeded hash of the path is lowest (pick): a package update that adds or drops a file
+changes at most one other pick. Shares of the default 2,200: python 30 % (all there is,
+about 24 %), headers 27 %, docs 23 %, npm 20 %.
+Environment: LOOPGUARD_BIN (the binary, called as `BIN scan`),
 CORPUS_FILES (default 2200), RECALL_PER_KIND (default 200), RECALL_CHANNEL (default content), CORPUS_CONFIG (passed as
 --config to scan), CORPUS_KEEP=DIR (keep the generated files there).
 """
 import gzip
+import hashlib
 import json
 import os
 import random
@@ -36,18 +49,71 @@ MACHINE_TRIP_SHARE = 0.002  # of the files, per channel
 SEED = 20261202
 
 
-def pick(paths, n, rng):
+def pick(paths, n):
+    """The n paths whose seeded hash is lowest, sorted: a file added or dropped by a
+    package update moves at most one other file in or out (a seeded shuffle would move
+    them all)."""
     paths = sorted(set(paths))
     if len(paths) <= n:
         return paths
-    return sorted(rng.sample(paths, n))
+    key = lambda p: hashlib.sha256(("%d:%s" % (SEED, p)).encode()).digest()
+    return sorted(sorted(paths, key=key)[:n])
+
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+# The Debian 12 packages whose files make the corpus, so that every Debian 12 machine
+# after `make setup` (which installs the missing ones: `corpus.py debs`) gathers the same
+# files, whatever else its image carries (a pyenv Python and its pip packages, NodeSource's
+# Node.js, docs of unrelated packages). Python: Debian's standard library only.
+PY_DEBS = ["libpython3.11-minimal", "libpython3.11-stdlib"]
+# Headers (.h under /usr/include) and docs (/usr/share/doc names matching DOC_RE) of:
+DEBS = [
+    # Priority: required, on every Debian 12 system.
+    "apt", "base-files", "base-passwd", "bash", "bsdutils", "coreutils", "dash", "debconf",
+    "debianutils", "diffutils", "dpkg", "e2fsprogs", "findutils", "grep", "gzip",
+    "hostname", "init-system-helpers", "libc-bin", "liblocale-gettext-perl",
+    "libpam-modules", "libpam-modules-bin", "libpam-runtime", "libtext-iconv-perl",
+    "login", "mawk", "mount", "ncurses-base", "ncurses-bin", "passwd", "perl-base", "sed",
+    "sensible-utils", "sysvinit-utils", "tar", "tzdata", "util-linux",
+    # build-essential (the Makefile's APT_BUILD) and what it depends on: libc, kernel and
+    # C++ headers, the compiler's and make's docs.
+    "libc6", "libc6-dev", "linux-libc-dev", "libcrypt-dev", "libnsl-dev", "libtirpc-dev",
+    "rpcsvc-proto", "libc-dev-bin", "gcc-12", "cpp-12", "g++-12", "libstdc++-12-dev",
+    "binutils", "binutils-common", "make", "dpkg-dev", "libdpkg-perl", "patch", "perl",
+    # The rest of APT_BUILD and the test tools setup installs (none that another source
+    # may replace, as NodeSource's nodejs does, nor nginx, which has rival flavours).
+    "pkgconf", "libmicrohttpd-dev", "libcurl4-openssl-dev", "libcjson-dev", "libpcre2-dev",
+    "libcmocka-dev", "curl", "wrk", "valgrind", "python3", "python3.11",
+    # git: the repository's own tool (tests/bench/guard_same.sh); its release notes are
+    # most of the docs (Debian keeps few docs per package).
+    "git",
+]
+# npm: the packages locked in these directories' package-lock.json (`make setup-npm`).
+NPM_DIRS = ["tests/client/node_modules", "tests/browser/node_modules"]
+DOC_RE = re.compile(r"(readme|changelog|news|changes|history)[^/]*$|\.(md|txt|rst)(\.gz)?$", re.I)
+
+
+def missing_debs():
+    """The listed packages dpkg does not report installed."""
+    r = subprocess.run(["dpkg-query", "-W", "-f=${Package} ${db:Status-Status}\n"]
+                       + PY_DEBS + DEBS, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                       universal_newlines=True, check=False)
+    ok = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" installed")}
+    return [p for p in PY_DEBS + DEBS if p not in ok]
+
+
+def owned(pkgs):
+    """Regular files the packages own (dpkg -L), sorted."""
+    r = subprocess.run(["dpkg", "-L"] + pkgs, stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, universal_newlines=True, check=False)
+    return sorted({p for p in r.stdout.splitlines()
+                   if p.startswith("/") and os.path.isfile(p) and not os.path.islink(p)})
 
 
 def walk(roots, accept):
     out = []
     for root in roots:
-        if not os.path.isdir(root):
-            continue
         for d, dirs, files in os.walk(root):
             dirs.sort()
             for f in sorted(files):
@@ -57,36 +123,23 @@ def walk(roots, accept):
     return out
 
 
-def python_roots():
-    roots = sorted(
-        d for d in ["/root/.pyenv/versions/3.11.7/lib/python3.11"] if os.path.isdir(d)
-    )
-    if not roots:
-        roots = sorted(
-            os.path.join("/usr/lib", d)
-            for d in os.listdir("/usr/lib")
-            if re.fullmatch(r"python3\.\d+", d)
-        )
-    return roots
-
-
-DOC_RE = re.compile(r"(readme|changelog|news|changes|history)[^/]*$|\.(md|txt|rst)(\.gz)?$", re.I)
-
-
 def sources():
-    """(kind, [paths]) for each source family, in a fixed order."""
-    py = walk(python_roots(), lambda p: p.endswith(".py"))
-    hdr = walk(["/usr/include"], lambda p: p.endswith(".h"))
-    doc = walk(["/usr/share/doc"], lambda p: DOC_RE.search(os.path.basename(p)) is not None)
-    npm = walk(
-        ["/usr/lib/node_modules", "/usr/share/nodejs", "/usr/local/lib/node_modules"],
-        lambda p: p.endswith((".md", ".json", ".js")),
-    )
+    """(kind, [paths]) for each source family, in a fixed order; npm paths relative to
+    the repository."""
+    files = owned(DEBS)
+    py = [p for p in owned(PY_DEBS) if p.startswith("/usr/lib/python3.11/") and p.endswith(".py")]
+    hdr = [p for p in files if p.startswith("/usr/include/") and p.endswith(".h")]
+    doc = [p for p in files
+           if p.startswith("/usr/share/doc/") and DOC_RE.search(os.path.basename(p))]
+    npm = [os.path.relpath(p, ROOT)
+           for p in walk([os.path.join(ROOT, d) for d in NPM_DIRS],
+                         lambda p: p.endswith((".md", ".json", ".js")))]
     return [("python", py), ("header", hdr), ("doc", doc), ("npm", npm)]
 
 
 def read_head(path):
     """First MAX_BYTES of the file (decompressed when it ends in .gz), or None."""
+    path = os.path.join(ROOT, path)
     try:
         if path.endswith(".gz"):
             with gzip.open(path, "rb") as f:
@@ -97,13 +150,17 @@ def read_head(path):
         return None
 
 
-def gather(total, rng):
-    """Returns [(family, path, bytes)] of about `total` non-empty files."""
+def gather(total):
+    """Returns [(family, path, bytes)] of about `total` non-empty files; exits naming the
+    listed packages that are not installed (the corpus would not be the same)."""
+    missing = missing_debs()
+    if missing:
+        sys.exit("corpus: Debian packages missing (make setup installs them): %s" % " ".join(missing))
     fams = sources()
     share = {"python": 0.3, "header": 0.27, "doc": 0.23, "npm": 0.2}
     out = []
     for fam, paths in fams:
-        for p in pick(paths, int(total * share[fam]) + 40, rng):
+        for p in pick(paths, int(total * share[fam]) + 40):
             data = read_head(p)
             if data and b"\0" not in data[:4096]:
                 out.append((fam, p, data))
@@ -150,9 +207,8 @@ def workdir():
 
 
 def cmd_fp():
-    rng = random.Random(SEED)
     total = int(os.environ.get("CORPUS_FILES", "2200"))
-    items = gather(total, rng)
+    items = gather(total)
     d = workdir()
     try:
         paths = write_files(items, d)
@@ -187,6 +243,12 @@ def cmd_fp():
     finally:
         if not os.environ.get("CORPUS_KEEP"):
             shutil.rmtree(d, ignore_errors=True)
+
+
+def cmd_debs():
+    """Prints the listed packages that are missing, one line (what `make setup` installs)."""
+    print(" ".join(missing_debs()))
+    return 0
 
 
 # ---- recall -------------------------------------------------------------------------
@@ -307,7 +369,7 @@ KINDS = ["word", "phrase", "sentence", "code_line", "code_block", "paragraph", "
 def cmd_recall():
     rng = random.Random(SEED + 1)
     per = int(os.environ.get("RECALL_PER_KIND", "200"))
-    items = gather(600, random.Random(SEED))
+    items = gather(600)
     prose = [x[2] for x in items if x[0] in ("doc", "npm") and len(x[2]) > 1000]
     code = [x[2] for x in items if x[0] in ("python", "header")]
     hosts = [x[2] for x in items if len(x[2]) > 200]
@@ -381,7 +443,7 @@ def cmd_recall():
 
 
 if __name__ == "__main__":
-    cmds = {"fp": cmd_fp, "recall": cmd_recall}
+    cmds = {"fp": cmd_fp, "recall": cmd_recall, "debs": cmd_debs}
     if len(sys.argv) != 2 or sys.argv[1] not in cmds:
-        sys.exit("usage: corpus.py fp|recall")
+        sys.exit("usage: corpus.py fp|recall|debs")
     sys.exit(cmds[sys.argv[1]]())

@@ -248,6 +248,18 @@ static void test_traps(void **state)
     }
     assert_clean_both("rules", t.s);
 
+    /* A diagram spaced with no-break spaces (U+00A0), as a page rendered to text has it
+     * (valgrind's README.solaris): padding, as spaces are. */
+    t.n = 0;
+    for (int i = 0; i < 4; i++) {
+        tcat(&t, "door client thread");
+        trep(&t, "\xc2\xa0", 24);
+        tcat(&t, "kernel");
+        trep(&t, "\xc2\xa0", 30 + i);
+        tcat(&t, "door server thread\n");
+    }
+    assert_clean_both("no-break space padding", t.s);
+
     t.n = 0;
     tcat(&t, "static const unsigned char table[64] = {\n");
     for (int i = 0; i < 4; i++)
@@ -1070,6 +1082,7 @@ static void test_loops(void **state)
     assert_loop("?!", LG_CH_CONTENT, "", "?!", 200, "repeat");
     assert_loop("。。。", LG_CH_REASONING, "好的", "\xe3\x80\x82", 200, "repeat");
     assert_loop("newlines", LG_CH_CONTENT, "", "\n", 5000, "repeat");
+    assert_loop("no-break spaces", LG_CH_CONTENT, "Sure:", "\xc2\xa0", 3000, "repeat");
     assert_loop("lambda in a fence", LG_CH_CONTENT, "```python\n", "lambda ", 300, "repeat");
     assert_loop("code line in a fence", LG_CH_CONTENT, "```python\n", "    print(x)\n", 800,
                 "repeat");
