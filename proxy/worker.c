@@ -1472,11 +1472,12 @@ bool worker_body_resume(lg_worker *w, lg_xfer *x)
     return true;
 }
 
-static void drain_curl_messages(lg_worker *w)
+/* The bodies due (run_due_bodies), the transfers that could not be watched, and the
+ * messages of the transfers that left libcurl's running count: each to its owner. */
+static void drain_due(lg_worker *w)
 {
     CURLMsg *msg;
     int left;
-    if (!w->body_due.len && !w->n_unwatched && !w->curl_msgs) return; /* after most events */
     run_due_bodies(w); /* the worker's own reads of bodies, which may end transfers too */
     fail_unwatched(w);
     if (!w->curl_msgs) return;
@@ -1490,6 +1491,12 @@ static void drain_curl_messages(lg_worker *w)
         if (x) curl_easy_getinfo(easy, CURLINFO_OS_ERRNO, &x->os_errno);
         if (x && x->done) x->done(x, rc);
     }
+}
+
+/* What drain_due does, which after most events is nothing: the test inline, the call not. */
+static inline void drain_curl_messages(lg_worker *w)
+{
+    if (w->body_due.len || w->n_unwatched || w->curl_msgs) drain_due(w);
 }
 
 /* A transfer's handle is reused rather than made anew: curl_easy_init allocates and sets
