@@ -186,7 +186,7 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
         /* Nothing to rebuild (a whole response is assembled from `sent`): the usual token. */
         ex_release(ex, LG_CH_REASONING, nr, NULL);
         ex_release(ex, LG_CH_CONTENT, nc, NULL);
-        if (raw) out_append(ex, ev->raw, ev->raw_len);
+        if (raw) ex_out_raw(ex, ev->raw, ev->raw_len);
         return 0;
     }
     lg_buf rel_r = ex_text_borrow(ex, EX_TEXT_R), rel_c = ex_text_borrow(ex, EX_TEXT_C);

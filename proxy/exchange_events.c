@@ -275,7 +275,10 @@ size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
         ex->at.up_paused = true;
         return CURL_WRITEFUNC_PAUSE;
     }
+    ex->cl.may_lend = ex->xfer.body_last; /* the data dies with the read: see ex_out_raw */
     int rc = sse_parser_feed(ex->at.sse, data, len);
+    ex->cl.may_lend = false;
+    ex_out_settle(ex);
     if (rc == SSE_ERR_TOO_BIG) {
         ex_set_outcome(ex, "upstream_error");
         ex_fail(ex, 502, "upstream event too large", "upstream_error", "bad_upstream");

@@ -725,7 +725,8 @@ static char *chunk_size_line(char head[24], size_t n)
     return s;
 }
 
-void worker_write_chunk(lg_req *r, const char *p, size_t n)
+/* worker_write_chunk's write; false (nothing written) when the client is gone. */
+static bool write_chunk(lg_req *r, const char *p, size_t n)
 {
     char head[24];
     char *line = chunk_size_line(head, n);
@@ -733,12 +734,9 @@ void worker_write_chunk(lg_req *r, const char *p, size_t n)
         {line, (size_t)(head + sizeof head - line)}, {(void *)p, n}, {"\r\n", 2}};
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 3};
     ssize_t k = sys_sendmsg(r->client_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        client_hung_up(r->w, r);
-        return;
-    }
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
     size_t sent = k < 0 ? 0 : (size_t)k;
-    if (sent == iov[0].iov_len + n + 2) return; /* all of it: the usual case */
+    if (sent == iov[0].iov_len + n + 2) return true; /* all of it: the usual case */
     for (size_t i = 0; i < 3; i++) {
         size_t skip = sent < iov[i].iov_len ? sent : iov[i].iov_len;
         sent -= skip;
@@ -748,6 +746,17 @@ void worker_write_chunk(lg_req *r, const char *p, size_t n)
         r->tail_ns = r->w->now_ns;
         watch_writable(r, true);
     }
+    return true;
+}
+
+void worker_write_chunk(lg_req *r, const char *p, size_t n)
+{
+    if (!write_chunk(r, p, n)) client_hung_up(r->w, r);
+}
+
+bool worker_write_now(lg_req *r, const char *p, size_t n)
+{
+    return r->direct && !r->retired && !lg_fifo_len(&r->tail) && write_chunk(r, p, n);
 }
 
 /* The client socket can take more of the tail; once it is sent, MHD may be resumed or the
@@ -1378,7 +1387,9 @@ static void feed_body(lg_worker *w, lg_xfer *x, const char *p, size_t n)
             return;
         }
         if (len) {
+            x->body_last = (size_t)k == n;
             size_t took = x->body((char *)data, 1, len, x->owner);
+            x->body_last = false;
             if (took == CURL_WRITEFUNC_PAUSE) {
                 upbody_unread(&b->dec, len);
                 stash_put(b, data, (size_t)(p + n - data));
