@@ -680,7 +680,7 @@ void worker_output(lg_req *r)
 }
 
 /* Runs ops->flush of every request that queued output for a direct write. */
-static void flush_all(lg_worker *w)
+static void flush_queued(lg_worker *w)
 {
     while (w->flush_head) {
         lg_req *r = w->flush_head;
@@ -693,6 +693,13 @@ static void flush_all(lg_worker *w)
             worker_resume(r);
         }
     }
+}
+
+/* flush_queued, whose list is empty after most events (their output went out from the
+ * read, ex_out_settle): the test inline, the call not. */
+static inline void flush_all(lg_worker *w)
+{
+    if (w->flush_head) flush_queued(w);
 }
 
 /* A token's two system calls, the upstream read and the client write, made directly: glibc's
