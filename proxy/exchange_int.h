@@ -248,8 +248,18 @@ void ex_text_return(exchange *ex, int i, lg_buf *b);
  * the event: *r and *c are then the borrowed EX_TEXT_R / EX_TEXT_C buffers holding its
  * reasoning and answer parts (hand them back with ex_text_return); false: the text is as
  * sent. final: the generation's last event (held tag bytes are flushed). */
-bool ex_think_split(exchange *ex, const char *reasoning, size_t rn, const char *text, size_t n,
-                    bool final, lg_buf *r, lg_buf *c);
+bool ex_think_split_run(exchange *ex, const char *reasoning, size_t rn, const char *text, size_t n,
+                        bool final, lg_buf *r, lg_buf *c);
+/* The usual answer's token (no splitter, and not the attempt's first text) is decided here,
+ * without the call. */
+static inline bool ex_think_split(exchange *ex, const char *reasoning, size_t rn, const char *text,
+                                  size_t n, bool final, lg_buf *r, lg_buf *c)
+{
+    if (!ex->at.think && (!n || rn || ex->at.ch[LG_CH_REASONING].attempt_bytes ||
+                          ex->at.ch[LG_CH_CONTENT].attempt_bytes))
+        return false;
+    return ex_think_split_run(ex, reasoning, rn, text, n, final, r, c);
+}
 /* The generation of a whole response read in hindsight ended: with no </think> (and no
  * explicit <think>), what looked like reasoning was the answer, and moves back to it.
  * Returns true when it moved. */
