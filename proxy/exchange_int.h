@@ -217,11 +217,23 @@ void ex_out_event(exchange *ex, const char *json);
 /* Feeds one delta of channel ch to its guard (made when first needed) and to the
  * token-run check, and holds it. Returns true when either tripped (the verdict is taken);
  * the caller returns 1 from on_event. */
-bool ex_guard_text(exchange *ex, lg_channel ch, const char *s, size_t n);
+bool ex_guard_text_run(exchange *ex, lg_channel ch, const char *s, size_t n);
+static inline bool ex_guard_text(exchange *ex, lg_channel ch, const char *s, size_t n)
+{
+    return n && ex_guard_text_run(ex, ch, s, n); /* a channel the event does not use: no call */
+}
 /* Held bytes of channel ch that the guard has cleared. */
-size_t ex_releasable(const exchange *ex, lg_channel ch);
+size_t ex_releasable_run(const exchange *ex, lg_channel ch);
+static inline size_t ex_releasable(const exchange *ex, lg_channel ch)
+{
+    return ex->at.ch[ch].held.len ? ex_releasable_run(ex, ch) : 0;
+}
 /* Moves n held bytes of channel ch to the client's sent text (and to *into when given). */
-void ex_release(exchange *ex, lg_channel ch, size_t n, lg_buf *into);
+void ex_release_run(exchange *ex, lg_channel ch, size_t n, lg_buf *into);
+static inline void ex_release(exchange *ex, lg_channel ch, size_t n, lg_buf *into)
+{
+    if (n) ex_release_run(ex, ch, n, into);
+}
 /* The generation of this attempt ended: the guards' last checks (and the empty-answer
  * check when answer_expected and the API is templated). True when one tripped. */
 bool ex_end_checks(exchange *ex, bool answer_expected);
