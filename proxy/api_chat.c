@@ -15,6 +15,19 @@
 #include "proxy/exchange_int.h"
 #include "proxy/xalloc.h"
 
+/* A rebuilt chunk of the stream's current frame (chunkscan_state.frame_gen) whose released
+ * text is content alone: every such chunk is the same bytes around its text (the tree
+ * drops the template's text keys and adds "content"), so once one was built through the
+ * tree (dl_parse, dl_build_chunk: some 45k instructions), the next ones are written as
+ * prefix, escaped text, suffix. */
+typedef struct rebuilt {
+    lg_buf around; /* the prefix, then the suffix */
+    size_t head;   /* the prefix's length */
+    unsigned gen;  /* the frame they were learned from (0: none) */
+    bool bad;      /* not learned for that frame: the tree for it */
+    lg_buf out;    /* the chunk being written */
+} rebuilt;
+
 /* The module's per-exchange state. */
 typedef struct chat_state {
     lg_assembler *as; /* whole responses */
@@ -24,6 +37,7 @@ typedef struct chat_state {
     lg_buf done_raw;      /* the upstream's own [DONE] event */
     chunkscan_state scan; /* the fast path's buffers and the stream's chunk frame */
     int inline_state;     /* LG_REASONING_INLINE output: 0 nothing, 1 <think> open, 2 closed */
+    rebuilt rb;
 } chat_state;
 
 static chat_state *CS(const exchange *ex)
@@ -75,6 +89,84 @@ static void emit_chunk(exchange *ex, const dl_delta *tmpl, const char *r, size_t
     if (json) ex_out_event(ex, json);
     free(json);
     lg_buf_free(&inl);
+}
+
+/* s[0..n) as cJSON prints a string's bytes (cJSON 1.7's print_string_ptr): '"', '\\' and
+ * \b \f \n \r \t escaped, other bytes below 0x20 as \u00xx, every other byte as is. False
+ * at a NUL, where a cJSON string ends (the tree decides then). */
+static bool append_escaped(lg_buf *b, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c > 31 && c != '"' && c != '\\') continue;
+        if (!c) return false;
+        lg_buf_append(b, s + run, i - run);
+        run = i + 1;
+        char e[6] = {'\\', (char)c, 0, 0, 0, 0};
+        size_t k = 2;
+        switch (c) {
+        case '"':
+        case '\\':
+            break;
+        case '\b':
+            e[1] = 'b';
+            break;
+        case '\f':
+            e[1] = 'f';
+            break;
+        case '\n':
+            e[1] = 'n';
+            break;
+        case '\r':
+            e[1] = 'r';
+            break;
+        case '\t':
+            e[1] = 't';
+            break;
+        default:
+            e[1] = 'u', e[2] = '0', e[3] = '0', e[4] = hex[c >> 4], e[5] = hex[c & 15];
+            k = 6;
+        }
+        lg_buf_append(b, e, k);
+    }
+    lg_buf_append(b, s + run, n - run);
+    return true;
+}
+
+/* rb's chunk for content text c[0..n) into rb->out (NUL-terminated); false at a NUL. */
+static bool rebuild(rebuilt *rb, const char *c, size_t n)
+{
+    lg_buf_reset(&rb->out);
+    lg_buf_append(&rb->out, rb->around.p, rb->head);
+    if (!append_escaped(&rb->out, c, n)) return false;
+    lg_buf_append(&rb->out, rb->around.p + rb->head, rb->around.len - rb->head);
+    return true;
+}
+
+/* Learns frame gen's bytes around the text from json, the chunk built through the tree for
+ * content text c[0..n): the bytes before and after its one "content" string holding that
+ * text (in JSON an unescaped quote only delimits strings, so the key's bytes cannot sit
+ * inside another value). Two such strings, or none: the tree for this frame. */
+static void learn(rebuilt *rb, unsigned gen, const char *json, const char *c, size_t n)
+{
+    static const char key[] = "\"content\":\"";
+    rb->gen = gen;
+    rb->bad = true;
+    lg_buf_reset(&rb->out);
+    lg_buf_append(&rb->out, key, sizeof key - 1);
+    if (!append_escaped(&rb->out, c, n)) return;
+    lg_buf_append(&rb->out, "\"", 1);
+    size_t len = strlen(json), k = rb->out.len;
+    const char *at = memmem(json, len, rb->out.p, k);
+    if (!at || memmem(at + 1, len - (size_t)(at + 1 - json), rb->out.p, k)) return;
+    size_t head = (size_t)(at - json) + sizeof key - 1, text = k - sizeof key;
+    lg_buf_reset(&rb->around);
+    lg_buf_append(&rb->around, json, head);
+    lg_buf_append(&rb->around, json + head + text, len - head - text);
+    rb->head = head;
+    rb->bad = false;
 }
 
 static void flush_held(exchange *ex)
@@ -197,10 +289,29 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     if ((visible || other) && d->root) {
         emit_chunk(ex, d, rel_r.p, rel_r.len, rel_c.p, rel_c.len, d->finish_reason);
     } else if (visible || other) { /* scanned on the fast path: the template needs a tree */
-        dl_delta full;
-        dl_parse(ev->data, ev->data_len, &full);
-        emit_chunk(ex, &full, rel_r.p, rel_r.len, rel_c.p, rel_c.len, full.finish_reason);
-        dl_delta_clear(&full);
+        rebuilt *rb = &CS(ex)->rb;
+        unsigned gen = CS(ex)->scan.frame_gen;
+        /* the frame around the content alone (a framed chunk has no finish_reason) */
+        bool plain = !other && !rel_r.len && CS(ex)->scan.in_frame && ex->req.chat &&
+                     ex->mode != LG_REASONING_INLINE;
+        if (plain && rb->gen == gen && !rb->bad && rebuild(rb, rel_c.p, rel_c.len)) {
+            ex_out_event(ex, rb->out.p);
+        } else {
+            dl_delta full;
+            dl_parse(ev->data, ev->data_len, &full);
+            char *json =
+                plain && rb->gen != gen && !full.finish_reason
+                    ? dl_build_chunk(&full, NULL, 0, rel_c.p, rel_c.len, (int)ex->mode, true, NULL)
+                    : NULL;
+            if (json) { /* what emit_chunk builds for it, and the frame's bytes learned */
+                ex_out_event(ex, json);
+                learn(rb, gen, json, rel_c.p, rel_c.len);
+                free(json);
+            } else {
+                emit_chunk(ex, &full, rel_r.p, rel_r.len, rel_c.p, rel_c.len, full.finish_reason);
+            }
+            dl_delta_clear(&full);
+        }
     }
     ex_text_return(ex, EX_TEXT_R, &rel_r);
     ex_text_return(ex, EX_TEXT_C, &rel_c);
@@ -349,6 +460,8 @@ static void chat_destroy(exchange *ex)
     lg_xfree(cs->c_model);
     lg_buf_free(&cs->done_raw);
     chunkscan_free(&cs->scan);
+    lg_buf_free(&cs->rb.around);
+    lg_buf_free(&cs->rb.out);
     lg_xfree(cs);
     ex->api_state = NULL;
 }

@@ -574,6 +574,8 @@ static bool accept(const char *data, size_t len, chunkscan_state *st, dl_delta *
         st->head = head;
         st->field = f + 1;
         st->role = v.role.n > 0;
+        st->frame_gen++;
+        st->in_frame = true;
     }
     return true;
 }
@@ -591,6 +593,7 @@ static bool framed(const char *data, size_t len, chunkscan_state *st, dl_delta *
     str text[F_COUNT] = {{0}};
     if (*c.p != '"' || !string(&c, &text[st->field - 1]) || c.p != c.end) return false;
     fill(out, st->role ? data : NULL, text);
+    st->in_frame = true;
     return true;
 }
 
@@ -598,6 +601,7 @@ bool chunkscan(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
 {
     memset(out, 0, sizeof *out);
     lg_buf_reset(&st->scratch);
+    st->in_frame = false;
     if (framed(data, len, st, out)) return true;
     lg_buf_reset(&st->scratch); /* each reading writes *out only when it accepts */
     if (resumed(data, len, st, out)) return true;
