@@ -97,6 +97,8 @@ static void emit_chunk(exchange *ex, const dl_delta *tmpl, const char *r, size_t
 static bool append_escaped(lg_buf *b, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
+    static const char short_esc[32] = {
+        ['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't'};
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -104,29 +106,13 @@ static bool append_escaped(lg_buf *b, const char *s, size_t n)
         if (!c) return false;
         lg_buf_append(b, s + run, i - run);
         run = i + 1;
-        char e[6] = {'\\', (char)c, 0, 0, 0, 0};
+        char e[6] = {'\\', (char)c}; /* '"' and '\\' as they are after the backslash */
         size_t k = 2;
-        switch (c) {
-        case '"':
-        case '\\':
-            break;
-        case '\b':
-            e[1] = 'b';
-            break;
-        case '\f':
-            e[1] = 'f';
-            break;
-        case '\n':
-            e[1] = 'n';
-            break;
-        case '\r':
-            e[1] = 'r';
-            break;
-        case '\t':
-            e[1] = 't';
-            break;
-        default:
-            e[1] = 'u', e[2] = '0', e[3] = '0', e[4] = hex[c >> 4], e[5] = hex[c & 15];
+        if (c < 32 && short_esc[c]) {
+            e[1] = short_esc[c];
+        } else if (c < 32) {
+            memcpy(e + 1, "u00", 3);
+            e[4] = hex[c >> 4], e[5] = hex[c & 15];
             k = 6;
         }
         lg_buf_append(b, e, k);
