@@ -16,14 +16,15 @@
 #include "proxy/xalloc.h"
 
 /* A rebuilt chunk of the stream's current frame (chunkscan_state.frame_gen) whose released
- * text is content alone: every such chunk is the same bytes around its text (the tree
- * drops the template's text keys and adds "content"), so once one was built through the
- * tree (dl_parse, dl_build_chunk: some 45k instructions), the next ones are written as
- * prefix, escaped text, suffix. */
+ * text is of one channel (the answer, or the reasoning under its own key): every such chunk
+ * is the same bytes around its text (the tree drops the template's text keys and adds that
+ * one), so once one was built through the tree (dl_parse, dl_build_chunk: some 45k
+ * instructions), the next ones are written as prefix, escaped text, suffix. */
 typedef struct rebuilt {
     lg_buf around; /* the prefix, then the suffix */
     size_t head;   /* the prefix's length */
     unsigned gen;  /* the frame they were learned from (0: none) */
+    int key;       /* and the text's key (text_keys) */
     bool bad;      /* not learned for that frame: the tree for it */
     lg_buf out;    /* the chunk being written */
 } rebuilt;
@@ -131,23 +132,28 @@ static bool rebuild(rebuilt *rb, const char *c, size_t n)
     return true;
 }
 
-/* Learns frame gen's bytes around the text from json, the chunk built through the tree for
- * content text c[0..n): the bytes before and after its one "content" string holding that
- * text (in JSON an unescaped quote only delimits strings, so the key's bytes cannot sit
- * inside another value). Two such strings, or none: the tree for this frame. */
-static void learn(rebuilt *rb, unsigned gen, const char *json, const char *c, size_t n)
+/* The delta keys a rebuilt text goes under (rebuilt.key; 0: none of them). */
+static const char *const text_keys[] = {NULL, "content", "reasoning_content", "reasoning"};
+
+/* Learns the bytes around the text of frame gen under text_keys[key] from json, the chunk
+ * built through the tree for text c[0..n): the bytes before and after its one such key's
+ * string holding that text (in JSON an unescaped quote only delimits strings, so the key's
+ * bytes cannot sit inside another value). Two such strings, or none: the tree for this
+ * frame and key. */
+static void learn(rebuilt *rb, unsigned gen, int key, const char *json, const char *c, size_t n)
 {
-    static const char key[] = "\"content\":\"";
     rb->gen = gen;
+    rb->key = key;
     rb->bad = true;
     lg_buf_reset(&rb->out);
-    lg_buf_append(&rb->out, key, sizeof key - 1);
+    lg_buf_printf(&rb->out, "\"%s\":\"", text_keys[key]);
+    size_t lead = rb->out.len;
     if (!append_escaped(&rb->out, c, n)) return;
     lg_buf_append(&rb->out, "\"", 1);
     size_t len = strlen(json), k = rb->out.len;
     const char *at = memmem(json, len, rb->out.p, k);
     if (!at || memmem(at + 1, len - (size_t)(at + 1 - json), rb->out.p, k)) return;
-    size_t head = (size_t)(at - json) + sizeof key - 1, text = k - sizeof key;
+    size_t head = (size_t)(at - json) + lead, text = k - lead - 1;
     lg_buf_reset(&rb->around);
     lg_buf_append(&rb->around, json, head);
     lg_buf_append(&rb->around, json + head + text, len - head - text);
@@ -277,21 +283,28 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     } else if (visible || other) { /* scanned on the fast path: the template needs a tree */
         rebuilt *rb = &CS(ex)->rb;
         unsigned gen = CS(ex)->scan.frame_gen;
-        /* the frame around the content alone (a framed chunk has no finish_reason) */
-        bool plain = !other && !rel_r.len && CS(ex)->scan.in_frame && ex->req.chat &&
+        /* the frame around one channel's released text (a framed chunk has no finish) */
+        int key = rel_c.len                          ? (rel_r.len ? 0 : 1)
+                  : ex->mode == LG_REASONING_CONTENT ? 2
+                  : ex->mode == LG_REASONING_FIELD   ? 3
+                                                     : 0;
+        bool plain = key && !other && CS(ex)->scan.in_frame && ex->req.chat &&
                      ex->mode != LG_REASONING_INLINE;
-        if (plain && rb->gen == gen && !rb->bad && rebuild(rb, rel_c.p, rel_c.len)) {
+        const char *t = rel_c.len ? rel_c.p : rel_r.p;
+        size_t tn = rel_c.len ? rel_c.len : rel_r.len;
+        if (plain && rb->gen == gen && rb->key == key && !rb->bad && rebuild(rb, t, tn)) {
             ex_out_event(ex, rb->out.p);
         } else {
             dl_delta full;
             dl_parse(ev->data, ev->data_len, &full);
-            char *json =
-                plain && rb->gen != gen && !full.finish_reason
-                    ? dl_build_chunk(&full, NULL, 0, rel_c.p, rel_c.len, (int)ex->mode, true, NULL)
-                    : NULL;
+            char *json = plain && (rb->gen != gen || rb->key != key) && !full.finish_reason
+                             ? dl_build_chunk(&full, rel_r.len ? rel_r.p : NULL, rel_r.len,
+                                              rel_c.len ? rel_c.p : NULL, rel_c.len, (int)ex->mode,
+                                              true, NULL)
+                             : NULL;
             if (json) { /* what emit_chunk builds for it, and the frame's bytes learned */
                 ex_out_event(ex, json);
-                learn(rb, gen, json, rel_c.p, rel_c.len);
+                learn(rb, gen, key, json, t, tn);
                 free(json);
             } else {
                 emit_chunk(ex, &full, rel_r.p, rel_r.len, rel_c.p, rel_c.len, full.finish_reason);
