@@ -15,6 +15,20 @@
 #include "proxy/exchange_int.h"
 #include "proxy/xalloc.h"
 
+/* A rebuilt chunk of the stream's current frame (chunkscan_state.frame_gen) whose released
+ * text is of one channel (the answer, or the reasoning under its own key): every such chunk
+ * is the same bytes around its text (the tree drops the template's text keys and adds that
+ * one), so once one was built through the tree (dl_parse, dl_build_chunk: some 45k
+ * instructions), the next ones are written as prefix, escaped text, suffix. */
+typedef struct rebuilt {
+    lg_buf around; /* the prefix, then the suffix */
+    size_t head;   /* the prefix's length */
+    unsigned gen;  /* the frame they were learned from (0: none) */
+    int key;       /* and the text's key (text_keys) */
+    bool bad;      /* not learned for that frame: the tree for it */
+    lg_buf out;    /* the chunk being written */
+} rebuilt;
+
 /* The module's per-exchange state. */
 typedef struct chat_state {
     lg_assembler *as; /* whole responses */
@@ -24,6 +38,7 @@ typedef struct chat_state {
     lg_buf done_raw;      /* the upstream's own [DONE] event */
     chunkscan_state scan; /* the fast path's buffers and the stream's chunk frame */
     int inline_state;     /* LG_REASONING_INLINE output: 0 nothing, 1 <think> open, 2 closed */
+    rebuilt rb;
 } chat_state;
 
 static chat_state *CS(const exchange *ex)
@@ -75,6 +90,75 @@ static void emit_chunk(exchange *ex, const dl_delta *tmpl, const char *r, size_t
     if (json) ex_out_event(ex, json);
     free(json);
     lg_buf_free(&inl);
+}
+
+/* s[0..n) as cJSON prints a string's bytes (cJSON 1.7's print_string_ptr): '"', '\\' and
+ * \b \f \n \r \t escaped, other bytes below 0x20 as \u00xx, every other byte as is. False
+ * at a NUL, where a cJSON string ends (the tree decides then). */
+static bool append_escaped(lg_buf *b, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    static const char short_esc[32] = {
+        ['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't'};
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c > 31 && c != '"' && c != '\\') continue;
+        if (!c) return false;
+        lg_buf_append(b, s + run, i - run);
+        run = i + 1;
+        char e[6] = {'\\', (char)c}; /* '"' and '\\' as they are after the backslash */
+        size_t k = 2;
+        if (c < 32 && short_esc[c]) {
+            e[1] = short_esc[c];
+        } else if (c < 32) {
+            memcpy(e + 1, "u00", 3);
+            e[4] = hex[c >> 4], e[5] = hex[c & 15];
+            k = 6;
+        }
+        lg_buf_append(b, e, k);
+    }
+    lg_buf_append(b, s + run, n - run);
+    return true;
+}
+
+/* rb's chunk for content text c[0..n) into rb->out (NUL-terminated); false at a NUL. */
+static bool rebuild(rebuilt *rb, const char *c, size_t n)
+{
+    lg_buf_reset(&rb->out);
+    lg_buf_append(&rb->out, rb->around.p, rb->head);
+    if (!append_escaped(&rb->out, c, n)) return false;
+    lg_buf_append(&rb->out, rb->around.p + rb->head, rb->around.len - rb->head);
+    return true;
+}
+
+/* The delta keys a rebuilt text goes under (rebuilt.key; 0: none of them). */
+static const char *const text_keys[] = {NULL, "content", "reasoning_content", "reasoning"};
+
+/* Learns the bytes around the text of frame gen under text_keys[key] from json, the chunk
+ * built through the tree for text c[0..n): the bytes before and after its one such key's
+ * string holding that text (in JSON an unescaped quote only delimits strings, so the key's
+ * bytes cannot sit inside another value). Two such strings, or none: the tree for this
+ * frame and key. */
+static void learn(rebuilt *rb, unsigned gen, int key, const char *json, const char *c, size_t n)
+{
+    rb->gen = gen;
+    rb->key = key;
+    rb->bad = true;
+    lg_buf_reset(&rb->out);
+    lg_buf_printf(&rb->out, "\"%s\":\"", text_keys[key]);
+    size_t lead = rb->out.len;
+    if (!append_escaped(&rb->out, c, n)) return;
+    lg_buf_append(&rb->out, "\"", 1);
+    size_t len = strlen(json), k = rb->out.len;
+    const char *at = memmem(json, len, rb->out.p, k);
+    if (!at || memmem(at + 1, len - (size_t)(at + 1 - json), rb->out.p, k)) return;
+    size_t head = (size_t)(at - json) + lead, text = k - lead - 1;
+    lg_buf_reset(&rb->around);
+    lg_buf_append(&rb->around, json, head);
+    lg_buf_append(&rb->around, json + head + text, len - head - text);
+    rb->head = head;
+    rb->bad = false;
 }
 
 static void flush_held(exchange *ex)
@@ -186,7 +270,7 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
         /* Nothing to rebuild (a whole response is assembled from `sent`): the usual token. */
         ex_release(ex, LG_CH_REASONING, nr, NULL);
         ex_release(ex, LG_CH_CONTENT, nc, NULL);
-        if (raw) out_append(ex, ev->raw, ev->raw_len);
+        if (raw) ex_out_raw(ex, ev->raw, ev->raw_len);
         return 0;
     }
     lg_buf rel_r = ex_text_borrow(ex, EX_TEXT_R), rel_c = ex_text_borrow(ex, EX_TEXT_C);
@@ -197,10 +281,36 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     if ((visible || other) && d->root) {
         emit_chunk(ex, d, rel_r.p, rel_r.len, rel_c.p, rel_c.len, d->finish_reason);
     } else if (visible || other) { /* scanned on the fast path: the template needs a tree */
-        dl_delta full;
-        dl_parse(ev->data, ev->data_len, &full);
-        emit_chunk(ex, &full, rel_r.p, rel_r.len, rel_c.p, rel_c.len, full.finish_reason);
-        dl_delta_clear(&full);
+        rebuilt *rb = &CS(ex)->rb;
+        unsigned gen = CS(ex)->scan.frame_gen;
+        /* the frame around one channel's released text (a framed chunk has no finish) */
+        int key = rel_c.len                          ? (rel_r.len ? 0 : 1)
+                  : ex->mode == LG_REASONING_CONTENT ? 2
+                  : ex->mode == LG_REASONING_FIELD   ? 3
+                                                     : 0;
+        bool plain = key && !other && CS(ex)->scan.in_frame && ex->req.chat &&
+                     ex->mode != LG_REASONING_INLINE;
+        const char *t = rel_c.len ? rel_c.p : rel_r.p;
+        size_t tn = rel_c.len ? rel_c.len : rel_r.len;
+        if (plain && rb->gen == gen && rb->key == key && !rb->bad && rebuild(rb, t, tn)) {
+            ex_out_event(ex, rb->out.p);
+        } else {
+            dl_delta full;
+            dl_parse(ev->data, ev->data_len, &full);
+            char *json = plain && (rb->gen != gen || rb->key != key) && !full.finish_reason
+                             ? dl_build_chunk(&full, rel_r.len ? rel_r.p : NULL, rel_r.len,
+                                              rel_c.len ? rel_c.p : NULL, rel_c.len, (int)ex->mode,
+                                              true, NULL)
+                             : NULL;
+            if (json) { /* what emit_chunk builds for it, and the frame's bytes learned */
+                ex_out_event(ex, json);
+                learn(rb, gen, key, json, t, tn);
+                free(json);
+            } else {
+                emit_chunk(ex, &full, rel_r.p, rel_r.len, rel_c.p, rel_c.len, full.finish_reason);
+            }
+            dl_delta_clear(&full);
+        }
     }
     ex_text_return(ex, EX_TEXT_R, &rel_r);
     ex_text_return(ex, EX_TEXT_C, &rel_c);
@@ -349,6 +459,8 @@ static void chat_destroy(exchange *ex)
     lg_xfree(cs->c_model);
     lg_buf_free(&cs->done_raw);
     chunkscan_free(&cs->scan);
+    lg_buf_free(&cs->rb.around);
+    lg_buf_free(&cs->rb.out);
     lg_xfree(cs);
     ex->api_state = NULL;
 }

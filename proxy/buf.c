@@ -141,12 +141,6 @@ void lg_buf_consume(lg_buf *b, size_t n)
     b->p[b->len] = '\0';
 }
 
-void lg_buf_reset(lg_buf *b)
-{
-    b->len = 0;
-    if (b->p) b->p[0] = '\0';
-}
-
 char *lg_buf_steal(lg_buf *b)
 {
     if (!b->p) lg_buf_reserve(b, 0);

@@ -48,8 +48,12 @@ void lg_buf_printf(lg_buf *b, const char *fmt, ...) __attribute__((format(printf
 /* Drops the first n bytes (all of them when n >= len). O(len - n): the rest is moved to the
  * front, so a queue drained in small pieces wants an lg_fifo (below). */
 void lg_buf_consume(lg_buf *b, size_t n);
-/* Empties the buffer and keeps its memory for reuse. */
-void lg_buf_reset(lg_buf *b);
+/* Empties the buffer and keeps its memory for reuse. Inline: several per token. */
+static inline void lg_buf_reset(lg_buf *b)
+{
+    b->len = 0;
+    if (b->p) b->p[0] = '\0';
+}
 /* Returns the contents as a malloc'd NUL-terminated string (never NULL; "" when empty) that
  * the caller owns, and leaves the buffer empty with no memory. */
 char *lg_buf_steal(lg_buf *b);

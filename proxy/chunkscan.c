@@ -24,6 +24,7 @@ typedef struct scan {
     const char *p, *end;
     lg_buf *scratch;
     size_t chunk_len; /* the whole chunk's length: no scan decodes more than this */
+    const char *lim;  /* the chunk's end (>= end): bytes up to here may be read, not taken */
 } scan;
 
 typedef struct str {
@@ -83,23 +84,28 @@ static bool string_stop(char ch)
 
 /* The first byte of [p, end) that ends a plain run of string characters — '"', '\\' or a
  * control character — or end. Where SSE2 exists (every x86-64) sixteen bytes are tested per
- * step while sixteen remain, and the lowest set bit of the mask is the first such byte; the
+ * step while sixteen may be read (up to lim, the chunk's end, which may lie past end: a
+ * framed text's end is the frame's tail, and a token's text is shorter than sixteen), and
+ * the lowest set bit of the mask is the first such byte (end when it lies past end); the
  * byte loop takes the rest (and everything elsewhere). Keys and short texts then cost one
  * step instead of two library calls and a byte loop. */
-static const char *plain_run(const char *p, const char *end)
+static const char *plain_run(const char *p, const char *end, const char *lim)
 {
 #ifdef __SSE2__
     const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\');
     const __m128i below_space = _mm_set1_epi8(0x1f);
-    while (end - p >= 16) {
+    while (p < end && lim - p >= 16) {
         __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
         __m128i stop = _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash));
         /* unsigned v <= 0x1f exactly when max(v, 0x1f) == 0x1f */
         stop = _mm_or_si128(stop, _mm_cmpeq_epi8(_mm_max_epu8(v, below_space), below_space));
         unsigned mask = (unsigned)_mm_movemask_epi8(stop);
-        if (mask) return p + __builtin_ctz(mask);
+        if (mask) return end - p > __builtin_ctz(mask) ? p + __builtin_ctz(mask) : end;
+        if (end - p <= 16) return end;
         p += 16;
     }
+#else
+    (void)lim;
 #endif
     while (p < end && !string_stop(*p))
         p++;
@@ -158,7 +164,7 @@ static bool string(scan *c, str *out)
 {
     if (!eat(c, '"')) return false;
     const char *run = c->p;
-    c->p = plain_run(run, c->end);
+    c->p = plain_run(run, c->end, c->lim);
     if (c->p < c->end && *c->p == '"') { /* the common case: no escapes */
         *out = (str){run, (size_t)(c->p - run), false};
         c->p++;
@@ -176,7 +182,7 @@ static bool string(scan *c, str *out)
         c->p++;
         if (!escape(c)) return false;
         run = c->p;
-        c->p = plain_run(run, c->end);
+        c->p = plain_run(run, c->end, c->lim);
     }
     if (c->p >= c->end || *c->p != '"') return false;
     c->p++;
@@ -510,7 +516,7 @@ static bool resumed(const char *data, size_t len, chunkscan_state *st, dl_delta 
     size_t n = st->lead.len;
     if (!n || len <= n || memcmp(data, st->lead.p, n) != 0) return false;
     const struct chunkscan_lead *l = &st->lead_view;
-    scan c = {data + n, data + len, &st->scratch, len};
+    scan c = {data + n, data + len, &st->scratch, len, data + len};
     view v = {0};
     v.id = (str){l->id_n ? data + l->id_at : NULL, l->id_n, false};
     v.model = (str){l->model_n ? data + l->model_at : NULL, l->model_n, false};
@@ -524,7 +530,7 @@ static bool resumed(const char *data, size_t len, chunkscan_state *st, dl_delta 
 
 static bool scan_chunk(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
 {
-    scan c = {data, data + len, &st->scratch, len};
+    scan c = {data, data + len, &st->scratch, len, data + len};
     view v = {0};
     if (!object(&c, top_member, &v, 0)) return false;
     if (!accept(data, len, st, out, c, &v)) return false;
@@ -568,6 +574,8 @@ static bool accept(const char *data, size_t len, chunkscan_state *st, dl_delta *
         st->head = head;
         st->field = f + 1;
         st->role = v.role.n > 0;
+        st->frame_gen++;
+        st->in_frame = true;
     }
     return true;
 }
@@ -581,10 +589,11 @@ static bool framed(const char *data, size_t len, chunkscan_state *st, dl_delta *
     if (!st->field || len < st->frame.len + 2 || memcmp(data, st->frame.p, st->head) != 0 ||
         memcmp(data + len - tail, st->frame.p + st->head, tail) != 0)
         return false;
-    scan c = {data + st->head, data + len - tail, &st->scratch, len};
+    scan c = {data + st->head, data + len - tail, &st->scratch, len, data + len};
     str text[F_COUNT] = {{0}};
     if (*c.p != '"' || !string(&c, &text[st->field - 1]) || c.p != c.end) return false;
     fill(out, st->role ? data : NULL, text);
+    st->in_frame = true;
     return true;
 }
 
@@ -592,6 +601,7 @@ bool chunkscan(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
 {
     memset(out, 0, sizeof *out);
     lg_buf_reset(&st->scratch);
+    st->in_frame = false;
     if (framed(data, len, st, out)) return true;
     lg_buf_reset(&st->scratch); /* each reading writes *out only when it accepts */
     if (resumed(data, len, st, out)) return true;

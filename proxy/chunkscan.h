@@ -51,14 +51,17 @@ typedef struct chunkscan_state {
         bool has_created, usage;
         unsigned seen;
     } lead_view;
+    /* The frame's identity: a new number whenever a walk makes a new frame (0: none yet).
+     * in_frame: the last chunk accepted is the current frame around one string (read by
+     * the frame, or the walk that made it), so its tree differs from the frame's first
+     * chunk's only in that string's value. */
+    unsigned frame_gen;
+    bool in_frame;
 } chunkscan_state;
 
 #define CHUNKSCAN_INIT                                                                             \
     {                                                                                              \
-        LG_BUF_INIT, LG_BUF_INIT, LG_BUF_INIT, {0}, 0, 0, false, LG_BUF_INIT,                      \
-        {                                                                                          \
-            0                                                                                      \
-        }                                                                                          \
+        LG_BUF_INIT, LG_BUF_INIT, LG_BUF_INIT, {0}, 0, 0, false, LG_BUF_INIT, {0}, 0, false        \
     }
 
 /* Scans data[0..len). On true, *out describes the chunk (kind DL_CHUNK, root NULL, no

@@ -645,6 +645,37 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
     return 0;
 }
 
+void ex_out_raw(exchange *ex, const char *s, size_t n)
+{
+    if (!ex->cl.may_lend || ex->cl.lent_len || lg_fifo_len(&ex->cl.out) || !n ||
+        !ex->req.client_stream || ex->cl.ended) {
+        out_append(ex, s, n);
+        return;
+    }
+    ex->cl.out_since_ns = req_now(&ex->base);
+    if (!ex->cl.first_out_ns) ex->cl.first_out_ns = ex->cl.out_since_ns;
+    ex->cl.lent = s;
+    ex->cl.lent_len = n;
+}
+
+void ex_out_keep(exchange *ex)
+{
+    lg_fifo_append(&ex->cl.out, ex->cl.lent, ex->cl.lent_len);
+    ex->cl.lent_len = 0;
+}
+
+void ex_out_settle(exchange *ex)
+{
+    if (!ex->cl.lent_len) return;
+    if (worker_write_now(&ex->base, ex->cl.lent, ex->cl.lent_len)) {
+        ex->cl.lent_len = 0;
+        output_taken(ex);
+        return;
+    }
+    ex_out_keep(ex);
+    worker_output(&ex->base);
+}
+
 /* Direct writes (worker.h): all of `out` as one chunk. */
 static void ex_flush(lg_req *base)
 {

@@ -81,19 +81,17 @@ void ex_text_return(exchange *ex, int i, lg_buf *b)
 }
 
 /* Moves `n` bytes from the front of channel ch's held text to its sent text. */
-void ex_release(exchange *ex, lg_channel ch, size_t n, lg_buf *into)
+void ex_release_run(exchange *ex, lg_channel ch, size_t n, lg_buf *into)
 {
     chan *c = &ex->at.ch[ch];
-    if (!n) return;
     lg_buf_append(&ex->cl.sent[ch], c->held.p, n);
     if (into) lg_buf_append(into, c->held.p, n);
     lg_buf_consume(&c->held, n);
 }
 
-size_t ex_releasable(const exchange *ex, lg_channel ch)
+size_t ex_releasable_run(const exchange *ex, lg_channel ch)
 {
     const chan *c = &ex->at.ch[ch];
-    if (!c->held.len) return 0; /* a channel this event did not use */
     size_t suspect = c->g ? guard_suspect(c->g) : 0;
     /* a run of identical tokens past its first copy waits too */
     size_t run = c->g && c->run.count > 1 ? (c->run.count - 1) * c->run.len : 0;
@@ -167,10 +165,9 @@ static guard *channel_guard(exchange *ex, lg_channel ch)
 
 /* Feeds one delta of channel ch to its guard and to the token-run check. Returns true when
  * either tripped; the verdict is then taken. */
-bool ex_guard_text(exchange *ex, lg_channel ch, const char *s, size_t n)
+bool ex_guard_text_run(exchange *ex, lg_channel ch, const char *s, size_t n)
 {
     chan *c = &ex->at.ch[ch];
-    if (!n) return false;
     c->attempt_bytes += n;
     lg_buf_append(&c->held, s, n);
     if (!channel_guard(ex, ch)) return false;
@@ -275,7 +272,10 @@ size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
         ex->at.up_paused = true;
         return CURL_WRITEFUNC_PAUSE;
     }
+    ex->cl.may_lend = ex->xfer.body_last; /* the data dies with the read: see ex_out_raw */
     int rc = sse_parser_feed(ex->at.sse, data, len);
+    ex->cl.may_lend = false;
+    ex_out_settle(ex);
     if (rc == SSE_ERR_TOO_BIG) {
         ex_set_outcome(ex, "upstream_error");
         ex_fail(ex, 502, "upstream event too large", "upstream_error", "bad_upstream");

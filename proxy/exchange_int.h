@@ -111,6 +111,11 @@ typedef struct ex_client {
     bool queued;
     bool ended; /* everything is in `out` (the stream's last event included) */
     lg_fifo out;
+    /* A raw event queued by reference while `out` is empty (ex_out_raw): bytes of the
+     * worker's read, written or copied into `out` before the body callback returns. */
+    const char *lent;
+    size_t lent_len;
+    bool may_lend; /* inside a body callback whose data ends the worker's read */
     uint64_t out_since_ns, last_out_ns;
     uint64_t first_out_ns;    /* the stream's first bytes queued (the access log's TTFT) */
     lg_buf sent[LG_CH_COUNT]; /* released to the client, all attempts */
@@ -176,10 +181,15 @@ static inline double seconds_since(uint64_t then, uint64_t now)
     return now > then ? (double)(now - then) / 1e9 : 0.0;
 }
 
-/* Queues bytes for a streaming client (nothing once the stream ended). */
+/* The lent event (ex_out_raw) is copied into `out`: more output follows it, or it cannot be
+ * written at once. */
+void ex_out_keep(exchange *ex);
+
+/* Queues bytes for a streaming client (nothing once the stream ended), after a lent event. */
 static inline void out_append(exchange *ex, const char *s, size_t n)
 {
     if (!ex->req.client_stream || ex->cl.ended) return;
+    if (ex->cl.lent_len) ex_out_keep(ex);
     if (lg_fifo_len(&ex->cl.out) == 0) ex->cl.out_since_ns = req_now(&ex->base);
     if (!ex->cl.first_out_ns) ex->cl.first_out_ns = req_now(&ex->base);
     lg_fifo_append(&ex->cl.out, s, n);
@@ -193,16 +203,37 @@ static inline void out_append(exchange *ex, const char *s, size_t n)
 size_t ex_on_header(char *line, size_t size, size_t n, void *ud);
 size_t ex_on_write(char *data, size_t size, size_t n, void *ud);
 int ex_on_event(void *ud, const sse_event *ev);
+/* Queues an upstream event's own bytes s[0..n) (from an sse_event's raw, in the call of the
+ * parser's callback) for a streaming client, as out_append does. Inside a body callback of
+ * the worker's read that ends the read (exchange.c's ex_on_write), the first such event
+ * with nothing queued before it is not copied: ex_on_write writes it from the read's bytes
+ * when the callback ends (ex_out_keep copies it into `out` when more output follows). */
+void ex_out_raw(exchange *ex, const char *s, size_t n);
+/* The end of such a body callback: the lent event, if any, is written now (worker_write_now)
+ * or else copied into `out` for the flush. */
+void ex_out_settle(exchange *ex);
 /* Queues one `data: json` event for a streaming client. */
 void ex_out_event(exchange *ex, const char *json);
 /* Feeds one delta of channel ch to its guard (made when first needed) and to the
  * token-run check, and holds it. Returns true when either tripped (the verdict is taken);
  * the caller returns 1 from on_event. */
-bool ex_guard_text(exchange *ex, lg_channel ch, const char *s, size_t n);
+bool ex_guard_text_run(exchange *ex, lg_channel ch, const char *s, size_t n);
+static inline bool ex_guard_text(exchange *ex, lg_channel ch, const char *s, size_t n)
+{
+    return n && ex_guard_text_run(ex, ch, s, n); /* a channel the event does not use: no call */
+}
 /* Held bytes of channel ch that the guard has cleared. */
-size_t ex_releasable(const exchange *ex, lg_channel ch);
+size_t ex_releasable_run(const exchange *ex, lg_channel ch);
+static inline size_t ex_releasable(const exchange *ex, lg_channel ch)
+{
+    return ex->at.ch[ch].held.len ? ex_releasable_run(ex, ch) : 0;
+}
 /* Moves n held bytes of channel ch to the client's sent text (and to *into when given). */
-void ex_release(exchange *ex, lg_channel ch, size_t n, lg_buf *into);
+void ex_release_run(exchange *ex, lg_channel ch, size_t n, lg_buf *into);
+static inline void ex_release(exchange *ex, lg_channel ch, size_t n, lg_buf *into)
+{
+    if (n) ex_release_run(ex, ch, n, into);
+}
 /* The generation of this attempt ended: the guards' last checks (and the empty-answer
  * check when answer_expected and the API is templated). True when one tripped. */
 bool ex_end_checks(exchange *ex, bool answer_expected);
@@ -229,8 +260,18 @@ void ex_text_return(exchange *ex, int i, lg_buf *b);
  * the event: *r and *c are then the borrowed EX_TEXT_R / EX_TEXT_C buffers holding its
  * reasoning and answer parts (hand them back with ex_text_return); false: the text is as
  * sent. final: the generation's last event (held tag bytes are flushed). */
-bool ex_think_split(exchange *ex, const char *reasoning, size_t rn, const char *text, size_t n,
-                    bool final, lg_buf *r, lg_buf *c);
+bool ex_think_split_run(exchange *ex, const char *reasoning, size_t rn, const char *text, size_t n,
+                        bool final, lg_buf *r, lg_buf *c);
+/* The usual answer's token (no splitter, and not the attempt's first text) is decided here,
+ * without the call. */
+static inline bool ex_think_split(exchange *ex, const char *reasoning, size_t rn, const char *text,
+                                  size_t n, bool final, lg_buf *r, lg_buf *c)
+{
+    if (!ex->at.think && (!n || rn || ex->at.ch[LG_CH_REASONING].attempt_bytes ||
+                          ex->at.ch[LG_CH_CONTENT].attempt_bytes))
+        return false;
+    return ex_think_split_run(ex, reasoning, rn, text, n, final, r, c);
+}
 /* The generation of a whole response read in hindsight ended: with no </think> (and no
  * explicit <think>), what looked like reasoning was the answer, and moves back to it.
  * Returns true when it moved. */

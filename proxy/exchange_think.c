@@ -44,8 +44,8 @@ static bool starts_with_open_tag(const char *s, size_t n)
     return open_tag_match(s, n, &rest) == 7;
 }
 
-bool ex_think_split(exchange *ex, const char *reasoning, size_t rn, const char *text, size_t n,
-                    bool final, lg_buf *r, lg_buf *c)
+bool ex_think_split_run(exchange *ex, const char *reasoning, size_t rn, const char *text, size_t n,
+                        bool final, lg_buf *r, lg_buf *c)
 {
     if (n && !ex->at.think && !rn && ex->at.ch[LG_CH_REASONING].attempt_bytes == 0 &&
         ex->at.ch[LG_CH_CONTENT].attempt_bytes == 0) {

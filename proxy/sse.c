@@ -251,6 +251,23 @@ static int scan_lines(sse_parser *p, const char *s, size_t n)
     return SSE_ERR_TOO_BIG;
 }
 
+/* The usual input between events, exactly one event of one LF-ended data line and its
+ * blank line ("data:…\n\n", no CR): dispatched as scan_lines would dispatch it, without
+ * its line loop. False (nothing done) for anything else. */
+static bool one_event(sse_parser *p, const char *buf, size_t len, int *rc)
+{
+    if (len < 7 || len > p->max || p->skip_lf || buf[len - 1] != '\n' || buf[len - 2] != '\n' ||
+        memcmp(buf, "data:", 5) != 0 || memchr(buf, '\n', len - 2) || memchr(buf, '\r', len - 2))
+        return false;
+    size_t at = buf[5] == ' ' ? 6 : 5;
+    p->one = buf + at;
+    p->one_len = len - 2 - at;
+    p->deferred = false;
+    *rc = dispatch(p, buf, len);
+    p->start = p->pos = p->scan = 0;
+    return true;
+}
+
 int sse_parser_finish(sse_parser *p)
 {
     if (p->dead || !p->deferred) return 0;
@@ -274,7 +291,9 @@ int sse_parser_feed(sse_parser *p, const char *buf, size_t len)
          * nothing) and complete events are never copied. */
         if (p->in.p) lg_buf_free(&p->in); /* what the last feed that kept bytes took */
         if (len == 0) return 0;
-        int rc = scan_lines(p, buf, len);
+        int rc;
+        if (one_event(p, buf, len, &rc)) return rc;
+        rc = scan_lines(p, buf, len);
         keep_data(p);
         if (rc != SSE_ERR_TOO_BIG) {
             if (p->start < len) lg_buf_append(&p->in, buf + p->start, len - p->start);

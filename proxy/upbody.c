@@ -64,11 +64,32 @@ static size_t data_end(upbody *d, const char *p, size_t n, size_t i)
     return i;
 }
 
+/* The usual input at a chunk's start: a whole chunk, "<hex>\r\n<data>\r\n" (fewer than 16
+ * digits, a size above 0), with its CR LF after it. Decoded as the loop below decodes it
+ * (the state stays S_SIZE); 0 when p[0..n) starts otherwise (the loop then takes it). */
+static size_t whole_chunk(const char *p, size_t n, const char **data, size_t *len)
+{
+    uint64_t size = 0;
+    size_t i = 0;
+    int v;
+    while (i < n && i < MAX_DIGITS - 1 && (v = hex_value(p[i])) >= 0) {
+        size = size << 4 | (uint64_t)v;
+        i++;
+    }
+    if (!i || !size || n - i < 4 || p[i] != '\r' || p[i + 1] != '\n' || size > n - i - 4 ||
+        p[i + 2 + size] != '\r' || p[i + 3 + size] != '\n')
+        return 0;
+    *data = p + i + 2;
+    *len = (size_t)size;
+    return i + 4 + (size_t)size;
+}
+
 ssize_t upbody_next(upbody *d, const char *p, size_t n, const char **data, size_t *len)
 {
     size_t i = 0;
     *data = p;
     *len = 0;
+    if (d->state == S_SIZE && (i = whole_chunk(p, n, data, len)) != 0) return (ssize_t)i;
     while (i < n) {
         char c = p[i];
         int v;

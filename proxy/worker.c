@@ -691,7 +691,7 @@ void worker_output(lg_req *r)
 }
 
 /* Runs ops->flush of every request that queued output for a direct write. */
-static void flush_all(lg_worker *w)
+static void flush_queued(lg_worker *w)
 {
     while (w->flush_head) {
         lg_req *r = w->flush_head;
@@ -704,6 +704,13 @@ static void flush_all(lg_worker *w)
             worker_resume(r);
         }
     }
+}
+
+/* flush_queued, whose list is empty after most events (their output went out from the
+ * read, ex_out_settle): the test inline, the call not. */
+static inline void flush_all(lg_worker *w)
+{
+    if (w->flush_head) flush_queued(w);
 }
 
 /* A token's two system calls, the upstream read and the client write, made directly: glibc's
@@ -736,7 +743,8 @@ static char *chunk_size_line(char head[24], size_t n)
     return s;
 }
 
-void worker_write_chunk(lg_req *r, const char *p, size_t n)
+/* worker_write_chunk's write; false (nothing written) when the client is gone. */
+static bool write_chunk(lg_req *r, const char *p, size_t n)
 {
     char head[24];
     char *line = chunk_size_line(head, n);
@@ -744,12 +752,9 @@ void worker_write_chunk(lg_req *r, const char *p, size_t n)
         {line, (size_t)(head + sizeof head - line)}, {(void *)p, n}, {"\r\n", 2}};
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 3};
     ssize_t k = sys_sendmsg(r->client_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        client_hung_up(r->w, r);
-        return;
-    }
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
     size_t sent = k < 0 ? 0 : (size_t)k;
-    if (sent == iov[0].iov_len + n + 2) return; /* all of it: the usual case */
+    if (sent == iov[0].iov_len + n + 2) return true; /* all of it: the usual case */
     for (size_t i = 0; i < 3; i++) {
         size_t skip = sent < iov[i].iov_len ? sent : iov[i].iov_len;
         sent -= skip;
@@ -759,6 +764,17 @@ void worker_write_chunk(lg_req *r, const char *p, size_t n)
         r->tail_ns = r->w->now_ns;
         watch_writable(r, true);
     }
+    return true;
+}
+
+void worker_write_chunk(lg_req *r, const char *p, size_t n)
+{
+    if (!write_chunk(r, p, n)) client_hung_up(r->w, r);
+}
+
+bool worker_write_now(lg_req *r, const char *p, size_t n)
+{
+    return r->direct && !r->retired && !lg_fifo_len(&r->tail) && write_chunk(r, p, n);
 }
 
 /* The client socket can take more of the tail; once it is sent, MHD may be resumed or the
@@ -1389,7 +1405,9 @@ static void feed_body(lg_worker *w, lg_xfer *x, const char *p, size_t n)
             return;
         }
         if (len) {
+            x->body_last = (size_t)k == n;
             size_t took = x->body((char *)data, 1, len, x->owner);
+            x->body_last = false;
             if (took == CURL_WRITEFUNC_PAUSE) {
                 upbody_unread(&b->dec, len);
                 stash_put(b, data, (size_t)(p + n - data));
@@ -1483,11 +1501,12 @@ bool worker_body_resume(lg_worker *w, lg_xfer *x)
     return true;
 }
 
-static void drain_curl_messages(lg_worker *w)
+/* The bodies due (run_due_bodies), the transfers that could not be watched, and the
+ * messages of the transfers that left libcurl's running count: each to its owner. */
+static void drain_due(lg_worker *w)
 {
     CURLMsg *msg;
     int left;
-    if (!w->body_due.len && !w->n_unwatched && !w->curl_msgs) return; /* after most events */
     run_due_bodies(w); /* the worker's own reads of bodies, which may end transfers too */
     fail_unwatched(w);
     if (!w->curl_msgs) return;
@@ -1501,6 +1520,12 @@ static void drain_curl_messages(lg_worker *w)
         if (x) curl_easy_getinfo(easy, CURLINFO_OS_ERRNO, &x->os_errno);
         if (x && x->done) x->done(x, rc);
     }
+}
+
+/* What drain_due does, which after most events is nothing: the test inline, the call not. */
+static inline void drain_curl_messages(lg_worker *w)
+{
+    if (w->body_due.len || w->n_unwatched || w->curl_msgs) drain_due(w);
 }
 
 /* A transfer's handle is reused rather than made anew: curl_easy_init allocates and sets

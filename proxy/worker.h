@@ -158,6 +158,9 @@ typedef struct lg_xfer {
      * itself (worker_head_complete), called as libcurl calls it, with `owner` as its
      * userdata, on the worker's thread outside libcurl; NULL: libcurl reads every body. */
     curl_write_callback body;
+    /* During a call of `body` from the worker's read: the data handed over ends the read
+     * (no more of it comes in this event), so one write now is the event's only one. */
+    bool body_last;
     lg_xbody xb;
 } lg_xfer;
 
@@ -305,6 +308,11 @@ void worker_output(lg_req *r);
  * socket does not take is kept and sent before anything else. A client that is gone is
  * handled as a hang-up. */
 void worker_write_chunk(lg_req *r, const char *p, size_t n);
+/* From the body callback of the worker's read (lg_xfer.body_last): writes p[0..n) (n > 0)
+ * as one chunk now, as ops->flush would, when direct writes are armed and nothing is
+ * queued before it. False, and nothing written, otherwise (a client found gone included,
+ * which is left to the flush that follows: no hang-up runs inside the read). */
+bool worker_write_now(lg_req *r, const char *p, size_t n);
 /* A libcurl easy handle: a kept one, which still has the options of its last transfer
  * except CURLOPT_CURLU (worker_easy_put clears it), or a new one with libcurl's defaults
  * (*fresh). So a caller sets the options that differ between its transfers every time and
