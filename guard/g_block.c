@@ -169,6 +169,17 @@ static inline uint64_t digit_bits(uint64_t x)
     return (y - ones * 10) & ~y & (ones * 0x80);
 }
 
+/* The ASCII letters and digits of x (see load_le) as the high bit of their bytes, exact
+ * (each byte's high bit cleared first, so that no carry crosses bytes). */
+static inline uint64_t alnum_bits(uint64_t x)
+{
+    const uint64_t ones = 0x0101010101010101ull, high = ones * 0x80, low = ~high;
+    uint64_t v = x & low, f = (x | ones * 0x20) & low; /* f: letters folded to lower case */
+    uint64_t digit = (v + ones * (0x80 - '0')) & ~(v + ones * (0x7F - '9'));
+    uint64_t letter = (f + ones * (0x80 - 'a')) & ~(f + ones * (0x7F - 'z'));
+    return (digit | letter) & ~x & high;
+}
+
 /* The bytes [p, be) of the body that starts at s0, fewer than 8, as a number (see
  * load_le; 0 above them): the body's last 8 shifted down when it has them. */
 static inline uint64_t load_tail(const unsigned char *p, const unsigned char *be,
@@ -331,10 +342,11 @@ static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
     struct gblock *c = g->blk;
     uint64_t tex, raw = 0xCBF29CE484222325ull;
-    /* Most lines start with a letter or a digit: no art, told without the call. */
-    unsigned char first = guard_at(g, start);
-    bool alnum = ((first | 0x20) >= 'a' && (first | 0x20) <= 'z') || (first >= '0' && first <= '9');
-    if (alnum || !art_texture(g, start, end, &tex)) {
+    /* Most lines have a letter or a digit in their first 8 bytes: no art, told without the
+     * call (and without its loop, whose exit, at the first letter, follows the text). */
+    const unsigned char *x = g->buf + (start - g->base);
+    uint64_t head = end - start >= 8 ? load_le(x) : load_tail(x, x + (end - start), x);
+    if (alnum_bits(head) || !art_texture(g, start, end, &tex)) {
         c->art_run = 0;
         c->art_tex = 0;
         return false;

@@ -11,7 +11,8 @@
  * as large as the one reached ("count from 1 to 100"). A numbered list passes: its items
  * are the text between the numbers, and they differ.
  *
- * Cost: O(digits + gap) per number, reading the history; memory: four offsets and a count. */
+ * Cost: O(digits) per number, and O(gap) for a number 1 to STEP_MAX above the last, reading
+ * the history; memory: four offsets and a count. */
 #include <string.h>
 
 #include "guard/guard_int.h"
@@ -40,12 +41,27 @@ static inline bool too_long(const guard *g, uint64_t end)
            is_digit(p[1]);
 }
 
+/* The text [s, e) of a gap, whitespace folded, hashed. */
+static uint64_t gap_hash(const guard *g, uint64_t s, uint64_t e)
+{
+    uint64_t h = 0xCBF29CE484222325ull;
+    bool space = false;
+    for (uint64_t o = s; o < e; o++) {
+        unsigned char c = guard_at(g, o);
+        bool ws = c == ' ' || c == '\n' || c == '\t' || c == '\r';
+        if (ws && space) continue;
+        space = ws;
+        h = (h ^ (ws ? ' ' : c)) * 0x100000001B3ull;
+    }
+    return h;
+}
+
 bool guard_count_number(guard *g, uint64_t end, uint64_t now)
 {
     if (too_long(g, end)) { /* as the walk below would find, without the walk */
         g->cnt_last_end = end;
         g->cnt_run = 0;
-        g->cnt_gap_hash = 0;
+        g->cnt_gap = 0;
         return false;
     }
     uint64_t start = end;
@@ -55,30 +71,28 @@ bool guard_count_number(guard *g, uint64_t end, uint64_t now)
     g->cnt_last_end = end;
     if (end - start > DIGITS_MAX || start == g->base) { /* too long, or history cut it */
         g->cnt_run = 0;
-        g->cnt_gap_hash = 0;
+        g->cnt_gap = 0;
         return false;
     }
     uint64_t v = 0;
     for (uint64_t o = start; o < end; o++)
         v = v * 10 + (guard_at(g, o) - '0');
-    /* The text since the last number, whitespace folded; a gap too long, or older than the
-     * history, hashes to 0, which no count continues. */
-    uint64_t h = 0;
-    if (start - gap_from <= GAP_MAX && gap_from >= g->base) {
-        h = 0xCBF29CE484222325ull;
-        bool space = false;
-        for (uint64_t o = gap_from; o < start; o++) {
-            unsigned char c = guard_at(g, o);
-            bool ws = c == ' ' || c == '\n' || c == '\t' || c == '\r';
-            if (ws && space) continue;
-            space = ws;
-            h = (h ^ (ws ? ' ' : c)) * 0x100000001B3ull;
-        }
+    /* The text since the last number, whitespace folded, must be the text before it: a gap
+     * too long, or older than the history, is none, which no count continues. The gaps are
+     * kept as offsets (cnt_gap) and hashed only for a number 1 to STEP_MAX above the last
+     * (most numbers are not): both lie in the last 2 * (GAP_MAX + DIGITS_MAX) bytes, which
+     * the history always holds. */
+    bool gap = start - gap_from <= GAP_MAX && gap_from >= g->base;
+    uint64_t last = g->cnt_gap, last_from = last >> 8, last_len = (last & 0xFF) - 1;
+    bool counts =
+        gap && last && v > g->cnt_value && v - g->cnt_value <= STEP_MAX && last_from >= g->base;
+    if (counts) {
+        uint64_t h = gap_hash(g, gap_from, start);
+        counts = h && h == gap_hash(g, last_from, last_from + last_len);
     }
-    bool counts = h && h == g->cnt_gap_hash && v > g->cnt_value && v - g->cnt_value <= STEP_MAX;
     g->cnt_run = counts ? g->cnt_run + 1 : 0;
     if (!counts) g->cnt_from = start;
-    g->cnt_gap_hash = h;
+    g->cnt_gap = gap ? gap_from << 8 | (start - gap_from + 1) : 0;
     g->cnt_value = v;
     if (g->cnt_run < g->p->lines.count_run || g->prompt_number >= v) return false;
     guard_set_unit(g, gap_from, end);

@@ -50,10 +50,14 @@
 void guard_line_body(const guard *g, uint64_t *s, uint64_t *e)
 {
     const unsigned char *x = g->buf + (*s - g->base), *a = x, *b = g->buf + (*e - g->base);
-    /* Indentation, eight spaces at a time first: code is indented by 4 to 16. */
-    uint64_t w;
+    /* Indentation, eight spaces at a time first: code is indented by 4 to 16. The spaces
+     * that start the next 8 bytes are counted at once (no loop whose exit, the first byte
+     * of the text, would follow the indentation); a tab, or a line's last 7 bytes, go byte
+     * by byte. */
+    uint64_t w = 0x2020202020202020ull;
     while (b - a >= 8 && (memcpy(&w, a, 8), w == 0x2020202020202020ull))
         a += 8;
+    if (b - a >= 8) a += (unsigned)__builtin_ctzll(w ^ 0x2020202020202020ull) / 8;
     while (a < b && (*a == ' ' || *a == '\t'))
         a++;
     unsigned char c = a < b ? *a : 0;

@@ -319,10 +319,10 @@ struct guard {
     struct gtemplate *tpl; /* template (g_template.c): its last lines and runs; NULL until
                               the first line */
 
-    /* count (g_count.c): the last number, the hash of the text before it, the offset
-     * where the count began and the end of the last number; how many numbers in a row
-     * counted up. */
-    uint64_t cnt_value, cnt_gap_hash, cnt_from, cnt_last_end;
+    /* count (g_count.c): the last number, the text before it (its offset << 8 | its length
+     * + 1; 0: none), the offset where the count began and the end of the last number; how
+     * many numbers in a row counted up. */
+    uint64_t cnt_value, cnt_gap, cnt_from, cnt_last_end;
     unsigned cnt_run;
 
     struct gblock *blk; /* block (g_block.c): its ring of lines; NULL when off */
