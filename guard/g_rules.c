@@ -11,8 +11,11 @@
 /* The first-byte table, private to this file: 256 bytes after rule_from[n_rules] in its
  * allocation (rules_init), entry c with bit i set when rule i (< FIRST_LANES) has a known set of
  * first bytes and c is one. For a token it tells in one step, without a loop per rule that
- * exits at an unpredictable byte, where each rule's next possible start lies (lanes). */
+ * exits at an unpredictable byte, where each rule's next possible start lies (lanes). One
+ * more byte after it, JIT_BYTE, has bit i set when rule i (< FIRST_LANES) goes to
+ * pcre2_jit_match directly (rule_match). */
 #define FIRST_LANES 8
+#define JIT_BYTE    256
 
 static const unsigned char *first_tab(const guard *g)
 {
@@ -30,10 +33,15 @@ static void rules_init(guard *g)
     }
     g->md = pcre2_match_data_create((uint32_t)ovec, NULL);
     if (!g->md) abort();
-    g->rule_from = guard_xcalloc(1, p->n_rules * sizeof(*g->rule_from) + 256);
+    g->rule_from = guard_xcalloc(1, p->n_rules * sizeof(*g->rule_from) + JIT_BYTE + 1);
     unsigned char *tab = (unsigned char *)(g->rule_from + p->n_rules);
     for (size_t i = 0; i < p->n_rules && i < FIRST_LANES; i++) {
         const guard_rule *r = &p->rules[i];
+        /* pcre2_match checks a UTF pattern's subject first, pcre2_jit_match does not: those
+         * keep the check. */
+        uint32_t opts = PCRE2_UTF;
+        pcre2_pattern_info(r->re, PCRE2_INFO_ALLOPTIONS, &opts);
+        if (!(opts & PCRE2_UTF)) tab[JIT_BYTE] |= (unsigned char)(1u << i);
         for (unsigned k = 0; r->has_first && k < sizeof(r->first); k++)
             for (unsigned b = 0; r->first[k] >> b; b++)
                 if (r->first[k] >> b & 1) tab[8 * k + b] |= (unsigned char)(1u << i);
@@ -108,8 +116,15 @@ static int rule_match(const guard *g, size_t i, first_lanes *l, bool final, uint
     }
     if (from >= to && !final) return PCRE2_ERROR_NOMATCH;
     uint32_t opt = (final ? 0 : PCRE2_PARTIAL_HARD) | (lo ? PCRE2_NOTBOL : 0);
-    int rc = pcre2_match(r->re, g->buf + (lo - g->base), (PCRE2_SIZE)(to - lo),
-                         (PCRE2_SIZE)(from - lo), opt, g->md, NULL);
+    PCRE2_SPTR subj = g->buf + (lo - g->base);
+    PCRE2_SIZE len = (PCRE2_SIZE)(to - lo), start = (PCRE2_SIZE)(from - lo);
+    /* pcre2_jit_match is what pcre2_match calls for a JIT-compiled pattern, after checks that
+     * hold here; without the JIT code for this mode it says so, and pcre2_match then runs the
+     * interpreter. */
+    int rc = PCRE2_ERROR_JIT_BADOPTION;
+    if (i < FIRST_LANES && first_tab(g)[JIT_BYTE] >> i & 1)
+        rc = pcre2_jit_match(r->re, subj, len, start, opt, g->md, NULL);
+    if (rc == PCRE2_ERROR_JIT_BADOPTION) rc = pcre2_match(r->re, subj, len, start, opt, g->md, NULL);
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(g->md);
     if (rc > 0 || rc == PCRE2_ERROR_PARTIAL) {
         *ms = lo + ov[0];
