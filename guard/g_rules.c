@@ -124,7 +124,8 @@ static int rule_match(const guard *g, size_t i, first_lanes *l, bool final, uint
     int rc = PCRE2_ERROR_JIT_BADOPTION;
     if (i < FIRST_LANES && first_tab(g)[JIT_BYTE] >> i & 1)
         rc = pcre2_jit_match(r->re, subj, len, start, opt, g->md, NULL);
-    if (rc == PCRE2_ERROR_JIT_BADOPTION) rc = pcre2_match(r->re, subj, len, start, opt, g->md, NULL);
+    if (rc == PCRE2_ERROR_JIT_BADOPTION)
+        rc = pcre2_match(r->re, subj, len, start, opt, g->md, NULL);
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(g->md);
     if (rc > 0 || rc == PCRE2_ERROR_PARTIAL) {
         *ms = lo + ov[0];
