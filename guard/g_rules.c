@@ -8,6 +8,20 @@
 
 #include "guard/guard_int.h"
 
+/* The first-byte table, private to this file: 256 bytes after rule_from[n_rules] in its
+ * allocation (rules_init), entry c with bit i set when rule i (< FIRST_LANES) has a known set of
+ * first bytes and c is one. For a token it tells in one step, without a loop per rule that
+ * exits at an unpredictable byte, where each rule's next possible start lies (lanes). One
+ * more byte after it, JIT_BYTE, has bit i set when rule i (< FIRST_LANES) goes to
+ * pcre2_jit_match directly (rule_match). */
+#define FIRST_LANES 8
+#define JIT_BYTE    256
+
+static const unsigned char *first_tab(const guard *g)
+{
+    return (const unsigned char *)(g->rule_from + g->p->n_rules);
+}
+
 static void rules_init(guard *g)
 {
     const guard_params *p = g->p;
@@ -19,7 +33,19 @@ static void rules_init(guard *g)
     }
     g->md = pcre2_match_data_create((uint32_t)ovec, NULL);
     if (!g->md) abort();
-    g->rule_from = guard_xcalloc(p->n_rules, sizeof(*g->rule_from));
+    g->rule_from = guard_xcalloc(1, p->n_rules * sizeof(*g->rule_from) + JIT_BYTE + 1);
+    unsigned char *tab = (unsigned char *)(g->rule_from + p->n_rules);
+    for (size_t i = 0; i < p->n_rules && i < FIRST_LANES; i++) {
+        const guard_rule *r = &p->rules[i];
+        /* pcre2_match checks a UTF pattern's subject first, pcre2_jit_match does not: those
+         * keep the check. */
+        uint32_t opts = PCRE2_UTF;
+        pcre2_pattern_info(r->re, PCRE2_INFO_ALLOPTIONS, &opts);
+        if (!(opts & PCRE2_UTF)) tab[JIT_BYTE] |= (unsigned char)(1u << i);
+        for (unsigned k = 0; r->has_first && k < sizeof(r->first); k++)
+            for (unsigned b = 0; r->first[k] >> b; b++)
+                if (r->first[k] >> b & 1) tab[8 * k + b] |= (unsigned char)(1u << i);
+    }
 }
 
 static void rules_release(guard *g)
@@ -28,13 +54,53 @@ static void rules_release(guard *g)
     free(g->rule_from);
 }
 
-/* Matches rule i against history up to `to`, trying only starts from rule_from[i] on
+/* The first-byte table's entries of the 8 bytes before offset `to`, the one at to - 8 + j
+ * in byte j, read once per check for every rule that needs them (rule_match): `to` and
+ * whether they are read yet. */
+typedef struct {
+    uint64_t to, x;
+    bool read;
+} first_lanes;
+
+static first_lanes lanes_at(uint64_t to)
+{
+    return (first_lanes){.to = to};
+}
+
+/* The first offset in [from, to) at which rule i (with a known set of first bytes) can
+ * start a match, or to: when it is among the 8 lanes' bytes, in one step. */
+static uint64_t first_start(const guard *g, size_t i, uint64_t from, first_lanes *l)
+{
+    uint64_t to = l->to;
+    if (from < to && to - from <= 8 && to - g->base >= 8 && i < FIRST_LANES) {
+        if (!l->read) {
+            const unsigned char *s = g->buf + (to - 8 - g->base), *tab = first_tab(g);
+            l->x = 0;
+            for (unsigned j = 0; j < 8; j++)
+                l->x |= (uint64_t)tab[s[j]] << 8 * j;
+            l->read = true;
+        }
+        /* Lane j's bit i to bit j of m (each lane's bit 0 moves to bit j of the top byte). */
+        uint64_t m = (((l->x >> i) & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56;
+        m &= ~0ull << (8 - (to - from)); /* the lanes from `from` on */
+        return m ? to - 8 + (uint64_t)__builtin_ctzll(m) : to;
+    }
+    const unsigned char *first = g->p->rules[i].first;
+    while (from < to && !(first[guard_at(g, from) >> 3] & (1u << (guard_at(g, from) & 7))))
+        from++;
+    return from;
+}
+
+/* Matches rule i against history up to `to` (l->to; l: the first-byte lanes there, shared by
+ * the rules of one check), trying only starts from rule_from[i] on
  * (the subject itself begins up to rule_max_match_bytes + GUARD_RULE_STEP earlier, so
  * lookbehinds and \b see real context). Hard-partial unless `final`. Returns PCRE2's code;
  * on a complete or partial match [*ms, *me) is where it lies. Advances rule_from[i] past
  * every start that failed. Each byte is thus scanned about once, not once per check. */
-static int rule_match(const guard *g, size_t i, uint64_t to, bool final, uint64_t *ms, uint64_t *me)
+static int rule_match(const guard *g, size_t i, first_lanes *l, bool final, uint64_t *ms,
+                      uint64_t *me)
 {
+    const uint64_t to = l->to;
     const guard_params *p = g->p;
     uint64_t span = (uint64_t)p->rule_max_match_bytes + GUARD_RULE_STEP;
     uint64_t lo = to > span ? to - span : 0;
@@ -42,8 +108,7 @@ static int rule_match(const guard *g, size_t i, uint64_t to, bool final, uint64_
     uint64_t from = g->rule_from[i] > lo ? g->rule_from[i] : lo;
     const guard_rule *r = &p->rules[i];
     if (r->has_first) { /* skip to a byte that can start a match: most calls end here */
-        while (from < to && !(r->first[guard_at(g, from) >> 3] & (1u << (guard_at(g, from) & 7))))
-            from++;
+        from = first_start(g, i, from, l);
         if (from >= to) {
             g->rule_from[i] = to;
             return PCRE2_ERROR_NOMATCH;
@@ -51,8 +116,16 @@ static int rule_match(const guard *g, size_t i, uint64_t to, bool final, uint64_
     }
     if (from >= to && !final) return PCRE2_ERROR_NOMATCH;
     uint32_t opt = (final ? 0 : PCRE2_PARTIAL_HARD) | (lo ? PCRE2_NOTBOL : 0);
-    int rc = pcre2_match(r->re, g->buf + (lo - g->base), (PCRE2_SIZE)(to - lo),
-                         (PCRE2_SIZE)(from - lo), opt, g->md, NULL);
+    PCRE2_SPTR subj = g->buf + (lo - g->base);
+    PCRE2_SIZE len = (PCRE2_SIZE)(to - lo), start = (PCRE2_SIZE)(from - lo);
+    /* pcre2_jit_match is what pcre2_match calls for a JIT-compiled pattern, after checks that
+     * hold here; without the JIT code for this mode it says so, and pcre2_match then runs the
+     * interpreter. */
+    int rc = PCRE2_ERROR_JIT_BADOPTION;
+    if (i < FIRST_LANES && first_tab(g)[JIT_BYTE] >> i & 1)
+        rc = pcre2_jit_match(r->re, subj, len, start, opt, g->md, NULL);
+    if (rc == PCRE2_ERROR_JIT_BADOPTION)
+        rc = pcre2_match(r->re, subj, len, start, opt, g->md, NULL);
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(g->md);
     if (rc > 0 || rc == PCRE2_ERROR_PARTIAL) {
         *ms = lo + ov[0];
@@ -70,9 +143,10 @@ static int rule_match(const guard *g, size_t i, uint64_t to, bool final, uint64_
 static bool rules_run(guard *g, uint64_t to, bool final)
 {
     const guard_params *p = g->p;
+    first_lanes l = lanes_at(to);
     for (size_t i = 0; i < p->n_rules; i++) {
         uint64_t ms, me;
-        int rc = rule_match(g, i, to, final, &ms, &me);
+        int rc = rule_match(g, i, &l, final, &ms, &me);
         if (rc > 0 && me > ms) {
             guard_set_unit(g, ms, me);
             guard_trip(g, p->rules[i].detector, ms, to, 1);
@@ -103,9 +177,10 @@ static size_t rules_suspect(const guard *g)
 {
     const guard_params *p = g->p;
     size_t best = 0;
+    first_lanes l = lanes_at(g->fed);
     for (size_t i = 0; i < p->n_rules; i++) {
         uint64_t ms, me;
-        int rc = rule_match(g, i, g->fed, false, &ms, &me);
+        int rc = rule_match(g, i, &l, false, &ms, &me);
         if ((rc > 0 || rc == PCRE2_ERROR_PARTIAL) && g->fed - ms > best)
             best = (size_t)(g->fed - ms);
     }

@@ -271,20 +271,27 @@ static bool feed_short(guard *g, const unsigned char *s, size_t n)
     _Static_assert(NDET == 5, "feed_short has a step for every detector");
     const guard_params *p = g->p;
     const unsigned on = g->on;
+    const uint64_t fed0 = g->fed;
+    /* The usual set: leak, repeat and text with words, no rules, no budget (a content
+     * channel as configured by default). One test per piece for it. */
+    const unsigned usual = 1u << D_LEAK | 1u << D_REPEAT | 1u << D_TEXT;
+    if ((on & (usual | 1u << D_RULES | 1u << D_BUDGET)) == usual && !g->leaks_off &&
+        guard_text_words(p)) {
+        size_t i = short_loop(g, s, n, fed0, n, true, true, true, true);
+        g->fed = fed0 + i + (i < n); /* on a trip the history ends where the verdict was taken */
+        g->blen = (size_t)(g->fed - g->base);
+        return i < n;
+    }
     const bool leak = (on & 1u << D_LEAK) && !g->leaks_off, repeat = on & 1u << D_REPEAT;
     const bool text = on & 1u << D_TEXT, words = guard_text_words(p);
-    const uint64_t fed0 = g->fed;
     /* The byte at which the rules run (a multiple of GUARD_RULE_STEP fed), and the one at
      * which the budget trips, where the piece then ends; n: none in this piece. */
     size_t rules_at = n, budget_at = n;
     if (on & 1u << D_RULES) rules_at = (size_t)(GUARD_RULE_STEP - 1 - fed0 % GUARD_RULE_STEP);
     if ((on & 1u << D_BUDGET) && p->budget_bytes - fed0 < n)
         budget_at = (size_t)(p->budget_bytes - fed0);
-    size_t m = budget_at < n ? budget_at + 1 : n, i;
-    if (leak && repeat && text && words)
-        i = short_loop(g, s, m, fed0, rules_at, true, true, true, true);
-    else
-        i = short_loop(g, s, m, fed0, rules_at, leak, repeat, text, words);
+    size_t m = budget_at < n ? budget_at + 1 : n;
+    size_t i = short_loop(g, s, m, fed0, rules_at, leak, repeat, text, words);
     if (i == m && budget_at < n && detectors[D_BUDGET]->pass(g, m, fed0) == budget_at)
         i = budget_at;
     g->fed = fed0 + i + (i < n); /* on a trip the history ends where the verdict was taken */
