@@ -174,9 +174,10 @@ check: all $(UNIT_BIN) $(if $(filter 1,$(FORMAT_CHECK)),format-check)
 # e2e suites under valgrind memcheck, and a short smoke of each fuzz target (a target is a
 # suite and a case). The suites mostly wait (paced upstreams, timeouts, process start-up), so
 # tests/run.sh runs TEST_JOBS of them at a time, in two rounds:
-#   1. once the plain build is done: the valgrind suites, alone, because their pacing checks
-#      need an unloaded machine. Beside them, at nice 19 so as not to slow them: the plain
-#      corpus suites, the other variants' build (test-variants) and npm ci.
+#   1. once the plain build and npm ci (setup-npm: the SDK clients, and npm files the
+#      machine-file corpus reads) are done: the valgrind suites, alone, because their pacing
+#      checks need an unloaded machine. Beside them, at nice 19 so as not to slow them: the
+#      plain corpus suites and the other variants' build (test-variants).
 #   2. (what still runs beside back at nice 0) every other suite, the slowest builds' first,
 #      TEST_JOBS at a time.
 # Each round adds its counts to build/test-summary; the last line is the total of cases,
@@ -191,11 +192,11 @@ test:
 	@$(MAKE) setup-debs
 	@mkdir -p build; rm -f build/test-summary; st=0; t0=$$(date +%s); \
 	$(MAKE) SAN=0 all unit-bins format-check || st=1; \
-	echo "-- plain build: $$(( $$(date +%s) - t0 )) s"; \
-	(s=0; nice -n 19 $(MAKE) -k test-variants || s=1; nice -n 19 $(MAKE) setup-npm || s=1; \
-	  exit $$s) > build/test-variants.log 2>&1 & bg=$$!; \
+	$(MAKE) setup-npm || st=1; \
+	echo "-- plain build and npm ci: $$(( $$(date +%s) - t0 )) s"; \
+	nice -n 19 $(MAKE) -k test-variants > build/test-variants.log 2>&1 & bg=$$!; \
 	JOBS=$(TEST_JOBS) PASSES="$(TEST_ROUND1)" tests/run.sh || st=1; \
-	tests/run.sh --unnice $$bg; wait $$bg || { st=1; echo "test-variants or setup-npm failed:"; }; \
+	tests/run.sh --unnice $$bg; wait $$bg || { st=1; echo "test-variants failed:"; }; \
 	cat build/test-variants.log; echo "-- round 1: $$(( $$(date +%s) - t0 )) s"; \
 	JOBS=$(TEST_JOBS) PASSES="$(TEST_ROUND2)" FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) \
 	  tests/run.sh || st=1; \

@@ -152,10 +152,14 @@ def read_head(path):
 
 def gather(total):
     """Returns [(family, path, bytes)] of about `total` non-empty files; exits naming the
-    listed packages that are not installed (the corpus would not be the same)."""
+    listed packages or npm directories that are not installed (the corpus would not be the
+    same)."""
     missing = missing_debs()
     if missing:
         sys.exit("corpus: Debian packages missing (make setup installs them): %s" % " ".join(missing))
+    absent = [d for d in NPM_DIRS if not os.path.isdir(os.path.join(ROOT, d))]
+    if absent:
+        sys.exit("corpus: npm packages missing (make setup-npm installs them): %s" % " ".join(absent))
     fams = sources()
     share = {"python": 0.3, "header": 0.27, "doc": 0.23, "npm": 0.2}
     out = []
