@@ -10,7 +10,7 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startFake, startLoopguard, chat, request, SCENARIOS, SEED_BODY, isSlowBuild } from './lib.mjs';
+import { startFake, startLoopguard, chat, request, waitFor, SCENARIOS, SEED_BODY, isSlowBuild } from './lib.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const T = { timeout: isSlowBuild ? 60000 : 30000 };
@@ -22,7 +22,12 @@ describe('monitoring kit', () => {
         fake = await startFake({ scenario: path.join(SCENARIOS, 'seed_lambda.json') });
         lg = await startLoopguard({ upstream: fake.url, kind: 'sglang' });
         assert.equal((await chat(lg.url + '/v1/chat/completions', { ...SEED_BODY, stream: false })).status, 200);
-        const text = (await request(lg.url + '/loopguard/metrics')).text;
+        // The request is counted when loopguard has finished it (its access-log line), which
+        // may be a moment after the client read its last byte: scrape until it shows.
+        const trip = /^loopguard_model_trips_total\{model="\/root\/models\/Qwen3\.6-27B",route="\/v1\/chat\/completions"\} 1$/m;
+        let text = '';
+        await waitFor(async () => trip.test((text = (await request(lg.url + '/loopguard/metrics')).text)), 5000)
+            .catch(() => {});
         // Every family, with its samples' names (a histogram's _bucket, _sum and _count).
         exported = new Set();
         for (const [, name, type] of text.matchAll(/^# TYPE (\S+) (\S+)$/gm)) {
@@ -30,7 +35,7 @@ describe('monitoring kit', () => {
             if (type === 'histogram') for (const s of ['_bucket', '_sum', '_count']) exported.add(name + s);
         }
         assert.ok(exported.has('loopguard_model_trips_total'), [...exported].join(' '));
-        assert.match(text, /^loopguard_model_trips_total\{model="\/root\/models\/Qwen3\.6-27B",route="\/v1\/chat\/completions"\} 1$/m);
+        assert.match(text, trip);
     });
     after(async () => {
         await lg?.stop();
