@@ -7,13 +7,13 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
-import { startFake, startLoopguard, request, sseData, sseJSON, assembleDeltas, metrics, metricValue, waitFor, isSlowBuild, DEADLINE } from './lib.mjs';
+import { startFake, startLoopguard, request, sseData, sseJSON, assembleDeltas, metrics, metricValue, waitFor, DEADLINE } from './lib.mjs';
 
 const MSG = [{ role: 'user', content: 'Describe the water cycle for a school class' }];
 const TOKENS = 150;
-const KEPT = isSlowBuild ? 16 : 40; // keep-alive connections, each ROUNDS streams in a row
+const KEPT = 40; // keep-alive connections, each ROUNDS streams in a row
 const ROUNDS = 3;
-const HANGUPS = isSlowBuild ? 16 : 40; // streams whose client hangs up mid-stream
+const HANGUPS = 40; // streams whose client hangs up mid-stream
 const BODY = JSON.stringify({ messages: MSG, stream: true, max_tokens: TOKENS + 10 });
 
 // One stream through `agent`; with `hangUpAfter` the client destroys its request once it
