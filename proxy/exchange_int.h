@@ -262,14 +262,19 @@ void ex_text_return(exchange *ex, int i, lg_buf *b);
  * sent. final: the generation's last event (held tag bytes are flushed). */
 bool ex_think_split_run(exchange *ex, const char *reasoning, size_t rn, const char *text, size_t n,
                         bool final, lg_buf *r, lg_buf *c);
+/* True when answer text of n bytes (rn of reasoning beside it) is the attempt's first text
+ * of either channel: where whether to split is decided. */
+static inline bool ex_think_first_text(const exchange *ex, size_t rn, size_t n)
+{
+    return n && !rn && !ex->at.ch[LG_CH_REASONING].attempt_bytes &&
+           !ex->at.ch[LG_CH_CONTENT].attempt_bytes;
+}
 /* The usual answer's token (no splitter, and not the attempt's first text) is decided here,
  * without the call. */
 static inline bool ex_think_split(exchange *ex, const char *reasoning, size_t rn, const char *text,
                                   size_t n, bool final, lg_buf *r, lg_buf *c)
 {
-    if (!ex->at.think && (!n || rn || ex->at.ch[LG_CH_REASONING].attempt_bytes ||
-                          ex->at.ch[LG_CH_CONTENT].attempt_bytes))
-        return false;
+    if (!ex->at.think && !ex_think_first_text(ex, rn, n)) return false;
     return ex_think_split_run(ex, reasoning, rn, text, n, final, r, c);
 }
 /* The generation of a whole response read in hindsight ended: with no </think> (and no

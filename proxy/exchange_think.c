@@ -47,8 +47,7 @@ static bool starts_with_open_tag(const char *s, size_t n)
 bool ex_think_split_run(exchange *ex, const char *reasoning, size_t rn, const char *text, size_t n,
                         bool final, lg_buf *r, lg_buf *c)
 {
-    if (n && !ex->at.think && !rn && ex->at.ch[LG_CH_REASONING].attempt_bytes == 0 &&
-        ex->at.ch[LG_CH_CONTENT].attempt_bytes == 0) {
+    if (!ex->at.think && ex_think_first_text(ex, rn, n)) {
         /* A whole response can be split in hindsight: read it as reasoning until a
          * </think> and, if none comes, give it back to the answer (ex_think_settle). */
         bool hindsight = !ex->req.client_stream && !ex->think_opened &&
