@@ -18,7 +18,8 @@ It exits 1 when a target of the guard issue is missed (TARGETS below), 0 when al
 Options: --report, --misses (list every missed loop), --config FILE (passed to scan),
 --json FILE (the same figures and lists, machine-readable, for threshold sweeps),
 --labels FILE, --corpus DIR. Environment: LOOPGUARD_BIN (default build/loopguard),
-ALPACA_CORPUS (the corpus directory). Python 3 standard library only.
+ALPACA_CORPUS (the corpus directory; default ../shared/corpus/alpaca-dev beside this
+checkout or the one it was cloned from: default_corpus). Python 3 standard library only.
 """
 import argparse
 import glob
@@ -33,7 +34,7 @@ import sys
 from collections import Counter, defaultdict
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-DEFAULT_CORPUS = os.path.join(ROOT, "..", "shared", "corpus", "alpaca-dev")
+CORPUS_IN_SHARED = os.path.join("..", "shared", "corpus", "alpaca-dev")
 DEFAULT_LABELS = os.path.join(ROOT, "tests", "corpus", "labels", "alpaca-dev.jsonl")
 
 # The models the issue names as strong: no false trip allowed on their clean answers.
@@ -98,6 +99,31 @@ def short(s, n=60):
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
+def git_out(*args):
+    """What `git -C ROOT ARGS` prints (stripped), or "" when git fails or is absent."""
+    try:
+        r = subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True)
+    except OSError:
+        return ""
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
+def default_corpus():
+    """The team's corpus lives in ../shared beside the main checkout: beside this checkout,
+    else beside the checkout it stems from (a worktree's main checkout, or the local
+    repository a clone was made from, as CI clones main elsewhere). The first that exists;
+    else the first, for the error to name."""
+    homes = [ROOT]
+    common = git_out("rev-parse", "--path-format=absolute", "--git-common-dir")
+    if common:
+        homes.append(os.path.dirname(common))
+    origin = git_out("config", "--get", "remote.origin.url")
+    if origin and os.path.isdir(origin):
+        homes.append(origin)
+    dirs = [os.path.normpath(os.path.join(h, CORPUS_IN_SHARED)) for h in homes]
+    return next((d for d in dirs if os.path.isdir(d)), dirs[0])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--report", action="store_true", help="print only; exit 0 even when targets are missed")
@@ -105,7 +131,7 @@ def main():
     ap.add_argument("--config", help="guard config passed to loopguard scan --config")
     ap.add_argument("--json", help="also write the figures and lists to this file as JSON")
     ap.add_argument("--labels", default=DEFAULT_LABELS)
-    ap.add_argument("--corpus", default=os.environ.get("ALPACA_CORPUS", DEFAULT_CORPUS))
+    ap.add_argument("--corpus", default=os.environ.get("ALPACA_CORPUS") or default_corpus())
     args = ap.parse_args()
 
     binary = os.environ.get("LOOPGUARD_BIN", os.path.join(ROOT, "build", "loopguard"))
