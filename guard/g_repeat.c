@@ -2,7 +2,7 @@
  * repeated often enough for its class of unit.
  *
  * Candidate periods come from an 8-gram table (the distance to the previous occurrence of
- * the last 8 bytes, looked up at every fourth offset); up to GUARD_NCAND live candidates
+ * the last 8 bytes, looked up at every eighth offset); up to GUARD_NCAND live candidates
  * each cost a compare per 16 bytes of a piece (one per byte of a token, g_short.h). When a
  * candidate's periodic tail first reaches the plain threshold of its period (the period
  * table, base_need), its unit is classified (prose, separator, digits, list item, line,
@@ -309,17 +309,16 @@ static size_t repeat_run(guard *g, const unsigned char *s, size_t lim, uint64_t 
     size_t i = 0;
     while (i < lim) {
         uint64_t pos = fed0 + i;
-        /* Three bytes that are only recorded, then the one looked up: when no candidate
+        /* Seven bytes that are only recorded, then the one looked up: when no candidate
          * comes due among them, they need no test at all. */
-        if ((pos & 3) == 1 && lim - i >= 4 && next > pos + 2) {
-            gram = gram << 8 | s[i];
-            gtab[guard_gram_slot(gram)] = (uint16_t)(pos + 1);
-            gram = gram << 8 | s[i + 1];
-            gtab[guard_gram_slot(gram)] = (uint16_t)(pos + 2);
-            gram = gram << 8 | s[i + 2];
-            gtab[guard_gram_slot(gram)] = (uint16_t)(pos + 3);
-            i += 3;
-            pos += 3;
+        if ((pos & (GUARD_GRAM_EVERY - 1)) == 1 && lim - i >= GUARD_GRAM_EVERY &&
+            next > pos + GUARD_GRAM_EVERY - 2) {
+            for (unsigned k = 0; k < GUARD_GRAM_EVERY - 1; k++) {
+                gram = gram << 8 | s[i + k];
+                gtab[guard_gram_slot(gram)] = (uint16_t)(pos + 1 + k);
+            }
+            i += GUARD_GRAM_EVERY - 1;
+            pos += GUARD_GRAM_EVERY - 1;
         }
         gram = gram << 8 | s[i];
         uint32_t d = guard_gram_period(g, gtab, gram, pos);
