@@ -8,7 +8,7 @@
  * table, base_need), its unit is classified (prose, separator, digits, list item, line,
  * table, blob, code) and the threshold raised to its class's; inside a Markdown code fence
  * every threshold is multiplied by fence_factor. Cost: O(1) amortised per byte; memory: the
- * 4 KiB 8-gram table and the candidates. */
+ * 2 KiB 8-gram table and the candidates. */
 #include <stdlib.h>
 #include <string.h>
 #ifdef __SSE2__

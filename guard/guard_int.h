@@ -167,10 +167,13 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 #define GUARD_BUF_FIRST                                                                            \
     1024 /* the history starts this small and grows by half up to GUARD_BUF:                       \
             most answers are short, and memory per stream counts */
-/* The 8-gram table has 2^11 slots, 4 KiB. 2^12 costs 4 KiB more per guard for 139 bytes less
- * of loop shown to clients over the 1,800 loops of the recall corpus (22 loops, ≤ 19 bytes
- * each); the verdicts are the same. */
-#define GUARD_GTAB_BITS     11
+/* The 8-gram table has 2^10 slots, 2 KiB. 2^12 cost 4 KiB more per guard than 2^11 for 139
+ * bytes less of loop shown to clients over the 1,800 loops of the recall corpus (22 loops,
+ * ≤ 19 bytes each); 2^10 costs 2 KiB less than 2^11 for 255 bytes more over the 276 trips
+ * of AlpacaEval's answers and 1,267 files fed in tokens (0.2 %; tests/bench/HISTORY.md,
+ * gv3): a period whose 8-gram's slot was taken since is found at a later lookup. The
+ * verdicts are the same. */
+#define GUARD_GTAB_BITS     10
 #define GUARD_NCAND         8
 #define GUARD_MAX_DETECTORS 8
 #define GUARD_PROMPT_COUNTS 8
