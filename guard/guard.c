@@ -63,7 +63,10 @@ static void setup_detectors(guard *g, guard *old)
         if (d->on && !d->on(g->p)) continue;
         g->on |= 1u << k;
         g->det[g->ndet++] = d;
-        if (d->suspect) g->sus[g->nsus++] = d;
+        if (d->suspect) {
+            if (g->nsus == GUARD_SUSPECTS) abort(); /* a new one: raise GUARD_SUSPECTS */
+            g->sus[g->nsus++] = d->suspect;
+        }
         if (old && d->reset && (old->on & 1u << k)) {
             d->reset(g, old);
             kept |= 1u << k;
@@ -405,16 +408,14 @@ size_t guard_suspect(const guard *g)
         /* One call site per place in the list, as in feed_piece. */
 #define SUSPECT(k)                                                                                 \
     if ((k) < g->nsus) {                                                                           \
-        size_t d = g->sus[k]->suspect(g);                                                          \
+        size_t d = g->sus[k](g);                                                                   \
         if (d > s) s = d;                                                                          \
     }
     SUSPECT(0);
     SUSPECT(1);
     SUSPECT(2);
-    SUSPECT(3);
-    SUSPECT(4);
-    SUSPECT(5);
 #undef SUSPECT
+    _Static_assert(GUARD_SUSPECTS == 3, "guard_suspect has a call site for each hook");
     /* An ASCII byte last, and nothing suspect or a release point on a character boundary
      * within the history and the cap, the common answers: no character to keep whole, no
      * boundary to move (what suspect_bounds would find). */
