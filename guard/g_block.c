@@ -33,12 +33,16 @@
  *
  * Measured on the AlpacaEval answers (tests/corpus): 4 copies and 12 lines caught 37 of
  * the labelled loops with no false trip; 8 lines tripped on an ABC tune written out four
- * times. Cost: per line its key (O(1)); the skeleton (O(line)) and a compare per period
- * only with a run or whose line may share the key (its low byte; most lines: none), and
- * art lines a second pass; memory: about 1.2 KiB (a ring of CYCLE_RING lines), allocated
- * at the first line with a body. */
+ * times. Cost: per line its key (O(1)) and its compare with the last CYCLE_MAX_PERIOD
+ * lines' keys (one vector compare); the skeleton (O(line)) and a compare per period only
+ * with a run or whose line shares the key (most lines: none), and art lines a second
+ * pass; memory: about 1 KiB (a ring of CYCLE_RING lines), allocated at the first line
+ * with a body. */
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "guard/guard_int.h"
 
@@ -59,7 +63,6 @@ typedef struct cline {
     uint16_t num[CYCLE_NUMS]; /* the first numbers, mod 2^16 */
     uint32_t rest;            /* hash of the numbers past the first CYCLE_NUMS */
     uint16_t len;             /* at most the history's length */
-    uint16_t key;             /* its ends, digits aside (line_key), low 16 bits */
 } cline;
 
 struct gblock {
@@ -70,10 +73,10 @@ struct gblock {
     uint16_t moved[CYCLE_MAX_PERIOD + 1]; /* bit k: the line k back changed a number */
     uint32_t step[CYCLE_MAX_PERIOD + 1];  /* how much the last moved line's number went up */
     uint16_t runs;                        /* bit P: run[P] is not 0 */
-    /* How many of the last CYCLE_MAX_PERIOD lines have each value of key's low 8 bits: a
-     * line whose bits no earlier line has, while no run goes on, starts nothing. */
-    unsigned char hint[256];
-    unsigned char low[CYCLE_RING]; /* per ring slot, the low 8 bits of its line's key */
+    /* The lines' keys (line_key, low 16 bits), each twice: line m's at (-m) % CYCLE_RING
+     * and CYCLE_RING further, so that the CYCLE_RING keys from line n's are the lines n,
+     * n - 1, ... n - CYCLE_RING + 1 in this order (key_matches). */
+    uint16_t keys[2 * CYCLE_RING];
     /* The art run: its texture, the last line's hash, its length and first line. */
     uint64_t art_tex, art_raw, art_from;
     unsigned art_run;
@@ -395,24 +398,26 @@ static uint64_t line_key(const guard *g, uint64_t s, uint64_t e)
     return k ^ k >> 29;
 }
 
-/* The periods P (bit P) whose line, P lines before line n, may have a skeleton with the
- * low 8 bits `b`: its slot's byte is b (SWAR over the ring's 16 bytes; a borrow may add a
- * period, which the caller compares in full, and never drops one). */
-static uint32_t low_matches(const struct gblock *c, unsigned char b, uint64_t n)
+/* The periods P (bit P, P < CYCLE_RING) whose line, P lines before line n, has line n's
+ * key (bit 0: line n itself). */
+static inline uint32_t key_matches(const struct gblock *c, uint64_t n)
 {
-    const uint64_t ones = 0x0101010101010101ull;
+    const uint16_t *k = c->keys + (-n) % CYCLE_RING;
+#ifdef __SSE2__
+    const __m128i key = _mm_set1_epi16((short)k[0]);
+    __m128i lo = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(const void *)k), key),
+            hi = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(const void *)(k + 8)), key);
+    return (uint32_t)_mm_movemask_epi8(_mm_packs_epi16(lo, hi));
+#else
     uint32_t periods = 0;
-    for (unsigned half = 0; half < 2; half++) {
-        uint64_t x = load_le(c->low + 8 * half) ^ (ones * b);
-        for (uint64_t z = (x - ones) & ~x & (ones * 0x80); z; z &= z - 1) {
-            unsigned slot = 8 * half + (unsigned)__builtin_ctzll(z) / 8;
-            periods |= 1u << ((n - slot) % CYCLE_RING);
-        }
-    }
+    for (unsigned P = 0; P < CYCLE_RING; P++)
+        periods |= (uint32_t)(k[P] == k[0]) << P;
     return periods;
+#endif
 }
 
-static bool block_judge(guard *g, struct gblock *c, cline *l, uint64_t n, uint64_t now);
+static bool block_judge(guard *g, struct gblock *c, cline *l, uint64_t n, uint32_t todo,
+                        uint64_t now);
 
 bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
@@ -425,7 +430,6 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         c->n = 0;
         memset(c->run, 0, sizeof(c->run));
         memset(c->moved, 0, sizeof(c->moved));
-        memset(c->hint, 0, sizeof(c->hint));
         c->runs = 0;
         return false;
     }
@@ -434,40 +438,31 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     if (!p->lines.block_copies) return false;
     cline *l = &c->ring[c->n % CYCLE_RING];
     const uint16_t key = (uint16_t)line_key(g, start, end);
-    l->key = key;
     l->start = start;
     l->len = (uint16_t)(end - start);
     l->skel = 0;
     uint64_t n = c->n++;
-    unsigned char b = (unsigned char)key;
-    bool maybe = c->runs || c->hint[b];
-    c->hint[b]++;
-    if (n >= CYCLE_MAX_PERIOD) c->hint[c->low[(n - CYCLE_MAX_PERIOD) % CYCLE_RING]]--;
-    c->low[n % CYCLE_RING] = b;
-    /* Every run is 0 and stays so (most lines), or the line is judged. */
-    return maybe && block_judge(g, c, l, n, now);
+    c->keys[(-n) % CYCLE_RING] = c->keys[(-n) % CYCLE_RING + CYCLE_RING] = key;
+    /* The periods to look at: those with a run, and those whose line has l's key (of the
+     * lines since the last break); at every other P the run is 0 and stays so. Most lines:
+     * none. */
+    uint32_t todo = c->runs | key_matches(c, n);
+    todo &= n >= CYCLE_MAX_PERIOD ? PERIODS : PERIODS & ((2u << n) - 1);
+    return todo && block_judge(g, c, l, n, todo, now);
 }
 
-/* guard_block_line for a line l, the n-th, that may continue or start a run. RARE_PATH. */
-RARE_PATH static bool block_judge(guard *g, struct gblock *c, cline *l, uint64_t n, uint64_t now)
+/* guard_block_line for a line l, the n-th, whose runs at the periods `todo` (bits) may go
+ * on or start: those with a run, and those whose line has l's key. RARE_PATH. */
+RARE_PATH static bool block_judge(guard *g, struct gblock *c, cline *l, uint64_t n, uint32_t todo,
+                                  uint64_t now)
 {
     const guard_params *p = g->p;
-    const uint16_t key = l->key;
-    unsigned char b = (unsigned char)key;
-    /* The periods to look at: those with a run, and those whose line may have l's key; at
-     * every other P the run is 0 and stays so. */
-    uint32_t todo = c->runs | low_matches(c, b, n);
-    todo &= n >= CYCLE_MAX_PERIOD ? PERIODS : PERIODS & ((2u << n) - 1);
-    if (!todo) return false;
     uint64_t longest = 0; /* lines of the longest run */
     for (; todo; todo &= todo - 1) {
         unsigned P = (unsigned)__builtin_ctz(todo);
-        const cline *o = &c->ring[(n - P) % CYCLE_RING];
-        /* No run at P and another key: nothing starts (the skeleton is only read and
-         * compared where the ends match, digits aside). */
-        if (!c->run[P] && o->key != key) continue;
         if (!l->skel) read_line(g, l);
-        if (!(o = line_back(g, c, P))) {
+        const cline *o = line_back(g, c, P);
+        if (!o) {
             c->run[P] = 0;
             c->runs = (uint16_t)(c->runs & ~(1u << P));
             continue;
