@@ -97,6 +97,7 @@ struct gtemplate {
     uint64_t from[TPL_LAGS + 1];             /* per period: the first line of the run */
     unsigned miss[TPL_LAGS + 1];             /* per period: lines in a row that did not follow */
     unsigned texts[TPL_LAGS + 1]; /* per period above 1: text-template lines in the run */
+    unsigned busy;                /* not 0: a run goes on (text or run[P] not 0) */
     /* Identifier items of the current line (guard_template_item): the line, where the
      * next item begins, the previous item's first piece (0: none), the run of items
      * sharing it and those of them made of old pieces, where the run began, and the
@@ -265,48 +266,40 @@ static bool old_run(const struct gtemplate *t, unsigned P, unsigned template_run
            2 * t->texts[P] >= 3 * template_run;
 }
 
-/* The first and last 8 bytes of the body [s, e), or (shorter) its bytes twice. A frame of
- * template_bytes (16 or more) leaves one of them equal, so most pairs of lines are told
- * apart by these two compares, without calling follows. */
-static void ends(const guard *g, uint64_t s, uint64_t e, uint64_t *head, uint64_t *tail)
+/* The first and last 8 bytes of the body [s, e), or (shorter) its bytes twice, as numbers
+ * (the first byte lowest). A frame of template_bytes (16 or more) leaves one of them equal,
+ * so most pairs of lines are told apart by these two compares, without calling follows. */
+static inline void ends(const guard *g, uint64_t s, uint64_t e, uint64_t *head, uint64_t *tail)
 {
     const unsigned char *x = g->buf + (s - g->base);
-    *head = *tail = 0;
-    if (e - s < 8) {
-        memcpy(head, x, (size_t)(e - s));
-        *tail = *head;
-        return;
+    const size_t n = (size_t)(e - s);
+    uint64_t h = 0, t;
+    if (n >= 8) {
+        memcpy(&h, x, 8);
+        memcpy(&t, x + n - 8, 8);
+    } else if (e - g->base >= 8) { /* the 8 bytes that end it, the bytes before shifted out */
+        memcpy(&h, x + n - 8, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        h = __builtin_bswap64(h);
+#endif
+        h = n ? h >> 8 * (8 - n) : 0;
+        t = h;
+    } else {
+        for (size_t i = 0; i < n; i++)
+            h |= (uint64_t)x[i] << 8 * i;
+        t = h;
     }
-    memcpy(head, x, 8);
-    memcpy(tail, x + (e - s) - 8, 8);
+    *head = h;
+    *tail = t;
 }
 
-/* Is no run going on, and do the line's head and tail (see ends) both differ from those of
- * each of the TPL_LAGS lines before it? A period's run of 0 has no old slot nor text line
- * either: they end with it. */
-static bool quiet(const struct gtemplate *t, uint64_t head, uint64_t tail)
-{
-    /* In arithmetic, not branches: which compare tells a line apart is anybody's guess. */
-    unsigned tied = t->text != 0;
-    for (unsigned P = 1; P <= TPL_LAGS; P++) {
-        const unsigned k = (unsigned)((t->n - P) % TPL_RING);
-        tied |= (t->run[P] != 0) | ((P <= t->n) & ((head == t->head[k]) | (tail == t->tail[k])));
-    }
-    return !tied;
-}
-
-bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
+/* guard_template_line for a line [start, end), the t->n-th, already in the ring, that may
+ * follow one of the TPL_LAGS lines before it, or while a run goes on (t->busy). RARE_PATH. */
+RARE_PATH static bool template_judge(guard *g, struct gtemplate *t, uint64_t start, uint64_t end,
+                                     uint64_t now)
 {
     const guard_params *p = g->p;
-    if (!g->tpl) g->tpl = guard_xcalloc(1, sizeof(*g->tpl));
-    struct gtemplate *t = g->tpl;
-    if (start < g->base) { /* longer than the history: no template */
-        memset(t, 0, sizeof(*t));
-        return false;
-    }
-    if (start == end) return false;
-    uint64_t head, tail;
-    ends(g, start, end, &head, &tail);
+    const uint64_t head = t->head[t->n % TPL_RING], tail = t->tail[t->n % TPL_RING];
     /* Lines whose heads and tails both differ share no frame of 16 bytes (the template's
      * bytes are a parameter: below 16 every pair is compared). */
     const bool filter = p->lines.template_bytes >= 16;
@@ -321,10 +314,6 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         memset(t->miss, 0, sizeof(t->miss));
         memset(t->texts, 0, sizeof(t->texts));
     }
-    /* No run going on and a line apart from every line before it: nothing follows, and
-     * nothing changes but the ring (each period's count of lines that did not follow only
-     * matters inside a run: a line that follows sets it to 0). Most lines. */
-    if (filter && lags && quiet(t, head, tail)) lags = 0;
     for (unsigned P = 1; P <= lags && P <= t->n; P++) {
         const unsigned k = (unsigned)((t->n - P) % TPL_RING);
         /* The first line of this copy: the line P - 1 before this one. */
@@ -350,10 +339,7 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         }
         olds |= t->old[P] | t->texts[P];
     }
-    t->s[t->n % TPL_RING] = start;
-    t->e[t->n % TPL_RING] = end;
-    t->head[t->n % TPL_RING] = head;
-    t->tail[t->n % TPL_RING] = tail;
+    t->busy = t->text | t->run[1] | t->run[2] | t->run[3];
     t->n++;
     /* The text run (period 1), then the runs of old token slots. */
     uint64_t from = t->text_from;
@@ -371,6 +357,49 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     guard_set_unit(g, start, end);
     guard_trip(g, "template", from, now, copies);
     return true;
+}
+
+/* guard_template_line at the first line of a guard, or at a line longer than the history
+ * (no template: a break). COLD_PATH. */
+COLD_PATH static bool template_break(guard *g, uint64_t start, uint64_t end, uint64_t now)
+{
+    if (!g->tpl) g->tpl = guard_xcalloc(1, sizeof(*g->tpl));
+    if (start >= g->base) return guard_template_line(g, start, end, now);
+    memset(g->tpl, 0, sizeof(*g->tpl));
+    return false;
+}
+
+bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
+{
+    const guard_params *p = g->p;
+    struct gtemplate *t = g->tpl;
+    if (!t || start < g->base) return template_break(g, start, end, now);
+    if (start == end) return false;
+    /* The line goes into the ring (slot t->n, the line TPL_LAGS + 1 before: no period reads
+     * it), then t->n moves on. */
+    const unsigned k = (unsigned)t->n % TPL_RING;
+    uint64_t head, tail;
+    ends(g, start, end, &head, &tail);
+    t->s[k] = start;
+    t->e[k] = end;
+    t->head[k] = head;
+    t->tail[k] = tail;
+    /* No run going on, and a line shorter than a template or whose head and tail both
+     * differ from those of each of the TPL_LAGS lines before it (then it shares no frame of
+     * template_bytes, 16 or more, with any): nothing follows, and nothing changes but the
+     * ring (each period's count of lines that did not follow only matters inside a run: a
+     * line that follows sets it to 0). Most lines. In arithmetic, not branches: which
+     * compare tells a line apart is anybody's guess. Before the first TPL_LAGS lines the
+     * ring holds zeros or older lines: a line that matches them is judged, which costs
+     * time only. */
+    const uint64_t *h = t->head, *e = t->tail;
+    const unsigned k1 = (k - 1) % TPL_RING, k2 = (k - 2) % TPL_RING, k3 = (k - 3) % TPL_RING;
+    const unsigned tied = (head == h[k1]) | (head == h[k2]) | (head == h[k3]) | (tail == e[k1]) |
+                          (tail == e[k2]) | (tail == e[k3]) | (p->lines.template_bytes < 16);
+    if (t->busy || (end - start >= p->lines.template_bytes && tied))
+        return template_judge(g, t, start, end, now);
+    t->n++;
+    return false;
 }
 
 /* Identifier items: a line that lists names separated by commas, each name of two pieces
