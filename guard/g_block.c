@@ -340,16 +340,15 @@ static bool art_texture(const guard *g, uint64_t s, uint64_t e, uint64_t *tex)
 
 /* The art run: art lines in a row with one texture, each (but repeats) different from the
  * line before: a drawing that keeps growing rows of the same dots. A drawing's rows differ
- * in texture; a tall wall repeats the same row, which the repeat detector judges. */
-static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
+ * in texture; a tall wall repeats the same row, which the repeat detector judges. For a line
+ * with no ASCII letter or digit in its first 8 bytes (most lines have one: no art, told by
+ * the caller without this call, and without art_texture's loop, whose exit, at the first
+ * letter, follows the text). RARE_PATH. */
+RARE_PATH static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
     struct gblock *c = g->blk;
     uint64_t tex, raw = 0xCBF29CE484222325ull;
-    /* Most lines have a letter or a digit in their first 8 bytes: no art, told without the
-     * call (and without its loop, whose exit, at the first letter, follows the text). */
-    const unsigned char *x = g->buf + (start - g->base);
-    uint64_t head = end - start >= 8 ? load_le(x) : load_tail(x, x + (end - start), x);
-    if (alnum_bits(head) || !art_texture(g, start, end, &tex)) {
+    if (!art_texture(g, start, end, &tex)) {
         c->art_run = 0;
         c->art_tex = 0;
         return false;
@@ -372,22 +371,14 @@ static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     return true;
 }
 
-/* The key of the body [s, e): its first and last 8 bytes (or its bytes), each digit a 0
- * byte, mixed. Lines with one skeleton and numbers of the same lengths share it; a number
- * that grew a digit in the last or first 8 bytes moves it. Most lines' keys match none of
- * the last CYCLE_MAX_PERIOD lines', and their skeletons are not read (read_line). */
-static uint64_t line_key(const guard *g, uint64_t s, uint64_t e)
+/* The key of a body from its first and last 8 bytes (a body under 8 bytes: its bytes and
+ * 0; see load_le), each digit a 0 byte, mixed. Lines with one skeleton and numbers of the
+ * same lengths share it; a number that grew a digit in the last or first 8 bytes moves it.
+ * Most lines' keys match none of the last CYCLE_MAX_PERIOD lines', and their skeletons are
+ * not read (read_line). */
+static inline uint64_t line_key(uint64_t head, uint64_t tail)
 {
-    const unsigned char *x = g->buf + (s - g->base);
     const uint64_t ones = 0x0101010101010101ull, high = ones * 0x80;
-    uint64_t head, tail;
-    if (e - s >= 8) {
-        head = load_le(x);
-        tail = load_le(x + (e - s) - 8);
-    } else {
-        head = load_tail(x, x + (e - s), x);
-        tail = 0;
-    }
     /* A byte y of v ^ '0' * ones is a digit when y < 10: each byte's high bit set first, so
      * that no borrow crosses bytes (exact, unlike digit_bits). */
     uint64_t y = head ^ (ones * '0'), z = tail ^ (ones * '0');
@@ -419,25 +410,14 @@ static inline uint32_t key_matches(const struct gblock *c, uint64_t n)
 static bool block_judge(guard *g, struct gblock *c, cline *l, uint64_t n, uint32_t todo,
                         uint64_t now);
 
-bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
+/* The block step of the line [start, end) (1 to UINT16_MAX bytes in the history), whose
+ * first and last 8 bytes are head and tail (see line_key): its key, and the periods it may
+ * go on or start. */
+static inline bool block_step(guard *g, struct gblock *c, uint64_t start, uint64_t end,
+                              uint64_t head, uint64_t tail, uint64_t now)
 {
-    const guard_params *p = g->p;
-    /* Made at the first line (memory per stream counts: a text without a newline needs
-     * none). */
-    if (!g->blk) g->blk = guard_xcalloc(1, sizeof(*g->blk));
-    struct gblock *c = g->blk;
-    if (start < g->base || end - start > UINT16_MAX) { /* longer than the history: a break */
-        c->n = 0;
-        memset(c->run, 0, sizeof(c->run));
-        memset(c->moved, 0, sizeof(c->moved));
-        c->runs = 0;
-        return false;
-    }
-    if (start == end) return false;
-    if (p->lines.art_run && art_line(g, start, end, now)) return true;
-    if (!p->lines.block_copies) return false;
     cline *l = &c->ring[c->n % CYCLE_RING];
-    const uint16_t key = (uint16_t)line_key(g, start, end);
+    const uint16_t key = (uint16_t)line_key(head, tail);
     l->start = start;
     l->len = (uint16_t)(end - start);
     l->skel = 0;
@@ -448,7 +428,58 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
      * none. */
     uint32_t todo = c->runs | key_matches(c, n);
     todo &= n >= CYCLE_MAX_PERIOD ? PERIODS : PERIODS & ((2u << n) - 1);
-    return todo && block_judge(g, c, l, n, todo, now);
+    if (!todo) return false;
+    return block_judge(g, c, l, n, todo, now);
+}
+
+/* guard_block_line for a line that may be art (see art_line), then its block step.
+ * RARE_PATH. */
+RARE_PATH static bool art_block(guard *g, uint64_t start, uint64_t end, uint64_t head,
+                                uint64_t tail, uint64_t now)
+{
+    if (art_line(g, start, end, now)) return true;
+    if (!g->p->lines.block_copies) return false;
+    return block_step(g, g->blk, start, end, head, tail, now);
+}
+
+/* guard_block_line at the first line of a guard, or at a line longer than the history
+ * (a break). COLD_PATH. */
+COLD_PATH static bool block_break(guard *g, uint64_t start, uint64_t end, uint64_t now)
+{
+    /* Made at the first line (memory per stream counts: a text without a newline needs
+     * none). */
+    if (!g->blk) g->blk = guard_xcalloc(1, sizeof(*g->blk));
+    if (start >= g->base && end - start <= UINT16_MAX) return guard_block_line(g, start, end, now);
+    struct gblock *c = g->blk;
+    c->n = 0;
+    memset(c->run, 0, sizeof(c->run));
+    memset(c->moved, 0, sizeof(c->moved));
+    c->runs = 0;
+    return false;
+}
+
+bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
+{
+    const guard_params *p = g->p;
+    struct gblock *c = g->blk;
+    if (!c || start < g->base || end - start > UINT16_MAX) return block_break(g, start, end, now);
+    if (start == end) return false;
+    const unsigned char *x = g->buf + (start - g->base);
+    const size_t len = (size_t)(end - start);
+    uint64_t head, tail = 0;
+    if (len >= 8) {
+        head = load_le(x);
+        tail = load_le(x + len - 8);
+    } else if (x + len - g->buf >= 8) { /* the 8 bytes that end it, those before shifted out */
+        head = load_le(x + len - 8) >> 8 * (8 - len);
+    } else {
+        head = load_tail(x, x + len, x);
+    }
+    if (p->lines.art_run && !alnum_bits(head)) return art_block(g, start, end, head, tail, now);
+    c->art_run = 0;
+    c->art_tex = 0;
+    if (!p->lines.block_copies) return false;
+    return block_step(g, c, start, end, head, tail, now);
 }
 
 /* guard_block_line for a line l, the n-th, whose runs at the periods `todo` (bits) may go
