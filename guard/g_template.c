@@ -44,35 +44,63 @@
  * allocated at the first line or item. */
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "guard/guard_int.h"
 
+/* The first byte of [a, b) that is no blank (space or tab), or b. 16 bytes at a time: code
+ * is indented by 4 to 16 bytes, and a body shorter than 16 bytes is read as the 16 bytes
+ * that end it (those before a count as blanks) when the history has them; no loop whose
+ * exit, the first byte of the text, would follow the indentation. */
+static inline const unsigned char *skip_blanks(const guard *g, const unsigned char *a,
+                                               const unsigned char *b)
+{
+#ifdef __SSE2__
+    const __m128i sp = _mm_set1_epi8(' '), tab = _mm_set1_epi8('\t');
+    for (; b - a >= 16; a += 16) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)a);
+        unsigned text = ~(unsigned)_mm_movemask_epi8(
+                            _mm_or_si128(_mm_cmpeq_epi8(x, sp), _mm_cmpeq_epi8(x, tab))) &
+                        0xFFFF;
+        if (text) return a + __builtin_ctz(text);
+    }
+    if (a < b && b - g->buf >= 16) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(b - 16));
+        unsigned text = ~(unsigned)_mm_movemask_epi8(
+                            _mm_or_si128(_mm_cmpeq_epi8(x, sp), _mm_cmpeq_epi8(x, tab))) &
+                        (0xFFFFu << (16 - (b - a))) & 0xFFFF;
+        return text ? b - 16 + __builtin_ctz(text) : b;
+    }
+#endif
+    while (a < b && (*a == ' ' || *a == '\t'))
+        a++;
+    return a;
+}
+
 void guard_line_body(const guard *g, uint64_t *s, uint64_t *e)
 {
-    const unsigned char *x = g->buf + (*s - g->base), *a = x, *b = g->buf + (*e - g->base);
-    /* Indentation, eight spaces at a time first: code is indented by 4 to 16. The spaces
-     * that start the next 8 bytes are counted at once (no loop whose exit, the first byte
-     * of the text, would follow the indentation); a tab, or a line's last 7 bytes, go byte
-     * by byte. */
-    uint64_t w = 0x2020202020202020ull;
-    while (b - a >= 8 && (memcpy(&w, a, 8), w == 0x2020202020202020ull))
-        a += 8;
-    if (b - a >= 8) a += (unsigned)__builtin_ctzll(w ^ 0x2020202020202020ull) / 8;
-    while (a < b && (*a == ' ' || *a == '\t'))
-        a++;
+    const unsigned char *x = g->buf + (*s - g->base), *b = g->buf + (*e - g->base);
+    const unsigned char *a = skip_blanks(g, x, b);
+    /* A list marker: a bullet, or digits and '.' or ')'. */
+    static const unsigned char mark[256] = {
+        ['-'] = 1, ['*'] = 1, ['+'] = 1, ['0' ... '9'] = 2, [0xE2] = 3};
     unsigned char c = a < b ? *a : 0;
-    if (c == '-' || c == '*' || c == '+') {
-        a++;
-    } else if (c >= '0' && c <= '9') {
-        const unsigned char *d = a;
-        while (d < b && *d >= '0' && *d <= '9')
-            d++;
-        if (d < b && (*d == '.' || *d == ')')) a = d + 1;
-    } else if (b - a >= 3 && c == 0xE2 && a[1] == 0x80 && a[2] == 0xA2) { /* • */
-        a += 3;
+    if (__builtin_expect(mark[c], 0)) {
+        if (mark[c] == 1) {
+            a++;
+        } else if (mark[c] == 2) {
+            const unsigned char *d = a;
+            while (d < b && *d >= '0' && *d <= '9')
+                d++;
+            if (d < b && (*d == '.' || *d == ')')) a = d + 1;
+        } else if (b - a >= 3 && a[1] == 0x80 && a[2] == 0xA2) { /* • */
+            a += 3;
+        }
+        while (a < b && (*a == ' ' || *a == '\t'))
+            a++;
     }
-    while (a < b && (*a == ' ' || *a == '\t'))
-        a++;
     while (b > a && (b[-1] == ' ' || b[-1] == '\r'))
         b--;
     *e = *s + (uint64_t)(b - x);
