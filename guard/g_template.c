@@ -430,6 +430,42 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     return false;
 }
 
+/* May [a, b) be a name of two pieces: are its first 16 bytes (all, when fewer) letters,
+ * digits, '_' or '-', with a '_' or '-' among them when they are all? Most items are not
+ * (prose, arguments), told without the byte loop, whose exit follows the text. */
+static inline bool may_be_name(const guard *g, const unsigned char *a, const unsigned char *b)
+{
+#ifdef __SSE2__
+    unsigned valid; /* the bytes of [a, b) among the 16 read */
+    const unsigned char *at;
+    if (b - a >= 16) {
+        at = a;
+        valid = 0xFFFF;
+    } else if (b - g->buf >= 16) {
+        at = b - 16;
+        valid = (0xFFFFu << (16 - (b - a))) & 0xFFFF;
+    } else {
+        return true;
+    }
+    const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)at);
+    const __m128i f = _mm_sub_epi8(_mm_or_si128(x, _mm_set1_epi8(0x20)), _mm_set1_epi8('a'));
+    const __m128i d = _mm_sub_epi8(x, _mm_set1_epi8('0'));
+    const __m128i letter = _mm_cmpeq_epi8(_mm_min_epu8(f, _mm_set1_epi8(25)), f);
+    const __m128i digit = _mm_cmpeq_epi8(_mm_min_epu8(d, _mm_set1_epi8(9)), d);
+    const __m128i joint =
+        _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('_')), _mm_cmpeq_epi8(x, _mm_set1_epi8('-')));
+    unsigned ok = (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(letter, digit), joint));
+    unsigned joints = (unsigned)_mm_movemask_epi8(joint) & valid;
+    if ((ok & valid) != valid) return false;
+    return joints || b - a > 16;
+#else
+    (void)g;
+    (void)a;
+    (void)b;
+    return true;
+#endif
+}
+
 /* Identifier items: a line that lists names separated by commas, each name of two pieces
  * or more joined by '_' or '-' ("ARCHIVING_ON_NET, ARCHIVING_ON_NET_WITH_ARCHIVING, ..."),
  * names that share their first piece with the one before. Such a list is a loop when its
@@ -452,10 +488,11 @@ bool guard_template_item(guard *g, uint64_t line_start, uint64_t end, uint64_t n
     uint64_t s = t->item_from, e = end;
     t->item_from = end + 1;
     if (s < g->base) s = e; /* longer than the history: no name */
-    while (s < e && (guard_at(g, s) == ' ' || guard_at(g, s) == '\t'))
-        s++;
+    const unsigned char *is = g->buf + (s - g->base), *ie = g->buf + (e - g->base);
+    s += (uint64_t)(skip_blanks(g, is, ie) - is);
     unsigned char c = s < e ? guard_at(g, s) : 0;
-    bool name = e - s <= ITEM_MAX && (((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c == '_');
+    bool name = e - s <= ITEM_MAX && (((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c == '_') &&
+                may_be_name(g, g->buf + (s - g->base), ie);
     /* The hashes of the pieces between '_' and '-'. */
     uint64_t h = 0xCBF29CE484222325ull, hs[ITEM_MAX / 2 + 1];
     unsigned n = 0;
