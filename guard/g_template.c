@@ -155,33 +155,109 @@ static inline bool is_word(unsigned char c)
     return slot_cls[c] & (S_DIGIT | S_LETTER | S_UNDERSCORE);
 }
 
+#ifdef __SSE2__
+/* The bytes of x from lo to lo + n (unsigned), as 0xFF bytes. */
+static inline __m128i in_range(__m128i x, char lo, char n)
+{
+    __m128i d = _mm_sub_epi8(x, _mm_set1_epi8(lo));
+    return _mm_cmpeq_epi8(_mm_min_epu8(d, _mm_set1_epi8(n)), d);
+}
+
+static inline unsigned mask16(__m128i x)
+{
+    return (unsigned)_mm_movemask_epi8(x);
+}
+
+/* The next 16 bytes of [*c, end) into *x and the mask of those in it into *valid: the 16 at
+ * *c, or fewer than 16 left, the 16 that end at end (the history has them before). *c
+ * moves past them. False when none are left, or when fewer than 16 are and the history
+ * does not hold 16 before end: the caller takes those one by one. */
+static inline bool next16(const guard *g, const unsigned char **c, const unsigned char *end,
+                          __m128i *x, unsigned *valid)
+{
+    if (end - *c >= 16) {
+        *x = _mm_loadu_si128((const __m128i *)(const void *)*c);
+        *valid = 0xFFFF;
+        *c += 16;
+        return true;
+    }
+    if (*c == end || end - g->buf < 16) return false;
+    *x = _mm_loadu_si128((const __m128i *)(const void *)(end - 16));
+    *valid = (0xFFFFu << (16 - (end - *c))) & 0xFFFF;
+    *c = end;
+    return true;
+}
+
+/* The ASCII letters and the bytes of non-ASCII characters of x. */
+static inline unsigned letters16(__m128i x)
+{
+    return mask16(in_range(_mm_or_si128(x, _mm_set1_epi8(0x20)), 'a', 25)) | mask16(x);
+}
+
+/* The bits set in a 16-bit mask (no -mpopcnt: __builtin_popcount is a call). */
+static inline unsigned pop16(unsigned m)
+{
+    m -= (m >> 1) & 0x5555u;
+    m = (m & 0x3333u) + ((m >> 2) & 0x3333u);
+    m = (m + (m >> 4)) & 0x0F0Fu;
+    return (m + (m >> 8)) & 0x1Fu;
+}
+#endif
+
 /* What history [s, e) holds: S_DIGIT, S_SPACE (a space or tab), S_LETTER (ASCII, or any
- * byte of a non-ASCII character). */
+ * byte of a non-ASCII character). 16 bytes at a time. */
 static unsigned holds(const guard *g, uint64_t s, uint64_t e)
 {
     unsigned h = 0;
-    for (const unsigned char *c = g->buf + (s - g->base), *end = c + (e - s); c < end; c++)
-        h |= slot_cls[*c];
+    const unsigned char *c = g->buf + (s - g->base), *end = c + (e - s);
+#ifdef __SSE2__
+    __m128i x;
+    unsigned v;
+    while (next16(g, &c, end, &x, &v)) {
+        __m128i space = _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8(' ')),
+                                     _mm_cmpeq_epi8(x, _mm_set1_epi8('\t')));
+        h |= ((mask16(in_range(x, '0', 9)) & v) != 0) * S_DIGIT |
+             ((mask16(space) & v) != 0) * S_SPACE | ((letters16(x) & v) != 0) * S_LETTER;
+    }
+#endif
+    for (; c < end; c++)
+        h |= slot_cls[*c] & (S_DIGIT | S_SPACE | S_LETTER);
     return h;
 }
 
 /* Text: three words at least, letters at least half the body, and no code character
  * (= ; < > @ [ \\ ] _ ` { | }). Code and data declare lines on one template by design
  * (imports, tables of constants, dict entries): 25 of the 2,247 machine files tripped when
- * code lines counted for the text template. */
+ * code lines counted for the text template. 16 bytes at a time. */
 static bool is_text(const guard *g, uint64_t s, uint64_t e)
 {
-    static const unsigned char code[128] = {
+    static const unsigned char code_cls[128] = {
         ['='] = 1, [';'] = 1, ['<'] = 1, ['>'] = 1, ['@'] = 1, ['['] = 1, ['\\'] = 1,
         [']'] = 1, ['_'] = 1, ['`'] = 1, ['{'] = 1, ['|'] = 1, ['}'] = 1};
     uint64_t letters = 0, gaps = 0;
-    for (uint64_t o = s; o < e; o++) {
-        unsigned char c = guard_at(g, o);
-        if (c < 0x80 && code[c]) return false;
-        letters += ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c >= 0x80;
-        gaps += c == ' ';
+    unsigned code = 0;
+    const unsigned char *c = g->buf + (s - g->base), *end = c + (e - s);
+#ifdef __SSE2__
+    __m128i x;
+    unsigned v;
+    while (next16(g, &c, end, &x, &v)) {
+        /* The code characters: ; < = > (3B-3E), @ (40), [ \ ] (5B-5D), _ ` (5F-60),
+         * { | } (7B-7D). */
+        __m128i k =
+            _mm_or_si128(_mm_or_si128(in_range(x, 0x3B, 3), _mm_cmpeq_epi8(x, _mm_set1_epi8(0x40))),
+                         _mm_or_si128(_mm_or_si128(in_range(x, 0x5B, 2), in_range(x, 0x5F, 1)),
+                                      in_range(x, 0x7B, 2)));
+        code |= mask16(k) & v;
+        letters += pop16(letters16(x) & v);
+        gaps += pop16(mask16(_mm_cmpeq_epi8(x, _mm_set1_epi8(' '))) & v);
     }
-    return gaps >= 2 && letters * 2 >= e - s;
+#endif
+    for (; c < end; c++) {
+        code |= *c < 0x80 && code_cls[*c];
+        letters += ((*c | 0x20) >= 'a' && (*c | 0x20) <= 'z') || *c >= 0x80;
+        gaps += *c == ' ';
+    }
+    return !code && gaps >= 2 && letters * 2 >= e - s;
 }
 
 /* Is history [s, e) found in the RECENT bytes before `before` (`word`: as a whole word, not
