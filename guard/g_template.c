@@ -141,13 +141,29 @@ void guard_template_release(guard *g)
     free(g->tpl);
 }
 
-/* Byte classes: a slot's bytes (holds) and those of words (is_word: letters, digits, '_'
- * and every byte of a non-ASCII character). */
-enum { S_DIGIT = 1, S_SPACE = 2, S_LETTER = 4, S_UNDERSCORE = 8 };
+/* Byte classes: a slot's bytes (scan) and those of words (is_word: letters, digits, '_'
+ * and every byte of a non-ASCII character). S_CODE: the code characters (scan). */
+enum { S_DIGIT = 1, S_SPACE = 2, S_LETTER = 4, S_UNDERSCORE = 8, S_CODE = 16 };
 static const unsigned char slot_cls[256] = {
-    ['0' ... '9'] = S_DIGIT,  [' '] = S_SPACE,          ['\t'] = S_SPACE,
-    ['A' ... 'Z'] = S_LETTER, ['a' ... 'z'] = S_LETTER, [0x80 ... 0xFF] = S_LETTER,
-    ['_'] = S_UNDERSCORE,
+    ['0' ... '9'] = S_DIGIT,
+    [' '] = S_SPACE,
+    ['\t'] = S_SPACE,
+    ['A' ... 'Z'] = S_LETTER,
+    ['a' ... 'z'] = S_LETTER,
+    [0x80 ... 0xFF] = S_LETTER,
+    ['_'] = S_UNDERSCORE | S_CODE,
+    ['='] = S_CODE,
+    [';'] = S_CODE,
+    ['<'] = S_CODE,
+    ['>'] = S_CODE,
+    ['@'] = S_CODE,
+    ['['] = S_CODE,
+    ['\\'] = S_CODE,
+    [']'] = S_CODE,
+    ['`'] = S_CODE,
+    ['{'] = S_CODE,
+    ['|'] = S_CODE,
+    ['}'] = S_CODE,
 };
 
 static inline bool is_word(unsigned char c)
@@ -205,8 +221,10 @@ static inline unsigned pop16(unsigned m)
 #endif
 
 /* What history [s, e) holds: S_DIGIT, S_SPACE (a space or tab), S_LETTER (ASCII, or any
- * byte of a non-ASCII character). 16 bytes at a time. */
-static unsigned holds(const guard *g, uint64_t s, uint64_t e)
+ * byte of a non-ASCII character); with `text`, also S_CODE (= ; < > @ [ \\ ] _ ` { | }), and
+ * its letters and spaces into *letters and *gaps. 16 bytes at a time. */
+static inline unsigned scan(const guard *g, uint64_t s, uint64_t e, bool text, uint64_t *letters,
+                            uint64_t *gaps)
 {
     unsigned h = 0;
     const unsigned char *c = g->buf + (s - g->base), *end = c + (e - s);
@@ -214,50 +232,47 @@ static unsigned holds(const guard *g, uint64_t s, uint64_t e)
     __m128i x;
     unsigned v;
     while (next16(g, &c, end, &x, &v)) {
-        __m128i space = _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8(' ')),
-                                     _mm_cmpeq_epi8(x, _mm_set1_epi8('\t')));
-        h |= ((mask16(in_range(x, '0', 9)) & v) != 0) * S_DIGIT |
-             ((mask16(space) & v) != 0) * S_SPACE | ((letters16(x) & v) != 0) * S_LETTER;
-    }
-#endif
-    for (; c < end; c++)
-        h |= slot_cls[*c] & (S_DIGIT | S_SPACE | S_LETTER);
-    return h;
-}
-
-/* Text: three words at least, letters at least half the body, and no code character
- * (= ; < > @ [ \\ ] _ ` { | }). Code and data declare lines on one template by design
- * (imports, tables of constants, dict entries): 25 of the 2,247 machine files tripped when
- * code lines counted for the text template. 16 bytes at a time. */
-static bool is_text(const guard *g, uint64_t s, uint64_t e)
-{
-    static const unsigned char code_cls[128] = {
-        ['='] = 1, [';'] = 1, ['<'] = 1, ['>'] = 1, ['@'] = 1, ['['] = 1, ['\\'] = 1,
-        [']'] = 1, ['_'] = 1, ['`'] = 1, ['{'] = 1, ['|'] = 1, ['}'] = 1};
-    uint64_t letters = 0, gaps = 0;
-    unsigned code = 0;
-    const unsigned char *c = g->buf + (s - g->base), *end = c + (e - s);
-#ifdef __SSE2__
-    __m128i x;
-    unsigned v;
-    while (next16(g, &c, end, &x, &v)) {
-        /* The code characters: ; < = > (3B-3E), @ (40), [ \ ] (5B-5D), _ ` (5F-60),
-         * { | } (7B-7D). */
-        __m128i k =
-            _mm_or_si128(_mm_or_si128(in_range(x, 0x3B, 3), _mm_cmpeq_epi8(x, _mm_set1_epi8(0x40))),
-                         _mm_or_si128(_mm_or_si128(in_range(x, 0x5B, 2), in_range(x, 0x5F, 1)),
-                                      in_range(x, 0x7B, 2)));
-        code |= mask16(k) & v;
-        letters += pop16(letters16(x) & v);
-        gaps += pop16(mask16(_mm_cmpeq_epi8(x, _mm_set1_epi8(' '))) & v);
+        const unsigned letter = letters16(x) & v,
+                       space = mask16(_mm_cmpeq_epi8(x, _mm_set1_epi8(' '))) & v,
+                       tab = mask16(_mm_cmpeq_epi8(x, _mm_set1_epi8('\t'))) & v;
+        h |= ((mask16(in_range(x, '0', 9)) & v) != 0) * S_DIGIT | ((space | tab) != 0) * S_SPACE |
+             (letter != 0) * S_LETTER;
+        if (text) {
+            /* ; < = > (3B-3E), @ (40), [ \ ] (5B-5D), _ ` (5F-60), { | } (7B-7D) */
+            const __m128i code = _mm_or_si128(
+                _mm_or_si128(in_range(x, 0x3B, 3), _mm_cmpeq_epi8(x, _mm_set1_epi8(0x40))),
+                _mm_or_si128(_mm_or_si128(in_range(x, 0x5B, 2), in_range(x, 0x5F, 1)),
+                             in_range(x, 0x7B, 2)));
+            h |= ((mask16(code) & v) != 0) * S_CODE;
+            *letters += pop16(letter);
+            *gaps += pop16(space);
+        }
     }
 #endif
     for (; c < end; c++) {
-        code |= *c < 0x80 && code_cls[*c];
-        letters += ((*c | 0x20) >= 'a' && (*c | 0x20) <= 'z') || *c >= 0x80;
-        gaps += *c == ' ';
+        h |= slot_cls[*c] & (text ? 0xFF : S_DIGIT | S_SPACE | S_LETTER);
+        if (text) {
+            *letters += (slot_cls[*c] & S_LETTER) != 0;
+            *gaps += *c == ' ';
+        }
     }
-    return !code && gaps >= 2 && letters * 2 >= e - s;
+    return h;
+}
+
+/* What history [s, e) holds (see scan). */
+static unsigned holds(const guard *g, uint64_t s, uint64_t e)
+{
+    return scan(g, s, e, false, NULL, NULL);
+}
+
+/* Text: three words at least, letters at least half the body, and no code character.
+ * Code and data declare lines on one template by design (imports, tables of constants,
+ * dict entries): 25 of the 2,247 machine files tripped when code lines counted for the
+ * text template. */
+static bool is_text(const guard *g, uint64_t s, uint64_t e)
+{
+    uint64_t letters = 0, gaps = 0;
+    return !(scan(g, s, e, true, &letters, &gaps) & S_CODE) && gaps >= 2 && letters * 2 >= e - s;
 }
 
 /* Is history [s, e) found in the RECENT bytes before `before` (`word`: as a whole word, not
