@@ -375,16 +375,30 @@ RARE_PATH static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t 
  * 0; see load_le), each digit a 0 byte, mixed. Lines with one skeleton and numbers of the
  * same lengths share it; a number that grew a digit in the last or first 8 bytes moves it.
  * Most lines' keys match none of the last CYCLE_MAX_PERIOD lines', and their skeletons are
- * not read (read_line). */
-static inline uint64_t line_key(uint64_t head, uint64_t tail)
+ * not read (read_line). *art: the first 8 bytes hold no ASCII letter or digit. */
+static inline uint64_t line_key(uint64_t head, uint64_t tail, bool *art)
 {
+#ifdef __SSE2__
+    /* Both ends in one vector, head in the low half: its digits and letters by range. */
+    const __m128i v = _mm_set_epi64x((long long)tail, (long long)head);
+    const __m128i d = _mm_sub_epi8(v, _mm_set1_epi8('0')),
+                  f = _mm_sub_epi8(_mm_or_si128(v, _mm_set1_epi8(0x20)), _mm_set1_epi8('a'));
+    const __m128i digit = _mm_cmpeq_epi8(_mm_min_epu8(d, _mm_set1_epi8(9)), d),
+                  letter = _mm_cmpeq_epi8(_mm_min_epu8(f, _mm_set1_epi8(25)), f);
+    *art = !(_mm_movemask_epi8(_mm_or_si128(digit, letter)) & 0xFF);
+    const __m128i w = _mm_andnot_si128(digit, v);
+    head = (uint64_t)_mm_cvtsi128_si64(w);
+    tail = (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(w, w));
+#else
     const uint64_t ones = 0x0101010101010101ull, high = ones * 0x80;
+    *art = !alnum_bits(head);
     /* A byte y of v ^ '0' * ones is a digit when y < 10: each byte's high bit set first, so
      * that no borrow crosses bytes (exact, unlike digit_bits). */
     uint64_t y = head ^ (ones * '0'), z = tail ^ (ones * '0');
     uint64_t dh = ~((y | high) - ones * 10) & ~y & high, dt = ~((z | high) - ones * 10) & ~z & high;
     head &= ~((dh >> 7) * 0xFF);
     tail &= ~((dt >> 7) * 0xFF);
+#endif
     uint64_t k = (head ^ (tail * 0x9E3779B97F4A7C15ull)) * 0xFF51AFD7ED558CCDull;
     return k ^ k >> 29;
 }
@@ -410,14 +424,12 @@ static inline uint32_t key_matches(const struct gblock *c, uint64_t n)
 static bool block_judge(guard *g, struct gblock *c, cline *l, uint64_t n, uint32_t todo,
                         uint64_t now);
 
-/* The block step of the line [start, end) (1 to UINT16_MAX bytes in the history), whose
- * first and last 8 bytes are head and tail (see line_key): its key, and the periods it may
- * go on or start. */
+/* The block step of the line [start, end) (1 to UINT16_MAX bytes in the history) of key
+ * `key` (line_key): the periods it may go on or start. */
 static inline bool block_step(guard *g, struct gblock *c, uint64_t start, uint64_t end,
-                              uint64_t head, uint64_t tail, uint64_t now)
+                              uint16_t key, uint64_t now)
 {
     cline *l = &c->ring[c->n % CYCLE_RING];
-    const uint16_t key = (uint16_t)line_key(head, tail);
     l->start = start;
     l->len = (uint16_t)(end - start);
     l->skel = 0;
@@ -434,12 +446,11 @@ static inline bool block_step(guard *g, struct gblock *c, uint64_t start, uint64
 
 /* guard_block_line for a line that may be art (see art_line), then its block step.
  * RARE_PATH. */
-RARE_PATH static bool art_block(guard *g, uint64_t start, uint64_t end, uint64_t head,
-                                uint64_t tail, uint64_t now)
+RARE_PATH static bool art_block(guard *g, uint64_t start, uint64_t end, uint16_t key, uint64_t now)
 {
     if (art_line(g, start, end, now)) return true;
     if (!g->p->lines.block_copies) return false;
-    return block_step(g, g->blk, start, end, head, tail, now);
+    return block_step(g, g->blk, start, end, key, now);
 }
 
 /* guard_block_line at the first line of a guard, or at a line longer than the history
@@ -475,11 +486,13 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     } else {
         head = load_tail(x, x + len, x);
     }
-    if (p->lines.art_run && !alnum_bits(head)) return art_block(g, start, end, head, tail, now);
+    bool art;
+    const uint16_t key = (uint16_t)line_key(head, tail, &art);
+    if (p->lines.art_run && art) return art_block(g, start, end, key, now);
     c->art_run = 0;
     c->art_tex = 0;
     if (!p->lines.block_copies) return false;
-    return block_step(g, c, start, end, head, tail, now);
+    return block_step(g, c, start, end, key, now);
 }
 
 /* guard_block_line for a line l, the n-th, whose runs at the periods `todo` (bits) may go
