@@ -403,20 +403,21 @@ static inline uint64_t line_key(uint64_t head, uint64_t tail, bool *art)
     return k ^ k >> 29;
 }
 
-/* The periods P (bit P, P < CYCLE_RING) whose line, P lines before line n, has line n's
- * key (bit 0: line n itself). */
-static inline uint32_t key_matches(const struct gblock *c, uint64_t n)
+/* The periods P (bit P, 0 < P < CYCLE_RING) whose line, P lines before line n, has the key
+ * `key` (bit 0: the slot line n's key goes to, not written yet: read before, so that the
+ * vector load does not wait for that store). */
+static inline uint32_t key_matches(const struct gblock *c, uint64_t n, uint16_t key)
 {
     const uint16_t *k = c->keys + (-n) % CYCLE_RING;
 #ifdef __SSE2__
-    const __m128i key = _mm_set1_epi16((short)k[0]);
-    __m128i lo = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(const void *)k), key),
-            hi = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(const void *)(k + 8)), key);
+    const __m128i kv = _mm_set1_epi16((short)key);
+    __m128i lo = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(const void *)k), kv),
+            hi = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(const void *)(k + 8)), kv);
     return (uint32_t)_mm_movemask_epi8(_mm_packs_epi16(lo, hi));
 #else
     uint32_t periods = 0;
     for (unsigned P = 0; P < CYCLE_RING; P++)
-        periods |= (uint32_t)(k[P] == k[0]) << P;
+        periods |= (uint32_t)(k[P] == key) << P;
     return periods;
 #endif
 }
@@ -434,11 +435,11 @@ static inline bool block_step(guard *g, struct gblock *c, uint64_t start, uint64
     l->len = (uint16_t)(end - start);
     l->skel = 0;
     uint64_t n = c->n++;
-    c->keys[(-n) % CYCLE_RING] = c->keys[(-n) % CYCLE_RING + CYCLE_RING] = key;
     /* The periods to look at: those with a run, and those whose line has l's key (of the
      * lines since the last break); at every other P the run is 0 and stays so. Most lines:
      * none. */
-    uint32_t todo = c->runs | key_matches(c, n);
+    uint32_t todo = c->runs | key_matches(c, n, key);
+    c->keys[(-n) % CYCLE_RING] = c->keys[(-n) % CYCLE_RING + CYCLE_RING] = key;
     todo &= n >= CYCLE_MAX_PERIOD ? PERIODS : PERIODS & ((2u << n) - 1);
     if (!todo) return false;
     return block_judge(g, c, l, n, todo, now);
