@@ -126,7 +126,7 @@ static unsigned lines_compare(const guard *g, const cline *a, const cline *b, bo
     return diff < 2 ? diff : 2;
 }
 
-/* Byte classes for read_line. */
+/* Byte classes for read_line and bytes_compare. */
 enum { B_DIGIT = 1, B_NAME = 2, B_LETTER = 4, B_CONT = 8 };
 static const unsigned char byte_cls[256] = {
     ['0' ... '9'] = B_DIGIT,
@@ -183,12 +183,12 @@ static inline uint64_t alnum_bits(uint64_t x)
     return (digit | letter) & ~x & high;
 }
 
-/* The bytes [p, be) of the body that starts at s0, fewer than 8, as a number (see
- * load_le; 0 above them): the body's last 8 shifted down when it has them. */
+/* The bytes [p, be), fewer than 8, as a number (see load_le; 0 above them): the 8 bytes
+ * that end at be shifted down when the history (from lo) has them. */
 static inline uint64_t load_tail(const unsigned char *p, const unsigned char *be,
-                                 const unsigned char *s0)
+                                 const unsigned char *lo)
 {
-    if (be - s0 >= 8) return load_le(be - 8) >> 8 * (8 - (be - p));
+    if (be - lo >= 8) return load_le(be - 8) >> 8 * (8 - (be - p));
     uint64_t x = 0;
     for (unsigned i = 0; p + i < be; i++)
         x |= (uint64_t)p[i] << 8 * i;
@@ -228,7 +228,7 @@ static void read_line(const guard *g, cline *l)
         }
         if (p >= be) break;
         const bool tail = be - p < 8;
-        uint64_t x = tail ? load_tail(p, be, s0) : load_le(p), m = digit_bits(x);
+        uint64_t x = tail ? load_tail(p, be, g->buf) : load_le(p), m = digit_bits(x);
         /* The first number starting in these 8 bytes, after any digits of a name
          * ("sha256", "EDITION_2023": part of the skeleton, for code declares one name per
          * variant on purpose; a digit after a digit is in the same run). */
@@ -277,6 +277,26 @@ static const cline *line_back(const guard *g, struct gblock *c, unsigned k)
         read_line(g, o);
     }
     return o;
+}
+
+/* How lines a and b (both in the history) compare, told from their bytes where that is
+ * quick: 0 the same bytes; 2 skeletons that differ (the first byte where they differ, or
+ * where one ends, is a digit in neither, so it is no number's: see read_line) and, when
+ * `grown` is asked, other first or last ENDS bytes; 3 else (lines_compare tells). */
+static unsigned bytes_compare(const guard *g, const cline *a, const cline *b, bool grown)
+{
+    const unsigned char *x = g->buf + (a->start - g->base), *y = g->buf + (b->start - g->base);
+    const size_t la = a->len, lb = b->len, n = la < lb ? la : lb;
+    size_t k = 0;
+    uint64_t u = 0;
+    for (; k + 8 <= n && !(u = load_le(x + k) ^ load_le(y + k)); k += 8)
+        ;
+    if (!u && k < n) u = load_tail(x + k, x + n, g->buf) ^ load_tail(y + k, y + n, g->buf);
+    k = u ? k + (unsigned)__builtin_ctzll(u) / 8 : n;
+    if (k == n && la == lb) return 0;
+    if ((k < la && (byte_cls[x[k]] & B_DIGIT)) || (k < lb && (byte_cls[y[k]] & B_DIGIT))) return 3;
+    if (!grown || lb < 2 * ENDS) return 2;
+    return load_le(x) == load_le(y) && load_le(x + la - ENDS) == load_le(y + lb - ENDS) ? 3 : 2;
 }
 
 /* Is the block of the last P lines made of a shorter period? */
@@ -482,10 +502,8 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     if (len >= 8) {
         head = load_le(x);
         tail = load_le(x + len - 8);
-    } else if (x + len - g->buf >= 8) { /* the 8 bytes that end it, those before shifted out */
-        head = load_le(x + len - 8) >> 8 * (8 - len);
     } else {
-        head = load_tail(x, x + len, x);
+        head = load_tail(x, x + len, g->buf);
     }
     bool art;
     const uint16_t key = (uint16_t)line_key(head, tail, &art);
@@ -505,20 +523,24 @@ RARE_PATH static bool block_judge(guard *g, struct gblock *c, cline *l, uint64_t
     uint64_t longest = 0; /* lines of the longest run */
     for (; todo; todo &= todo - 1) {
         unsigned P = (unsigned)__builtin_ctz(todo);
-        if (!l->skel) read_line(g, l);
-        const cline *o = line_back(g, c, P);
-        if (!o) {
-            c->run[P] = 0;
-            c->runs = (uint16_t)(c->runs & ~(1u << P));
-            continue;
-        }
         /* One line may move per copy (a counter), not one per line. A grown name is looked
          * for (memmem, the costly part) only inside a run with no line moved yet: code
          * repeats lines' frames all the time, and a run starts on equal lines anyway. */
         uint16_t kept = (uint16_t)((c->moved[P] << 1) & ((1u << P) - 1));
-        bool grown = c->run[P] && !kept && l->ends;
-        uint32_t step;
-        unsigned cmp = lines_compare(g, l, o, grown, &step);
+        bool grown = c->run[P] && !kept && l->len >= 2 * ENDS; /* l->ends is not 0 */
+        const cline *o = &c->ring[(n - P) % CYCLE_RING];
+        uint32_t step = GROWN;
+        /* Most pairs are told by their bytes, neither skeleton read (see bytes_compare). */
+        unsigned cmp = o->start >= g->base ? bytes_compare(g, l, o, grown) : 3;
+        if (cmp == 3) {
+            if (!l->skel) read_line(g, l);
+            if (!(o = line_back(g, c, P))) {
+                c->run[P] = 0;
+                c->runs = (uint16_t)(c->runs & ~(1u << P));
+                continue;
+            }
+            cmp = lines_compare(g, l, o, grown, &step);
+        }
         uint16_t moved = (uint16_t)(kept | (cmp == 1));
         /* More lines of a copy may move when they count up together ("Question 7:" and
          * "Answer 7:"): one counter, not a row of data. */
