@@ -355,9 +355,10 @@ static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uin
                               : T_NONE;
     if (first && text) return T_TEXT;
     if (longer - frame > TOKEN_MAX) return text; /* widening only makes the slot longer */
-    /* b grew a name, nothing replaced, by text written in the RECENT bytes. */
-    bool grown =
-        (frame == la || frame == lb) && frame < lb && recent(g, b + pre, be - suf, b, false);
+    /* b grew a name, nothing replaced (its slot [gs, ge)), by text written in the RECENT
+     * bytes: asked last, where the slot is a token's. */
+    const bool grew = (frame == la || frame == lb) && frame < lb;
+    const uint64_t gs = b + pre, ge = be - suf;
     /* The token template: the slot widened to whole words ("cftsubsecfont", not "ubsec"). */
     while (pre && is_word(x[pre - 1]) &&
            ((pre < la && is_word(x[pre])) || (pre < lb && is_word(y[pre]))))
@@ -371,7 +372,7 @@ static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uin
     unsigned ha = holds(g, a + pre, ae - suf), hb = holds(g, b + pre, be - suf);
     if ((ha | hb) & (S_DIGIT | S_SPACE) || !((ha | hb) & S_LETTER)) return text;
     uint64_t slot = lb - pre - suf;
-    bool old = grown ||
+    bool old = (grew && recent(g, gs, ge, b, false)) ||
                (is_text(g, b, be) ? !slot || recent(g, b + pre, be - suf, copy, true) : slot <= 1);
     return old ? T_OLD : T_TOKEN;
 }
