@@ -34,10 +34,11 @@
  * Measured on the AlpacaEval answers (tests/corpus): 4 copies and 12 lines caught 37 of
  * the labelled loops with no false trip; 8 lines tripped on an ABC tune written out four
  * times. Cost: per line its key (O(1)) and its compare with the last CYCLE_MAX_PERIOD
- * lines' keys (one vector compare); the skeleton (O(line)) and a compare per period only
- * with a run or whose line shares the key (most lines: none), and art lines a second
- * pass; memory: about 1 KiB (a ring of CYCLE_RING lines), allocated at the first line
- * with a body. */
+ * lines' keys (one vector compare); a compare per period only with a run or whose line
+ * shares the key (most lines: none), of the two lines' bytes (O(line)), and their
+ * skeletons read (O(line)) only where the bytes cannot tell; art lines a second pass;
+ * memory: about 1 KiB (a ring of CYCLE_RING lines), allocated at the first line with a
+ * body. */
 #include <stdlib.h>
 #include <string.h>
 #ifdef __SSE2__

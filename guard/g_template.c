@@ -40,7 +40,7 @@
  * (imports, includes, prototypes); 16 text templates at periods 2 and 3 tripped on a
  * table of contents cycling three phrasings. Cost: O(line) up to TPL_LAGS times once per
  * line (most pairs told apart by their first and last 8 bytes), plus a search of RECENT
- * bytes for a token slot, and O(item) at a comma after a letter; memory: 408 bytes,
+ * bytes for a token slot, and O(item) at a comma after a letter; memory: 432 bytes,
  * allocated at the first line or item. */
 #include <stdlib.h>
 #include <string.h>
