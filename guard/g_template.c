@@ -142,29 +142,14 @@ void guard_template_release(guard *g)
 }
 
 /* Byte classes: a slot's bytes (scan) and those of words (is_word: letters, digits, '_'
- * and every byte of a non-ASCII character). S_CODE: the code characters (scan). */
+ * and every byte of a non-ASCII character). S_CODE: a code character (scan). */
 enum { S_DIGIT = 1, S_SPACE = 2, S_LETTER = 4, S_UNDERSCORE = 8, S_CODE = 16 };
 static const unsigned char slot_cls[256] = {
-    ['0' ... '9'] = S_DIGIT,
-    [' '] = S_SPACE,
-    ['\t'] = S_SPACE,
-    ['A' ... 'Z'] = S_LETTER,
-    ['a' ... 'z'] = S_LETTER,
-    [0x80 ... 0xFF] = S_LETTER,
-    ['_'] = S_UNDERSCORE | S_CODE,
-    ['='] = S_CODE,
-    [';'] = S_CODE,
-    ['<'] = S_CODE,
-    ['>'] = S_CODE,
-    ['@'] = S_CODE,
-    ['['] = S_CODE,
-    ['\\'] = S_CODE,
-    [']'] = S_CODE,
-    ['`'] = S_CODE,
-    ['{'] = S_CODE,
-    ['|'] = S_CODE,
-    ['}'] = S_CODE,
+    ['0' ... '9'] = S_DIGIT,  [' '] = S_SPACE,          ['\t'] = S_SPACE,
+    ['A' ... 'Z'] = S_LETTER, ['a' ... 'z'] = S_LETTER, [0x80 ... 0xFF] = S_LETTER,
+    ['_'] = S_UNDERSCORE,
 };
+static const char code_chars[] = "=;<>@[\\]_`{|}";
 
 static inline bool is_word(unsigned char c)
 {
@@ -221,7 +206,7 @@ static inline unsigned pop16(unsigned m)
 #endif
 
 /* What history [s, e) holds: S_DIGIT, S_SPACE (a space or tab), S_LETTER (ASCII, or any
- * byte of a non-ASCII character); with `text`, also S_CODE (= ; < > @ [ \\ ] _ ` { | }), and
+ * byte of a non-ASCII character); with `text`, also S_CODE (one of code_chars), and
  * its letters and spaces into *letters and *gaps. 16 bytes at a time. */
 static inline unsigned scan(const guard *g, uint64_t s, uint64_t e, bool text, uint64_t *letters,
                             uint64_t *gaps)
@@ -250,8 +235,9 @@ static inline unsigned scan(const guard *g, uint64_t s, uint64_t e, bool text, u
     }
 #endif
     for (; c < end; c++) {
-        h |= slot_cls[*c] & (text ? 0xFF : S_DIGIT | S_SPACE | S_LETTER);
+        h |= slot_cls[*c] & (S_DIGIT | S_SPACE | S_LETTER);
         if (text) {
+            h |= *c && strchr(code_chars, *c) ? S_CODE : 0;
             *letters += (slot_cls[*c] & S_LETTER) != 0;
             *gaps += *c == ' ';
         }
