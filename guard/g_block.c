@@ -33,12 +33,17 @@
  *
  * Measured on the AlpacaEval answers (tests/corpus): 4 copies and 12 lines caught 37 of
  * the labelled loops with no false trip; 8 lines tripped on an ABC tune written out four
- * times. Cost: per line its key (O(1)); the skeleton (O(line)) and a compare per period
- * only with a run or whose line may share the key (its low byte; most lines: none), and
- * art lines a second pass; memory: about 1.2 KiB (a ring of CYCLE_RING lines), allocated
- * at the first line with a body. */
+ * times. Cost: per line its key (O(1)) and its compare with the last CYCLE_MAX_PERIOD
+ * lines' keys (one vector compare); a compare per period only with a run or whose line
+ * shares the key (most lines: none), of the two lines' bytes (O(line)), and their
+ * skeletons read (O(line)) only where the bytes cannot tell; art lines a second pass;
+ * memory: about 1 KiB (a ring of CYCLE_RING lines), allocated at the first line with a
+ * body. */
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "guard/guard_int.h"
 
@@ -59,7 +64,6 @@ typedef struct cline {
     uint16_t num[CYCLE_NUMS]; /* the first numbers, mod 2^16 */
     uint32_t rest;            /* hash of the numbers past the first CYCLE_NUMS */
     uint16_t len;             /* at most the history's length */
-    uint16_t key;             /* its ends, digits aside (line_key), low 16 bits */
 } cline;
 
 struct gblock {
@@ -70,10 +74,10 @@ struct gblock {
     uint16_t moved[CYCLE_MAX_PERIOD + 1]; /* bit k: the line k back changed a number */
     uint32_t step[CYCLE_MAX_PERIOD + 1];  /* how much the last moved line's number went up */
     uint16_t runs;                        /* bit P: run[P] is not 0 */
-    /* How many of the last CYCLE_MAX_PERIOD lines have each value of key's low 8 bits: a
-     * line whose bits no earlier line has, while no run goes on, starts nothing. */
-    unsigned char hint[256];
-    unsigned char low[CYCLE_RING]; /* per ring slot, the low 8 bits of its line's key */
+    /* The lines' keys (line_key, low 16 bits), each twice: line m's at (-m) % CYCLE_RING
+     * and CYCLE_RING further, so that the CYCLE_RING keys from line n's are the lines n,
+     * n - 1, ... n - CYCLE_RING + 1 in this order (key_matches). */
+    uint16_t keys[2 * CYCLE_RING];
     /* The art run: its texture, the last line's hash, its length and first line. */
     uint64_t art_tex, art_raw, art_from;
     unsigned art_run;
@@ -123,7 +127,7 @@ static unsigned lines_compare(const guard *g, const cline *a, const cline *b, bo
     return diff < 2 ? diff : 2;
 }
 
-/* Byte classes for read_line. */
+/* Byte classes for read_line and bytes_compare. */
 enum { B_DIGIT = 1, B_NAME = 2, B_LETTER = 4, B_CONT = 8 };
 static const unsigned char byte_cls[256] = {
     ['0' ... '9'] = B_DIGIT,
@@ -180,12 +184,12 @@ static inline uint64_t alnum_bits(uint64_t x)
     return (digit | letter) & ~x & high;
 }
 
-/* The bytes [p, be) of the body that starts at s0, fewer than 8, as a number (see
- * load_le; 0 above them): the body's last 8 shifted down when it has them. */
+/* The bytes [p, be), fewer than 8, as a number (see load_le; 0 above them): the 8 bytes
+ * that end at be shifted down when the history (from lo) has them. */
 static inline uint64_t load_tail(const unsigned char *p, const unsigned char *be,
-                                 const unsigned char *s0)
+                                 const unsigned char *lo)
 {
-    if (be - s0 >= 8) return load_le(be - 8) >> 8 * (8 - (be - p));
+    if (be - lo >= 8) return load_le(be - 8) >> 8 * (8 - (be - p));
     uint64_t x = 0;
     for (unsigned i = 0; p + i < be; i++)
         x |= (uint64_t)p[i] << 8 * i;
@@ -225,7 +229,7 @@ static void read_line(const guard *g, cline *l)
         }
         if (p >= be) break;
         const bool tail = be - p < 8;
-        uint64_t x = tail ? load_tail(p, be, s0) : load_le(p), m = digit_bits(x);
+        uint64_t x = tail ? load_tail(p, be, g->buf) : load_le(p), m = digit_bits(x);
         /* The first number starting in these 8 bytes, after any digits of a name
          * ("sha256", "EDITION_2023": part of the skeleton, for code declares one name per
          * variant on purpose; a digit after a digit is in the same run). */
@@ -274,6 +278,26 @@ static const cline *line_back(const guard *g, struct gblock *c, unsigned k)
         read_line(g, o);
     }
     return o;
+}
+
+/* How lines a and b (both in the history) compare, told from their bytes where that is
+ * quick: 0 the same bytes; 2 skeletons that differ (the first byte where they differ, or
+ * where one ends, is a digit in neither, so it is no number's: see read_line) and, when
+ * `grown` is asked, other first or last ENDS bytes; 3 else (lines_compare tells). */
+static unsigned bytes_compare(const guard *g, const cline *a, const cline *b, bool grown)
+{
+    const unsigned char *x = g->buf + (a->start - g->base), *y = g->buf + (b->start - g->base);
+    const size_t la = a->len, lb = b->len, n = la < lb ? la : lb;
+    size_t k = 0;
+    uint64_t u = 0;
+    for (; k + 8 <= n && !(u = load_le(x + k) ^ load_le(y + k)); k += 8)
+        ;
+    if (!u && k < n) u = load_tail(x + k, x + n, g->buf) ^ load_tail(y + k, y + n, g->buf);
+    k = u ? k + (unsigned)__builtin_ctzll(u) / 8 : n;
+    if (k == n && la == lb) return 0;
+    if ((k < la && (byte_cls[x[k]] & B_DIGIT)) || (k < lb && (byte_cls[y[k]] & B_DIGIT))) return 3;
+    if (!grown || lb < 2 * ENDS) return 2;
+    return load_le(x) == load_le(y) && load_le(x + la - ENDS) == load_le(y + lb - ENDS) ? 3 : 2;
 }
 
 /* Is the block of the last P lines made of a shorter period? */
@@ -337,16 +361,15 @@ static bool art_texture(const guard *g, uint64_t s, uint64_t e, uint64_t *tex)
 
 /* The art run: art lines in a row with one texture, each (but repeats) different from the
  * line before: a drawing that keeps growing rows of the same dots. A drawing's rows differ
- * in texture; a tall wall repeats the same row, which the repeat detector judges. */
-static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
+ * in texture; a tall wall repeats the same row, which the repeat detector judges. For a line
+ * with no ASCII letter or digit in its first 8 bytes (most lines have one: no art, told by
+ * the caller without this call, and without art_texture's loop, whose exit, at the first
+ * letter, follows the text). RARE_PATH. */
+RARE_PATH static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
     struct gblock *c = g->blk;
     uint64_t tex, raw = 0xCBF29CE484222325ull;
-    /* Most lines have a letter or a digit in their first 8 bytes: no art, told without the
-     * call (and without its loop, whose exit, at the first letter, follows the text). */
-    const unsigned char *x = g->buf + (start - g->base);
-    uint64_t head = end - start >= 8 ? load_le(x) : load_tail(x, x + (end - start), x);
-    if (alnum_bits(head) || !art_texture(g, start, end, &tex)) {
+    if (!art_texture(g, start, end, &tex)) {
         c->art_run = 0;
         c->art_tex = 0;
         return false;
@@ -369,116 +392,156 @@ static bool art_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     return true;
 }
 
-/* The key of the body [s, e): its first and last 8 bytes (or its bytes), each digit a 0
- * byte, mixed. Lines with one skeleton and numbers of the same lengths share it; a number
- * that grew a digit in the last or first 8 bytes moves it. Most lines' keys match none of
- * the last CYCLE_MAX_PERIOD lines', and their skeletons are not read (read_line). */
-static uint64_t line_key(const guard *g, uint64_t s, uint64_t e)
+/* The key of a body from its first and last 8 bytes (a body under 8 bytes: its bytes and
+ * 0; see load_le), each digit a 0 byte, mixed. Lines with one skeleton and numbers of the
+ * same lengths share it; a number that grew a digit in the last or first 8 bytes moves it.
+ * Most lines' keys match none of the last CYCLE_MAX_PERIOD lines', and their skeletons are
+ * not read (read_line). *art: the first 8 bytes hold no ASCII letter or digit. */
+static inline uint64_t line_key(uint64_t head, uint64_t tail, bool *art)
 {
-    const unsigned char *x = g->buf + (s - g->base);
+#ifdef __SSE2__
+    /* Both ends in one vector, head in the low half: its digits and letters by range. */
+    const __m128i v = _mm_set_epi64x((long long)tail, (long long)head);
+    const __m128i d = _mm_sub_epi8(v, _mm_set1_epi8('0')),
+                  f = _mm_sub_epi8(_mm_or_si128(v, _mm_set1_epi8(0x20)), _mm_set1_epi8('a'));
+    const __m128i digit = _mm_cmpeq_epi8(_mm_min_epu8(d, _mm_set1_epi8(9)), d),
+                  letter = _mm_cmpeq_epi8(_mm_min_epu8(f, _mm_set1_epi8(25)), f);
+    *art = !(_mm_movemask_epi8(_mm_or_si128(digit, letter)) & 0xFF);
+    const __m128i w = _mm_andnot_si128(digit, v);
+    head = (uint64_t)_mm_cvtsi128_si64(w);
+    tail = (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(w, w));
+#else
     const uint64_t ones = 0x0101010101010101ull, high = ones * 0x80;
-    uint64_t head, tail;
-    if (e - s >= 8) {
-        head = load_le(x);
-        tail = load_le(x + (e - s) - 8);
-    } else {
-        head = load_tail(x, x + (e - s), x);
-        tail = 0;
-    }
+    *art = !alnum_bits(head);
     /* A byte y of v ^ '0' * ones is a digit when y < 10: each byte's high bit set first, so
      * that no borrow crosses bytes (exact, unlike digit_bits). */
     uint64_t y = head ^ (ones * '0'), z = tail ^ (ones * '0');
     uint64_t dh = ~((y | high) - ones * 10) & ~y & high, dt = ~((z | high) - ones * 10) & ~z & high;
     head &= ~((dh >> 7) * 0xFF);
     tail &= ~((dt >> 7) * 0xFF);
+#endif
     uint64_t k = (head ^ (tail * 0x9E3779B97F4A7C15ull)) * 0xFF51AFD7ED558CCDull;
     return k ^ k >> 29;
 }
 
-/* The periods P (bit P) whose line, P lines before line n, may have a skeleton with the
- * low 8 bits `b`: its slot's byte is b (SWAR over the ring's 16 bytes; a borrow may add a
- * period, which the caller compares in full, and never drops one). */
-static uint32_t low_matches(const struct gblock *c, unsigned char b, uint64_t n)
+/* The periods P (bit P, 0 < P < CYCLE_RING) whose line, P lines before line n, has the key
+ * `key` (bit 0: the slot line n's key goes to, not written yet: read before, so that the
+ * vector load does not wait for that store). */
+static inline uint32_t key_matches(const struct gblock *c, uint64_t n, uint16_t key)
 {
-    const uint64_t ones = 0x0101010101010101ull;
+    const uint16_t *k = c->keys + (-n) % CYCLE_RING;
+#ifdef __SSE2__
+    const __m128i kv = _mm_set1_epi16((short)key);
+    __m128i lo = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(const void *)k), kv),
+            hi = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(const void *)(k + 8)), kv);
+    return (uint32_t)_mm_movemask_epi8(_mm_packs_epi16(lo, hi));
+#else
     uint32_t periods = 0;
-    for (unsigned half = 0; half < 2; half++) {
-        uint64_t x = load_le(c->low + 8 * half) ^ (ones * b);
-        for (uint64_t z = (x - ones) & ~x & (ones * 0x80); z; z &= z - 1) {
-            unsigned slot = 8 * half + (unsigned)__builtin_ctzll(z) / 8;
-            periods |= 1u << ((n - slot) % CYCLE_RING);
-        }
-    }
+    for (unsigned P = 0; P < CYCLE_RING; P++)
+        periods |= (uint32_t)(k[P] == key) << P;
     return periods;
+#endif
 }
 
-static bool block_judge(guard *g, struct gblock *c, cline *l, uint64_t n, uint64_t now);
+static bool block_judge(guard *g, struct gblock *c, cline *l, uint64_t n, uint32_t todo,
+                        uint64_t now);
 
-bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
+/* The block step of the line [start, end) (1 to UINT16_MAX bytes in the history) of key
+ * `key` (line_key): the periods it may go on or start. */
+static inline bool block_step(guard *g, struct gblock *c, uint64_t start, uint64_t end,
+                              uint16_t key, uint64_t now)
 {
-    const guard_params *p = g->p;
-    /* Made at the first line (memory per stream counts: a text without a newline needs
-     * none). */
-    if (!g->blk) g->blk = guard_xcalloc(1, sizeof(*g->blk));
-    struct gblock *c = g->blk;
-    if (start < g->base || end - start > UINT16_MAX) { /* longer than the history: a break */
-        c->n = 0;
-        memset(c->run, 0, sizeof(c->run));
-        memset(c->moved, 0, sizeof(c->moved));
-        memset(c->hint, 0, sizeof(c->hint));
-        c->runs = 0;
-        return false;
-    }
-    if (start == end) return false;
-    if (p->lines.art_run && art_line(g, start, end, now)) return true;
-    if (!p->lines.block_copies) return false;
     cline *l = &c->ring[c->n % CYCLE_RING];
-    const uint16_t key = (uint16_t)line_key(g, start, end);
-    l->key = key;
     l->start = start;
     l->len = (uint16_t)(end - start);
     l->skel = 0;
     uint64_t n = c->n++;
-    unsigned char b = (unsigned char)key;
-    bool maybe = c->runs || c->hint[b];
-    c->hint[b]++;
-    if (n >= CYCLE_MAX_PERIOD) c->hint[c->low[(n - CYCLE_MAX_PERIOD) % CYCLE_RING]]--;
-    c->low[n % CYCLE_RING] = b;
-    /* Every run is 0 and stays so (most lines), or the line is judged. */
-    return maybe && block_judge(g, c, l, n, now);
-}
-
-/* guard_block_line for a line l, the n-th, that may continue or start a run. RARE_PATH. */
-RARE_PATH static bool block_judge(guard *g, struct gblock *c, cline *l, uint64_t n, uint64_t now)
-{
-    const guard_params *p = g->p;
-    const uint16_t key = l->key;
-    unsigned char b = (unsigned char)key;
-    /* The periods to look at: those with a run, and those whose line may have l's key; at
-     * every other P the run is 0 and stays so. */
-    uint32_t todo = c->runs | low_matches(c, b, n);
+    /* The periods to look at: those with a run, and those whose line has l's key (of the
+     * lines since the last break); at every other P the run is 0 and stays so. Most lines:
+     * none. */
+    uint32_t todo = c->runs | key_matches(c, n, key);
+    c->keys[(-n) % CYCLE_RING] = c->keys[(-n) % CYCLE_RING + CYCLE_RING] = key;
     todo &= n >= CYCLE_MAX_PERIOD ? PERIODS : PERIODS & ((2u << n) - 1);
     if (!todo) return false;
+    return block_judge(g, c, l, n, todo, now);
+}
+
+/* guard_block_line for a line that may be art (see art_line), then its block step.
+ * RARE_PATH. */
+RARE_PATH static bool art_block(guard *g, uint64_t start, uint64_t end, uint16_t key, uint64_t now)
+{
+    if (art_line(g, start, end, now)) return true;
+    if (!g->p->lines.block_copies) return false;
+    return block_step(g, g->blk, start, end, key, now);
+}
+
+/* guard_block_line at the first line of a guard, or at a line longer than the history
+ * (a break). COLD_PATH. */
+COLD_PATH static bool block_break(guard *g, uint64_t start, uint64_t end, uint64_t now)
+{
+    /* Made at the first line (memory per stream counts: a text without a newline needs
+     * none). */
+    if (!g->blk) g->blk = guard_xcalloc(1, sizeof(*g->blk));
+    if (start >= g->base && end - start <= UINT16_MAX) return guard_block_line(g, start, end, now);
+    struct gblock *c = g->blk;
+    c->n = 0;
+    memset(c->run, 0, sizeof(c->run));
+    memset(c->moved, 0, sizeof(c->moved));
+    c->runs = 0;
+    return false;
+}
+
+bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
+{
+    const guard_params *p = g->p;
+    struct gblock *c = g->blk;
+    if (!c || start < g->base || end - start > UINT16_MAX) return block_break(g, start, end, now);
+    if (start == end) return false;
+    const unsigned char *x = g->buf + (start - g->base);
+    const size_t len = (size_t)(end - start);
+    uint64_t head, tail = 0;
+    if (len >= 8) {
+        head = load_le(x);
+        tail = load_le(x + len - 8);
+    } else {
+        head = load_tail(x, x + len, g->buf);
+    }
+    bool art;
+    const uint16_t key = (uint16_t)line_key(head, tail, &art);
+    if (p->lines.art_run && art) return art_block(g, start, end, key, now);
+    c->art_run = 0;
+    c->art_tex = 0;
+    if (!p->lines.block_copies) return false;
+    return block_step(g, c, start, end, key, now);
+}
+
+/* guard_block_line for a line l, the n-th, whose runs at the periods `todo` (bits) may go
+ * on or start: those with a run, and those whose line has l's key. RARE_PATH. */
+RARE_PATH static bool block_judge(guard *g, struct gblock *c, cline *l, uint64_t n, uint32_t todo,
+                                  uint64_t now)
+{
+    const guard_params *p = g->p;
     uint64_t longest = 0; /* lines of the longest run */
     for (; todo; todo &= todo - 1) {
         unsigned P = (unsigned)__builtin_ctz(todo);
-        const cline *o = &c->ring[(n - P) % CYCLE_RING];
-        /* No run at P and another key: nothing starts (the skeleton is only read and
-         * compared where the ends match, digits aside). */
-        if (!c->run[P] && o->key != key) continue;
-        if (!l->skel) read_line(g, l);
-        if (!(o = line_back(g, c, P))) {
-            c->run[P] = 0;
-            c->runs = (uint16_t)(c->runs & ~(1u << P));
-            continue;
-        }
         /* One line may move per copy (a counter), not one per line. A grown name is looked
          * for (memmem, the costly part) only inside a run with no line moved yet: code
          * repeats lines' frames all the time, and a run starts on equal lines anyway. */
         uint16_t kept = (uint16_t)((c->moved[P] << 1) & ((1u << P) - 1));
-        bool grown = c->run[P] && !kept && l->ends;
-        uint32_t step;
-        unsigned cmp = lines_compare(g, l, o, grown, &step);
+        bool grown = c->run[P] && !kept && l->len >= 2 * ENDS; /* l->ends is not 0 */
+        const cline *o = &c->ring[(n - P) % CYCLE_RING];
+        uint32_t step = GROWN;
+        /* Most pairs are told by their bytes, neither skeleton read (see bytes_compare). */
+        unsigned cmp = o->start >= g->base ? bytes_compare(g, l, o, grown) : 3;
+        if (cmp == 3) {
+            if (!l->skel) read_line(g, l);
+            if (!(o = line_back(g, c, P))) {
+                c->run[P] = 0;
+                c->runs = (uint16_t)(c->runs & ~(1u << P));
+                continue;
+            }
+            cmp = lines_compare(g, l, o, grown, &step);
+        }
         uint16_t moved = (uint16_t)(kept | (cmp == 1));
         /* More lines of a copy may move when they count up together ("Question 7:" and
          * "Answer 7:"): one counter, not a row of data. */

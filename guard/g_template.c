@@ -40,39 +40,67 @@
  * (imports, includes, prototypes); 16 text templates at periods 2 and 3 tripped on a
  * table of contents cycling three phrasings. Cost: O(line) up to TPL_LAGS times once per
  * line (most pairs told apart by their first and last 8 bytes), plus a search of RECENT
- * bytes for a token slot, and O(item) at a comma after a letter; memory: 408 bytes,
+ * bytes for a token slot, and O(item) at a comma after a letter; memory: 432 bytes,
  * allocated at the first line or item. */
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "guard/guard_int.h"
 
+/* The first byte of [a, b) that is no blank (space or tab), or b. 16 bytes at a time: code
+ * is indented by 4 to 16 bytes, and a body shorter than 16 bytes is read as the 16 bytes
+ * that end it (those before a count as blanks) when the history has them; no loop whose
+ * exit, the first byte of the text, would follow the indentation. */
+static inline const unsigned char *skip_blanks(const guard *g, const unsigned char *a,
+                                               const unsigned char *b)
+{
+#ifdef __SSE2__
+    const __m128i sp = _mm_set1_epi8(' '), tab = _mm_set1_epi8('\t');
+    for (; b - a >= 16; a += 16) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)a);
+        unsigned text = ~(unsigned)_mm_movemask_epi8(
+                            _mm_or_si128(_mm_cmpeq_epi8(x, sp), _mm_cmpeq_epi8(x, tab))) &
+                        0xFFFF;
+        if (text) return a + __builtin_ctz(text);
+    }
+    if (a < b && b - g->buf >= 16) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(b - 16));
+        unsigned text = ~(unsigned)_mm_movemask_epi8(
+                            _mm_or_si128(_mm_cmpeq_epi8(x, sp), _mm_cmpeq_epi8(x, tab))) &
+                        (0xFFFFu << (16 - (b - a))) & 0xFFFF;
+        return text ? b - 16 + __builtin_ctz(text) : b;
+    }
+#endif
+    while (a < b && (*a == ' ' || *a == '\t'))
+        a++;
+    return a;
+}
+
 void guard_line_body(const guard *g, uint64_t *s, uint64_t *e)
 {
-    const unsigned char *x = g->buf + (*s - g->base), *a = x, *b = g->buf + (*e - g->base);
-    /* Indentation, eight spaces at a time first: code is indented by 4 to 16. The spaces
-     * that start the next 8 bytes are counted at once (no loop whose exit, the first byte
-     * of the text, would follow the indentation); a tab, or a line's last 7 bytes, go byte
-     * by byte. */
-    uint64_t w = 0x2020202020202020ull;
-    while (b - a >= 8 && (memcpy(&w, a, 8), w == 0x2020202020202020ull))
-        a += 8;
-    if (b - a >= 8) a += (unsigned)__builtin_ctzll(w ^ 0x2020202020202020ull) / 8;
-    while (a < b && (*a == ' ' || *a == '\t'))
-        a++;
+    const unsigned char *x = g->buf + (*s - g->base), *b = g->buf + (*e - g->base);
+    const unsigned char *a = skip_blanks(g, x, b);
+    /* A list marker: a bullet, or digits and '.' or ')'. */
+    static const unsigned char mark[256] = {
+        ['-'] = 1, ['*'] = 1, ['+'] = 1, ['0' ... '9'] = 2, [0xE2] = 3};
     unsigned char c = a < b ? *a : 0;
-    if (c == '-' || c == '*' || c == '+') {
-        a++;
-    } else if (c >= '0' && c <= '9') {
-        const unsigned char *d = a;
-        while (d < b && *d >= '0' && *d <= '9')
-            d++;
-        if (d < b && (*d == '.' || *d == ')')) a = d + 1;
-    } else if (b - a >= 3 && c == 0xE2 && a[1] == 0x80 && a[2] == 0xA2) { /* • */
-        a += 3;
+    if (__builtin_expect(mark[c], 0)) {
+        if (mark[c] == 1) {
+            a++;
+        } else if (mark[c] == 2) {
+            const unsigned char *d = a;
+            while (d < b && *d >= '0' && *d <= '9')
+                d++;
+            if (d < b && (*d == '.' || *d == ')')) a = d + 1;
+        } else if (b - a >= 3 && a[1] == 0x80 && a[2] == 0xA2) { /* • */
+            a += 3;
+        }
+        while (a < b && (*a == ' ' || *a == '\t'))
+            a++;
     }
-    while (a < b && (*a == ' ' || *a == '\t'))
-        a++;
     while (b > a && (b[-1] == ' ' || b[-1] == '\r'))
         b--;
     *e = *s + (uint64_t)(b - x);
@@ -97,6 +125,7 @@ struct gtemplate {
     uint64_t from[TPL_LAGS + 1];             /* per period: the first line of the run */
     unsigned miss[TPL_LAGS + 1];             /* per period: lines in a row that did not follow */
     unsigned texts[TPL_LAGS + 1]; /* per period above 1: text-template lines in the run */
+    unsigned busy;                /* not 0: a run goes on (text or run[P] not 0) */
     /* Identifier items of the current line (guard_template_item): the line, where the
      * next item begins, the previous item's first piece (0: none), the run of items
      * sharing it and those of them made of old pieces, where the run began, and the
@@ -112,47 +141,124 @@ void guard_template_release(guard *g)
     free(g->tpl);
 }
 
-/* Byte classes: a slot's bytes (holds) and those of words (is_word: letters, digits, '_'
- * and every byte of a non-ASCII character). */
-enum { S_DIGIT = 1, S_SPACE = 2, S_LETTER = 4, S_UNDERSCORE = 8 };
+/* Byte classes: a slot's bytes (scan) and those of words (is_word: letters, digits, '_'
+ * and every byte of a non-ASCII character). S_CODE: a code character (scan). */
+enum { S_DIGIT = 1, S_SPACE = 2, S_LETTER = 4, S_UNDERSCORE = 8, S_CODE = 16 };
 static const unsigned char slot_cls[256] = {
     ['0' ... '9'] = S_DIGIT,  [' '] = S_SPACE,          ['\t'] = S_SPACE,
     ['A' ... 'Z'] = S_LETTER, ['a' ... 'z'] = S_LETTER, [0x80 ... 0xFF] = S_LETTER,
     ['_'] = S_UNDERSCORE,
 };
+static const char code_chars[] = "=;<>@[\\]_`{|}";
 
 static inline bool is_word(unsigned char c)
 {
     return slot_cls[c] & (S_DIGIT | S_LETTER | S_UNDERSCORE);
 }
 
+#ifdef __SSE2__
+/* The bytes of x from lo to lo + n (unsigned), as 0xFF bytes. */
+static inline __m128i in_range(__m128i x, char lo, char n)
+{
+    __m128i d = _mm_sub_epi8(x, _mm_set1_epi8(lo));
+    return _mm_cmpeq_epi8(_mm_min_epu8(d, _mm_set1_epi8(n)), d);
+}
+
+static inline unsigned mask16(__m128i x)
+{
+    return (unsigned)_mm_movemask_epi8(x);
+}
+
+/* The next 16 bytes of [*c, end) into *x and the mask of those in it into *valid: the 16 at
+ * *c, or fewer than 16 left, the 16 that end at end (the history has them before). *c
+ * moves past them. False when none are left, or when fewer than 16 are and the history
+ * does not hold 16 before end: the caller takes those one by one. */
+static inline bool next16(const guard *g, const unsigned char **c, const unsigned char *end,
+                          __m128i *x, unsigned *valid)
+{
+    if (end - *c >= 16) {
+        *x = _mm_loadu_si128((const __m128i *)(const void *)*c);
+        *valid = 0xFFFF;
+        *c += 16;
+        return true;
+    }
+    if (*c == end || end - g->buf < 16) return false;
+    *x = _mm_loadu_si128((const __m128i *)(const void *)(end - 16));
+    *valid = (0xFFFFu << (16 - (end - *c))) & 0xFFFF;
+    *c = end;
+    return true;
+}
+
+/* The ASCII letters and the bytes of non-ASCII characters of x. */
+static inline unsigned letters16(__m128i x)
+{
+    return mask16(in_range(_mm_or_si128(x, _mm_set1_epi8(0x20)), 'a', 25)) | mask16(x);
+}
+
+/* The bits set in a 16-bit mask (no -mpopcnt: __builtin_popcount is a call). */
+static inline unsigned pop16(unsigned m)
+{
+    m -= (m >> 1) & 0x5555u;
+    m = (m & 0x3333u) + ((m >> 2) & 0x3333u);
+    m = (m + (m >> 4)) & 0x0F0Fu;
+    return (m + (m >> 8)) & 0x1Fu;
+}
+#endif
+
 /* What history [s, e) holds: S_DIGIT, S_SPACE (a space or tab), S_LETTER (ASCII, or any
- * byte of a non-ASCII character). */
-static unsigned holds(const guard *g, uint64_t s, uint64_t e)
+ * byte of a non-ASCII character); with `text`, also S_CODE (one of code_chars), and
+ * its letters and spaces into *letters and *gaps. 16 bytes at a time. */
+static inline unsigned scan(const guard *g, uint64_t s, uint64_t e, bool text, uint64_t *letters,
+                            uint64_t *gaps)
 {
     unsigned h = 0;
-    for (const unsigned char *c = g->buf + (s - g->base), *end = c + (e - s); c < end; c++)
-        h |= slot_cls[*c];
+    const unsigned char *c = g->buf + (s - g->base), *end = c + (e - s);
+#ifdef __SSE2__
+    __m128i x;
+    unsigned v;
+    while (next16(g, &c, end, &x, &v)) {
+        const unsigned letter = letters16(x) & v,
+                       space = mask16(_mm_cmpeq_epi8(x, _mm_set1_epi8(' '))) & v,
+                       tab = mask16(_mm_cmpeq_epi8(x, _mm_set1_epi8('\t'))) & v;
+        h |= ((mask16(in_range(x, '0', 9)) & v) != 0) * S_DIGIT | ((space | tab) != 0) * S_SPACE |
+             (letter != 0) * S_LETTER;
+        if (text) {
+            /* ; < = > (3B-3E), @ (40), [ \ ] (5B-5D), _ ` (5F-60), { | } (7B-7D) */
+            const __m128i code = _mm_or_si128(
+                _mm_or_si128(in_range(x, 0x3B, 3), _mm_cmpeq_epi8(x, _mm_set1_epi8(0x40))),
+                _mm_or_si128(_mm_or_si128(in_range(x, 0x5B, 2), in_range(x, 0x5F, 1)),
+                             in_range(x, 0x7B, 2)));
+            h |= ((mask16(code) & v) != 0) * S_CODE;
+            *letters += pop16(letter);
+            *gaps += pop16(space);
+        }
+    }
+#endif
+    for (; c < end; c++) {
+        h |= slot_cls[*c] & (S_DIGIT | S_SPACE | S_LETTER);
+        if (text) {
+            h |= *c && strchr(code_chars, *c) ? S_CODE : 0;
+            *letters += (slot_cls[*c] & S_LETTER) != 0;
+            *gaps += *c == ' ';
+        }
+    }
     return h;
 }
 
-/* Text: three words at least, letters at least half the body, and no code character
- * (= ; < > @ [ \\ ] _ ` { | }). Code and data declare lines on one template by design
- * (imports, tables of constants, dict entries): 25 of the 2,247 machine files tripped when
- * code lines counted for the text template. */
+/* What history [s, e) holds (see scan). */
+static unsigned holds(const guard *g, uint64_t s, uint64_t e)
+{
+    return scan(g, s, e, false, NULL, NULL);
+}
+
+/* Text: three words at least, letters at least half the body, and no code character.
+ * Code and data declare lines on one template by design (imports, tables of constants,
+ * dict entries): 25 of the 2,247 machine files tripped when code lines counted for the
+ * text template. */
 static bool is_text(const guard *g, uint64_t s, uint64_t e)
 {
-    static const unsigned char code[128] = {
-        ['='] = 1, [';'] = 1, ['<'] = 1, ['>'] = 1, ['@'] = 1, ['['] = 1, ['\\'] = 1,
-        [']'] = 1, ['_'] = 1, ['`'] = 1, ['{'] = 1, ['|'] = 1, ['}'] = 1};
     uint64_t letters = 0, gaps = 0;
-    for (uint64_t o = s; o < e; o++) {
-        unsigned char c = guard_at(g, o);
-        if (c < 0x80 && code[c]) return false;
-        letters += ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c >= 0x80;
-        gaps += c == ' ';
-    }
-    return gaps >= 2 && letters * 2 >= e - s;
+    return !(scan(g, s, e, true, &letters, &gaps) & S_CODE) && gaps >= 2 && letters * 2 >= e - s;
 }
 
 /* Is history [s, e) found in the RECENT bytes before `before` (`word`: as a whole word, not
@@ -235,9 +341,10 @@ static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uin
                               : T_NONE;
     if (first && text) return T_TEXT;
     if (longer - frame > TOKEN_MAX) return text; /* widening only makes the slot longer */
-    /* b grew a name, nothing replaced, by text written in the RECENT bytes. */
-    bool grown =
-        (frame == la || frame == lb) && frame < lb && recent(g, b + pre, be - suf, b, false);
+    /* b grew a name, nothing replaced (its slot [gs, ge)), by text written in the RECENT
+     * bytes: asked last, where the slot is a token's. */
+    const bool grew = (frame == la || frame == lb) && frame < lb;
+    const uint64_t gs = b + pre, ge = be - suf;
     /* The token template: the slot widened to whole words ("cftsubsecfont", not "ubsec"). */
     while (pre && is_word(x[pre - 1]) &&
            ((pre < la && is_word(x[pre])) || (pre < lb && is_word(y[pre]))))
@@ -251,7 +358,7 @@ static unsigned follows(const guard *g, uint64_t a, uint64_t ae, uint64_t b, uin
     unsigned ha = holds(g, a + pre, ae - suf), hb = holds(g, b + pre, be - suf);
     if ((ha | hb) & (S_DIGIT | S_SPACE) || !((ha | hb) & S_LETTER)) return text;
     uint64_t slot = lb - pre - suf;
-    bool old = grown ||
+    bool old = (grew && recent(g, gs, ge, b, false)) ||
                (is_text(g, b, be) ? !slot || recent(g, b + pre, be - suf, copy, true) : slot <= 1);
     return old ? T_OLD : T_TOKEN;
 }
@@ -265,48 +372,40 @@ static bool old_run(const struct gtemplate *t, unsigned P, unsigned template_run
            2 * t->texts[P] >= 3 * template_run;
 }
 
-/* The first and last 8 bytes of the body [s, e), or (shorter) its bytes twice. A frame of
- * template_bytes (16 or more) leaves one of them equal, so most pairs of lines are told
- * apart by these two compares, without calling follows. */
-static void ends(const guard *g, uint64_t s, uint64_t e, uint64_t *head, uint64_t *tail)
+/* The first and last 8 bytes of the body [s, e), or (shorter) its bytes twice, as numbers
+ * (the first byte lowest). A frame of template_bytes (16 or more) leaves one of them equal,
+ * so most pairs of lines are told apart by these two compares, without calling follows. */
+static inline void ends(const guard *g, uint64_t s, uint64_t e, uint64_t *head, uint64_t *tail)
 {
     const unsigned char *x = g->buf + (s - g->base);
-    *head = *tail = 0;
-    if (e - s < 8) {
-        memcpy(head, x, (size_t)(e - s));
-        *tail = *head;
-        return;
+    const size_t n = (size_t)(e - s);
+    uint64_t h = 0, t;
+    if (n >= 8) {
+        memcpy(&h, x, 8);
+        memcpy(&t, x + n - 8, 8);
+    } else if (e - g->base >= 8) { /* the 8 bytes that end it, the bytes before shifted out */
+        memcpy(&h, x + n - 8, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        h = __builtin_bswap64(h);
+#endif
+        h = n ? h >> 8 * (8 - n) : 0;
+        t = h;
+    } else {
+        for (size_t i = 0; i < n; i++)
+            h |= (uint64_t)x[i] << 8 * i;
+        t = h;
     }
-    memcpy(head, x, 8);
-    memcpy(tail, x + (e - s) - 8, 8);
+    *head = h;
+    *tail = t;
 }
 
-/* Is no run going on, and do the line's head and tail (see ends) both differ from those of
- * each of the TPL_LAGS lines before it? A period's run of 0 has no old slot nor text line
- * either: they end with it. */
-static bool quiet(const struct gtemplate *t, uint64_t head, uint64_t tail)
-{
-    /* In arithmetic, not branches: which compare tells a line apart is anybody's guess. */
-    unsigned tied = t->text != 0;
-    for (unsigned P = 1; P <= TPL_LAGS; P++) {
-        const unsigned k = (unsigned)((t->n - P) % TPL_RING);
-        tied |= (t->run[P] != 0) | ((P <= t->n) & ((head == t->head[k]) | (tail == t->tail[k])));
-    }
-    return !tied;
-}
-
-bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
+/* guard_template_line for a line [start, end), the t->n-th, already in the ring, that may
+ * follow one of the TPL_LAGS lines before it, or while a run goes on (t->busy). RARE_PATH. */
+RARE_PATH static bool template_judge(guard *g, struct gtemplate *t, uint64_t start, uint64_t end,
+                                     uint64_t now)
 {
     const guard_params *p = g->p;
-    if (!g->tpl) g->tpl = guard_xcalloc(1, sizeof(*g->tpl));
-    struct gtemplate *t = g->tpl;
-    if (start < g->base) { /* longer than the history: no template */
-        memset(t, 0, sizeof(*t));
-        return false;
-    }
-    if (start == end) return false;
-    uint64_t head, tail;
-    ends(g, start, end, &head, &tail);
+    const uint64_t head = t->head[t->n % TPL_RING], tail = t->tail[t->n % TPL_RING];
     /* Lines whose heads and tails both differ share no frame of 16 bytes (the template's
      * bytes are a parameter: below 16 every pair is compared). */
     const bool filter = p->lines.template_bytes >= 16;
@@ -321,10 +420,6 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         memset(t->miss, 0, sizeof(t->miss));
         memset(t->texts, 0, sizeof(t->texts));
     }
-    /* No run going on and a line apart from every line before it: nothing follows, and
-     * nothing changes but the ring (each period's count of lines that did not follow only
-     * matters inside a run: a line that follows sets it to 0). Most lines. */
-    if (filter && lags && quiet(t, head, tail)) lags = 0;
     for (unsigned P = 1; P <= lags && P <= t->n; P++) {
         const unsigned k = (unsigned)((t->n - P) % TPL_RING);
         /* The first line of this copy: the line P - 1 before this one. */
@@ -350,10 +445,7 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
         }
         olds |= t->old[P] | t->texts[P];
     }
-    t->s[t->n % TPL_RING] = start;
-    t->e[t->n % TPL_RING] = end;
-    t->head[t->n % TPL_RING] = head;
-    t->tail[t->n % TPL_RING] = tail;
+    t->busy = t->text | t->run[1] | t->run[2] | t->run[3];
     t->n++;
     /* The text run (period 1), then the runs of old token slots. */
     uint64_t from = t->text_from;
@@ -371,6 +463,85 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     guard_set_unit(g, start, end);
     guard_trip(g, "template", from, now, copies);
     return true;
+}
+
+/* guard_template_line at the first line of a guard, or at a line longer than the history
+ * (no template: a break). COLD_PATH. */
+COLD_PATH static bool template_break(guard *g, uint64_t start, uint64_t end, uint64_t now)
+{
+    if (!g->tpl) g->tpl = guard_xcalloc(1, sizeof(*g->tpl));
+    if (start >= g->base) return guard_template_line(g, start, end, now);
+    memset(g->tpl, 0, sizeof(*g->tpl));
+    return false;
+}
+
+bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
+{
+    const guard_params *p = g->p;
+    struct gtemplate *t = g->tpl;
+    if (!t || start < g->base) return template_break(g, start, end, now);
+    if (start == end) return false;
+    /* The line goes into the ring (slot t->n, the line TPL_LAGS + 1 before: no period reads
+     * it), then t->n moves on. */
+    const unsigned k = (unsigned)t->n % TPL_RING;
+    uint64_t head, tail;
+    ends(g, start, end, &head, &tail);
+    t->s[k] = start;
+    t->e[k] = end;
+    t->head[k] = head;
+    t->tail[k] = tail;
+    /* No run going on, and a line shorter than a template or whose head and tail both
+     * differ from those of each of the TPL_LAGS lines before it (then it shares no frame of
+     * template_bytes, 16 or more, with any): nothing follows, and nothing changes but the
+     * ring (each period's count of lines that did not follow only matters inside a run: a
+     * line that follows sets it to 0). Most lines. In arithmetic, not branches: which
+     * compare tells a line apart is anybody's guess. Before the first TPL_LAGS lines the
+     * ring holds zeros or older lines: a line that matches them is judged, which costs
+     * time only. */
+    const uint64_t *h = t->head, *e = t->tail;
+    const unsigned k1 = (k - 1) % TPL_RING, k2 = (k - 2) % TPL_RING, k3 = (k - 3) % TPL_RING;
+    const unsigned tied = (head == h[k1]) | (head == h[k2]) | (head == h[k3]) | (tail == e[k1]) |
+                          (tail == e[k2]) | (tail == e[k3]) | (p->lines.template_bytes < 16);
+    if (t->busy || (end - start >= p->lines.template_bytes && tied))
+        return template_judge(g, t, start, end, now);
+    t->n++;
+    return false;
+}
+
+/* May [a, b) be a name of two pieces: are its first 16 bytes (all, when fewer) letters,
+ * digits, '_' or '-', with a '_' or '-' among them when they are all? Most items are not
+ * (prose, arguments), told without the byte loop, whose exit follows the text. */
+static inline bool may_be_name(const guard *g, const unsigned char *a, const unsigned char *b)
+{
+#ifdef __SSE2__
+    unsigned valid; /* the bytes of [a, b) among the 16 read */
+    const unsigned char *at;
+    if (b - a >= 16) {
+        at = a;
+        valid = 0xFFFF;
+    } else if (b - g->buf >= 16) {
+        at = b - 16;
+        valid = (0xFFFFu << (16 - (b - a))) & 0xFFFF;
+    } else {
+        return true;
+    }
+    const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)at);
+    const __m128i f = _mm_sub_epi8(_mm_or_si128(x, _mm_set1_epi8(0x20)), _mm_set1_epi8('a'));
+    const __m128i d = _mm_sub_epi8(x, _mm_set1_epi8('0'));
+    const __m128i letter = _mm_cmpeq_epi8(_mm_min_epu8(f, _mm_set1_epi8(25)), f);
+    const __m128i digit = _mm_cmpeq_epi8(_mm_min_epu8(d, _mm_set1_epi8(9)), d);
+    const __m128i joint =
+        _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('_')), _mm_cmpeq_epi8(x, _mm_set1_epi8('-')));
+    unsigned ok = (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(letter, digit), joint));
+    unsigned joints = (unsigned)_mm_movemask_epi8(joint) & valid;
+    if ((ok & valid) != valid) return false;
+    return joints || b - a > 16;
+#else
+    (void)g;
+    (void)a;
+    (void)b;
+    return true;
+#endif
 }
 
 /* Identifier items: a line that lists names separated by commas, each name of two pieces
@@ -395,10 +566,11 @@ bool guard_template_item(guard *g, uint64_t line_start, uint64_t end, uint64_t n
     uint64_t s = t->item_from, e = end;
     t->item_from = end + 1;
     if (s < g->base) s = e; /* longer than the history: no name */
-    while (s < e && (guard_at(g, s) == ' ' || guard_at(g, s) == '\t'))
-        s++;
+    const unsigned char *is = g->buf + (s - g->base), *ie = g->buf + (e - g->base);
+    s += (uint64_t)(skip_blanks(g, is, ie) - is);
     unsigned char c = s < e ? guard_at(g, s) : 0;
-    bool name = e - s <= ITEM_MAX && (((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c == '_');
+    bool name = e - s <= ITEM_MAX && (((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c == '_') &&
+                may_be_name(g, g->buf + (s - g->base), ie);
     /* The hashes of the pieces between '_' and '-'. */
     uint64_t h = 0xCBF29CE484222325ull, hs[ITEM_MAX / 2 + 1];
     unsigned n = 0;
