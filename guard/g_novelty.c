@@ -42,8 +42,10 @@ void guard_novelty_release(guard *g)
 }
 
 /* A slot of the ring (tri_novel): bit 0 a novel trigram, bit 1 a new word, TRI_FILLED once
- * written, so that the ring is full when the oldest slot, the next one, is filled. */
+ * written, so that the ring is full when the oldest slot, the next one, is filled;
+ * TRI_OTHER: a word outside prose (no trigram, no start kept). */
 #define TRI_FILLED 4
+#define TRI_OTHER  8
 
 static inline uint64_t mix(uint64_t x)
 {
@@ -109,25 +111,50 @@ COLD_PATH static bool novelty_prompt(const guard *g, unsigned nw, uint64_t ws0, 
 }
 
 /* A segment of nw words outside prose: each word enters the window as a novel trigram
- * (more than a window of them replace all of it). Its words join no trigram. */
+ * (more than a window of them replace all of it). Its words join no trigram. They enter
+ * when the next prose word is judged (novelty_flush): until then only their number is
+ * kept, so that a run of code lines costs one addition a line, not a ring slot a word. */
 static void novelty_other(guard *g, unsigned nw)
 {
     const unsigned w = g->p->novelty.window;
-    if (!g->ttab) novelty_alloc(g);
+    g->nov_other = g->nov_other + nw < w ? g->nov_other + nw : w;
+}
+
+/* The k words outside prose since the last prose word enter the window, each a novel
+ * trigram and no new word (TRI_OTHER: no trigram starts there; the caller has the ring).
+ * RARE_PATH: once per prose segment after code, which is rare but in source files. */
+RARE_PATH static void novelty_flush(guard *g, unsigned k)
+{
+    const unsigned w = g->p->novelty.window;
     unsigned char *tri_novel = g->tri_novel;
-    uint64_t *tri_start = g->tri_start;
-    const gword *sw = g->sw;
+    g->nov_other = 0;
+    if (k >= w) { /* the whole window: which slot is next changes nothing */
+        memset(tri_novel, 1 | TRI_FILLED | TRI_OTHER, w);
+        g->novel = w;
+        g->fresh = 0;
+        return;
+    }
     unsigned slot = g->tri_slot, novel = g->novel, fresh = g->fresh;
-    for (unsigned i = nw > w ? nw - w : 0; i < nw; i++) {
+    for (unsigned i = 0; i < k; i++) {
         novel -= tri_novel[slot] & 1;
         fresh -= tri_novel[slot] >> 1 & 1;
-        tri_novel[slot] = 1 | TRI_FILLED;
-        tri_start[slot] = sw[i].start;
+        tri_novel[slot] = 1 | TRI_FILLED | TRI_OTHER;
         slot = slot + 1 < w ? slot + 1 : 0;
     }
     g->tri_slot = slot;
-    g->novel = novel + (nw > w ? w : nw);
+    g->novel = novel + k;
     g->fresh = fresh;
+}
+
+/* Where the trigram of the window's oldest slot `slot` starts, for a trip: the first
+ * trigram of prose from there on (the words outside prose before it are evidence of
+ * novelty, not part of a loop; the newest slot is prose). */
+static uint64_t window_start(const guard *g, unsigned slot)
+{
+    const unsigned w = g->p->novelty.window;
+    while (g->tri_novel[slot] & TRI_OTHER)
+        slot = slot + 1 < w ? slot + 1 : 0;
+    return g->tri_start[slot];
 }
 
 /* The novelty detector, for each word of a segment that ended: is the trigram ending there
@@ -155,11 +182,13 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
     const double few = p->novelty.min_ratio * w; /* novel trigrams below this trip */
     uint64_t wh0 = g->wh[0], wh1 = g->wh[1], wh2 = g->wh[2];
     uint64_t ws0 = g->ws[0], ws1 = g->ws[1], ws2 = g->ws[2];
-    unsigned walpha = g->walpha, slot = g->tri_slot, novel = g->novel, fresh = g->fresh;
     uint32_t nwords = g->nwords;
     /* A trigram may end in this segment (one of numbers alone needs no table, but is no
-     * reason to test for the table per word). */
+     * reason to test for the table per word); the words outside prose before it enter the
+     * window first. */
     if (!g->ttab && nwords + nw >= 3) novelty_alloc(g);
+    if (g->nov_other && g->ttab) novelty_flush(g, g->nov_other);
+    unsigned walpha = g->walpha, slot = g->tri_slot, novel = g->novel, fresh = g->fresh;
     gtri *tab = g->ttab;
     unsigned char *tri_novel = g->tri_novel;
     uint64_t *tri_start = g->tri_start;
@@ -207,7 +236,7 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
             novel = fresh = slot = 0;
             continue;
         }
-        uint64_t from = tri_start[slot];
+        uint64_t from = window_start(g, slot);
         guard_set_unit(g, from, now);
         guard_trip(g, "novelty", from, now, w - novel);
         tripped = true;

@@ -337,6 +337,7 @@ struct guard {
     unsigned tri_slot;        /* the ring's next slot: its oldest trigram once it is full */
     unsigned novel;           /* novel trigrams in the window */
     unsigned fresh;           /* words new within memory_words among the window's last words */
+    unsigned nov_other;       /* words outside prose not yet in the window (at most window) */
 
     /* cycle (g_cycle.c): the ring of segments, how many there were, and the replay: its
      * lag, segments, those equal with their numbers, bytes, prose bytes and first byte. */
