@@ -74,8 +74,10 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
      * in a row, nothing between, is a run too. */
     g->lines_run = s->seen ? g->lines_run + 1 : 0;
     g->lines_run_text = s->seen ? g->lines_run_text + prose : 0;
-    if (!trigger) return false;
-    uint64_t from, cycle = nocc ? g->nsegs - 1 - occ[0] : UINT64_MAX / 2;
+    /* A segment with no copy in the window trips neither way below (most segments): one
+     * test for both, not one on trigger, which the text sets at random. */
+    if (!trigger | !nocc) return false;
+    uint64_t from, cycle = g->nsegs - 1 - occ[0]; /* need >= 1: occ[0] is set */
     bool run = g->lines_run >= p->lines.min_run && g->lines_run >= 2 * cycle;
     bool same = (plain && cycle == 1 && g->lines_run >= need) || (in_row && g->lines_same >= need);
     if (s->seen && (run || same) && g->lines_run_text * 2 >= g->lines_run) {
