@@ -120,30 +120,31 @@ static void novelty_other(guard *g, unsigned nw)
     g->nov_other = g->nov_other + nw < w ? g->nov_other + nw : w;
 }
 
+/* The n slots from p become words outside prose: returns how many of them held a novel
+ * trigram (low 16 bits: a window is at most 4,096, guard_params.c) and a new word (high 16
+ * bits). A loop the compiler vectorizes. */
+static uint32_t fill_other(unsigned char *p, unsigned n)
+{
+    uint32_t bits = 0;
+    for (unsigned i = 0; i < n; i++)
+        bits += (p[i] & 1u) | (uint32_t)(p[i] & 2u) << 15;
+    memset(p, 1 | TRI_FILLED | TRI_OTHER, n);
+    return bits;
+}
+
 /* The k words outside prose since the last prose word enter the window, each a novel
- * trigram and no new word (TRI_OTHER: no trigram starts there; the caller has the ring).
- * RARE_PATH: once per prose segment after code, which is rare but in source files. */
+ * trigram and no new word (TRI_OTHER: no trigram starts there; the caller has the ring):
+ * the slots up to the ring's end, then those from its start. RARE_PATH: once per prose
+ * segment after code, which is rare but in source files. */
 RARE_PATH static void novelty_flush(guard *g, unsigned k)
 {
     const unsigned w = g->p->novelty.window;
-    unsigned char *tri_novel = g->tri_novel;
+    unsigned slot = g->tri_slot, head = k < w - slot ? k : w - slot;
+    uint32_t left = fill_other(g->tri_novel + slot, head) + fill_other(g->tri_novel, k - head);
     g->nov_other = 0;
-    if (k >= w) { /* the whole window: which slot is next changes nothing */
-        memset(tri_novel, 1 | TRI_FILLED | TRI_OTHER, w);
-        g->novel = w;
-        g->fresh = 0;
-        return;
-    }
-    unsigned slot = g->tri_slot, novel = g->novel, fresh = g->fresh;
-    for (unsigned i = 0; i < k; i++) {
-        novel -= tri_novel[slot] & 1;
-        fresh -= tri_novel[slot] >> 1 & 1;
-        tri_novel[slot] = 1 | TRI_FILLED | TRI_OTHER;
-        slot = slot + 1 < w ? slot + 1 : 0;
-    }
-    g->tri_slot = slot;
-    g->novel = novel + k;
-    g->fresh = fresh;
+    g->tri_slot = slot + k < w ? slot + k : slot + k - w;
+    g->novel += k - (left & 0xFFFF);
+    g->fresh -= left >> 16;
 }
 
 /* Where the trigram of the window's oldest slot `slot` starts, for a trip: the first
