@@ -6,8 +6,8 @@
  * lines.window segments with a letter (a ring of hashes); each hash bucket knows its newest
  * segment and each segment the one before it in its bucket, so finding a segment's earlier
  * copies walks only the segments of its bucket: O(1) for most segments, O(copies) for a
- * returning one. Memory, from the first segment on: the ring, 24 bytes a segment, and 4
- * bytes per GUARD_SEG_BUCKETS of them (2 KiB for the default window). */
+ * returning one. Memory, from the first segment on: the ring, 24 bytes a segment, and
+ * GUARD_SEG_BUCKETS buckets of 2 bytes per segment (2.5 KiB for the default window). */
 #include <stdlib.h>
 
 #include "guard/guard_int.h"
@@ -46,8 +46,8 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
     unsigned nocc = 0, need = p->lines.min_repeats - 1;
     /* Its copies in the window (the w - 1 segments before it), newest first, remembering
      * the last min_repeats-1 of them: a walk of its bucket's chain. */
-    uint32_t *last = &g->seg_last[h & g->seg_bmask];
-    unsigned prev = *last ? (uint32_t)(n + 1 - *last) : 0; /* the distance back to it */
+    uint16_t *last = &g->seg_last[h & g->seg_bmask];
+    unsigned prev = *last ? (uint16_t)(n + 1 - *last) : 0; /* the distance back to it */
     for (unsigned k = prev; k && k < w && k <= n;) {
         const gseg *e = &g->segs[(n - k) & m];
         if (e->hash == h) {
@@ -56,7 +56,7 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
         }
         k = e->prev ? k + e->prev : 0;
     }
-    *last = (uint32_t)(n + 1);
+    *last = (uint16_t)(n + 1); /* one segment in 2^16 is none: as cycle's buckets */
     bool again = n && g->segs[(n - 1) & m].hash == h;
     g->lines_same = again ? g->lines_same + 1 : 0;
     gseg *s = &g->segs[g->nsegs & m];

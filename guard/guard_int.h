@@ -178,7 +178,7 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 #define GUARD_RULE_STEP     64
 #define GUARD_TTAB_BITS     10
 #define GUARD_UNIT_MAX      256
-#define GUARD_SEG_BUCKETS   2 /* hash buckets per segment of the lines window */
+#define GUARD_SEG_BUCKETS   8 /* hash buckets per segment of the lines window */
 #define GUARD_CYC_BUCKETS   256
 #define GUARD_FUZZY_LAG     16  /* fuzzy replays of 2-16 segments (g_cycle.c) */
 #define GUARD_SEG_WORDS     128 /* words of one segment the novelty detector reads */
@@ -308,8 +308,8 @@ struct guard {
     /* lines (g_lines.c): allocated at the first segment */
     gseg *segs;
     unsigned seg_mask;
-    uint32_t *seg_last; /* per hash bucket (seg_bmask + 1 of them): the newest segment's
-                           number + 1, mod 2^32; 0: none */
+    uint16_t *seg_last; /* per hash bucket (seg_bmask + 1 of them): the newest segment's
+                           number + 1, mod 2^16; 0: none */
     unsigned seg_bmask;
     uint64_t nsegs;
     unsigned lines_run, lines_run_text; /* the trailing run of returns, and its text ones */
