@@ -289,8 +289,16 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, un
 {
     bool text = kind & GSEG_TEXT;
     const guard_params *p = g->p;
+    unsigned w = p->cycle.window;
+    /* A segment a window of segments past the last text (a long stretch of code or data) is
+     * left out: half of a replay must be text, and one whose cycle, at most a window, holds
+     * no text has none; the stretch's first window of segments stays in the ring, to be
+     * compared with what follows. */
+    unsigned quiet = text ? 0 : g->cyc_quiet + (g->cyc_quiet <= w);
+    g->cyc_quiet = quiet;
+    if (quiet > w) return false;
     if (!g->cyc) cycle_alloc(g);
-    unsigned w = p->cycle.window, m = g->cyc_mask;
+    unsigned m = g->cyc_mask;
     uint32_t exact, masked;
     unsigned num_word;
     /* A line of numbers and box drawing ("╟── 1 ╾ 2") has no skeleton to compare: it is

@@ -346,6 +346,7 @@ struct guard {
     uint16_t *cyc_last; /* GUARD_CYC_BUCKETS, made with the ring: per low bits of the masked
                            skeleton, the newest segment's number + 1, mod 2^16; 0: none */
     uint64_t cyc_n, cyc_from;
+    unsigned cyc_quiet; /* segments since the last text one, up to window + 1 */
     unsigned cyc_lag, cyc_run, cyc_exact, cyc_stepped;
     /* the replay's bytes, those of text, and of sentences */
     uint32_t cyc_bytes, cyc_text_bytes, cyc_sentence_bytes;
