@@ -364,7 +364,9 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, un
         third_trips(g, i, near[0], near[1], start, end, now))
         return true;
     g->cyc_prose = g->cyc_prose << 1 | ((kind & GSEG_PROSE) != 0);
-    if (p->cycle.fuzzy_share > 0 && (g->cyc_ret & 1) && fuzzy_trips(g, i, start, end, now))
+    /* Half of a fuzzy replay is prose: none without prose among the last 32 segments. */
+    if (p->cycle.fuzzy_share > 0 && (g->cyc_ret & 1) && g->cyc_prose &&
+        fuzzy_trips(g, i, start, end, now))
         return true;
     return g->cyc_lag && g->cyc_bytes >= p->cycle.min_bytes &&
            g->cyc_text_bytes * 2 >= g->cyc_bytes && replay_trips(g, start, end, now);
