@@ -47,22 +47,15 @@ void guard_novelty_release(guard *g)
 #define TRI_FILLED 4
 #define TRI_OTHER  8
 
-static inline uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xFF51AFD7ED558CCDull;
-    x ^= x >> 33;
-    return x;
-}
-
 /* Looks the key t up in the table tab and records it as seen at word now_w (the word
  * count, mod 2^16): returns how many times it came before, each within `memory` words of the
  * next (0: new), up to 3. The table is two-way: t sits in either slot of its set, and a new
- * key evicts the older entry. */
+ * key evicts the older entry. Its set is the key's top GUARD_TTAB_BITS bits, its tag the 14
+ * bits below: the keys are products, whose high bits depend on all of their factor's. */
 static inline unsigned table_seen(gtri *tab, uint64_t t, uint16_t now_w, unsigned memory)
 {
     gtri *set = &tab[(t >> (64 - GUARD_TTAB_BITS)) & ~(uint64_t)1];
-    uint32_t tag = (uint32_t)(t & 0x3FFF), s0 = set[0], s1 = set[1];
+    uint32_t tag = (uint32_t)(t >> (64 - GUARD_TTAB_BITS - 14)) & 0x3FFF, s0 = set[0], s1 = set[1];
     unsigned age0 = (uint16_t)(now_w - s0), age1 = (uint16_t)(now_w - s1);
     /* The slot holding t, else the older one; in arithmetic, not branches: whether a key
      * was seen is what the table is asked, so no branch on it is predictable. */
@@ -210,11 +203,11 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
         /* A word new within memory_words (a key of its own in the same table): a loop
          * brings none, a list of one product in several colours one an item. */
         uint16_t now_w = (uint16_t)nwords;
-        bool new_word = alpha && !table_seen(tab, mix(h ^ 0x5BD1E9955BD1E995ull), now_w, memory);
+        bool new_word = alpha && !table_seen(tab, h * 0xFF51AFD7ED558CCDull, now_w, memory);
         /* The trigram's key: each word's hash times its own odd constant (the product's
-         * high bits depend on all of the word's), mixed once. */
-        uint64_t key = mix(wh0 * 0x9E3779B97F4A7C15ull ^ wh1 * 0xC2B2AE3D27D4EB4Full ^
-                           wh2 * 0x94D049BB133111EBull);
+         * high bits depend on all of the word's). */
+        uint64_t key =
+            wh0 * 0x9E3779B97F4A7C15ull ^ wh1 * 0xC2B2AE3D27D4EB4Full ^ wh2 * 0x94D049BB133111EBull;
         unsigned seen = table_seen(tab, key, now_w, memory);
         bool is_novel = seen < min_seen;
 
