@@ -132,14 +132,17 @@ static uint32_t number_at(const guard *g, unsigned k, uint64_t end)
 }
 
 /* Can the mixed replay trip at segment i: mix_new or fewer of the last mix_window segments
- * did not come before? Most segments: no. Their bits are cleared one by one, mix_new of
- * them at most: a popcount for every segment was a library call (no -mpopcnt). */
+ * did not come before? Most segments: no, two or more of them did not, more than mix_new
+ * (1) allows: told first. Else their bits are cleared one by one, mix_new of them at most:
+ * a popcount for every segment was a library call (no -mpopcnt). */
 static inline bool mix_may(const guard *g, uint64_t i)
 {
-    unsigned n = g->p->cycle.mix_window;
+    const guard_params *p = g->p;
+    unsigned n = p->cycle.mix_window, budget = p->cycle.mix_new;
+    uint32_t fresh = ~g->cyc_ret & (uint32_t)(((uint64_t)1 << n) - 1);
+    if (fresh & (fresh - 1) && budget < 2) return false;
     if (!n || i + 1 < n) return false;
-    uint32_t fresh = ~g->cyc_ret & (n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1);
-    for (unsigned k = 0; k < g->p->cycle.mix_new && fresh; k++)
+    for (unsigned k = 0; k < budget && fresh; k++)
         fresh &= fresh - 1;
     return !fresh;
 }
