@@ -55,16 +55,18 @@ void guard_novelty_release(guard *g)
 static inline unsigned table_seen(gtri *tab, uint64_t t, uint16_t now_w, unsigned memory)
 {
     gtri *set = &tab[(t >> (64 - GUARD_TTAB_BITS)) & ~(uint64_t)1];
-    uint32_t tag = (uint32_t)(t >> (64 - GUARD_TTAB_BITS - 14)) & 0x3FFF, s0 = set[0], s1 = set[1];
+    /* the tag in place: the 14 bits below the set's, shifted to bits 18-31 (those above
+     * leave the word) */
+    uint32_t tag = (uint32_t)(t >> (64 - GUARD_TTAB_BITS - 14)) << 18, s0 = set[0], s1 = set[1];
     unsigned age0 = (uint16_t)(now_w - s0), age1 = (uint16_t)(now_w - s1);
     /* The slot holding t, else the older one; in arithmetic, not branches: whether a key
      * was seen is what the table is asked, so no branch on it is predictable. */
-    bool in1 = s1 >> 18 == tag, in0 = s0 >> 18 == tag;
+    bool in1 = (s1 ^ tag) < 1u << 18, in0 = (s0 ^ tag) < 1u << 18;
     unsigned i = in1 | (!in0 & (age1 > age0));
     uint32_t e = set[i]; /* read again, by index: a select here became a branch */
     bool hit = (in1 | in0) & ((uint16_t)(now_w - e) <= memory);
     unsigned seen = (e >> 16 & 3) & -(unsigned)hit; /* no branch either */
-    set[i] = tag << 18 | (seen < 3 ? seen + 1 : 3) << 16 | now_w;
+    set[i] = tag | (seen + (seen < 3)) << 16 | now_w;
     return seen;
 }
 
