@@ -109,7 +109,7 @@ static unsigned skeletons(const guard *g, unsigned nw, uint32_t *exact, uint32_t
         bool alpha = sw[i].alpha;
         uint32_t mh = step(m, h);
         e = step(e, h);
-        m = alpha ? mh : m;
+        m ^= (m ^ mh) & -(uint32_t)alpha; /* a mask: a select here became a branch */
         words += alpha;
     }
     *exact = e;
