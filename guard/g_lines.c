@@ -45,7 +45,8 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
     uint64_t occ[64], n = g->nsegs;
     unsigned nocc = 0, need = p->lines.min_repeats - 1;
     /* Its copies in the window (the w - 1 segments before it), newest first, remembering
-     * the last min_repeats-1 of them: a walk of its bucket's chain. */
+     * the last min_repeats-1 of them: a walk of its bucket's chain. A segment that cannot
+     * trigger only needs to know whether there is one. */
     uint16_t *last = &g->seg_last[h & g->seg_bmask];
     unsigned prev = *last ? (uint16_t)(n + 1 - *last) : 0; /* the distance back to it */
     for (unsigned k = prev; k && k < w && k <= n;) {
@@ -53,6 +54,7 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
         if (e->hash == h) {
             if (nocc < need && nocc < 64) occ[nocc] = n - k;
             nocc++;
+            if (!trigger) break;
         }
         k = e->prev ? k + e->prev : 0;
     }
