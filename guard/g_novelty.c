@@ -153,23 +153,14 @@ static uint64_t window_start(const guard *g, unsigned slot)
     return g->tri_start[slot];
 }
 
-/* The novelty detector, for each word of a segment that ended: is the trigram ending there
- * new within memory_words? Trips when fewer than min_ratio of the last `window` trigrams
- * were. Words outside prose only ever count as evidence of novelty (novelty_other: code
- * and templated comments repeat on purpose, but their fresh names still show the text is
- * going somewhere), and a trigram made only of numbers does not count at all (zero tables,
- * version lists). `now` is the number of bytes fed when it is decided. The detector's state
+/* The words of a prose segment of nw words (see guard_novelty_words). The detector's state
  * (the last three words, the window's counts, its ring's next slot) is kept in locals over
  * the segment's words and written back once: the ring of novel bits is bytes, which may
  * alias any field of the guard, so kept in the guard every field was loaded again after
- * each store to the ring. */
-bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
+ * each store to the ring. Out of line: the registers it saves are not paid by the segments
+ * outside prose, most of a source file's. */
+__attribute__((noinline)) static bool novelty_prose(guard *g, unsigned nw, uint64_t now)
 {
-    if (!nw) return false; /* a blank line, a rule: nothing to load and store back */
-    if (!prose) {
-        novelty_other(g, nw);
-        return false;
-    }
     const guard_params *p = g->p;
     const gword *sw = g->sw;
     const unsigned w = p->novelty.window, memory = p->novelty.memory_words,
@@ -249,4 +240,18 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
     g->novel = novel;
     g->fresh = fresh;
     return tripped;
+}
+
+/* The novelty detector, for each word of a segment that ended: is the trigram ending there
+ * new within memory_words? Trips when fewer than min_ratio of the last `window` trigrams
+ * were. Words outside prose only ever count as evidence of novelty (novelty_other: code
+ * and templated comments repeat on purpose, but their fresh names still show the text is
+ * going somewhere), and a trigram made only of numbers does not count at all (zero tables,
+ * version lists). `now` is the number of bytes fed when it is decided. */
+bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
+{
+    if (!nw) return false; /* a blank line, a rule: nothing to load and store back */
+    if (prose) return novelty_prose(g, nw, now);
+    novelty_other(g, nw);
+    return false;
 }
