@@ -91,18 +91,16 @@ static unsigned skeletons(const guard *g, unsigned nw, uint32_t *exact, uint32_t
                           unsigned *num)
 {
     uint32_t m = 0x811C9DC5u;
-    unsigned words = 0, i = 1;
+    unsigned i = 1;
     const gword *sw = g->sw;
-    if (nw && sw[0].alpha) { /* word 0 counts in the exact skeleton when it is no number */
-        m = step(m, sw[0].hash);
-        words = 1;
-    }
+    bool lead = nw && sw[0].alpha; /* word 0 counts in the exact skeleton when it is no number */
+    if (lead) m = step(m, sw[0].hash);
     /* Up to the first number past word 0 (most segments have none) the two skeletons are
-     * one. */
-    for (; i < nw && sw[i].alpha; i++, words++)
+     * one, and every word but a leading number starts with a letter. */
+    for (; i < nw && sw[i].alpha; i++)
         m = step(m, sw[i].hash);
     uint32_t e = m;
-    unsigned k = i < nw ? i : nw;
+    unsigned k = i < nw ? i : nw, words = i - 1 + lead;
     /* From there without branches: whether a word starts with a letter follows the text. */
     for (; i < nw; i++) {
         uint64_t h = sw[i].hash;
