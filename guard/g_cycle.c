@@ -91,25 +91,23 @@ static unsigned skeletons(const guard *g, unsigned nw, uint32_t *exact, uint32_t
                           unsigned *num)
 {
     uint32_t m = 0x811C9DC5u;
-    unsigned words = 0, i = 1;
+    unsigned i = 1;
     const gword *sw = g->sw;
-    if (nw && sw[0].alpha) { /* word 0 counts in the exact skeleton when it is no number */
-        m = step(m, sw[0].hash);
-        words = 1;
-    }
+    bool lead = nw && sw[0].alpha; /* word 0 counts in the exact skeleton when it is no number */
+    if (lead) m = step(m, sw[0].hash);
     /* Up to the first number past word 0 (most segments have none) the two skeletons are
-     * one. */
-    for (; i < nw && sw[i].alpha; i++, words++)
+     * one, and every word but a leading number starts with a letter. */
+    for (; i < nw && sw[i].alpha; i++)
         m = step(m, sw[i].hash);
     uint32_t e = m;
-    unsigned k = i < nw ? i : nw;
+    unsigned k = i < nw ? i : nw, words = i - 1 + lead;
     /* From there without branches: whether a word starts with a letter follows the text. */
     for (; i < nw; i++) {
         uint64_t h = sw[i].hash;
         bool alpha = sw[i].alpha;
         uint32_t mh = step(m, h);
         e = step(e, h);
-        m = alpha ? mh : m;
+        m ^= (m ^ mh) & -(uint32_t)alpha; /* a mask: a select here became a branch */
         words += alpha;
     }
     *exact = e;
@@ -132,14 +130,17 @@ static uint32_t number_at(const guard *g, unsigned k, uint64_t end)
 }
 
 /* Can the mixed replay trip at segment i: mix_new or fewer of the last mix_window segments
- * did not come before? Most segments: no. Their bits are cleared one by one, mix_new of
- * them at most: a popcount for every segment was a library call (no -mpopcnt). */
+ * did not come before? Most segments: no, two or more of them did not, more than mix_new
+ * (1) allows: told first. Else their bits are cleared one by one, mix_new of them at most:
+ * a popcount for every segment was a library call (no -mpopcnt). */
 static inline bool mix_may(const guard *g, uint64_t i)
 {
-    unsigned n = g->p->cycle.mix_window;
+    const guard_params *p = g->p;
+    unsigned n = p->cycle.mix_window, budget = p->cycle.mix_new;
+    uint32_t fresh = ~g->cyc_ret & (uint32_t)(((uint64_t)1 << n) - 1);
+    if (fresh & (fresh - 1) && budget < 2) return false;
     if (!n || i + 1 < n) return false;
-    uint32_t fresh = ~g->cyc_ret & (n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1);
-    for (unsigned k = 0; k < g->p->cycle.mix_new && fresh; k++)
+    for (unsigned k = 0; k < budget && fresh; k++)
         fresh &= fresh - 1;
     return !fresh;
 }
@@ -289,8 +290,16 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, un
 {
     bool text = kind & GSEG_TEXT;
     const guard_params *p = g->p;
+    unsigned w = p->cycle.window;
+    /* A segment a window of segments past the last text (a long stretch of code or data) is
+     * left out: half of a replay must be text, and one whose cycle, at most a window, holds
+     * no text has none; the stretch's first window of segments stays in the ring, to be
+     * compared with what follows. */
+    unsigned quiet = text ? 0 : g->cyc_quiet + (g->cyc_quiet <= w);
+    g->cyc_quiet = quiet;
+    if (quiet > w) return false;
     if (!g->cyc) cycle_alloc(g);
-    unsigned w = p->cycle.window, m = g->cyc_mask;
+    unsigned m = g->cyc_mask;
     uint32_t exact, masked;
     unsigned num_word;
     /* A line of numbers and box drawing ("╟── 1 ╾ 2") has no skeleton to compare: it is
@@ -356,7 +365,9 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, un
         third_trips(g, i, near[0], near[1], start, end, now))
         return true;
     g->cyc_prose = g->cyc_prose << 1 | ((kind & GSEG_PROSE) != 0);
-    if (p->cycle.fuzzy_share > 0 && (g->cyc_ret & 1) && fuzzy_trips(g, i, start, end, now))
+    /* Half of a fuzzy replay is prose: none without prose among the last 32 segments. */
+    if (p->cycle.fuzzy_share > 0 && (g->cyc_ret & 1) && g->cyc_prose &&
+        fuzzy_trips(g, i, start, end, now))
         return true;
     return g->cyc_lag && g->cyc_bytes >= p->cycle.min_bytes &&
            g->cyc_text_bytes * 2 >= g->cyc_bytes && replay_trips(g, start, end, now);

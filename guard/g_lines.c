@@ -6,8 +6,8 @@
  * lines.window segments with a letter (a ring of hashes); each hash bucket knows its newest
  * segment and each segment the one before it in its bucket, so finding a segment's earlier
  * copies walks only the segments of its bucket: O(1) for most segments, O(copies) for a
- * returning one. Memory, from the first segment on: the ring, 24 bytes a segment, and 4
- * bytes per GUARD_SEG_BUCKETS of them (2 KiB for the default window). */
+ * returning one. Memory, from the first segment on: the ring, 24 bytes a segment, and
+ * GUARD_SEG_BUCKETS buckets of 2 bytes per segment (2.5 KiB for the default window). */
 #include <stdlib.h>
 
 #include "guard/guard_int.h"
@@ -45,18 +45,20 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
     uint64_t occ[64], n = g->nsegs;
     unsigned nocc = 0, need = p->lines.min_repeats - 1;
     /* Its copies in the window (the w - 1 segments before it), newest first, remembering
-     * the last min_repeats-1 of them: a walk of its bucket's chain. */
-    uint32_t *last = &g->seg_last[h & g->seg_bmask];
-    unsigned prev = *last ? (uint32_t)(n + 1 - *last) : 0; /* the distance back to it */
+     * the last min_repeats-1 of them: a walk of its bucket's chain. A segment that cannot
+     * trigger only needs to know whether there is one. */
+    uint16_t *last = &g->seg_last[h & g->seg_bmask];
+    unsigned prev = *last ? (uint16_t)(n + 1 - *last) : 0; /* the distance back to it */
     for (unsigned k = prev; k && k < w && k <= n;) {
         const gseg *e = &g->segs[(n - k) & m];
         if (e->hash == h) {
             if (nocc < need && nocc < 64) occ[nocc] = n - k;
             nocc++;
+            if (!trigger) break;
         }
         k = e->prev ? k + e->prev : 0;
     }
-    *last = (uint32_t)(n + 1);
+    *last = (uint16_t)(n + 1); /* one segment in 2^16 is none: as cycle's buckets */
     bool again = n && g->segs[(n - 1) & m].hash == h;
     g->lines_same = again ? g->lines_same + 1 : 0;
     gseg *s = &g->segs[g->nsegs & m];
@@ -74,8 +76,10 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
      * in a row, nothing between, is a run too. */
     g->lines_run = s->seen ? g->lines_run + 1 : 0;
     g->lines_run_text = s->seen ? g->lines_run_text + prose : 0;
-    if (!trigger) return false;
-    uint64_t from, cycle = nocc ? g->nsegs - 1 - occ[0] : UINT64_MAX / 2;
+    /* A segment with no copy in the window trips neither way below (most segments): one
+     * test for both, not one on trigger, which the text sets at random. */
+    if (!trigger | !nocc) return false;
+    uint64_t from, cycle = g->nsegs - 1 - occ[0]; /* need >= 1: occ[0] is set */
     bool run = g->lines_run >= p->lines.min_run && g->lines_run >= 2 * cycle;
     bool same = (plain && cycle == 1 && g->lines_run >= need) || (in_row && g->lines_same >= need);
     if (s->seen && (run || same) && g->lines_run_text * 2 >= g->lines_run) {

@@ -42,34 +42,31 @@ void guard_novelty_release(guard *g)
 }
 
 /* A slot of the ring (tri_novel): bit 0 a novel trigram, bit 1 a new word, TRI_FILLED once
- * written, so that the ring is full when the oldest slot, the next one, is filled. */
+ * written, so that the ring is full when the oldest slot, the next one, is filled;
+ * TRI_OTHER: a word outside prose (no trigram, no start kept). */
 #define TRI_FILLED 4
-
-static inline uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xFF51AFD7ED558CCDull;
-    x ^= x >> 33;
-    return x;
-}
+#define TRI_OTHER  8
 
 /* Looks the key t up in the table tab and records it as seen at word now_w (the word
  * count, mod 2^16): returns how many times it came before, each within `memory` words of the
  * next (0: new), up to 3. The table is two-way: t sits in either slot of its set, and a new
- * key evicts the older entry. */
+ * key evicts the older entry. Its set is the key's top GUARD_TTAB_BITS bits, its tag the 14
+ * bits below: the keys are products, whose high bits depend on all of their factor's. */
 static inline unsigned table_seen(gtri *tab, uint64_t t, uint16_t now_w, unsigned memory)
 {
     gtri *set = &tab[(t >> (64 - GUARD_TTAB_BITS)) & ~(uint64_t)1];
-    uint32_t tag = (uint32_t)(t & 0x3FFF), s0 = set[0], s1 = set[1];
+    /* the tag in place: the 14 bits below the set's, shifted to bits 18-31 (those above
+     * leave the word) */
+    uint32_t tag = (uint32_t)(t >> (64 - GUARD_TTAB_BITS - 14)) << 18, s0 = set[0], s1 = set[1];
     unsigned age0 = (uint16_t)(now_w - s0), age1 = (uint16_t)(now_w - s1);
     /* The slot holding t, else the older one; in arithmetic, not branches: whether a key
      * was seen is what the table is asked, so no branch on it is predictable. */
-    bool in1 = s1 >> 18 == tag, in0 = s0 >> 18 == tag;
+    bool in1 = (s1 ^ tag) < 1u << 18, in0 = (s0 ^ tag) < 1u << 18;
     unsigned i = in1 | (!in0 & (age1 > age0));
     uint32_t e = set[i]; /* read again, by index: a select here became a branch */
     bool hit = (in1 | in0) & ((uint16_t)(now_w - e) <= memory);
     unsigned seen = (e >> 16 & 3) & -(unsigned)hit; /* no branch either */
-    set[i] = tag << 18 | (seen < 3 ? seen + 1 : 3) << 16 | now_w;
+    set[i] = tag | (seen + (seen < 3)) << 16 | now_w;
     return seen;
 }
 
@@ -109,44 +106,61 @@ COLD_PATH static bool novelty_prompt(const guard *g, unsigned nw, uint64_t ws0, 
 }
 
 /* A segment of nw words outside prose: each word enters the window as a novel trigram
- * (more than a window of them replace all of it). Its words join no trigram. */
+ * (more than a window of them replace all of it). Its words join no trigram. They enter
+ * when the next prose word is judged (novelty_flush): until then only their number is
+ * kept, so that a run of code lines costs one addition a line, not a ring slot a word. */
 static void novelty_other(guard *g, unsigned nw)
 {
     const unsigned w = g->p->novelty.window;
-    if (!g->ttab) novelty_alloc(g);
-    unsigned char *tri_novel = g->tri_novel;
-    uint64_t *tri_start = g->tri_start;
-    const gword *sw = g->sw;
-    unsigned slot = g->tri_slot, novel = g->novel, fresh = g->fresh;
-    for (unsigned i = nw > w ? nw - w : 0; i < nw; i++) {
-        novel -= tri_novel[slot] & 1;
-        fresh -= tri_novel[slot] >> 1 & 1;
-        tri_novel[slot] = 1 | TRI_FILLED;
-        tri_start[slot] = sw[i].start;
-        slot = slot + 1 < w ? slot + 1 : 0;
-    }
-    g->tri_slot = slot;
-    g->novel = novel + (nw > w ? w : nw);
-    g->fresh = fresh;
+    g->nov_other = g->nov_other + nw < w ? g->nov_other + nw : w;
 }
 
-/* The novelty detector, for each word of a segment that ended: is the trigram ending there
- * new within memory_words? Trips when fewer than min_ratio of the last `window` trigrams
- * were. Words outside prose only ever count as evidence of novelty (novelty_other: code
- * and templated comments repeat on purpose, but their fresh names still show the text is
- * going somewhere), and a trigram made only of numbers does not count at all (zero tables,
- * version lists). `now` is the number of bytes fed when it is decided. The detector's state
+/* The n slots from p become words outside prose: returns how many of them held a novel
+ * trigram (low 16 bits: a window is at most 4,096, guard_params.c) and a new word (high 16
+ * bits). A loop the compiler vectorizes. */
+static uint32_t fill_other(unsigned char *p, unsigned n)
+{
+    uint32_t bits = 0;
+    for (unsigned i = 0; i < n; i++)
+        bits += (p[i] & 1u) | (uint32_t)(p[i] & 2u) << 15;
+    memset(p, 1 | TRI_FILLED | TRI_OTHER, n);
+    return bits;
+}
+
+/* The k words outside prose since the last prose word enter the window, each a novel
+ * trigram and no new word (TRI_OTHER: no trigram starts there; the caller has the ring):
+ * the slots up to the ring's end, then those from its start. RARE_PATH: once per prose
+ * segment after code, which is rare but in source files. */
+RARE_PATH static void novelty_flush(guard *g, unsigned k)
+{
+    const unsigned w = g->p->novelty.window;
+    unsigned slot = g->tri_slot, head = k < w - slot ? k : w - slot;
+    uint32_t left = fill_other(g->tri_novel + slot, head) + fill_other(g->tri_novel, k - head);
+    g->nov_other = 0;
+    g->tri_slot = slot + k < w ? slot + k : slot + k - w;
+    g->novel += k - (left & 0xFFFF);
+    g->fresh -= left >> 16;
+}
+
+/* Where the trigram of the window's oldest slot `slot` starts, for a trip: the first
+ * trigram of prose from there on (the words outside prose before it are evidence of
+ * novelty, not part of a loop; the newest slot is prose). */
+static uint64_t window_start(const guard *g, unsigned slot)
+{
+    const unsigned w = g->p->novelty.window;
+    while (g->tri_novel[slot] & TRI_OTHER)
+        slot = slot + 1 < w ? slot + 1 : 0;
+    return g->tri_start[slot];
+}
+
+/* The words of a prose segment of nw words (see guard_novelty_words). The detector's state
  * (the last three words, the window's counts, its ring's next slot) is kept in locals over
  * the segment's words and written back once: the ring of novel bits is bytes, which may
  * alias any field of the guard, so kept in the guard every field was loaded again after
- * each store to the ring. */
-bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
+ * each store to the ring. Out of line: the registers it saves are not paid by the segments
+ * outside prose, most of a source file's. */
+__attribute__((noinline)) static bool novelty_prose(guard *g, unsigned nw, uint64_t now)
 {
-    if (!nw) return false; /* a blank line, a rule: nothing to load and store back */
-    if (!prose) {
-        novelty_other(g, nw);
-        return false;
-    }
     const guard_params *p = g->p;
     const gword *sw = g->sw;
     const unsigned w = p->novelty.window, memory = p->novelty.memory_words,
@@ -155,11 +169,13 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
     const double few = p->novelty.min_ratio * w; /* novel trigrams below this trip */
     uint64_t wh0 = g->wh[0], wh1 = g->wh[1], wh2 = g->wh[2];
     uint64_t ws0 = g->ws[0], ws1 = g->ws[1], ws2 = g->ws[2];
-    unsigned walpha = g->walpha, slot = g->tri_slot, novel = g->novel, fresh = g->fresh;
     uint32_t nwords = g->nwords;
     /* A trigram may end in this segment (one of numbers alone needs no table, but is no
-     * reason to test for the table per word). */
+     * reason to test for the table per word); the words outside prose before it enter the
+     * window first. */
     if (!g->ttab && nwords + nw >= 3) novelty_alloc(g);
+    if (g->nov_other && g->ttab) novelty_flush(g, g->nov_other);
+    unsigned walpha = g->walpha, slot = g->tri_slot, novel = g->novel, fresh = g->fresh;
     gtri *tab = g->ttab;
     unsigned char *tri_novel = g->tri_novel;
     uint64_t *tri_start = g->tri_start;
@@ -180,11 +196,11 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
         /* A word new within memory_words (a key of its own in the same table): a loop
          * brings none, a list of one product in several colours one an item. */
         uint16_t now_w = (uint16_t)nwords;
-        bool new_word = alpha && !table_seen(tab, mix(h ^ 0x5BD1E9955BD1E995ull), now_w, memory);
+        bool new_word = alpha && !table_seen(tab, h * 0xFF51AFD7ED558CCDull, now_w, memory);
         /* The trigram's key: each word's hash times its own odd constant (the product's
-         * high bits depend on all of the word's), mixed once. */
-        uint64_t key = mix(wh0 * 0x9E3779B97F4A7C15ull ^ wh1 * 0xC2B2AE3D27D4EB4Full ^
-                           wh2 * 0x94D049BB133111EBull);
+         * high bits depend on all of the word's). */
+        uint64_t key =
+            wh0 * 0x9E3779B97F4A7C15ull ^ wh1 * 0xC2B2AE3D27D4EB4Full ^ wh2 * 0x94D049BB133111EBull;
         unsigned seen = table_seen(tab, key, now_w, memory);
         bool is_novel = seen < min_seen;
 
@@ -207,7 +223,7 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
             novel = fresh = slot = 0;
             continue;
         }
-        uint64_t from = tri_start[slot];
+        uint64_t from = window_start(g, slot);
         guard_set_unit(g, from, now);
         guard_trip(g, "novelty", from, now, w - novel);
         tripped = true;
@@ -224,4 +240,18 @@ bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
     g->novel = novel;
     g->fresh = fresh;
     return tripped;
+}
+
+/* The novelty detector, for each word of a segment that ended: is the trigram ending there
+ * new within memory_words? Trips when fewer than min_ratio of the last `window` trigrams
+ * were. Words outside prose only ever count as evidence of novelty (novelty_other: code
+ * and templated comments repeat on purpose, but their fresh names still show the text is
+ * going somewhere), and a trigram made only of numbers does not count at all (zero tables,
+ * version lists). `now` is the number of bytes fed when it is decided. */
+bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now)
+{
+    if (!nw) return false; /* a blank line, a rule: nothing to load and store back */
+    if (prose) return novelty_prose(g, nw, now);
+    novelty_other(g, nw);
+    return false;
 }

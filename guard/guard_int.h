@@ -182,7 +182,7 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 #define GUARD_RULE_STEP     64
 #define GUARD_TTAB_BITS     10
 #define GUARD_UNIT_MAX      256
-#define GUARD_SEG_BUCKETS   2 /* hash buckets per segment of the lines window */
+#define GUARD_SEG_BUCKETS   8 /* hash buckets per segment of the lines window */
 #define GUARD_CYC_BUCKETS   256
 #define GUARD_FUZZY_LAG     16  /* fuzzy replays of 2-16 segments (g_cycle.c) */
 #define GUARD_SEG_WORDS     128 /* words of one segment the novelty detector reads */
@@ -315,8 +315,8 @@ struct guard {
     /* lines (g_lines.c): allocated at the first segment */
     gseg *segs;
     unsigned seg_mask;
-    uint32_t *seg_last; /* per hash bucket (seg_bmask + 1 of them): the newest segment's
-                           number + 1, mod 2^32; 0: none */
+    uint16_t *seg_last; /* per hash bucket (seg_bmask + 1 of them): the newest segment's
+                           number + 1, mod 2^16; 0: none */
     unsigned seg_bmask;
     uint64_t nsegs;
     unsigned lines_run, lines_run_text; /* the trailing run of returns, and its text ones */
@@ -344,6 +344,7 @@ struct guard {
     unsigned tri_slot;        /* the ring's next slot: its oldest trigram once it is full */
     unsigned novel;           /* novel trigrams in the window */
     unsigned fresh;           /* words new within memory_words among the window's last words */
+    unsigned nov_other;       /* words outside prose not yet in the window (at most window) */
 
     /* cycle (g_cycle.c): the ring of segments, how many there were, and the replay: its
      * lag, segments, those equal with their numbers, bytes, prose bytes and first byte. */
@@ -352,6 +353,7 @@ struct guard {
     uint16_t *cyc_last; /* GUARD_CYC_BUCKETS, made with the ring: per low bits of the masked
                            skeleton, the newest segment's number + 1, mod 2^16; 0: none */
     uint64_t cyc_n, cyc_from;
+    unsigned cyc_quiet; /* segments since the last text one, up to window + 1 */
     unsigned cyc_lag, cyc_run, cyc_exact, cyc_stepped;
     /* the replay's bytes, those of text, and of sentences */
     uint32_t cyc_bytes, cyc_text_bytes, cyc_sentence_bytes;
