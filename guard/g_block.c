@@ -79,11 +79,6 @@ struct gblock {
     unsigned art_run;
 };
 
-void guard_block_release(guard *g)
-{
-    free(g->blk);
-}
-
 /* Line a has line b's frame: is what a puts in the middle old text, found in the RECENT
  * bytes before b (a name recombined from names already written, "x_sort_alg" after "x" and
  * "y_sort_alg")? New text in the frame is a new variant ("translateCatchSwitch" after
@@ -419,7 +414,7 @@ bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
     const guard_params *p = g->p;
     /* Made at the first line (memory per stream counts: a text without a newline needs
      * none). */
-    if (!g->blk) g->blk = guard_xcalloc(1, sizeof(*g->blk));
+    if (!g->blk) g->blk = guard_table(g, GT_BLK, sizeof(*g->blk));
     struct gblock *c = g->blk;
     if (start < g->base || end - start > UINT16_MAX) { /* longer than the history: a break */
         c->n = 0;

@@ -107,11 +107,6 @@ struct gtemplate {
     uint64_t pieces[ITEM_BITS / 64];
 };
 
-void guard_template_release(guard *g)
-{
-    free(g->tpl);
-}
-
 /* Byte classes: a slot's bytes (holds) and those of words (is_word: letters, digits, '_'
  * and every byte of a non-ASCII character). */
 enum { S_DIGIT = 1, S_SPACE = 2, S_LETTER = 4, S_UNDERSCORE = 8 };
@@ -298,7 +293,7 @@ static bool quiet(const struct gtemplate *t, uint64_t head, uint64_t tail)
 bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
     const guard_params *p = g->p;
-    if (!g->tpl) g->tpl = guard_xcalloc(1, sizeof(*g->tpl));
+    if (!g->tpl) g->tpl = guard_table(g, GT_TPL, sizeof(*g->tpl));
     struct gtemplate *t = g->tpl;
     if (start < g->base) { /* longer than the history: no template */
         memset(t, 0, sizeof(*t));
@@ -382,7 +377,7 @@ bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now)
 bool guard_template_item(guard *g, uint64_t line_start, uint64_t end, uint64_t now)
 {
     const guard_params *p = g->p;
-    if (!g->tpl) g->tpl = guard_xcalloc(1, sizeof(*g->tpl));
+    if (!g->tpl) g->tpl = guard_table(g, GT_TPL, sizeof(*g->tpl));
     struct gtemplate *t = g->tpl;
     if (t->item_line != line_start + 1) { /* a new line: a new list */
         if (t->item_used) memset(t->pieces, 0, sizeof(t->pieces));
