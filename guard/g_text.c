@@ -414,38 +414,10 @@ static void text_init(guard *g)
     g->seg_lead = true;
 }
 
-/* A guard's tables outlive its answers (text_reset): most answers end a segment and need
- * them, and making them anew for each (eight blocks of up to 4 KiB, most past glibc's thread
- * cache) and freeing them cost a 2-token request through the proxy 5k instructions of its
- * 168k. A kept table of another size (other params: another window) is made anew. */
-void *guard_table(guard *g, unsigned t, size_t size)
-{
-    struct guard_tab *k = &g->tab[t];
-    if (k->size == size) {
-        memset(k->p, 0, size);
-    } else {
-        free(k->p);
-        k->p = guard_xcalloc(1, size);
-        k->size = size;
-    }
-    return k->p;
-}
-
 static void text_release(guard *g)
 {
     free(g->sw);
-    for (unsigned t = 0; t < GT_N; t++)
-        free(g->tab[t].p);
-}
-
-/* The reset guard keeps the word list and the tables; the detectors take the tables again
- * (guard_table) where they first need them, as a new guard makes them. */
-static void text_reset(guard *g, const guard *old)
-{
-    text_init(g);
-    g->sw = old->sw;
-    g->sw_cap = old->sw_cap;
-    memcpy(g->tab, old->tab, sizeof(g->tab));
+    guard_tables_release(g);
 }
 
 /* The last word and the last segment are complete at the end of the text. */
@@ -467,7 +439,6 @@ const guard_detector guard_det_text = {
     .on = text_on,
     .init = text_init,
     .release = text_release,
-    .reset = text_reset,
     .pass = text_pass,
     .finish = text_finish,
 };

@@ -361,12 +361,13 @@ struct guard {
     unsigned char cyc_fz_need[GUARD_FUZZY_LAG - 1];
     unsigned char cyc_fz_lo[GUARD_FUZZY_LAG - 1]; /* per L: fewer returns, no lag >= L trips */
 
-    /* The tables above (segs … cyc) with their sizes (guard_table): a detector's pointer is
-     * set from here when it first needs its table in an answer, NULL before. */
+    /* The tables above (segs … cyc) this answer holds, with their sizes (guard_table), and
+     * where they come from and go back to (NULL: malloc). */
     struct guard_tab {
         void *p;
         size_t size;
     } tab[GT_N];
+    struct guard_store *store;
 
     /* rules (g_rules.c) */
     pcre2_match_data *md;
@@ -457,11 +458,13 @@ COLD_PATH void guard_trip(guard *g, const char *detector, uint64_t loop_start, u
                           unsigned repeats);
 /* calloc that aborts on OOM (the guard's contract: never NULL). */
 void *guard_xcalloc(size_t n, size_t sz);
-/* Table t of the text detectors (GT_*) of `size` bytes, all zero: the one the guard holds
- * when it is of that size (kept from an earlier answer across guard_reset), else a new one.
- * The guard owns it (g->tab) until guard_free; the detector asks for it where it used to
- * allocate it, when it first needs it in an answer (g_text.c). */
+/* Table t of the text detectors (GT_*) of `size` bytes, all zero, for g's answer: one of
+ * that size from g's store, else a new one (g_store.c). The detector asks for it where it
+ * first needs it in an answer; g holds it (g->tab) until guard_tables_release. */
 void *guard_table(guard *g, unsigned t, size_t size);
+/* Gives g's tables to its store (those the store has no room for, and all without one, are
+ * freed); g->tab is left empty. */
+void guard_tables_release(guard *g);
 
 /* Prompt-aware slack (g_prompt.c): how many copies of the unit u[0..n) the prompt allows
  * (the count it asks for, or how often it holds the unit, plus one); 0 without a prompt or
