@@ -154,7 +154,7 @@ static void stop_transfer(exchange *ex)
         pool_release(req_pool(&ex->base), ex->replica);
         ex->have_replica = false;
     }
-    curl_slist_free_all(ex->at.headers);
+    http_upstream_headers_free(ex->at.headers);
     ex->at.headers = NULL;
     lg_xfree(ex->at.up_body);
     ex->at.up_body = NULL;
