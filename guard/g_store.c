@@ -5,7 +5,7 @@
  * glibc's thread cache) when it ended and freed them at its guard's reset: 5k of a
  * request's 168k instructions. Kept in each spare guard instead, they went with it into
  * its next stream from that stream's first byte, and a paced stream of the bench (whose
- * stamp tokens end no segment before the answer does) held 12 KiB more all its life
+ * stamp tokens end no segment before the answer does) held 11 KiB more all its life
  * (bench RSS per stream 32 -> 40 KiB). The store keeps them apart from the guards. */
 #include <stdlib.h>
 #include <string.h>

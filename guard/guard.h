@@ -112,7 +112,7 @@ void guard_reset(guard *g, const guard_params *p, lg_channel ch);
 /* No-op on NULL. */
 void guard_free(guard *g);
 
-/* The text detectors' tables (about 12 KiB a guard: the lines window, the novelty and cycle
+/* The text detectors' tables (about 11 KiB a guard: the lines window, the novelty and cycle
  * rings, the template's and the block's state), kept between the answers of one thread's
  * guards. A guard makes them when its answer first needs them (most answers do, at the
  * latest when they end) and, with a store, gives them to the store when it is reset and
