@@ -83,11 +83,6 @@ struct gblock {
     unsigned art_run;
 };
 
-void guard_block_release(guard *g)
-{
-    free(g->blk);
-}
-
 /* Line a has line b's frame: is what a puts in the middle old text, found in the RECENT
  * bytes before b (a name recombined from names already written, "x_sort_alg" after "x" and
  * "y_sort_alg")? New text in the frame is a new variant ("translateCatchSwitch" after
@@ -481,7 +476,7 @@ COLD_PATH static bool block_break(guard *g, uint64_t start, uint64_t end, uint64
 {
     /* Made at the first line (memory per stream counts: a text without a newline needs
      * none). */
-    if (!g->blk) g->blk = guard_xcalloc(1, sizeof(*g->blk));
+    if (!g->blk) g->blk = guard_table(g, GT_BLK, sizeof(*g->blk));
     if (start >= g->base && end - start <= UINT16_MAX) return guard_block_line(g, start, end, now);
     struct gblock *c = g->blk;
     c->n = 0;

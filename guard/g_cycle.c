@@ -53,7 +53,7 @@ COLD_PATH static void cycle_alloc(guard *g)
     for (g->cyc_mask = 1; g->cyc_mask < g->p->cycle.window; g->cyc_mask <<= 1)
         ;
     size_t ring = g->cyc_mask * sizeof(*g->cyc);
-    g->cyc = guard_xcalloc(1, ring + GUARD_CYC_BUCKETS * sizeof(*g->cyc_last));
+    g->cyc = guard_table(g, GT_CYC, ring + GUARD_CYC_BUCKETS * sizeof(*g->cyc_last));
     g->cyc_last = (uint16_t *)((char *)g->cyc + ring);
     g->cyc_mask--;
     /* Per lag L of the fuzzy replays, the equal segments of 2L that trip (ceiling). */
@@ -70,11 +70,6 @@ COLD_PATH static void cycle_alloc(guard *g)
         lo = need < lo - 2 ? need : lo - 2;
         g->cyc_fz_lo[l - 2] = (unsigned char)(lo > 0 ? lo : 0);
     }
-}
-
-void guard_cycle_release(guard *g)
-{
-    free(g->cyc);
 }
 
 static inline uint32_t step(uint32_t h, uint64_t w)

@@ -20,16 +20,11 @@ COLD_PATH static void lines_alloc(guard *g)
 {
     for (g->seg_mask = 1; g->seg_mask < g->p->lines.window; g->seg_mask <<= 1)
         ;
-    g->segs = guard_xcalloc(g->seg_mask, sizeof(*g->segs));
-    g->seg_last = guard_xcalloc(g->seg_mask * GUARD_SEG_BUCKETS, sizeof(*g->seg_last));
+    g->segs = guard_table(g, GT_SEGS, g->seg_mask * sizeof(*g->segs));
+    g->seg_last =
+        guard_table(g, GT_SEG_LAST, g->seg_mask * GUARD_SEG_BUCKETS * sizeof(*g->seg_last));
     g->seg_bmask = g->seg_mask * GUARD_SEG_BUCKETS - 1;
     g->seg_mask--;
-}
-
-void guard_lines_release(guard *g)
-{
-    free(g->segs);
-    free(g->seg_last);
 }
 
 /* The lines detector, for a completed segment with a letter. The window keeps every such

@@ -29,16 +29,9 @@
  * than three words, or one that never ends a segment, needs none. COLD_PATH. */
 COLD_PATH static void novelty_alloc(guard *g)
 {
-    g->ttab = guard_xcalloc((size_t)1 << GUARD_TTAB_BITS, sizeof(*g->ttab));
-    g->tri_start = guard_xcalloc(g->p->novelty.window, sizeof(*g->tri_start));
-    g->tri_novel = guard_xcalloc(g->p->novelty.window, 1);
-}
-
-void guard_novelty_release(guard *g)
-{
-    free(g->ttab);
-    free(g->tri_start);
-    free(g->tri_novel);
+    g->ttab = guard_table(g, GT_TTAB, ((size_t)1 << GUARD_TTAB_BITS) * sizeof(*g->ttab));
+    g->tri_start = guard_table(g, GT_TRI_START, g->p->novelty.window * sizeof(*g->tri_start));
+    g->tri_novel = guard_table(g, GT_TRI_NOVEL, g->p->novelty.window);
 }
 
 /* A slot of the ring (tri_novel): bit 0 a novel trigram, bit 1 a new word, TRI_FILLED once

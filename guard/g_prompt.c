@@ -205,11 +205,23 @@ static void add_text(guard *g, const cJSON *it)
 
 void guard_set_prompt_json(guard *g, const cJSON *obj)
 {
-    static const char *const keys[] = {"instruction", "prompt", "system", "instructions", "input"};
+    /* The members read, in this order; each the first of its name, as cJSON's look-up finds
+     * it, but found in one walk over obj's members that compares a name only with the keys
+     * of its first byte (a look-up per key compared every member's name with it). */
+    enum { MESSAGES = 5, NKEYS };
+    static const char *const keys[NKEYS] = {"instruction",  "prompt", "system",
+                                            "instructions", "input",  "messages"};
+    const cJSON *found[NKEYS] = {0};
     if (!cJSON_IsObject(obj)) return;
-    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
-        add_text(g, cJSON_GetObjectItemCaseSensitive(obj, keys[i]));
-    const cJSON *msg, *msgs = cJSON_GetObjectItemCaseSensitive(obj, "messages");
+    for (const cJSON *m = obj->child; m && m->string; m = m->next) /* a nameless one stops it */
+        for (size_t i = 0; i < NKEYS; i++)
+            if (!found[i] && m->string[0] == keys[i][0] && strcmp(m->string, keys[i]) == 0) {
+                found[i] = m;
+                break;
+            }
+    for (size_t i = 0; i < MESSAGES; i++)
+        add_text(g, found[i]);
+    const cJSON *msg, *msgs = found[MESSAGES];
     if (!cJSON_IsArray(msgs)) return;
     cJSON_ArrayForEach(msg, msgs)
     {

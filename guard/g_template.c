@@ -136,11 +136,6 @@ struct gtemplate {
     uint64_t pieces[ITEM_BITS / 64];
 };
 
-void guard_template_release(guard *g)
-{
-    free(g->tpl);
-}
-
 /* Byte classes: a slot's bytes (scan) and those of words (is_word: letters, digits, '_'
  * and every byte of a non-ASCII character). S_CODE: a code character (scan). */
 enum { S_DIGIT = 1, S_SPACE = 2, S_LETTER = 4, S_UNDERSCORE = 8, S_CODE = 16 };
@@ -469,7 +464,7 @@ RARE_PATH static bool template_judge(guard *g, struct gtemplate *t, uint64_t sta
  * (no template: a break). COLD_PATH. */
 COLD_PATH static bool template_break(guard *g, uint64_t start, uint64_t end, uint64_t now)
 {
-    if (!g->tpl) g->tpl = guard_xcalloc(1, sizeof(*g->tpl));
+    if (!g->tpl) g->tpl = guard_table(g, GT_TPL, sizeof(*g->tpl));
     if (start >= g->base) return guard_template_line(g, start, end, now);
     memset(g->tpl, 0, sizeof(*g->tpl));
     return false;
@@ -553,7 +548,7 @@ static inline bool may_be_name(const guard *g, const unsigned char *a, const uns
 bool guard_template_item(guard *g, uint64_t line_start, uint64_t end, uint64_t now)
 {
     const guard_params *p = g->p;
-    if (!g->tpl) g->tpl = guard_xcalloc(1, sizeof(*g->tpl));
+    if (!g->tpl) g->tpl = guard_table(g, GT_TPL, sizeof(*g->tpl));
     struct gtemplate *t = g->tpl;
     if (t->item_line != line_start + 1) { /* a new line: a new list */
         if (t->item_used) memset(t->pieces, 0, sizeof(t->pieces));

@@ -417,11 +417,7 @@ static void text_init(guard *g)
 static void text_release(guard *g)
 {
     free(g->sw);
-    guard_lines_release(g);
-    guard_template_release(g);
-    guard_block_release(g);
-    guard_novelty_release(g);
-    guard_cycle_release(g);
+    guard_tables_release(g);
 }
 
 /* The last word and the last segment are complete at the end of the text. */

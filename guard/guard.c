@@ -119,12 +119,19 @@ void guard_reset(guard *g, const guard_params *p, lg_channel ch)
         guard_prompt_release(&old);
     }
     g->unit = old.unit;
+    g->store = old.store;
     setup_detectors(g, &old);
+}
+
+void guard_use_store(guard *g, guard_store *s)
+{
+    g->store = s;
 }
 
 void guard_free(guard *g)
 {
     if (!g) return;
+    g->store = NULL; /* it may be gone (guard_store_free) */
     for (unsigned k = 0; k < g->ndet; k++)
         if (g->det[k]->release) g->det[k]->release(g);
     guard_prompt_release(g);

@@ -112,6 +112,23 @@ void guard_reset(guard *g, const guard_params *p, lg_channel ch);
 /* No-op on NULL. */
 void guard_free(guard *g);
 
+/* The text detectors' tables (about 11 KiB a guard: the lines window, the novelty and cycle
+ * rings, the template's and the block's state), kept between the answers of one thread's
+ * guards. A guard makes them when its answer first needs them (most answers do, at the
+ * latest when they end) and, with a store, gives them to the store when it is reset and
+ * takes them from there zeroed instead of allocating new ones; a guard holds them only
+ * while its answer has them, so a spare or a young stream costs no more memory. A store
+ * holds at most GUARD_STORE_SETS of each table and belongs to one thread, as its guards do.
+ * Without a store (NULL) a guard allocates and frees its own. */
+typedef struct guard_store guard_store;
+#define GUARD_STORE_SETS 16
+guard_store *guard_store_new(void);
+/* Frees s and the tables it holds; no-op on NULL. Guards that used it may still be freed
+ * after it (guard_free gives nothing back), not fed or reset. */
+void guard_store_free(guard_store *s);
+/* g takes and gives back its tables through s from now on, across resets (NULL: none). */
+void guard_use_store(guard *g, guard_store *s);
+
 const char *guard_channel_name(lg_channel ch);
 
 #endif

@@ -187,6 +187,10 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 #define GUARD_FUZZY_LAG     16  /* fuzzy replays of 2-16 segments (g_cycle.c) */
 #define GUARD_SEG_WORDS     128 /* words of one segment the novelty detector reads */
 
+/* The text detectors' tables (guard_table): the lines window and its buckets, the template's
+ * and the block's state, the novelty table and ring, the cycle ring. */
+enum { GT_SEGS, GT_SEG_LAST, GT_TPL, GT_BLK, GT_TTAB, GT_TRI_START, GT_TRI_NOVEL, GT_CYC, GT_N };
+
 /* A helper the per-byte loops call only now and then (a new period, a candidate at its
  * threshold, the end of a sentence) stays out of line: inlined into them it took the
  * registers those loops keep their state in, and they spilled it to the stack on every
@@ -366,6 +370,14 @@ struct guard {
     unsigned char cyc_fz_need[GUARD_FUZZY_LAG - 1];
     unsigned char cyc_fz_lo[GUARD_FUZZY_LAG - 1]; /* per L: fewer returns, no lag >= L trips */
 
+    /* The tables above (segs … cyc) this answer holds, with their sizes (guard_table), and
+     * where they come from and go back to (NULL: malloc). */
+    struct guard_tab {
+        void *p;
+        size_t size;
+    } tab[GT_N];
+    struct guard_store *store;
+
     /* rules (g_rules.c) */
     pcre2_match_data *md;
     /* Per rule: no match can start before this offset (every earlier start already failed
@@ -455,6 +467,13 @@ COLD_PATH void guard_trip(guard *g, const char *detector, uint64_t loop_start, u
                           unsigned repeats);
 /* calloc that aborts on OOM (the guard's contract: never NULL). */
 void *guard_xcalloc(size_t n, size_t sz);
+/* Table t of the text detectors (GT_*) of `size` bytes, all zero, for g's answer: one of
+ * that size from g's store, else a new one (g_store.c). The detector asks for it where it
+ * first needs it in an answer; g holds it (g->tab) until guard_tables_release. */
+void *guard_table(guard *g, unsigned t, size_t size);
+/* Gives g's tables to its store (those the store has no room for, and all without one, are
+ * freed); g->tab is left empty. */
+void guard_tables_release(guard *g);
 
 /* Prompt-aware slack (g_prompt.c): how many copies of the unit u[0..n) the prompt allows
  * (the count it asks for, or how often it holds the unit, plus one); 0 without a prompt or
@@ -463,8 +482,6 @@ uint32_t guard_prompt_slack(const guard *g, const unsigned char *u, size_t n);
 void guard_prompt_release(guard *g);
 
 /* The segment consumers of g_text.c's segmenter (g_lines.c, g_novelty.c): */
-/* Frees what the consumers allocated, when they first needed it. */
-void guard_lines_release(guard *g);
 /* A completed segment with a letter, hashed h, [start, end); `trigger`: it is a sentence or
  * an item that may trip; `prose`: it is text; `plain`: a line flush left without a bullet;
  * `in_row`: it trips only as copies in a row. Returns true on a trip. */
@@ -474,13 +491,11 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
  * base: a line longer than the history), for the template detector. Returns true on a
  * trip. */
 bool guard_template_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
-void guard_template_release(guard *g);
 /* A comma at `end` ends an item of the line that began at line_start (the template
  * detector's identifier items). Returns true on a trip. */
 bool guard_template_item(guard *g, uint64_t line_start, uint64_t end, uint64_t now);
 /* The same for the block detector (g_block.c), on when lines.block_copies or art_run is
  * set. */
-void guard_block_release(guard *g);
 bool guard_block_line(guard *g, uint64_t start, uint64_t end, uint64_t now);
 /* Narrows the line [*s, *e) to its body: without indentation, a list marker (bullet, or
  * digits and '.' or ')') and trailing spaces (g_template.c). */
@@ -497,8 +512,6 @@ enum {
 };
 bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, unsigned kind,
                          uint64_t now);
-void guard_cycle_release(guard *g);
-void guard_novelty_release(guard *g);
 /* The nw words of a segment that ended, in g->sw (hash, first byte, starts with a letter).
  * Returns true on a trip. */
 bool guard_novelty_words(guard *g, unsigned nw, bool prose, uint64_t now);

@@ -50,7 +50,8 @@ typedef struct lg_api {
     int (*parse)(struct exchange *ex, const char *body, size_t len, rw_error *err);
     /* One attempt's upstream body (malloc'd JSON), or NULL with *err. */
     char *(*build)(struct exchange *ex, const rw_opts *o, rw_error *err);
-    /* The sampling an attempt ran with, for the incident record (caller owns it). */
+    /* The sampling an attempt ran with, for the incident record (caller owns it): called
+     * when the record is written, with the attempt's step, seed and upstream kind in o. */
     cJSON *(*sampling)(const struct exchange *ex, const rw_opts *o);
     /* The prompt for the incident record: the whole of it (full) or the last user text as a
      * string. NULL when there is none. Caller owns it. */

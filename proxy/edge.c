@@ -296,9 +296,12 @@ void edge_tick(lg_worker *w)
 
 /* ---- the request head ------------------------------------------------------------------ */
 
+/* The head's fields for hh_check: in `first` while they fit (an ordinary request's do), on
+ * the heap past that. */
 typedef struct field_list {
     hh_field *f;
     size_t n, cap;
+    hh_field first[32];
 } field_list;
 
 static enum MHD_Result add_field(void *cls, enum MHD_ValueKind kind, const char *key,
@@ -307,8 +310,11 @@ static enum MHD_Result add_field(void *cls, enum MHD_ValueKind kind, const char 
     field_list *l = cls;
     (void)kind;
     if (l->n == l->cap) {
-        l->cap = l->cap ? l->cap * 2 : 32;
-        l->f = lg_xrealloc(l->f, l->cap * sizeof *l->f);
+        hh_field *grown = lg_xmalloc(2 * l->cap * sizeof *grown);
+        memcpy(grown, l->f, l->n * sizeof *grown);
+        if (l->f != l->first) lg_xfree(l->f);
+        l->f = grown;
+        l->cap *= 2;
     }
     l->f[l->n++] = (hh_field){key, key_size, value ? value : "", value ? value_size : 0};
     return MHD_YES;
@@ -347,13 +353,16 @@ int edge_admit(lg_worker *w, struct MHD_Connection *conn, const char *url, const
         e->body_bytes = e->body_ns = 0;
         e->last_ns = w->now_ns;
     }
-    field_list l = {0};
+    field_list l;
+    l.f = l.first;
+    l.n = 0;
+    l.cap = sizeof l.first / sizeof l.first[0];
     MHD_get_connection_values_n(conn, MHD_HEADER_KIND, add_field, &l);
     hh_request req = {
         .method = method, .target = url, .version = version, .fields = l.f, .n_fields = l.n};
     hh_verdict v;
     int st = hh_check(&req, &v);
-    free(l.f);
+    if (l.f != l.first) lg_xfree(l.f);
     if (st) {
         *rc = refuse(conn, st, v.message, v.code);
         return st;

@@ -154,7 +154,7 @@ static void stop_transfer(exchange *ex)
         pool_release(req_pool(&ex->base), ex->replica);
         ex->have_replica = false;
     }
-    curl_slist_free_all(ex->at.headers);
+    http_upstream_headers_free(ex->at.headers);
     ex->at.headers = NULL;
     lg_xfree(ex->at.up_body);
     ex->at.up_body = NULL;
@@ -186,7 +186,6 @@ static void attempt_reset(exchange *ex)
     http_head_clear(&ex->at.head);
     lg_buf_free(&ex->at.errbody);
     lg_buf_free(&ex->at.aborts);
-    cJSON_Delete(ex->at.sampling);
     lg_xfree(ex->at.trip);
     memset(&ex->at, 0, sizeof ex->at);
     http_head_clear(&ex->at.head);
@@ -211,8 +210,10 @@ void ex_record_attempt(exchange *ex, const guard_verdict *v)
     }
     cJSON_AddNumberToObject(a, "tokens", (double)ex->at.tokens);
     cJSON_AddNumberToObject(a, "tokens_after_trip", (double)ex->at.tokens_after_trip);
-    cJSON_AddItemToObject(a, "sampling", ex->at.sampling ? ex->at.sampling : cJSON_CreateObject());
-    ex->at.sampling = NULL;
+    cJSON_AddItemToObject(a, "sampling",
+                          ex->at.sampling ? ex->api->sampling(ex, &ex->at.sampling_opts)
+                                          : cJSON_CreateObject());
+    ex->at.sampling = false;
     cJSON_AddNumberToObject(a, "ms", (double)((req_now(&ex->base) - ex->at.start_ns) / 1000000));
     cJSON_AddBoolToObject(a, "guarded", ex->at.guarded);
     cJSON_AddItemToArray(ex->rec.attempts, a);
@@ -321,8 +322,7 @@ void ex_sample_tripped(exchange *ex, const char *rid, uint64_t tokens)
     snprintf(ex->at.rid, sizeof ex->at.rid, "%s", rid ? rid : "");
     uint64_t own_tokens = ex->at.tokens;
     ex->at.tokens = tokens;
-    cJSON *sampling = ex->at.sampling;
-    ex->at.sampling = sampling ? dl_json_must(cJSON_Duplicate(sampling, 1)) : NULL;
+    bool sampling = ex->at.sampling;
     ex_record_attempt(ex, &ex->at.verdict);
     ex->at.sampling = sampling;
     ex->at.tokens = own_tokens;
@@ -554,7 +554,9 @@ static void start_attempt(exchange *ex)
                 "invalid_request_error", err.code);
         return;
     }
-    ex->at.sampling = ex->api->sampling(ex, &o);
+    ex->at.sampling_opts =
+        (rw_opts){.upstream_kind = o.upstream_kind, .step = o.step, .seed = o.seed};
+    ex->at.sampling = true;
     lg_buf_free(&prefix);
 
     ex->at.guarded = plan.guarded;

@@ -102,7 +102,12 @@ typedef struct ex_attempt {
         char unit[260];
         char detector[64];
     } * trip;
-    cJSON *sampling;
+    /* The sampling the attempt runs with, for its record: the options api->sampling reads
+     * (step, seed, upstream kind; the rest zero), turned into JSON only when a record is
+     * written (ex_record_attempt), which most attempts never are. `sampling`: the attempt
+     * has them and no record took them yet. */
+    rw_opts sampling_opts;
+    bool sampling;
 } ex_attempt;
 
 /* The client side: lives from the request to its destroy. */

@@ -229,6 +229,26 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const 
     return MHD_YES;
 }
 
+/* The lines every upstream request ends with, the same for all: "Expect:" with no value
+ * stops libcurl from adding its own Expect: 100-continue, and an exchange's Content-Type
+ * and Accept. Static nodes that each request's list links to (libcurl only reads header
+ * lists): they were three copies a request, each line and node allocated and freed. */
+static char expect_line[] = "Expect:", type_line[] = "Content-Type: application/json",
+            accept_line[] = "Accept: text/event-stream";
+static struct curl_slist relay_tail[] = {{expect_line, NULL}},
+                         exchange_tail[] = {{expect_line, &exchange_tail[1]},
+                                            {type_line, &exchange_tail[2]},
+                                            {accept_line, NULL}};
+
+void http_upstream_headers_free(struct curl_slist *list)
+{
+    struct curl_slist **end = &list;
+    while (*end && *end != exchange_tail && *end != relay_tail)
+        end = &(*end)->next;
+    *end = NULL;
+    curl_slist_free_all(list);
+}
+
 struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_exchange)
 {
     hdr_ctx c = {.connection = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Connection"),
@@ -245,13 +265,10 @@ struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_e
         http_xff(MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Forwarded-For"), addr);
     if (xff) c.list = append_header(c.list, "X-Forwarded-For", xff);
     lg_xfree(xff);
-    /* "Expect:" with no value stops libcurl from adding its own Expect: 100-continue. */
-    c.list = curl_slist_append(c.list, "Expect:");
-    if (!c.list) lg_oom(0);
-    if (for_exchange) {
-        c.list = append_header(c.list, "Content-Type", "application/json");
-        c.list = append_header(c.list, "Accept", "text/event-stream");
-    }
+    struct curl_slist *tail = for_exchange ? exchange_tail : relay_tail, **end = &c.list;
+    while (*end)
+        end = &(*end)->next;
+    *end = tail;
     return c.list;
 }
 

@@ -49,9 +49,12 @@ char *http_xff(const char *client_xff, const char *peer);
 /* Builds the upstream request headers from the client's (http_forward_header decides),
  * X-Forwarded-For appended.
  * With `for_exchange`, Accept-Encoding is dropped too (loopguard must read the stream) and
- * Content-Type and Accept are loopguard's (application/json, text/event-stream). Returns a list the caller frees with
- * curl_slist_free_all (NULL only when empty). */
+ * Content-Type and Accept are loopguard's (application/json, text/event-stream). The list
+ * ends in lines that never change, static nodes shared by every list: nothing may be
+ * appended to it, and the caller frees it with http_upstream_headers_free (never NULL). */
 struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_exchange);
+/* Frees what http_upstream_headers allocated of `list` (NULL: nothing). */
+void http_upstream_headers_free(struct curl_slist *list);
 
 /* Appends the request's query string ("?a=1&b") to `url` as the client sent it; the worker
  * installs an identity unescaper so libmicrohttpd keeps arguments (and the path) raw. */

@@ -8,18 +8,19 @@
 
 #include "proxy/xalloc.h"
 
-/* RFC 9110 §5.6.2 tchar. */
-static bool is_tchar(unsigned char c)
-{
-    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return true;
-    return c && strchr("!#$%&'*+-.^_`|~", c) != NULL;
-}
+/* RFC 9110 §5.6.2 tchar: a table, as every field name of every request is checked. */
+static const bool tchar[256] = {
+    ['0' ... '9'] = true, ['a' ... 'z'] = true, ['A' ... 'Z'] = true, ['!'] = true,  ['#'] = true,
+    ['$'] = true,         ['%'] = true,         ['&'] = true,         ['\''] = true, ['*'] = true,
+    ['+'] = true,         ['-'] = true,         ['.'] = true,         ['^'] = true,  ['_'] = true,
+    ['`'] = true,         ['|'] = true,         ['~'] = true,
+};
 
 static bool is_token(const char *s, size_t n)
 {
     if (n == 0) return false;
     for (size_t i = 0; i < n; i++)
-        if (!is_tchar((unsigned char)s[i])) return false;
+        if (!tchar[(unsigned char)s[i]]) return false;
     return true;
 }
 
@@ -238,12 +239,13 @@ static void hs_refuse(hh_stream *s, uint64_t head, const char *why, const char *
     s->code = code;
 }
 
+static const char cl[] = "content-length", te[] = "transfer-encoding";
+
 /* The framing value forms hh_stream follows: Content-Length 1-18 digits, Transfer-Encoding
  * exactly "chunked"; blanks before either (libmicrohttpd skips them), none after (it keeps
  * them, and then reads neither as a length nor as chunked). */
 static void field_byte(hh_stream *s, unsigned char c)
 {
-    static const char cl[] = "content-length", te[] = "transfer-encoding";
     switch (s->fphase) {
     case F_NAME: {
         if (c == ':') {
@@ -441,6 +443,23 @@ static const unsigned char *skip_line(hh_stream *s, const unsigned char *p,
     return end;
 }
 
+/* Past a field name's first byte, the bytes that go on spelling the one framing name still
+ * possible, at once: what field_byte does to each of them is fpos++ (a letter or '-' is no
+ * NUL, blank or line end for line_byte to look at). The rest goes byte by byte. Returns
+ * where the run stopped. */
+static const unsigned char *name_run(hh_stream *s, const unsigned char *p, const unsigned char *end)
+{
+    const char *name = s->fcand == FK_LENGTH ? cl : s->fcand == FK_CODING ? te : NULL;
+    if (!name) return p;
+    size_t len = s->fcand == FK_LENGTH ? sizeof cl - 1 : sizeof te - 1;
+    while (p < end && s->fpos < len &&
+           (unsigned char)(*p >= 'A' && *p <= 'Z' ? *p + 32 : *p) == (unsigned char)name[s->fpos]) {
+        s->fpos++;
+        p++;
+    }
+    return p;
+}
+
 void hh_stream_feed(hh_stream *s, const char *buf, size_t n)
 {
     const unsigned char *p = (const unsigned char *)buf, *end = p + n;
@@ -466,6 +485,10 @@ void hh_stream_feed(hh_stream *s, const char *buf, size_t n)
                                (s->state == HS_FIELDS && s->fphase == F_IGNORED))) {
                 p = skip_line(s, p, end);
                 break;
+            }
+            if (s->state == HS_FIELDS && s->fphase == F_NAME && s->fpos && !s->cr) {
+                p = name_run(s, p, end);
+                if (p == end) break;
             }
             unsigned char c = *p++;
             if (c == '\n') {

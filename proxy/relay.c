@@ -290,7 +290,7 @@ static void relay_destroy(lg_req *base)
                         .duration_us = now > base->start_ns ? (now - base->start_ns) / 1000 : 0,
                     });
     relay_stop_transfer(r);
-    curl_slist_free_all(r->headers);
+    http_upstream_headers_free(r->headers);
     free(r->method);
     free(r->target);
     lg_fifo_free(&r->up);

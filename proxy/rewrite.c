@@ -29,20 +29,52 @@ static bool absent(const cJSON *v)
     return !v || cJSON_IsNull(v);
 }
 
-/* The field checks that do not depend on the endpoint. Returns 0 or -1 with err. */
-static int check_common(const cJSON *root, rw_request *out, rw_error *err)
+/* The top-level members rw_parse reads: each the first of its name, as cJSON's look-up
+ * finds it, but found in one walk over the body's members that compares a name only with
+ * the names of its first byte (a look-up per name compared every member's name with it). */
+enum {
+    M_MESSAGES,
+    M_PROMPT,
+    M_STREAM,
+    M_STREAM_OPTIONS,
+    M_N,
+    M_TEMPERATURE,
+    M_MODEL,
+    M_KWARGS,
+    M_COUNT
+};
+static void top_members(const cJSON *root, const cJSON *found[M_COUNT])
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "stream");
+    static const char *const names[M_COUNT] = {[M_MESSAGES] = "messages",
+                                               [M_PROMPT] = "prompt",
+                                               [M_STREAM] = "stream",
+                                               [M_STREAM_OPTIONS] = "stream_options",
+                                               [M_N] = "n",
+                                               [M_TEMPERATURE] = "temperature",
+                                               [M_MODEL] = "model",
+                                               [M_KWARGS] = "chat_template_kwargs"};
+    for (const cJSON *m = root->child; m && m->string; m = m->next) /* a nameless one stops it */
+        for (size_t i = 0; i < M_COUNT; i++)
+            if (!found[i] && m->string[0] == names[i][0] && strcmp(m->string, names[i]) == 0) {
+                found[i] = m;
+                break;
+            }
+}
+
+/* The field checks that do not depend on the endpoint. Returns 0 or -1 with err. */
+static int check_common(const cJSON *const top[M_COUNT], rw_request *out, rw_error *err)
+{
+    const cJSON *v = top[M_STREAM];
     if (!absent(v) && !cJSON_IsBool(v)) return fail(err, "'stream' must be a boolean", "stream");
     out->client_stream = cJSON_IsTrue(v);
 
-    v = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    v = top[M_STREAM_OPTIONS];
     if (!absent(v) && !cJSON_IsObject(v))
         return fail(err, "'stream_options' must be an object", "stream_options");
     out->client_usage =
         out->client_stream && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(v, "include_usage"));
 
-    v = cJSON_GetObjectItemCaseSensitive(root, "n");
+    v = top[M_N];
     out->n = 1;
     if (!absent(v)) {
         if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > 1e6 ||
@@ -51,27 +83,32 @@ static int check_common(const cJSON *root, rw_request *out, rw_error *err)
         out->n = v->valueint;
     }
 
-    v = cJSON_GetObjectItemCaseSensitive(root, "temperature");
+    v = top[M_TEMPERATURE];
     if (!absent(v)) {
         if (!cJSON_IsNumber(v)) return fail(err, "'temperature' must be a number", "temperature");
         out->temperature = v->valuedouble;
         out->has_temperature = true;
     }
 
-    v = cJSON_GetObjectItemCaseSensitive(root, "model");
+    v = top[M_MODEL];
     out->model = cJSON_IsString(v) ? v->valuestring : NULL;
 
-    v = cJSON_GetObjectItemCaseSensitive(
-        cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs"), "enable_thinking");
+    v = cJSON_GetObjectItemCaseSensitive(top[M_KWARGS], "enable_thinking");
     out->enable_thinking = cJSON_IsBool(v) ? cJSON_IsTrue(v) : -1;
     return 0;
 }
 
 /* True when s[0..n) is well-formed UTF-8 (RFC 3629: no overlongs, no surrogates, nothing
- * past U+10FFFF). cJSON does not check, and an upstream must never get invalid text. O(n). */
+ * past U+10FFFF). cJSON does not check, and an upstream must never get invalid text. O(n);
+ * ASCII, most of a body, eight bytes at a time. */
 static bool valid_utf8(const unsigned char *s, size_t n)
 {
     for (size_t i = 0; i < n;) {
+        uint64_t w;
+        if (n - i >= 8 && (memcpy(&w, s + i, 8), !(w & 0x8080808080808080ull))) {
+            i += 8;
+            continue;
+        }
         unsigned c = s[i];
         size_t k = c < 0x80             ? 0
                    : (c & 0xe0) == 0xc0 ? 1
@@ -105,8 +142,10 @@ int rw_parse(const char *body, size_t len, bool chat, rw_request *out, rw_error 
         fail(err, "The request body must be a JSON object.", NULL);
         goto out;
     }
+    const cJSON *top[M_COUNT] = {0};
+    top_members(root, top);
     if (chat) {
-        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages"), *m;
+        const cJSON *msgs = top[M_MESSAGES], *m;
         if (absent(msgs)) {
             fail(err, "'messages' is a required property", "messages");
             goto out;
@@ -123,14 +162,14 @@ int rw_parse(const char *body, size_t len, bool chat, rw_request *out, rw_error 
             }
         }
     } else {
-        const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+        const cJSON *prompt = top[M_PROMPT];
         if (absent(prompt)) {
             fail(err, "'prompt' is a required property", "prompt");
             goto out;
         }
         out->prompt_is_string = cJSON_IsString(prompt);
     }
-    if (check_common(root, out, err)) goto out;
+    if (check_common(top, out, err)) goto out;
     out->root = root;
     out->chat = chat;
     rc = 0;

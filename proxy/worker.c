@@ -1552,7 +1552,11 @@ void worker_easy_put(lg_worker *w, CURL *easy)
  * only what guard_reset keeps; one for the same params and channel is ready as it is. */
 guard *worker_guard_get(lg_worker *w, const guard_params *p, lg_channel ch)
 {
-    if (!w->n_spare_guards) return guard_new(p, ch);
+    if (!w->n_spare_guards) {
+        guard *g = guard_new(p, ch);
+        guard_use_store(g, w->guard_store);
+        return g;
+    }
     guard *g = w->spare_guards[--w->n_spare_guards];
     if (guard_channel(g) != ch || guard_params_of(g) != p) guard_reset(g, p, ch);
     return g;
@@ -2053,6 +2057,7 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
     w->id = id;
     w->live.prev = w->live.next = &w->live;
     w->graveyard.prev = w->graveyard.next = &w->graveyard;
+    w->guard_store = guard_store_new();
     w->epfd = epoll_create1(EPOLL_CLOEXEC);
     w->shards_epfd = epoll_create1(EPOLL_CLOEXEC);
     w->curl_timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
@@ -2134,6 +2139,7 @@ void worker_free(lg_worker *w)
         curl_easy_cleanup(w->spare[--w->n_spare]);
     while (w->n_spare_guards)
         guard_free(w->spare_guards[--w->n_spare_guards]);
+    guard_store_free(w->guard_store);
     while (w->n_urls) {
         struct lg_url *u = &w->urls[--w->n_urls];
         curl_url_cleanup(u->parsed);

@@ -208,6 +208,7 @@ struct lg_worker {
     CURL *spare[WORKER_SPARE_EASY]; /* easy handles kept for the next transfers */
     size_t n_spare;
     guard *spare_guards[WORKER_SPARE_GUARDS]; /* reset, each for its own params and channel */
+    guard_store *guard_store;                 /* the tables its guards share (guard.h) */
     size_t n_spare_guards;
     lg_buf ended; /* lg_conn_ended records: connections whose request ended since the tick */
     struct lg_release {

@@ -117,6 +117,7 @@ const REFUSED = [
     ['duplicate Host (10)', `GET /v1/models HTTP/1.1\r\nHost: x\r\nHost: evil\r\n${auth}\r\n`, 400],
     ['HTTP/1.1 without Host', `GET /v1/models HTTP/1.1\r\n${auth}\r\n`, 400],
     ['control byte in a field name', `GET /v1/models HTTP/1.1\r\nHost: x\r\n${auth}X\x01A: v\r\n\r\n`, 400],
+    ['control byte in a field name after 40 others (the field list outgrows its first 32)', `GET /v1/models HTTP/1.1\r\nHost: x\r\n${auth}${Array.from({ length: 40 }, (_, i) => `X-F${i}: v\r\n`).join('')}X\x01A: v\r\n\r\n`, 400],
     ['HTTP/1.2', `GET /v1/models HTTP/1.2\r\nHost: x\r\n${auth}\r\n`, 505],
     // What libmicrohttpd hides from the access handler, caught on the raw bytes (hh_stream):
     ['obs-fold (10)', `GET /v1/models HTTP/1.1\r\nHost: x\r\n${auth}X-A: one\r\n two\r\n\r\n`, 400],

@@ -56,6 +56,14 @@ static void test_head_accepts_plain_requests(void **state)
     assert_true(v.chunked);
     assert_int_equal(v.content_length, -1);
     assert_int_equal(JUDGE("HTTP/1.0", &v, "X-A: \xc3\xa9"), 0); /* obs-text, no Host */
+    /* A field name holds exactly RFC 9110's tchar bytes. */
+    for (int c = 1; c < 256; c++) {
+        if (c == ':') continue;
+        char line[8] = {'X', (char)c, ':', ' ', 'a', 0};
+        bool tchar = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                     strchr("!#$%&'*+-.^_`|~", c);
+        assert_int_equal(JUDGE("HTTP/1.0", &v, line), tchar ? 0 : 400);
+    }
 }
 
 static void test_head_rejects_ambiguity(void **state)

@@ -1665,7 +1665,8 @@ static result run_traced(guard *g, const char *prompt, bool leaks_off, const cha
 /* guard_reset's contract: a guard reset after any use behaves byte for byte as a new one
  * given the same calls (feeds and their chunking, prompt, leaks off, finish), whatever it
  * read before, tripped or not, under other params or another channel, with a history that
- * slid or a text short enough that the 8-gram table is cleared slot by slot. */
+ * slid or a text short enough that the 8-gram table is cleared slot by slot; from the 150th
+ * text on with a store, whose tables (some made for another channel's window) it takes. */
 static void test_reset(void **state)
 {
     (void)state;
@@ -1678,8 +1679,10 @@ static void test_reset(void **state)
         p[ch] = guard_params_new((lg_channel)ch);
     static trace fresh_tr, reset_tr;
     guard *used = guard_new(ruled, LG_CH_CONTENT);
+    guard_store *store = guard_store_new();
     unsigned trips = 0;
     for (unsigned k = 0; k < 300; k++) {
+        if (k == 150) guard_use_store(used, store);
         text before = {0}, t = {0};
         random_text(&before, k * 7 + 3);
         random_text(&t, k);
@@ -1710,6 +1713,7 @@ static void test_reset(void **state)
     assert_true(trips > 30);
     assert_true(trips < 270);
     guard_free(used);
+    guard_store_free(store);
     guard_params_free(ruled);
     for (int ch = 0; ch < LG_CH_COUNT; ch++)
         guard_params_free(p[ch]);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +54,34 @@ static rw_request parse_ok(const char *body, bool chat)
     assert_int_equal(rw_parse(body, strlen(body), chat, &r, &e), 0);
     assert_non_null(r.root);
     return r;
+}
+
+/* The body must be UTF-8 (RFC 3629), wherever a sequence falls against the eight-byte ASCII
+ * steps: each bad one is refused and each good one taken, 0 to 16 ASCII bytes in. */
+static void test_utf8(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "\xff", "\xc3(", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82", "\x80"};
+    static const char *const good[] = {"\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80",
+                                       "\xf4\x8f\xbf\xbf"};
+    char body[128];
+    for (int k = 0; k <= 16; k++) {
+        for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+            snprintf(body, sizeof body, "{\"prompt\":\"%.*s%s and then some ASCII\"}", k,
+                     "abcdefghijklmnopq", bad[i]);
+            rw_request r;
+            rw_error e = {0};
+            assert_int_equal(rw_parse(body, strlen(body), false, &r, &e), -1);
+            assert_string_equal(e.message, "The request body is not valid UTF-8.");
+        }
+        for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+            snprintf(body, sizeof body, "{\"prompt\":\"%.*s%s and then some ASCII\"}", k,
+                     "abcdefghijklmnopq", good[i]);
+            rw_request r = parse_ok(body, false);
+            rw_request_clear(&r);
+        }
+    }
 }
 
 static void test_parse_fields(void **state)
@@ -475,6 +504,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_validation_errors),
         cmocka_unit_test(test_parse_fields),
+        cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_stream_usage_rid_unknown),
         cmocka_unit_test(test_sampling_steps),
         cmocka_unit_test(test_continuation),
