@@ -178,6 +178,7 @@ typedef struct exchange {
     bool avoid_replica;       /* the next attempt must prefer another replica */
     unsigned connect_retries; /* attempts re-sent because a replica never answered */
     ex_record rec;
+    void *block; /* the allocation the exchange was placed in (exchange.c's exchange_new) */
 } exchange;
 
 /* The per-event text buffers (exchange.text). */
