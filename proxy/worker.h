@@ -155,12 +155,14 @@ typedef struct lg_xfer {
     /* The transfer's CURLOPT_WRITEFUNCTION when the worker may read its response body
      * itself (worker_head_complete), called as libcurl calls it, with `owner` as its
      * userdata, on the worker's thread outside libcurl; NULL: libcurl reads every body.
-     * (What a token's read touches first: body, owner, body_last, xb.) */
+     * (What a token's read touches first: body, owner, body_left, xb.) */
     curl_write_callback body;
     void *owner;
-    /* During a call of `body` from the worker's read: the data handed over ends the read
-     * (no more of it comes in this event), so one write now is the event's only one. */
-    bool body_last;
+    /* During a call of `body` from the worker's read: the data's length when the data ends
+     * the read (no more of it comes in this event: one write now is then the event's only
+     * one), else the read's bytes from the data on, more than its length and all that the
+     * rest of the read can bring; 0 outside such a call. */
+    size_t body_left;
     lg_xbody xb;
     /* The transfer ended (rc as libcurl reports it). The owner removes it from the multi
      * handle (worker_remove_xfer) before it returns. */
@@ -312,7 +314,7 @@ void worker_output(lg_req *r);
  * socket does not take is kept and sent before anything else. A client that is gone is
  * handled as a hang-up. */
 void worker_write_chunk(lg_req *r, const char *p, size_t n);
-/* From the body callback of the worker's read (lg_xfer.body_last): writes p[0..n) (n > 0)
+/* From the body callback of the worker's read (lg_xfer.body_left): writes p[0..n) (n > 0)
  * as one chunk now, as ops->flush would, when direct writes are armed and nothing is
  * queued before it. False, and nothing written, otherwise (a client found gone included,
  * which is left to the flush that follows: no hang-up runs inside the read). */
