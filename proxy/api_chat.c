@@ -31,13 +31,14 @@ typedef struct rebuilt {
 
 /* The module's per-exchange state. */
 typedef struct chat_state {
-    lg_assembler *as; /* whole responses */
+    lg_assembler *as;     /* whole responses */
+    chunkscan_state scan; /* the fast path's buffers and the stream's chunk frame (what a
+                             token reads comes first: exchange_int.h's layout note) */
     /* The client stream's identity, from the first attempt's chunks. */
     char *c_id, *c_model;
     long long c_created;
-    lg_buf done_raw;      /* the upstream's own [DONE] event */
-    chunkscan_state scan; /* the fast path's buffers and the stream's chunk frame */
-    int inline_state;     /* LG_REASONING_INLINE output: 0 nothing, 1 <think> open, 2 closed */
+    lg_buf done_raw;  /* the upstream's own [DONE] event */
+    int inline_state; /* LG_REASONING_INLINE output: 0 nothing, 1 <think> open, 2 closed */
     rebuilt rb;
 } chat_state;
 

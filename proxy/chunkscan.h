@@ -32,14 +32,21 @@
  * is read by two comparisons and a string scan instead of the walk. Zero-initialise
  * (CHUNKSCAN_INIT); chunkscan_free releases it. */
 typedef struct chunkscan_state {
-    lg_buf scratch;
+    /* What a framed reading touches, first (the exchange's layout note, exchange_int.h). */
     lg_buf frame;
+    lg_buf scratch;
+    size_t head; /* bytes of the frame before the text token */
+    int field;   /* 0: no frame; else which key holds the text (1 content, 2
+                    reasoning_content, 3 reasoning) */
+    bool role;   /* the framed chunk had a role */
+    /* in_frame: the last chunk accepted is the current frame around one string (read by
+     * the frame, or the walk that made it), so its tree differs from the frame's first
+     * chunk's only in that string's value. frame_gen: the frame's identity, a new number
+     * whenever a walk makes a new frame (0: none yet). */
+    bool in_frame;
+    unsigned frame_gen;
     lg_buf meta;                       /* the last walk's id and model, each NUL-terminated */
     char finish[CHUNKSCAN_FINISH_MAX]; /* the last chunk's finish_reason, NUL-terminated */
-    size_t head;                       /* bytes of the frame before the text token */
-    int field;                         /* 0: no frame; else which key holds the text (1 content, 2
-                       reasoning_content, 3 reasoning) */
-    bool role;                         /* the framed chunk had a role */
     /* The lead: the last walk's bytes before its top-level "choices" key, and what the walk
      * had read by then (id and model as offsets into those bytes). A chunk that starts with
      * the same bytes — a stream's chunks share id, object, created and model — resumes the
@@ -51,17 +58,11 @@ typedef struct chunkscan_state {
         bool has_created, usage;
         unsigned seen;
     } lead_view;
-    /* The frame's identity: a new number whenever a walk makes a new frame (0: none yet).
-     * in_frame: the last chunk accepted is the current frame around one string (read by
-     * the frame, or the walk that made it), so its tree differs from the frame's first
-     * chunk's only in that string's value. */
-    unsigned frame_gen;
-    bool in_frame;
 } chunkscan_state;
 
 #define CHUNKSCAN_INIT                                                                             \
     {                                                                                              \
-        LG_BUF_INIT, LG_BUF_INIT, LG_BUF_INIT, {0}, 0, 0, false, LG_BUF_INIT, {0}, 0, false        \
+        .frame = LG_BUF_INIT, .scratch = LG_BUF_INIT, .meta = LG_BUF_INIT, .lead = LG_BUF_INIT     \
     }
 
 /* Scans data[0..len). On true, *out describes the chunk (kind DL_CHUNK, root NULL, no

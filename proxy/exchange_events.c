@@ -272,7 +272,13 @@ size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
         ex->at.up_paused = true;
         return CURL_WRITEFUNC_PAUSE;
     }
-    ex->cl.may_lend = ex->xfer.body_last; /* the data dies with the read: see ex_out_raw */
+    /* A burst (more of the worker's read follows: at saturation some 60 events a read) goes
+     * out as one write of `out`: room for the rest of the read, the most its raw events
+     * take, is made once, not by `out` doubling from EX_OUT_KEEP five or six times a read. */
+    size_t left = ex->xfer.body_left;
+    if (left > len && !lg_fifo_len(&ex->cl.out) && ex->req.client_stream)
+        lg_buf_reserve(&ex->cl.out.b, left);
+    ex->cl.may_lend = left == len; /* the data dies with the read: see ex_out_raw */
     int rc = sse_parser_feed(ex->at.sse, data, len);
     ex->cl.may_lend = false;
     ex_out_settle(ex);

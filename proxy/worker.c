@@ -1405,9 +1405,9 @@ static void feed_body(lg_worker *w, lg_xfer *x, const char *p, size_t n)
             return;
         }
         if (len) {
-            x->body_last = (size_t)k == n;
+            x->body_left = (size_t)k == n ? len : (size_t)(p + n - data); /* see worker.h */
             size_t took = x->body((char *)data, 1, len, x->owner);
-            x->body_last = false;
+            x->body_left = 0;
             if (took == CURL_WRITEFUNC_PAUSE) {
                 upbody_unread(&b->dec, len);
                 stash_put(b, data, (size_t)(p + n - data));

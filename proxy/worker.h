@@ -107,12 +107,12 @@ typedef struct lg_req_ops {
     void (*flush)(lg_req *r);
 } lg_req_ops;
 
-/* Embedded at the start of every request object. */
+/* Embedded at the start of every request object. The fields a streamed token reads (the
+ * worker's clock, the client's socket and state, the unsent tail) come first, in the first
+ * 64 bytes: at a decode pace every stream's state is out of cache when its next token comes,
+ * and each cache line a token touches is a miss (see exchange_int.h). */
 struct lg_req {
-    const lg_req_ops *ops;
     lg_worker *w;
-    lg_shard *shard; /* the daemon that owns conn */
-    struct MHD_Connection *conn;
     int client_fd;
     uint32_t gen;      /* distinguishes connections on client_fd in the fd map */
     bool suspended;    /* MHD connection suspended by us */
@@ -124,8 +124,11 @@ struct lg_req {
     bool pages_queued; /* its pool's pages wait in the worker's releases (worker.c) */
     bool unchunked;    /* not HTTP/1.1: libmicrohttpd sends the body without chunks, so
                           it is never written directly (worker_go_direct) */
+    lg_fifo tail;      /* the unsent rest of a directly written chunk (owned by the worker) */
+    const lg_req_ops *ops;
+    lg_shard *shard; /* the daemon that owns conn */
+    struct MHD_Connection *conn;
     lg_req *flush_next;
-    lg_fifo tail;     /* the unsent rest of a directly written chunk (owned by the worker) */
     uint64_t tail_ns; /* when the tail last shrank or began */
     uint64_t start_ns;
     lg_req *prev, *next; /* worker's live list (ticks) or graveyard */
@@ -149,19 +152,22 @@ typedef struct lg_xbody {
 
 /* A libcurl transfer's private data (CURLOPT_PRIVATE): who to tell when it finishes. */
 typedef struct lg_xfer {
+    /* The transfer's CURLOPT_WRITEFUNCTION when the worker may read its response body
+     * itself (worker_head_complete), called as libcurl calls it, with `owner` as its
+     * userdata, on the worker's thread outside libcurl; NULL: libcurl reads every body.
+     * (What a token's read touches first: body, owner, body_left, xb.) */
+    curl_write_callback body;
+    void *owner;
+    /* During a call of `body` from the worker's read: the data's length when the data ends
+     * the read (no more of it comes in this event: one write now is then the event's only
+     * one), else the read's bytes from the data on, more than its length and all that the
+     * rest of the read can bring; 0 outside such a call. */
+    size_t body_left;
+    lg_xbody xb;
     /* The transfer ended (rc as libcurl reports it). The owner removes it from the multi
      * handle (worker_remove_xfer) before it returns. */
     void (*done)(struct lg_xfer *x, CURLcode rc);
-    void *owner;
     long os_errno; /* CURLINFO_OS_ERRNO when the transfer ended: why a connect failed */
-    /* The transfer's CURLOPT_WRITEFUNCTION when the worker may read its response body
-     * itself (worker_head_complete), called as libcurl calls it, with `owner` as its
-     * userdata, on the worker's thread outside libcurl; NULL: libcurl reads every body. */
-    curl_write_callback body;
-    /* During a call of `body` from the worker's read: the data handed over ends the read
-     * (no more of it comes in this event), so one write now is the event's only one. */
-    bool body_last;
-    lg_xbody xb;
 } lg_xfer;
 
 /* One libmicrohttpd daemon of a worker. */
@@ -309,7 +315,7 @@ void worker_output(lg_req *r);
  * socket does not take is kept and sent before anything else. A client that is gone is
  * handled as a hang-up. */
 void worker_write_chunk(lg_req *r, const char *p, size_t n);
-/* From the body callback of the worker's read (lg_xfer.body_last): writes p[0..n) (n > 0)
+/* From the body callback of the worker's read (lg_xfer.body_left): writes p[0..n) (n > 0)
  * as one chunk now, as ops->flush would, when direct writes are armed and nothing is
  * queued before it. False, and nothing written, otherwise (a client found gone included,
  * which is left to the flush that follows: no hang-up runs inside the read). */
