@@ -168,8 +168,10 @@ static inline uint64_t digit_bits(uint64_t x)
     return (y - ones * 10) & ~y & (ones * 0x80);
 }
 
+#ifndef __SSE2__
 /* The ASCII letters and digits of x (see load_le) as the high bit of their bytes, exact
- * (each byte's high bit cleared first, so that no carry crosses bytes). */
+ * (each byte's high bit cleared first, so that no carry crosses bytes); line_key's
+ * fallback where SSE2 is not. */
 static inline uint64_t alnum_bits(uint64_t x)
 {
     const uint64_t ones = 0x0101010101010101ull, high = ones * 0x80, low = ~high;
@@ -178,6 +180,7 @@ static inline uint64_t alnum_bits(uint64_t x)
     uint64_t letter = (f + ones * (0x80 - 'a')) & ~(f + ones * (0x7F - 'z'));
     return (digit | letter) & ~x & high;
 }
+#endif
 
 /* The bytes [p, be), fewer than 8, as a number (see load_le; 0 above them): the 8 bytes
  * that end at be shifted down when the history (from lo) has them. */
