@@ -99,8 +99,8 @@ static void *cache_take(size_t size)
     size_t k = class_of_request(size);
     memcpy(&xa.asked[k], &(const bool[2]){true, true}, 2); /* it looks in k and k + 1 */
     xa.takes++;
-    k += !xa.head[k];
-    return xa.head[k] ? class_pop(k) : NULL;
+    if (!xa.head[k] && !xa.head[++k]) return NULL;
+    return class_pop(k);
 }
 
 /* Frees the blocks of every class no request looked in since the last sweep; the asking
