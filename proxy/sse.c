@@ -65,7 +65,7 @@ void sse_parser_free(sse_parser *p)
     lg_buf_free(&p->data);
     lg_buf_free(&p->event);
     lg_buf_free(&p->id);
-    lg_xfree(p);
+    free(p);
 }
 
 size_t sse_parser_pending(const sse_parser *p)
