@@ -5,47 +5,58 @@
  * GUARD_RULE_STEP, JIT-compiled, hard-partial so that a match still in progress is held back;
  * and once more, complete, at the end of the text. Each byte is scanned about once per rule. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "guard/guard_int.h"
 
-/* The first-byte table, private to this file: 256 bytes after rule_from[n_rules] in its
- * allocation (rules_init), entry c with bit i set when rule i (< FIRST_LANES) has a known set of
- * first bytes and c is one. For a token it tells in one step, without a loop per rule that
- * exits at an unpredictable byte, where each rule's next possible start lies (lanes). One
- * more byte after it, JIT_BYTE, has bit i set when rule i (< FIRST_LANES) goes to
- * pcre2_jit_match directly (rule_match). */
-#define FIRST_LANES 8
-#define JIT_BYTE    256
-
-static const unsigned char *first_tab(const guard *g)
+/* The first-byte table (guard_params' rule_first): for a token it tells in one step,
+ * without a loop per rule that exits at an unpredictable byte, where each rule's next
+ * possible start lies (lanes). rule_jit has bit i set when rule i goes to pcre2_jit_match
+ * directly (rule_match). Both depend only on the rules: made once per params, read by
+ * every guard of them. */
+void guard_rules_derive(guard_params *p)
 {
-    return (const unsigned char *)(g->rule_from + g->p->n_rules);
-}
-
-static void rules_init(guard *g)
-{
-    const guard_params *p = g->p;
-    size_t ovec = 1;
+    memset(p->rule_first, 0, sizeof p->rule_first);
+    p->rule_jit = 0;
+    p->rule_ovec = 1;
     for (size_t i = 0; i < p->n_rules; i++) {
-        uint32_t n = 0;
-        pcre2_pattern_info(p->rules[i].re, PCRE2_INFO_CAPTURECOUNT, &n);
-        if (n + 1 > ovec) ovec = n + 1;
-    }
-    g->md = pcre2_match_data_create((uint32_t)ovec, NULL);
-    if (!g->md) abort();
-    g->rule_from = guard_xcalloc(1, p->n_rules * sizeof(*g->rule_from) + JIT_BYTE + 1);
-    unsigned char *tab = (unsigned char *)(g->rule_from + p->n_rules);
-    for (size_t i = 0; i < p->n_rules && i < FIRST_LANES; i++) {
         const guard_rule *r = &p->rules[i];
+        uint32_t n = 0;
+        pcre2_pattern_info(r->re, PCRE2_INFO_CAPTURECOUNT, &n);
+        if (n + 1 > p->rule_ovec) p->rule_ovec = n + 1;
+        if (i >= GUARD_RULE_LANES) continue;
         /* pcre2_match checks a UTF pattern's subject first, pcre2_jit_match does not: those
          * keep the check. */
         uint32_t opts = PCRE2_UTF;
         pcre2_pattern_info(r->re, PCRE2_INFO_ALLOPTIONS, &opts);
-        if (!(opts & PCRE2_UTF)) tab[JIT_BYTE] |= (unsigned char)(1u << i);
+        if (!(opts & PCRE2_UTF)) p->rule_jit |= (unsigned char)(1u << i);
         for (unsigned k = 0; r->has_first && k < sizeof(r->first); k++)
             for (unsigned b = 0; r->first[k] >> b; b++)
-                if (r->first[k] >> b & 1) tab[8 * k + b] |= (unsigned char)(1u << i);
+                if (r->first[k] >> b & 1) p->rule_first[8 * k + b] |= (unsigned char)(1u << i);
     }
+}
+
+static void rules_init(guard *g)
+{
+    g->md = pcre2_match_data_create(g->p->rule_ovec, NULL);
+    if (!g->md) abort();
+    g->rule_from = guard_xcalloc(g->p->n_rules, sizeof(*g->rule_from));
+}
+
+/* A reset guard keeps its match data and its starts (zeroed) when they fit the new params:
+ * the same number of rules, as many ovector pairs or more. */
+static void rules_reset(guard *g, const guard *old)
+{
+    const guard_params *p = g->p;
+    if (old->p->n_rules != p->n_rules || pcre2_get_ovector_count(old->md) < p->rule_ovec) {
+        pcre2_match_data_free(old->md);
+        free(old->rule_from);
+        rules_init(g);
+        return;
+    }
+    g->md = old->md;
+    g->rule_from = old->rule_from;
+    memset(g->rule_from, 0, p->n_rules * sizeof(*g->rule_from));
 }
 
 static void rules_release(guard *g)
@@ -72,9 +83,9 @@ static first_lanes lanes_at(uint64_t to)
 static uint64_t first_start(const guard *g, size_t i, uint64_t from, first_lanes *l)
 {
     uint64_t to = l->to;
-    if (from < to && to - from <= 8 && to - g->base >= 8 && i < FIRST_LANES) {
+    if (from < to && to - from <= 8 && to - g->base >= 8 && i < GUARD_RULE_LANES) {
         if (!l->read) {
-            const unsigned char *s = g->buf + (to - 8 - g->base), *tab = first_tab(g);
+            const unsigned char *s = g->buf + (to - 8 - g->base), *tab = g->p->rule_first;
             l->x = 0;
             for (unsigned j = 0; j < 8; j++)
                 l->x |= (uint64_t)tab[s[j]] << 8 * j;
@@ -122,7 +133,7 @@ static int rule_match(const guard *g, size_t i, first_lanes *l, bool final, uint
      * hold here; without the JIT code for this mode it says so, and pcre2_match then runs the
      * interpreter. */
     int rc = PCRE2_ERROR_JIT_BADOPTION;
-    if (i < FIRST_LANES && first_tab(g)[JIT_BYTE] >> i & 1)
+    if (i < GUARD_RULE_LANES && p->rule_jit >> i & 1)
         rc = pcre2_jit_match(r->re, subj, len, start, opt, g->md, NULL);
     if (rc == PCRE2_ERROR_JIT_BADOPTION)
         rc = pcre2_match(r->re, subj, len, start, opt, g->md, NULL);
@@ -197,6 +208,7 @@ const guard_detector guard_det_rules = {
     .on = rules_on,
     .init = rules_init,
     .release = rules_release,
+    .reset = rules_reset,
     .pass = rules_pass,
     .finish = rules_finish,
     .suspect = rules_suspect,

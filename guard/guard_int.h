@@ -130,6 +130,13 @@ struct guard_params {
     guard_rule *rules;
     size_t n_rules;
     uint32_t rule_max_match_bytes;
+    /* Derived (guard_rules_derive), read-only and shared by every guard of these params:
+     * per byte value, bit i when rule i (< GUARD_RULE_LANES) has a known set of first bytes
+     * and the byte is one; bit i of rule_jit when rule i (< GUARD_RULE_LANES) goes to
+     * pcre2_jit_match directly; the ovector pairs a match of any rule fills. */
+    unsigned char rule_first[256];
+    unsigned char rule_jit;
+    uint32_t rule_ovec;
 
     size_t n_leaks;
     char leaks[GUARD_MAX_LEAKS][GUARD_MAX_LEAK_LEN + 1];
@@ -155,6 +162,9 @@ const char *guard_rclass_name(guard_rclass c);
 #define GUARD_LEAK_LAST  2
 /* Fills the params' derived leak tables from their leak tokens (g_leak.c). */
 void guard_leak_derive(guard_params *p);
+/* The rules' derived fields (g_rules.c), after any change of the rules. */
+#define GUARD_RULE_LANES 8
+void guard_rules_derive(guard_params *p);
 
 /* Repeats the period table asks of a unit of `period` bytes or characters; 0 past it. */
 double guard_steps_repeats(const guard_params *p, uint32_t period);

@@ -74,6 +74,7 @@ static void derive(guard_params *p)
         p->repeat.base_need[d] =
             guard_need_for(d ? d : 1, guard_steps_repeats(p, d ? d : 1), p->repeat.min_bytes);
     guard_leak_derive(p);
+    guard_rules_derive(p);
 }
 
 /* Template tokens that never belong in an answer. `</think>` is a second one: the proxy

@@ -163,7 +163,7 @@ static void slots_grow(jg *g)
             j = (j + 1) & (cap - 1);
         s[j] = g->slots[i];
     }
-    if (g->slots != g->first) free(g->slots);
+    if (g->slots != g->first) lg_xfree(g->slots);
     g->slots = s;
     g->cap = cap;
 }
@@ -290,8 +290,8 @@ int jsonguard_check(const char *s, size_t n, const jg_limits *lim, char *err, si
     g.cap = sizeof g.first / sizeof g.first[0];
     frame *stack = lg_xmalloc(((size_t)lim->max_depth + 1) * sizeof *stack);
     int rc = run(&g, stack);
-    free(stack);
-    if (g.slots != g.first) free(g.slots);
+    lg_xfree(stack);
+    if (g.slots != g.first) lg_xfree(g.slots);
     lg_buf_free(&g.arena);
     return rc;
 }

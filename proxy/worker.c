@@ -949,7 +949,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         return rc;
     }
     rc = route(w, conn, path, method, con_cls);
-    free(path);
+    lg_xfree(path);
     if (*con_cls) ((lg_req *)*con_cls)->unchunked = strcmp(version, MHD_HTTP_VERSION_1_1) != 0;
     return rc;
 }

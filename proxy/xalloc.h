@@ -30,8 +30,12 @@ char *lg_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* A thread's spare heap blocks. Between lg_xalloc_cache_begin and lg_xalloc_cache_end, the
  * blocks of up to LG_XALLOC_CACHE_MAX bytes that the calling thread gives lg_xfree are kept
  * (at most LG_XALLOC_CACHE_KEEP of each size, LG_XALLOC_CACHE_BYTES in all) and handed to
- * its next lg_xmalloc, lg_xcalloc or lg_xstrdup that would have got a block of that very
- * size from the allocator, so a live block is no larger than without the cache. A worker's
+ * its next lg_xmalloc, lg_xcalloc, lg_xstrdup or growing lg_xrealloc that would have got a
+ * block of that size from the allocator, or one 16 bytes larger (as glibc itself gives when
+ * the rest of a free chunk is too small to split off). Only sizes these requests ask for
+ * are kept, and a size no longer asked for gives its blocks back when the bound is reached
+ * (xalloc.c): blocks of a size nobody takes (a library's malloc, a shrunk realloc) never
+ * hold the room that the sizes in use need. A worker's
  * request makes and drops about a hundred blocks through libcurl and cJSON (both allocate
  * here) and glibc's own per-thread cache keeps only 7 of a size, of up to 1 KiB: past that,
  * each block goes through its arena's bins and lock. Threads that never begin a cache

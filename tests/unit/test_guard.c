@@ -1671,10 +1671,15 @@ static void test_reset(void **state)
 {
     (void)state;
     guard_params *p[LG_CH_COUNT], *ruled = guard_params_new(LG_CH_CONTENT);
+    guard_params *ruled2 = guard_params_new(LG_CH_CONTENT); /* more rules, capture groups */
     cJSON *rules = cJSON_Parse("{\"rules\":[{\"name\":\"x\",\"pattern\":\"x x x\"}]}");
+    cJSON *rules2 = cJSON_Parse("{\"rules\":[{\"name\":\"x\",\"pattern\":\"x x x\"},"
+                                "{\"name\":\"y\",\"pattern\":\"(p)rime ?(n)umber\"}]}");
     char err[256];
     assert_int_equal(guard_params_apply_json(ruled, rules, "guard.x", err, sizeof(err)), 0);
+    assert_int_equal(guard_params_apply_json(ruled2, rules2, "guard.x", err, sizeof(err)), 0);
     cJSON_Delete(rules);
+    cJSON_Delete(rules2);
     for (int ch = 0; ch < LG_CH_COUNT; ch++)
         p[ch] = guard_params_new((lg_channel)ch);
     static trace fresh_tr, reset_tr;
@@ -1689,7 +1694,11 @@ static void test_reset(void **state)
         if (k % 5 == 0) t.n = t.n > 12 ? 12 : t.n, t.s[t.n] = 0; /* a 2-token answer */
         if (k % 5 < 2) before.n = before.n > 20 ? 20 : before.n; /* the table cleared by slot */
         lg_channel ch = (lg_channel)(k % LG_CH_COUNT);
-        const guard_params *gp = k % 4 == 1 ? ruled : p[ch];
+        /* rules after rules (the same, others), after none, before none */
+        const guard_params *gp = k % 4 == 1                 ? ruled
+                                 : k % 8 == 2               ? ruled
+                                 : k % 8 == 6 || k % 8 == 7 ? ruled2
+                                                            : p[ch];
         const char *prompt = k % 3 == 0 ? "Repeat the word lambda 20 times." : NULL;
         bool leaks_off = k % 6 == 2;
         /* The used guard, which read the last text, reads another with a prompt. */
@@ -1715,6 +1724,7 @@ static void test_reset(void **state)
     guard_free(used);
     guard_store_free(store);
     guard_params_free(ruled);
+    guard_params_free(ruled2);
     for (int ch = 0; ch < LG_CH_COUNT; ch++)
         guard_params_free(p[ch]);
 }

@@ -1,5 +1,5 @@
-/* test_xalloc.c — a thread's spare heap blocks (xalloc.h): whatever mix of sizes is freed
- * and asked for, every block is at least as large as its request, a zeroed one holds only
+/* test_xalloc.c — a thread's spare heap blocks (xalloc.h): whatever mix of sizes is freed,
+ * resized and asked for, every block is at least as large as its request, a zeroed one holds only
  * zeros, a kept block goes only to a request of its own size class, and a thread keeps no
  * more than the bounds. The sanitizer builds keep nothing (their allocator sees every
  * block), so there the tests check the contract without the reuse. */
@@ -34,9 +34,22 @@ static void test_mix_sizes(void **state)
     for (int i = 0; i < ROUNDS; i++) {
         r = r * 1103515245u + 12345u;
         size_t s = (r >> 8) % SLOTS;
-        if (blk[s]) { /* check and free */
+        if (blk[s]) { /* check, then free or resize */
             for (size_t j = 0; j < len[s]; j++)
                 assert_int_equal(blk[s][j], (unsigned char)(s + j));
+            r = r * 1103515245u + 12345u;
+            if ((r >> 16) % 3 == 0) { /* resized: the bytes it had are kept */
+                size_t n = (r >> 4) % (LG_XALLOC_CACHE_MAX + 200);
+                blk[s] = lg_xrealloc(blk[s], n);
+                assert_true(malloc_usable_size(blk[s]) >= n);
+                for (size_t j = 0; j < n; j++)
+                    if (j < len[s])
+                        assert_int_equal(blk[s][j], (unsigned char)(s + j));
+                    else
+                        blk[s][j] = (unsigned char)(s + j);
+                len[s] = n;
+                continue;
+            }
             lg_xfree(blk[s]);
             blk[s] = NULL;
             continue;
@@ -112,6 +125,76 @@ static void test_bounded(void **state)
     assert_int_equal(lg_xalloc_cache_kept(), 0);
 }
 
+/* A block that grows takes a kept block of its new size, with its bytes. */
+static void test_realloc_takes_kept(void **state)
+{
+    (void)state;
+    lg_xalloc_cache_begin();
+    char *p = lg_xrealloc(NULL, 100);
+    memset(p, 'p', 100);
+    char *spare = lg_xmalloc(300);
+    lg_xfree(spare);
+    char *q = lg_xrealloc(p, 300);
+    if (KEEPS) assert_ptr_equal(q, spare);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(q[i], 'p');
+    q = lg_xrealloc(q, 50); /* a block that shrinks stays with the allocator's realloc */
+    for (int i = 0; i < 50; i++)
+        assert_int_equal(q[i], 'p');
+    lg_xfree(q);
+    lg_xalloc_cache_end();
+}
+
+/* glibc hands out a chunk one grain (16 bytes) larger than a request's when the rest of a
+ * free chunk would be too small to split off. Such a block, freed, must serve the next
+ * request of the size it was asked for: kept only by its own size, it waited for a size
+ * nobody asked for while each request of its size allocated anew. */
+static void test_one_grain_larger(void **state)
+{
+    (void)state;
+    void *big = malloc(200);
+    size_t u = malloc_usable_size(big); /* 200 or 216 */
+    lg_xalloc_cache_begin();
+    void *a = lg_xmalloc(u - 16); /* a request one class below big's */
+    lg_xfree(big);                /* any malloc'd block may be given */
+    void *b = lg_xmalloc(u - 16);
+    if (KEEPS) assert_ptr_equal(b, big);
+    assert_true(malloc_usable_size(b) >= u - 16);
+    lg_xfree(a);
+    lg_xfree(b);
+    lg_xalloc_cache_end();
+}
+
+/* Blocks of sizes requests no longer take (asked for once, at start-up) or never took (a
+ * library's malloc, a realloc's odd size) must not hold the cache full: past its bound
+ * every later free would go to the allocator. Here the cache sees a flood of such blocks
+ * first, then blocks of one size asked for again and again: those must still be kept. */
+static void test_odd_sizes_do_not_starve(void **state)
+{
+    (void)state;
+    enum { HOT = 3000 };
+    lg_xalloc_cache_begin();
+    for (int round = 0; round < 8; round++)
+        for (size_t s = 100; s <= LG_XALLOC_CACHE_MAX; s += 16) {
+            if (s + 64 >= HOT && s <= HOT + 64) continue;
+            if (round == 0 && s % 32 == 4) lg_xfree(lg_xmalloc(s)); /* asked for, once */
+            lg_xfree(malloc(s));
+        }
+    /* The room comes back within a few hundred requests (a size asked for since the last
+     * sweep keeps its blocks through the next one, and sweeps are spaced): from then on
+     * every free of the hot size is kept. */
+    int last_missed = -1;
+    for (int i = 0; i < 2000; i++) {
+        void *p = lg_xmalloc(HOT);
+        size_t before = lg_xalloc_cache_kept();
+        lg_xfree(p);
+        if (lg_xalloc_cache_kept() < before + HOT) last_missed = i;
+    }
+    if (KEEPS) assert_true(last_missed < 1000);
+    assert_true(lg_xalloc_cache_kept() <= LG_XALLOC_CACHE_BYTES);
+    lg_xalloc_cache_end();
+}
+
 /* A block given to lg_xfree twice (a double free) must not go to two later requests: that
  * would make two owners write one block, one request's data read by another's. glibc
  * aborts on it ("double free detected in tcache 2"), ASan reports it; the cache must
@@ -144,6 +227,9 @@ int main(void)
         cmocka_unit_test(test_mix_sizes),
         cmocka_unit_test(test_reuse_by_class),
         cmocka_unit_test(test_bounded),
+        cmocka_unit_test(test_realloc_takes_kept),
+        cmocka_unit_test(test_one_grain_larger),
+        cmocka_unit_test(test_odd_sizes_do_not_starve),
         cmocka_unit_test(test_double_free_not_shared),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
