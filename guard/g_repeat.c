@@ -178,10 +178,11 @@ COLD_PATH static void repeat_trip(guard *g, uint32_t period, uint64_t end)
     guard_trip(g, "repeat", loop_start, end, (unsigned)((end - loop_start) / q));
 }
 
-/* The offset at which candidate c, its run starting at c->start, reaches c->need. */
-static inline uint64_t cand_ready_at(const gcand *c)
+/* The offset at which candidate c, its run starting at c->start, reaches a periodic tail of
+ * `need` bytes. */
+static inline uint64_t cand_ready_at(const gcand *c, uint32_t need)
 {
-    uint64_t over = (uint64_t)c->need > (uint64_t)c->period + 1 ? c->need - c->period - 1 : 0;
+    uint64_t over = (uint64_t)need > (uint64_t)c->period + 1 ? need - c->period - 1 : 0;
     return c->start + over;
 }
 
@@ -260,9 +261,8 @@ static void cand_add(guard *g, uint64_t pos, uint32_t d, uint64_t end)
     gcand *c = &g->cand[slot];
     c->start = j + 1;
     c->period = d;
-    c->need = g->p->repeat.base_need[d];
     c->judged = false;
-    c->ready_at = cand_ready_at(c);
+    c->ready_at = cand_ready_at(c, g->p->repeat.base_need[d]);
     c->breaks = period_break(g, d, pos + 1, end);
 }
 
@@ -279,8 +279,7 @@ RARE_PATH bool guard_repeat_event(guard *g, uint64_t pos, uint32_t d, uint64_t e
         gcand *c = &g->cand[i];
         if (pos >= c->ready_at && !c->judged) {
             c->judged = true;
-            c->need = judge(g, c, pos + 1);
-            c->ready_at = cand_ready_at(c);
+            c->ready_at = cand_ready_at(c, judge(g, c, pos + 1));
         }
         if (pos >= c->ready_at) {
             repeat_trip(g, c->period, pos + 1);

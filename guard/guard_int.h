@@ -217,17 +217,19 @@ enum { GT_SEGS, GT_SEG_LAST, GT_TPL, GT_BLK, GT_TTAB, GT_TRI_START, GT_TRI_NOVEL
 #define COLD_PATH __attribute__((noinline, cold))
 
 /* A live candidate period. Its run (the consecutive bytes ending now with s[i] == s[i -
- * period]) is not counted byte by byte: it is the bytes fed since `start`. */
+ * period]) is not counted byte by byte: it is the bytes fed since `start`. 32 bytes, two to
+ * a cache line: a token reads every live one. */
 typedef struct gcand {
     uint64_t start;    /* offset of the run's first byte */
-    uint64_t ready_at; /* offset of the byte at which run + period reaches need */
+    uint64_t ready_at; /* offset of the byte at which run + period reaches the periodic tail
+                          length that trips */
     uint64_t breaks;   /* set as each feed starts (repeat_pass) or per byte
                           (guard_repeat_step): the first offset being fed that breaks the
                           period, or the one past them */
     uint32_t period;
-    uint32_t need; /* periodic tail length (run + period) that trips */
-    bool judged;   /* need already includes the unit's class and fence context */
+    bool judged; /* ready_at includes the unit's class and fence context */
 } gcand;
+_Static_assert(sizeof(gcand) == 32, "two candidates to a cache line");
 
 typedef struct gseg {
     uint64_t hash;
