@@ -165,9 +165,9 @@ static void learn(rebuilt *rb, unsigned gen, int key, const char *json, const ch
 static void flush_held(exchange *ex)
 {
     lg_buf r = LG_BUF_INIT, c = LG_BUF_INIT;
-    ex_release(ex, LG_CH_REASONING, ex->at.ch[LG_CH_REASONING].held.len, &r);
-    ex_release(ex, LG_CH_CONTENT, ex->at.ch[LG_CH_CONTENT].held.len, &c);
-    ex_release(ex, LG_CH_TOOL_ARGS, ex->at.ch[LG_CH_TOOL_ARGS].held.len, NULL);
+    ex_release(ex, LG_CH_REASONING, ex_held_len(ex, LG_CH_REASONING), &r);
+    ex_release(ex, LG_CH_CONTENT, ex_held_len(ex, LG_CH_CONTENT), &c);
+    ex_release(ex, LG_CH_TOOL_ARGS, ex_held_len(ex, LG_CH_TOOL_ARGS), NULL);
     if (r.len || c.len) emit_chunk(ex, NULL, r.p, r.len, c.p, c.len, NULL);
     lg_buf_free(&r);
     lg_buf_free(&c);
@@ -214,9 +214,7 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
         out_append(ex, ev->raw, ev->raw_len);
         return 0;
     }
-    bool held_before = false;
-    for (int c = 0; c < LG_CH_COUNT; c++)
-        held_before |= ex->at.ch[c].held.len > 0;
+    bool held_before = ex_held_any(ex);
     if (ex->attempt > 1) {
         /* A retry continues the client's stream: same id, no second opening chunk. */
         if (d->role && !d->reasoning_len && !d->content_len && !d->n_tools && !d->finish_reason)
@@ -260,13 +258,13 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     /* Release: everything at the end of the generation, else what the guard cleared. Tool
      * arguments are guarded but never held (they are forwarded in their own deltas). */
     bool all = d->finish_reason != NULL;
-    const chan *hr = &ex->at.ch[LG_CH_REASONING], *hc = &ex->at.ch[LG_CH_CONTENT];
-    size_t nr = all ? hr->held.len : ex_releasable(ex, LG_CH_REASONING);
-    size_t nc = all ? hc->held.len : ex_releasable(ex, LG_CH_CONTENT);
+    size_t hr = ex_held_len(ex, LG_CH_REASONING), hc = ex_held_len(ex, LG_CH_CONTENT);
+    size_t nr = all ? hr : ex_releasable(ex, LG_CH_REASONING);
+    size_t nc = all ? hc : ex_releasable(ex, LG_CH_CONTENT);
     /* The upstream's own bytes go out when nothing stays held; the released text is then
      * not needed apart from `sent`. */
-    bool raw = !reshaped && nr == hr->held.len && nc == hc->held.len && raw_ok(ex, d, held_before);
-    ex_release(ex, LG_CH_TOOL_ARGS, ex->at.ch[LG_CH_TOOL_ARGS].held.len, NULL);
+    bool raw = !reshaped && nr == hr && nc == hc && raw_ok(ex, d, held_before);
+    ex_release(ex, LG_CH_TOOL_ARGS, ex_held_len(ex, LG_CH_TOOL_ARGS), NULL);
     if (raw || !ex->req.client_stream) {
         /* Nothing to rebuild (a whole response is assembled from `sent`): the usual token. */
         ex_release(ex, LG_CH_REASONING, nr, NULL);

@@ -40,19 +40,13 @@ void ex_out_event(exchange *ex, const char *json)
  * text_return. A nested lender would find the slot empty and start from no memory. */
 void ex_sample_swap(exchange *ex, lg_channel ch, chan *c, lg_buf *sent)
 {
+    ex->at.fed |= (uint8_t)(1u << ch); /* the sample's text, either way */
     chan t = ex->at.ch[ch];
     ex->at.ch[ch] = *c;
     *c = t;
     lg_buf b = ex->cl.sent[ch];
     ex->cl.sent[ch] = *sent;
     *sent = b;
-}
-
-bool ex_held_any(const exchange *ex)
-{
-    for (int c = 0; c < LG_CH_COUNT; c++)
-        if (ex->at.ch[c].held.len) return true;
-    return false;
 }
 
 char *ex_openai_error_body(int status, const char *message, const char *type, const char *code)
@@ -94,7 +88,7 @@ size_t ex_releasable_run(const exchange *ex, lg_channel ch)
     const chan *c = &ex->at.ch[ch];
     size_t suspect = c->g ? guard_suspect(c->g) : 0;
     /* a run of identical tokens past its first copy waits too */
-    size_t run = c->g && c->run.count > 1 ? (c->run.count - 1) * c->run.len : 0;
+    size_t run = c->g && c->run.count > 1 ? (size_t)(c->run.count - 1) * c->run.len : 0;
     if (run > suspect) suspect = run;
     /* The global cap (guard.holdback_max_bytes) bounds every channel's own cap. */
     size_t cap = cfg_of(ex)->guard.holdback_max_bytes;
@@ -113,6 +107,26 @@ static struct ex_trip_text *trip_text(exchange *ex)
     return ex->at.trip;
 }
 
+/* A delta's bytes as one word that tells two deltas of the same length of up to 8 bytes
+ * apart (every byte is in it: overlapping reads), and a longer one's first 8 bytes. */
+static uint64_t token_head(const char *s, size_t n)
+{
+    uint64_t w;
+    uint32_t a, b;
+    if (n >= sizeof w) {
+        memcpy(&w, s, sizeof w);
+        return w;
+    }
+    if (n >= sizeof a) {
+        memcpy(&a, s, sizeof a);
+        memcpy(&b, s + n - sizeof b, sizeof b);
+        return (uint64_t)b << 32 | a;
+    }
+    if (!n) return 0;
+    return (uint64_t)(unsigned char)s[0] | (uint64_t)(unsigned char)s[n / 2] << 8 |
+           (uint64_t)(unsigned char)s[n - 1] << 16;
+}
+
 /* Counts identical consecutive deltas; true when the run reaches RUN_TRIP (the verdict is
  * then set). */
 static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
@@ -123,11 +137,13 @@ static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
         r->len = r->count = 0;
         return false;
     }
-    if (r->len == n && memcmp(r->last, s, n) == 0) {
+    uint64_t head = token_head(s, n);
+    if (r->len == n && r->head == head && (n <= 8 || memcmp(r->last, s, n) == 0)) {
         r->count++;
     } else {
-        memcpy(r->last, s, n);
-        r->len = n;
+        r->head = head;
+        if (n > 8) memcpy(r->last, s, n);
+        r->len = (uint32_t)n;
         r->count = 1;
         r->start = at;
     }
@@ -168,6 +184,7 @@ static guard *channel_guard(exchange *ex, lg_channel ch)
 bool ex_guard_text_run(exchange *ex, lg_channel ch, const char *s, size_t n)
 {
     chan *c = &ex->at.ch[ch];
+    ex->at.fed |= (uint8_t)(1u << ch);
     c->attempt_bytes += n;
     lg_buf_append(&c->held, s, n);
     if (!channel_guard(ex, ch)) return false;

@@ -48,14 +48,16 @@
 #define RUN_TRIP      32
 
 typedef struct token_run {
-    size_t len;     /* 0: no run */
-    unsigned count; /* consecutive deltas equal to `last` */
-    uint64_t start; /* channel offset (this attempt) of the run's first delta */
-    char last[RUN_MAX_TOKEN];
+    uint32_t len;             /* of the last delta; 0: no run */
+    uint32_t count;           /* consecutive deltas equal to it */
+    uint64_t start;           /* channel offset (this attempt) of the run's first delta */
+    uint64_t head;            /* the last delta as token_head packs it: whole when up to 8 bytes */
+    char last[RUN_MAX_TOKEN]; /* the whole last delta when it is longer than 8 bytes */
 } token_run;
 
 /* One channel of the current attempt: its guard (made when first needed) and the text fed
- * to it but not yet released. Everything but run.last fits the first 64 bytes. */
+ * to it but not yet released. Everything but run.last fits the first 64 bytes, and a
+ * delta of up to 8 bytes reads and writes only those. */
 typedef struct chan {
     guard *g;
     lg_buf held; /* fed to the guard, not yet released */
@@ -74,6 +76,11 @@ typedef struct ex_attempt {
     think_split *think;
     uint64_t tokens;
     uint64_t last_event_ns;
+    /* The channels fed text this attempt, a bit each (1 << lg_channel): a channel whose bit
+     * is clear holds nothing and has no attempt_bytes (ex_chan_fed), so a token of one
+     * channel reads no other channel's lines. Set wherever held or attempt_bytes may grow
+     * (ex_guard_text_run, ex_sample_swap, ex_think_settle), cleared with the attempt. */
+    uint8_t fed;
     bool first_byte;
     bool connected;    /* libcurl is sending the request: timeouts.connect_ms is over */
     bool finished_gen; /* the generation's end arrived (finish_reason, message_stop, ...) */
@@ -240,11 +247,28 @@ static inline bool ex_guard_text(exchange *ex, lg_channel ch, const char *s, siz
 {
     return n && ex_guard_text_run(ex, ch, s, n); /* a channel the event does not use: no call */
 }
+/* True when channel ch may hold text or have attempt_bytes (ex_attempt.fed). */
+static inline bool ex_chan_fed(const exchange *ex, lg_channel ch)
+{
+    return ex->at.fed >> ch & 1;
+}
+/* The bytes channel ch holds back, without reading an unfed channel's line. */
+static inline size_t ex_held_len(const exchange *ex, lg_channel ch)
+{
+    return ex_chan_fed(ex, ch) ? ex->at.ch[ch].held.len : 0;
+}
+/* True when any channel holds text back. */
+static inline bool ex_held_any(const exchange *ex)
+{
+    for (unsigned f = ex->at.fed; f; f &= f - 1)
+        if (ex->at.ch[__builtin_ctz(f)].held.len) return true;
+    return false;
+}
 /* Held bytes of channel ch that the guard has cleared. */
 size_t ex_releasable_run(const exchange *ex, lg_channel ch);
 static inline size_t ex_releasable(const exchange *ex, lg_channel ch)
 {
-    return ex->at.ch[ch].held.len ? ex_releasable_run(ex, ch) : 0;
+    return ex_held_len(ex, ch) ? ex_releasable_run(ex, ch) : 0;
 }
 /* Moves n held bytes of channel ch to the client's sent text (and to *into when given). */
 void ex_release_run(exchange *ex, lg_channel ch, size_t n, lg_buf *into);
@@ -255,8 +279,6 @@ static inline void ex_release(exchange *ex, lg_channel ch, size_t n, lg_buf *int
 /* The generation of this attempt ended: the guards' last checks (and the empty-answer
  * check when answer_expected and the API is templated). True when one tripped. */
 bool ex_end_checks(exchange *ex, bool answer_expected);
-/* True when any channel holds text back. */
-bool ex_held_any(const exchange *ex);
 /* OpenAI's error body {"error":{"message","type","param","code"}}: api.h's error_body for
  * the routes that answer errors in OpenAI's shape. */
 char *ex_openai_error_body(int status, const char *message, const char *type, const char *code);
@@ -284,8 +306,9 @@ bool ex_think_split_run(exchange *ex, const char *reasoning, size_t rn, const ch
  * of either channel: where whether to split is decided. */
 static inline bool ex_think_first_text(const exchange *ex, size_t rn, size_t n)
 {
-    return n && !rn && !ex->at.ch[LG_CH_REASONING].attempt_bytes &&
-           !ex->at.ch[LG_CH_CONTENT].attempt_bytes;
+    return n && !rn &&
+           !(ex_chan_fed(ex, LG_CH_REASONING) && ex->at.ch[LG_CH_REASONING].attempt_bytes) &&
+           !(ex_chan_fed(ex, LG_CH_CONTENT) && ex->at.ch[LG_CH_CONTENT].attempt_bytes);
 }
 /* The usual answer's token (no splitter, and not the attempt's first text) is decided here,
  * without the call. */

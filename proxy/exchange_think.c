@@ -80,6 +80,7 @@ bool ex_think_settle(exchange *ex)
     if (!ex->at.think || think_closed(ex->at.think) || ex->at.think_explicit) return false;
     chan *r = &ex->at.ch[LG_CH_REASONING], *c = &ex->at.ch[LG_CH_CONTENT];
     lg_buf *rsent = &ex->cl.sent[LG_CH_REASONING];
+    ex->at.fed |= 1u << LG_CH_CONTENT;
     lg_buf_append(&c->held, rsent->p, rsent->len);
     lg_buf_append(&c->held, r->held.p, r->held.len);
     c->attempt_bytes += r->attempt_bytes;
