@@ -179,7 +179,7 @@ static void abort_attempt(exchange *ex)
 static void attempt_reset(exchange *ex)
 {
     stop_transfer(ex);
-    sse_parser_free(ex->at.sse);
+    sse_parser_clear(&ex->at.sse);
     think_free(ex->at.think);
     for (int c = 0; c < LG_CH_COUNT; c++) {
         worker_guard_put(ex->base.w, ex->at.ch[c].g);
@@ -418,9 +418,9 @@ static void on_done(lg_xfer *x, CURLcode rc)
     stop_transfer(ex);
     /* An event whose last line ended in a bare CR at the very end is complete now (it may
      * still trip the guard). */
-    if (rc == CURLE_OK && !ex->at.trip_pending && ex->at.sse && ex->phase == PHASE_RUNNING &&
+    if (rc == CURLE_OK && !ex->at.trip_pending && ex->phase == PHASE_RUNNING &&
         !ex->base.client_gone)
-        (void)sse_parser_finish(ex->at.sse);
+        (void)sse_parser_finish(&ex->at.sse);
     if (ex->at.trip_pending) {
         ex->at.trip_pending = false;
         if (sglang && ex->at.rid[0]) send_sglang_abort(ex, ex->at.rid);
@@ -562,7 +562,7 @@ static void start_attempt(exchange *ex)
     lg_buf_free(&prefix);
 
     ex->at.guarded = plan.guarded;
-    ex->at.sse = sse_parser_new(SSE_DEFAULT_MAX_EVENT, ex_on_event, ex);
+    sse_parser_init(&ex->at.sse, SSE_DEFAULT_MAX_EVENT, ex_on_event, ex);
     if (cont && ex->think_inline && ex->cl.sent[LG_CH_CONTENT].len == 0)
         ex->at.think = think_new(true);
     ex->at.tokens = ex->at.tokens_after_trip = 0;
@@ -931,6 +931,8 @@ _Static_assert(offsetof(exchange, cl) % 64 == 0 &&
                    offsetof(ex_client, sent) + 2 * sizeof(lg_buf) <= 128,
                "the client side's per-token fields");
 _Static_assert(offsetof(ex_attempt, head) + sizeof(int) <= 64, "the attempt's first line");
+_Static_assert(offsetof(sse_parser, has_id) + sizeof(bool) <= 64, "the parser's first line");
+_Static_assert(sizeof(chan) == 128 && offsetof(chan, run.last) == 64, "a channel's first line");
 
 lg_req *exchange_new(lg_worker *w, struct MHD_Connection *conn, const lg_api *api)
 {

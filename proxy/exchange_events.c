@@ -296,7 +296,7 @@ size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
     if (left > len && !lg_fifo_len(&ex->cl.out) && ex->req.client_stream)
         lg_buf_reserve(&ex->cl.out.b, left);
     ex->cl.may_lend = left == len; /* the data dies with the read: see ex_out_raw */
-    int rc = sse_parser_feed(ex->at.sse, data, len);
+    int rc = sse_parser_feed(&ex->at.sse, data, len);
     ex->cl.may_lend = false;
     ex_out_settle(ex);
     if (rc == SSE_ERR_TOO_BIG) {
@@ -307,7 +307,7 @@ size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
     if (ex->at.trip_pending) {
         /* Events already in this read that the guard never needed. */
         size_t pend = 0;
-        const char *raw = sse_parser_pending_raw(ex->at.sse, &pend);
+        const char *raw = sse_parser_pending_raw(&ex->at.sse, &pend);
         for (const char *p = raw; p && (p = memmem(p, pend - (size_t)(p - raw), "data:", 5));
              p += 5)
             ex->at.tokens_after_trip++;

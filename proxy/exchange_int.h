@@ -71,8 +71,8 @@ typedef enum { PHASE_BODY, PHASE_RUNNING, PHASE_DONE } ex_phase;
  * is freed and zeroed in one place, exchange.c's attempt_reset. */
 typedef struct ex_attempt {
     /* What each event reads (exchange's layout): the first 64 bytes, head.status included,
-     * then the channels, each on lines of its own. */
-    sse_parser *sse;
+     * the parser's first line, then the first line of each channel the event feeds (and
+     * of those fed before: `fed`), each channel on lines of its own. */
     think_split *think;
     uint64_t tokens;
     uint64_t last_event_ns;
@@ -93,15 +93,18 @@ typedef struct ex_attempt {
     bool think_hindsight; /* whole response: reasoning until proven otherwise */
     bool think_explicit;  /* the content opened with <think> itself */
     http_head head;
+    /* The upstream's event stream: its first line is all a one-event read touches. */
+    _Alignas(64) sse_parser sse;
     _Alignas(64) chan ch[LG_CH_COUNT];
+    /* What a tick reads of a running attempt past its first line (ex_tick), on one line. */
     CURL *easy;
+    /* rids of a batch's cut samples, each NUL-terminated, to abort at the next tick:
+     * libcurl takes no new transfer inside the callback that found the loop */
+    lg_buf aborts;
     size_t rbuf; /* the transfer's read buffer (upread_take), handed back when it stops */
     struct curl_slist *headers;
     char *up_body;
     char rid[80]; /* SGLang's rid for this attempt ("" when the route takes none) */
-    /* rids of a batch's cut samples, each NUL-terminated, to abort at the next tick:
-     * libcurl takes no new transfer inside the callback that found the loop */
-    lg_buf aborts;
     lg_buf errbody;
     uint64_t tokens_after_trip;
     uint64_t start_ns;
@@ -162,9 +165,10 @@ typedef struct ex_record {
  * the fields an event reads and writes are packed on few lines of a 64-byte aligned
  * exchange (ex_new allocates it so): the request's first line (lg_req), then from the
  * third line the transfer (lg_xfer), the scalars below, the request's flags (req), the
- * client side's first 152 bytes (ex_client), and the attempt's first line and channels
- * (ex_attempt); everything else is after them or on the second line. A token of one
- * channel touches 11 of its 23 lines (it was 18; exchange.c checks the layout). */
+ * client side's first 152 bytes (ex_client), and the attempt's first line, its SSE
+ * parser's first line and its channels' first lines (ex_attempt); everything else is after
+ * them or on the second line. A token of one channel of up to 8 bytes touches 9 of its 26
+ * lines (it was 18 of 23, and 3-4 more of a parser apart; exchange.c checks the layout). */
 typedef struct exchange {
     lg_req base;
     const lg_model_rule *rule;

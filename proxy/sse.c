@@ -13,7 +13,9 @@
  * An event's first data line is borrowed, not copied: `one` points at its value in the
  * bytes being parsed, and is copied into `data` only when a second data line comes or the
  * feed ends before the event does (those bytes then move). The usual event, one data line,
- * thus reaches the callback with no copy of its data. */
+ * thus reaches the callback with no copy of its data. And the usual read, one such event
+ * while nothing is pending (`idle`, settled at the end of every other feed), is taken
+ * whole without the line loop, reading nothing of the parser past its first cache line. */
 #include "proxy/sse.h"
 
 #include <limits.h>
@@ -23,31 +25,11 @@
 #include "proxy/buf.h"
 #include "proxy/xalloc.h"
 
-/* 176 bytes, no holes: every field but crlf is read at each event, and at a decode pace
- * each line of it is a cache miss (exchange_int.h's layout note). */
-struct sse_parser {
-    size_t max;
-    sse_event_fn fn;
-    void *ud;
-    lg_buf in;
-    size_t start, pos, scan;
-    bool bom_checked; /* the leading BOM question is settled */
-    bool skip_lf;     /* the last line ended in a CR at the end of input: an LF next pairs */
-    bool dead;        /* SSE_ERR_TOO_BIG was returned */
-    bool crlf;        /* the last CR seen ended a CR LF pair (assumed before any CR) */
-    bool deferred;    /* a blank line's CR ends the input; waiting for a possible LF */
-    bool has_id;
-    lg_buf data, event, id;
-    const char *one; /* the pending event's only data line so far, borrowed (or NULL) */
-    size_t one_len;
-    long retry;
-};
-
 static const unsigned char bom[3] = {0xEF, 0xBB, 0xBF};
 
-sse_parser *sse_parser_new(size_t max_event_bytes, sse_event_fn fn, void *ud)
+void sse_parser_init(sse_parser *p, size_t max_event_bytes, sse_event_fn fn, void *ud)
 {
-    sse_parser *p = lg_xcalloc(1, sizeof(*p));
+    memset(p, 0, sizeof *p);
     p->max = max_event_bytes ? max_event_bytes : SSE_DEFAULT_MAX_EVENT;
     p->fn = fn;
     p->ud = ud;
@@ -55,16 +37,28 @@ sse_parser *sse_parser_new(size_t max_event_bytes, sse_event_fn fn, void *ud)
     p->crlf = true;
     /* The id field persists across events, so it must always read as a string. */
     lg_buf_append(&p->id, "", 0);
+}
+
+sse_parser *sse_parser_new(size_t max_event_bytes, sse_event_fn fn, void *ud)
+{
+    sse_parser *p = lg_xmalloc(sizeof(*p));
+    sse_parser_init(p, max_event_bytes, fn, ud);
     return p;
+}
+
+void sse_parser_clear(sse_parser *p)
+{
+    lg_buf_free(&p->in);
+    lg_buf_free(&p->data);
+    lg_buf_free(&p->event);
+    lg_buf_free(&p->id);
+    memset(p, 0, sizeof *p);
 }
 
 void sse_parser_free(sse_parser *p)
 {
     if (!p) return;
-    lg_buf_free(&p->in);
-    lg_buf_free(&p->data);
-    lg_buf_free(&p->event);
-    lg_buf_free(&p->id);
+    sse_parser_clear(p);
     free(p);
 }
 
@@ -253,21 +247,38 @@ static int scan_lines(sse_parser *p, const char *s, size_t n)
     return SSE_ERR_TOO_BIG;
 }
 
-/* The usual input between events, exactly one event of one LF-ended data line and its
+/* The usual input of an idle parser, exactly one event of one LF-ended data line and its
  * blank line ("data:…\n\n", no CR): dispatched as scan_lines would dispatch it, without
- * its line loop. False (nothing done) for anything else. */
-static bool one_event(sse_parser *p, const char *buf, size_t len, int *rc)
+ * its line loop and reading only the parser's first line (idle says the rest is as a
+ * dispatch leaves it, and stays so). False (nothing done) for anything else. */
+static bool one_event(const sse_parser *p, const char *buf, size_t len, int *rc)
 {
-    if (len < 7 || len > p->max || p->skip_lf || buf[len - 1] != '\n' || buf[len - 2] != '\n' ||
+    if (len < 7 || len > p->max || buf[len - 1] != '\n' || buf[len - 2] != '\n' ||
         memcmp(buf, "data:", 5) != 0 || memchr(buf, '\n', len - 2) || memchr(buf, '\r', len - 2))
         return false;
     size_t at = buf[5] == ' ' ? 6 : 5;
-    p->one = buf + at;
-    p->one_len = len - 2 - at;
-    p->deferred = false;
-    *rc = dispatch(p, buf, len);
-    p->start = p->pos = p->scan = 0;
+    sse_event ev = {
+        .data = buf + at,
+        .data_len = len - 2 - at,
+        .event = "",
+        .id = p->id.p,
+        .id_len = p->id.len,
+        .retry = -1,
+        .raw = buf,
+        .raw_len = len,
+    };
+    *rc = p->fn(p->ud, &ev);
     return true;
+}
+
+/* Between events with nothing pending: no bytes kept or being parsed, no field of a next
+ * event read yet, the stream's line endings and BOM settled so that the next byte starts
+ * an event's first line. */
+static bool is_idle(const sse_parser *p)
+{
+    return !p->dead && p->bom_checked && !p->skip_lf && !p->deferred && !p->in.p && !p->start &&
+           !p->pos && !p->scan && !p->one && !p->data.len && !p->event.len && !p->has_id &&
+           p->retry == -1;
 }
 
 int sse_parser_finish(sse_parser *p)
@@ -275,10 +286,24 @@ int sse_parser_finish(sse_parser *p)
     if (p->dead || !p->deferred) return 0;
     p->deferred = false;
     p->pos = p->scan = p->in.len;
+    p->idle = false;
     return dispatch(p, p->in.p, p->in.len);
 }
 
+static int feed(sse_parser *p, const char *buf, size_t len, bool tried);
+
 int sse_parser_feed(sse_parser *p, const char *buf, size_t len)
+{
+    int rc;
+    bool tried = p->idle;
+    if (tried && one_event(p, buf, len, &rc)) return rc;
+    rc = feed(p, buf, len, tried);
+    p->idle = is_idle(p);
+    return rc;
+}
+
+/* Any input (sse_parser_feed's contract); tried: one_event already said no to it. */
+static int feed(sse_parser *p, const char *buf, size_t len, bool tried)
 {
     if (p->dead) return SSE_ERR_TOO_BIG;
     if (p->start) { /* drop the bytes of events already dispatched */
@@ -294,7 +319,8 @@ int sse_parser_feed(sse_parser *p, const char *buf, size_t len)
         if (p->in.p) lg_buf_free(&p->in); /* what the last feed that kept bytes took */
         if (len == 0) return 0;
         int rc;
-        if (one_event(p, buf, len, &rc)) return rc;
+        /* the first read after kept bytes were consumed: idle only now */
+        if (!tried && is_idle(p) && one_event(p, buf, len, &rc)) return rc;
         rc = scan_lines(p, buf, len);
         keep_data(p);
         if (rc != SSE_ERR_TOO_BIG) {

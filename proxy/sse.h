@@ -30,6 +30,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "proxy/buf.h"
+
 /* Returned by sse_parser_feed when the pending event exceeds max_event_bytes. The parser
  * is then dead: every later feed returns it again. Callbacks that want to stop feeding
  * should return a positive value so the two cannot be confused. */
@@ -55,12 +57,43 @@ typedef struct sse_event {
 /* Called once per dispatched event. Nonzero stops feeding: sse_parser_feed returns it. */
 typedef int (*sse_event_fn)(void *ud, const sse_event *ev);
 
-typedef struct sse_parser sse_parser;
+/* The parser's state: its fields are sse.c's alone. It is declared here so that an owner
+ * can hold a parser inside its own state (sse_parser_init / sse_parser_clear), placed on
+ * whole cache lines: at a decode pace every line a token touches is a cache miss, and a
+ * read of one whole event (the usual read) touches only the first line (`idle`'s path),
+ * when the parser starts a 64-byte line. 176 bytes, no holes. */
+typedef struct sse_parser {
+    /* What an idle parser's one-event read touches. */
+    sse_event_fn fn;
+    void *ud;
+    size_t max;
+    lg_buf id;        /* the last event ID (persists across events) */
+    bool idle;        /* between events with nothing pending: all below is settled (sse.c) */
+    bool bom_checked; /* the leading BOM question is settled */
+    bool skip_lf;     /* the last line ended in a CR at the end of input: an LF next pairs */
+    bool dead;        /* SSE_ERR_TOO_BIG was returned */
+    bool crlf;        /* the last CR seen ended a CR LF pair (assumed before any CR) */
+    bool deferred;    /* a blank line's CR ends the input; waiting for a possible LF */
+    bool has_id;
+    /* The pending event and the bytes being parsed (sse.c's header note). */
+    lg_buf in;
+    size_t start, pos, scan;
+    lg_buf data, event;
+    const char *one; /* the pending event's only data line so far, borrowed (or NULL) */
+    size_t one_len;
+    long retry;
+} sse_parser;
 
 /* A new parser; max_event_bytes 0 means SSE_DEFAULT_MAX_EVENT. The limit counts the raw
  * bytes of one event (comments and empty blocks since the previous event included).
  * Never NULL (aborts on OOM). */
 sse_parser *sse_parser_new(size_t max_event_bytes, sse_event_fn fn, void *ud);
+/* The same in place, in memory the caller owns (sse_parser_clear releases what it holds).
+ * A zeroed parser that was never initialised may be given to sse_parser_finish (nothing
+ * is dispatched) and to sse_parser_clear. */
+void sse_parser_init(sse_parser *p, size_t max_event_bytes, sse_event_fn fn, void *ud);
+/* Frees what an initialised parser holds and zeroes it. */
+void sse_parser_clear(sse_parser *p);
 
 /* Parses len more bytes, calling fn for each complete event. Returns 0 when all input was
  * consumed, the callback's nonzero value when it stopped (the bytes after that event stay

@@ -314,6 +314,40 @@ static void test_in_place_path(void **state)
     collect_free(&c);
 }
 
+/* A read of one whole event while nothing is pending takes a path of its own (sse.c's
+ * one_event): the persisted id and every field's default must reach it whatever came
+ * before — fields, a comment kept for the next raw, CR LF lines, an event name. */
+static void test_one_event_reads(void **state)
+{
+    (void)state;
+    static const char *const reads[] = {
+        "id: 7\nretry: 5\ndata: a\n\n",
+        "data: b\n\n",
+        ": c\n",
+        "data: d\n\n",
+        "data: e\n\n",
+        "data: f\r\n\r\n",
+        "data: g\n\n",
+        "event: x\n",
+        "data: h\n\n",
+        "data:i\n\n",
+    };
+    collect c = {0};
+    lg_buf all = LG_BUF_INIT;
+    sse_parser *p = sse_parser_new(0, on_event, &c);
+    for (size_t i = 0; i < sizeof reads / sizeof *reads; i++) {
+        assert_int_equal(sse_parser_feed(p, reads[i], strlen(reads[i])), 0);
+        lg_buf_append_str(&all, reads[i]);
+    }
+    assert_int_equal(sse_parser_pending(p), 0);
+    assert_string_equal(c.log.p, "|7|1|5|a\n|7|0|-1|b\n|7|0|-1|d\n|7|0|-1|e\n|7|0|-1|f\n"
+                                 "|7|0|-1|g\nx|7|0|-1|h\n|7|0|-1|i\n");
+    assert_string_equal(c.raws.p, all.p);
+    sse_parser_free(p);
+    lg_buf_free(&all);
+    collect_free(&c);
+}
+
 /* Data may contain NUL bytes; data_len counts them. */
 static void test_nul_in_data(void **state)
 {
@@ -341,6 +375,7 @@ int main(void)
         cmocka_unit_test(test_limit),
         cmocka_unit_test(test_callback_stop),
         cmocka_unit_test(test_in_place_path),
+        cmocka_unit_test(test_one_event_reads),
         cmocka_unit_test(test_nul_in_data),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
