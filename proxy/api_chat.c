@@ -29,22 +29,18 @@ typedef struct rebuilt {
     lg_buf out;    /* the chunk being written */
 } rebuilt;
 
-/* The module's per-exchange state, 64-byte aligned (chat_parse): what a token reads of it,
- * `as` and the scanner's first fields, is one cache line (exchange_int.h's layout note). */
+/* The module's per-exchange state. */
 typedef struct chat_state {
-    _Alignas(64) lg_assembler *as; /* whole responses */
-    chunkscan_state scan;          /* the fast path's buffers and the stream's chunk frame (what a
-                             token reads comes first) */
+    lg_assembler *as;     /* whole responses */
+    chunkscan_state scan; /* the fast path's buffers and the stream's chunk frame (what a
+                             token reads comes first: exchange_int.h's layout note) */
     /* The client stream's identity, from the first attempt's chunks. */
     char *c_id, *c_model;
     long long c_created;
     lg_buf done_raw;  /* the upstream's own [DONE] event */
     int inline_state; /* LG_REASONING_INLINE output: 0 nothing, 1 <think> open, 2 closed */
     rebuilt rb;
-    void *block; /* the allocation the state was placed in (chat_parse) */
 } chat_state;
-
-_Static_assert(offsetof(chat_state, scan.in_frame) < 64, "a token's fields on the first line");
 
 static chat_state *CS(const exchange *ex)
 {
@@ -364,11 +360,7 @@ static int chat_on_event(exchange *ex, const sse_event *ev)
 static int chat_parse(exchange *ex, const char *body, size_t len, rw_error *err)
 {
     if (rw_parse(body, len, ex->api == &api_chat, &ex->req, err) != 0) return -1;
-    /* Aligned inside a block the worker's xalloc cache serves, as exchange_new places the
-     * exchange. */
-    char *block = lg_xcalloc(1, sizeof(chat_state) + _Alignof(chat_state) - 1);
-    chat_state *cs = (chat_state *)(block + (-(uintptr_t)block & (_Alignof(chat_state) - 1)));
-    cs->block = block;
+    chat_state *cs = lg_xcalloc(1, sizeof *cs);
     ex->api_state = cs;
     if (!ex->req.client_stream) cs->as = asm_new(ex->req.chat);
     return 0;
@@ -468,7 +460,7 @@ static void chat_destroy(exchange *ex)
     chunkscan_free(&cs->scan);
     lg_buf_free(&cs->rb.around);
     lg_buf_free(&cs->rb.out);
-    lg_xfree(cs->block);
+    lg_xfree(cs);
     ex->api_state = NULL;
 }
 
