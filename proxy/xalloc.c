@@ -97,7 +97,7 @@ static void *cache_take(size_t size)
 {
     if (!xa.on || size > LG_XALLOC_CACHE_MAX) return NULL;
     size_t k = class_of_request(size);
-    memcpy(&xa.asked[k], &(const bool[2]){true, true}, 2); /* it looks in k and k + 1 */
+    xa.asked[k] = xa.asked[k + 1] = true; /* it looks in k and k + 1 */
     xa.takes++;
     if (!xa.head[k] && !xa.head[++k]) return NULL;
     return class_pop(k);
