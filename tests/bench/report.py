@@ -15,6 +15,9 @@ table (the one README quotes) and writes bench.json:
   ttft_added_us       p99 TTFT minus direct's at the smallest paced load (ttft_added_p50_us too);
                       under "paced" also its two legs, split at the upstream's stamp of the
                       first token (ttft_up_added_p99_us, first_token_added_p99_us)
+                      (a paced load run in several passes, as the smallest is in a full run,
+                      gives each figure as the median of its passes', each pass against
+                      direct's in the same pass; "passes" lists them)
   rss_kib_per_stream  (VmRSS at the largest paced load - idle VmRSS) / streams
   cpu_us_per_paced_event, syscalls_per_paced_event
                       the target's CPU µs and system calls (perf's count over the measured
@@ -114,7 +117,8 @@ def busy_processes(path):
 
 
 def load_results(path):
-    """({target: {scenario: record}}, {target: errors over every run, repeats included})."""
+    """({target: {scenario: record}}, {target: errors over every run, repeats included}).
+    A paced scenario that ran in several passes keeps them all, in order, as a list."""
     runs, errors = {}, {}
     with open(path) as f:
         for line in f:
@@ -125,6 +129,9 @@ def load_results(path):
                 errors[target] = errors.get(target, 0) + rec.get("errors", 0)
                 scens = runs.setdefault(target, {})
                 old = scens.get(scen)
+                if scen.startswith("paced"):
+                    scens[scen] = (old or []) + [rec]
+                    continue
                 # Saturation runs repeat; the best pass is the target's capacity.
                 if old is not None:
                     rec["passes"] = old.get("passes", [round(old["events_per_s"])]) + [
@@ -199,6 +206,52 @@ def diff(rec, base, key):
     return rec[key] - base[key]
 
 
+def paced_figures(n, r, base):
+    """The figures of one paced pass: r the target's run, base direct's in the same pass."""
+    return {
+        "streams": n,
+        "events_per_s": round(r["events_per_s"]),
+        "lat_p50_us": r["lat_p50_us"], "lat_p99_us": r["lat_p99_us"],
+        "ttft_p50_us": r["ttft_p50_us"], "ttft_p99_us": r["ttft_p99_us"],
+        "p50_added_us": diff(r, base, "lat_p50_us"),
+        "p99_added_us": diff(r, base, "lat_p99_us"),
+        "ttft_added_p50_us": diff(r, base, "ttft_p50_us"),
+        "ttft_added_us": diff(r, base, "ttft_p99_us"),
+        # TTFT in two legs, split at the upstream's stamp of the first token: the
+        # request's way to the upstream (with its pace) and the first token's way back.
+        "ttft_up_added_p99_us": diff(r, base, "ttft_up_p99_us"),
+        "first_token_added_p99_us": diff(r, base, "first_lat_p99_us"),
+        "rss_kib": r["target_rss_kib"],
+        "cpu_us_per_event": per_event(r, "target_cpu_s", 1e6),
+        "syscalls_per_event": per_event(r, "target_syscalls"),
+        "errors": r["errors"],
+        # Below 1 the target did not keep up with the offered pace; the fake then
+        # stalls on back-pressure, so its latency figures understate the delay.
+        "delivered_vs_direct": (round(r["events_per_s"] / base["events_per_s"], 3)
+                                if base and base["events_per_s"] else None),
+        "runq_wait_share": runq_share(r),
+    }
+
+
+def median_figures(passes):
+    """One paced load's figures over its passes: each number the median of the passes' (the
+    middle one of three, the mean of the two middle ones of an even count), so that one
+    pass disturbed by other work on the machine moves no figure; "passes" lists each pass's
+    CPU per event, added p99 and added TTFT p99."""
+    out = dict(passes[0])
+    if len(passes) > 1:
+        for k, v in out.items():
+            vals = sorted(p[k] for p in passes if isinstance(p.get(k), (int, float)))
+            if isinstance(v, (int, float)) and vals:
+                m = len(vals) // 2
+                mid = vals[m] if len(vals) % 2 else (vals[m - 1] + vals[m]) / 2
+                out[k] = round(mid, 3) if isinstance(mid, float) else mid
+        out["errors"] = sum(p["errors"] for p in passes)
+        out["passes"] = [{k: p.get(k) for k in ("cpu_us_per_event", "p99_added_us",
+                                                 "ttft_added_us")} for p in passes]
+    return out
+
+
 def figures(runs, errors):
     direct = runs.get("direct", {})
     d_paced = by_prefix(direct, "paced")
@@ -219,31 +272,11 @@ def figures(runs, errors):
                                       "errors": r["errors"]}
                              for n, r in sorted(sat.items())}
         pac = {}
-        for n, r in sorted(paced.items()):
-            base = d_paced.get(n)
-            pac[str(n)] = {
-                "streams": n,
-                "events_per_s": round(r["events_per_s"]),
-                "lat_p50_us": r["lat_p50_us"], "lat_p99_us": r["lat_p99_us"],
-                "ttft_p50_us": r["ttft_p50_us"], "ttft_p99_us": r["ttft_p99_us"],
-                "p50_added_us": diff(r, base, "lat_p50_us"),
-                "p99_added_us": diff(r, base, "lat_p99_us"),
-                "ttft_added_p50_us": diff(r, base, "ttft_p50_us"),
-                "ttft_added_us": diff(r, base, "ttft_p99_us"),
-                # TTFT in two legs, split at the upstream's stamp of the first token: the
-                # request's way to the upstream (with its pace) and the first token's way back.
-                "ttft_up_added_p99_us": diff(r, base, "ttft_up_p99_us"),
-                "first_token_added_p99_us": diff(r, base, "first_lat_p99_us"),
-                "rss_kib": r["target_rss_kib"],
-                "cpu_us_per_event": per_event(r, "target_cpu_s", 1e6),
-                "syscalls_per_event": per_event(r, "target_syscalls"),
-                "errors": r["errors"],
-                # Below 1 the target did not keep up with the offered pace; the fake then
-                # stalls on back-pressure, so its latency figures understate the delay.
-                "delivered_vs_direct": (round(r["events_per_s"] / base["events_per_s"], 3)
-                                        if base and base["events_per_s"] else None),
-                "runq_wait_share": runq_share(r),
-            }
+        for n, recs in sorted(paced.items()):
+            bases = d_paced.get(n) or []
+            passes = [paced_figures(n, r, bases[i] if i < len(bases) else None)
+                      for i, r in enumerate(recs)]
+            pac[str(n)] = median_figures(passes)
         fig["paced"] = pac
         lo = pac[str(min(paced))] if paced else {}
         for k in ("p50_added_us", "p99_added_us", "ttft_added_us", "ttft_added_p50_us"):
@@ -264,12 +297,13 @@ def figures(runs, errors):
         if paced and idle is not None:
             hi = max(paced)
             fig["idle_rss_kib"] = idle
-            fig["rss_kib_per_stream"] = round((paced[hi]["target_rss_kib"] - idle) / hi, 2)
+            fig["rss_kib_per_stream"] = round((pac[str(hi)]["rss_kib"] - idle) / hi, 2)
             fig["rss_streams"] = hi
         else:
             fig["rss_kib_per_stream"] = None
         fig["errors"] = errors.get(target, 0)
-        fig["others_cpu_share"] = others_share([r for n, r in scens.items() if n != "idle"])
+        fig["others_cpu_share"] = others_share([r for n, v in scens.items() if n != "idle"
+                                                for r in (v if isinstance(v, list) else [v])])
         out[target] = fig
     ng = out.get("nginx")
     for target, fig in out.items():
@@ -409,6 +443,11 @@ def table(figs, ratios, loop, mach):
                  "upstream and the load generator took during that target's runs. \"Waiting for CPU\" is "
                  "the share of the time the target's threads were runnable but queued for a "
                  "core (schedstat): when it is high, the added latency is the machine's queue.")
+    n_pass = max((len(f["paced"].get(str(lo), {}).get("passes") or [1]) for f in figs.values()),
+                 default=1) if lo else 1
+    if n_pass > 1:
+        lines[-1] += (f" Every figure @{lo} paced is the median of {n_pass} passes, run in turn "
+                      "over the targets.")
     lines += cost_table(figs, lo)
     idle = mach.get("cpu_idle_pct_start")
     if idle is not None and idle < 90:
