@@ -14,7 +14,7 @@ import { test, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import http from 'node:http';
-import { startLoopguard, request, sse, assembleDeltas, sleep, cleanup, waitFor, DEADLINE as T } from './lib.mjs';
+import { startFake, startLoopguard, request, sse, assembleDeltas, normIds, sleep, cleanup, waitFor, DEADLINE as T } from './lib.mjs';
 
 // ---- answers --------------------------------------------------------------------------
 
@@ -471,6 +471,66 @@ describe('how an answer is framed', () => {
             );
         });
     }
+
+    // Every guarded route, against the C fake's own dialects: a front passes each request on
+    // to the fake and sends its answer back framed otherwise (read whole, then by
+    // Content-Length split at every byte, or delimited by the close). The client must get
+    // what it gets when the fake's chunked answer comes straight.
+    test('every route, stream and whole: an answer framed by Content-Length (split) or by the close is the chunked one', T, async () => {
+        const fake = await startFake({ kind: 'sglang' });
+        const CLEAN = { responses: [{ reasoning: ['Some thought. ', 'More thought.'], content: ['The answer ', 'is forty ', 'two.'] }] };
+        let framing;
+        const front = await startWire(async (c, req) => {
+            const r = await request(fake.url + req.path, { method: 'POST', headers: Object.fromEntries(req.headers.filter(([k]) => !/^(host|content-length)$/i.test(k))), body: req.body });
+            const head = `HTTP/1.1 ${r.status} X\r\nContent-Type: ${r.headers['content-type']}\r\n`;
+            const body = r.body.toString('latin1');
+            if (framing === 'close') {
+                await writeSplit(c, `${head}Connection: close\r\n\r\n${body}`);
+                return void c.end();
+            }
+            await writeSplit(c, `${head}Content-Length: ${r.body.length}\r\n\r\n${body}`);
+        });
+        const ROUTES = [
+            ['/v1/chat/completions', (stream) => ({ model: 'm', messages: MSG('route'), stream })],
+            ['/v1/completions', (stream) => ({ model: 'm', prompt: 'route', stream })],
+            ['/v1/messages', (stream) => ({ model: 'm', max_tokens: 100, messages: MSG('route'), stream })],
+            ['/v1/responses', (stream) => ({ model: 'm', input: 'route', stream })],
+            ['/generate', (stream) => ({ text: 'route', sampling_params: { max_new_tokens: 100 }, stream })],
+        ];
+        // Ids, clocks and the fake's latency figures differ from one request to the next.
+        const norm = (t) =>
+            normIds(t)
+                .replace(/"(created_at|completed_at|e2e_latency|rid|request_id)":("[^"]*"|[0-9.e-]+)/g, '"$1":0')
+                .replace(/"(msg|resp|rs|chatcmpl|call|toolu)_[0-9a-zA-Z-]+"/g, '"ID"');
+        const direct = await startLoopguard({ upstream: fake.url, kind: 'sglang' });
+        const lg = await startLoopguard({ upstream: `http://127.0.0.1:${front.server.address().port}`, kind: 'sglang', config: { workers: 1 } });
+        try {
+            await fake.setScenario(CLEAN);
+            for (const [route, body] of ROUTES) {
+                for (const stream of [true, false]) {
+                    const want = await request(direct.url + route, { method: 'POST', body: body(stream) });
+                    assert.equal(want.status, 200, `${route}: ${want.text.slice(0, 200)}`);
+                    assert.match(want.text, /forty/, `${route}: the answer`);
+                    for (framing of ['length', 'close']) {
+                        const got = await request(lg.url + route, { method: 'POST', body: body(stream) });
+                        assert.equal(got.status, 200, `${route} ${framing}: ${got.text.slice(0, 200)}`);
+                        assert.equal(norm(got.text), norm(want.text), `${route}, ${stream ? 'stream' : 'whole'}, framed by ${framing}`);
+                    }
+                }
+            }
+            assert.equal(front.posts().length, ROUTES.length * 4, 'every request went through the front');
+        } finally {
+            await cleanup(
+                () => lg.stop(),
+                () => direct.stop(),
+                () => fake.stop(),
+                () => {
+                    for (const s of front.sockets) s.destroy();
+                    return new Promise((r) => front.server.close(r));
+                }
+            );
+        }
+    });
 
     test('204 is passed on without a body; 200 with Content-Length 0 is a truncated answer; the next request is clean', T, async () => {
         await withWire(
