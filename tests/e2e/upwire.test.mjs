@@ -14,7 +14,7 @@ import { test, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import http from 'node:http';
-import { startFake, startLoopguard, request, sse, assembleDeltas, normIds, sleep, cleanup, waitFor, DEADLINE as T } from './lib.mjs';
+import { startFake, startLoopguard, startRawUpstream, request, sse, assembleDeltas, normIds, sleep, cleanup, waitFor, DEADLINE as T } from './lib.mjs';
 
 // ---- answers --------------------------------------------------------------------------
 
@@ -51,65 +51,15 @@ async function writeSplit(c, s) {
 
 // ---- the raw upstream -----------------------------------------------------------------
 
-// A TCP server that parses each request strictly enough to notice a malformed one, records
-// it and hands the POSTs to respond(c, req, n) (n counts POSTs from 0); anything else (the
-// start-up health check) gets a small JSON 200. A record: {conn, n, line, method, path,
-// head (raw, latin1), lines (header lines), headers [[name, value]], body (Buffer), junk
-// (bytes before the request line that are not one), te (a Transfer-Encoding was sent)}.
-// `conns(n)`: the connections that carried POSTs.
-function startWire(respond) {
-    const up = { reqs: [], sockets: new Set(), seq: 0 };
-    up.posts = () => up.reqs.filter((r) => r.method === 'POST');
-    up.conns = () => new Set(up.posts().map((r) => r.conn)).size;
-    up.server = net.createServer((c) => {
-        const conn = up.seq++;
-        up.sockets.add(c);
-        c.on('close', () => up.sockets.delete(c));
-        c.on('error', () => {});
-        let buf = Buffer.alloc(0);
-        c.on('data', (d) => {
-            buf = Buffer.concat([buf, d]);
-            for (;;) {
-                const end = buf.indexOf('\r\n\r\n');
-                if (end < 0) return;
-                const head = buf.subarray(0, end).toString('latin1');
-                const [line, ...lines] = head.split('\r\n');
-                const headers = lines.map((l) => {
-                    const i = l.indexOf(':');
-                    return i < 0 ? [l, undefined] : [l.slice(0, i), l.slice(i + 1).trim()];
-                });
-                const te = headers.some(([k]) => /^transfer-encoding$/i.test(k));
-                const len = Number(headers.find(([k]) => /^content-length$/i.test(k))?.[1] ?? 0);
-                if (buf.length < end + 4 + len) return;
-                const body = buf.subarray(end + 4, end + 4 + len);
-                buf = buf.subarray(end + 4 + len);
-                const m = /^([A-Z]+) (\S+) HTTP\/1\.1$/.exec(line);
-                const req = { conn, line, method: m?.[1], path: m?.[2], head, lines, headers, body, te, junk: !m };
-                up.reqs.push(req);
-                if (req.method === 'POST') respond(c, req, up.posts().length - 1);
-                else c.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}');
-            }
-        });
-    });
-    return new Promise((r) => up.server.listen(0, '127.0.0.1', () => r(up)));
-}
-
 // One loopguard (one worker, so every request shares one pool) in front of one raw upstream
-// per case. `prefix`: a path the upstream URL carries.
+// (lib.mjs, startRawUpstream) per case. `prefix`: a path the upstream URL carries.
 async function withWire(respond, fn, { config = {}, prefix = '' } = {}) {
-    const up = await startWire(respond);
-    up.port = up.server.address().port;
-    const lg = await startLoopguard({ upstream: `http://127.0.0.1:${up.port}${prefix}`, kind: 'vllm', config: { workers: 1, ...config } });
+    const up = await startRawUpstream(respond);
+    const lg = await startLoopguard({ upstream: up.url + prefix, kind: 'vllm', config: { workers: 1, ...config } });
     try {
         await fn(lg, up);
     } finally {
-        await cleanup(
-            () => lg.stop(),
-            () => {
-                for (const s of up.sockets) s.destroy();
-                return new Promise((r) => up.server.close(r));
-            }
-        );
+        await cleanup(() => lg.stop(), () => up.stop());
     }
 }
 
@@ -309,6 +259,39 @@ describe('the request loopguard sends upstream', () => {
             { config: { max_body_bytes: 16 << 20 } }
         );
     });
+    // An upstream may answer before it has read the request (a 413 for a body too big) and
+    // close: the answer is taken, not a failed send, and nothing is left for the next request.
+    test('an answer written before the request is read, then the close: passed on as it came; the next request clean', T, async () => {
+        const big = 'y'.repeat(8 << 20); // more than the two sockets' buffers hold
+        await withWire(
+            (c) => c.write(byLength(sseOf(B))),
+            async (lg, up) => {
+                // The raw upstream answers whole requests; this listener answers a big one at
+                // its head.
+                up.server.prependListener('connection', (c) => {
+                    let seen = '';
+                    const early = (d) => {
+                        const big = /content-length: *\d{7}\r\n/i.test(seen + d.toString('latin1', 0, 4096));
+                        seen = d.toString('latin1', Math.max(0, d.length - 64));
+                        if (!big) return;
+                        c.removeListener('data', early);
+                        c.pause();
+                        c.write('HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\nContent-Length: 27\r\nConnection: close\r\n\r\n{"error":{"message":"big"}}');
+                        setTimeout(() => c.destroy(), 300);
+                    };
+                    c.on('data', early);
+                });
+                for (const s of up.sockets) s.destroy(); // the health check's: the big request opens its own
+                for (const stream of [true, false]) {
+                    const r = await ask(lg, stream, { content: big, timeout: 30000 });
+                    assert.equal(r.status, 413, r.text.slice(0, 200));
+                    assert.equal(r.text, '{"error":{"message":"big"}}');
+                    assertAnswer(await ask(lg, stream), stream, B, 'after');
+                }
+            },
+            { config: { max_body_bytes: 32 << 20 } }
+        );
+    });
 });
 
 // ---- 2. pooled connections ------------------------------------------------------------
@@ -480,7 +463,7 @@ describe('how an answer is framed', () => {
         const fake = await startFake({ kind: 'sglang' });
         const CLEAN = { responses: [{ reasoning: ['Some thought. ', 'More thought.'], content: ['The answer ', 'is forty ', 'two.'] }] };
         let framing;
-        const front = await startWire(async (c, req) => {
+        const front = await startRawUpstream(async (c, req) => {
             const r = await request(fake.url + req.path, { method: 'POST', headers: Object.fromEntries(req.headers.filter(([k]) => !/^(host|content-length)$/i.test(k))), body: req.body });
             const head = `HTTP/1.1 ${r.status} X\r\nContent-Type: ${r.headers['content-type']}\r\n`;
             const body = r.body.toString('latin1');
@@ -503,7 +486,7 @@ describe('how an answer is framed', () => {
                 .replace(/"(created_at|completed_at|e2e_latency|rid|request_id)":("[^"]*"|[0-9.e-]+)/g, '"$1":0')
                 .replace(/"(msg|resp|rs|chatcmpl|call|toolu)_[0-9a-zA-Z-]+"/g, '"ID"');
         const direct = await startLoopguard({ upstream: fake.url, kind: 'sglang' });
-        const lg = await startLoopguard({ upstream: `http://127.0.0.1:${front.server.address().port}`, kind: 'sglang', config: { workers: 1 } });
+        const lg = await startLoopguard({ upstream: front.url, kind: 'sglang', config: { workers: 1 } });
         try {
             await fake.setScenario(CLEAN);
             for (const [route, body] of ROUTES) {
@@ -524,12 +507,47 @@ describe('how an answer is framed', () => {
                 () => lg.stop(),
                 () => direct.stop(),
                 () => fake.stop(),
-                () => {
-                    for (const s of front.sockets) s.destroy();
-                    return new Promise((r) => front.server.close(r));
-                }
+                () => front.stop()
             );
         }
+    });
+
+    // Heads a strict parser might refuse but HTTP/1.1 allows (RFC 9112 §4, §5): no reason
+    // phrase or an empty one, no space or tabs around a field value, names in any case, an
+    // empty value, leading zeros in Content-Length, interim 100 and 103 heads first; and an
+    // HTTP/1.0 head that asks to keep the connection (libcurl 7.88 keeps it, and writes its
+    // next requests on it as HTTP/1.0). Each answer is complete; the HTTP/1.1 ones leave the
+    // connection to the next request.
+    const VALID = {
+        'no reason phrase': (b) => byLength(b).replace('200 OK', '200'),
+        'an empty reason phrase': (b) => byLength(b).replace('200 OK', '200 '),
+        'no space after the colon, tabs, any case, an empty value': (b) =>
+            `HTTP/1.1 200 OK\r\ncontent-TYPE:text/event-stream\r\nCONTENT-LENGTH:\t ${b.length} \t\r\nx-empty:\r\n\r\n${b}`,
+        'leading zeros in Content-Length': (b) => byLength(b).replace('Content-Length: ', 'Content-Length: 000'),
+        'interim 100 and 103 heads': (b) => `HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n${byLength(b)}`,
+    };
+    test('valid heads a strict parser might refuse: each answer complete, split or whole, the connection kept', T, async () => {
+        let wire, split;
+        await withWire(
+            (c, req, n) => (n % 2 ? c.write(byLength(sseOf(B))) : split ? writeSplit(c, wire(sseOf(A))) : c.write(wire(sseOf(A)))),
+            async (lg, up) => {
+                for ([split] of [[false], [true]]) {
+                    for (const [name, w] of Object.entries(VALID)) {
+                        wire = w;
+                        for (const stream of [true, false]) {
+                            assertAnswer(await ask(lg, stream), stream, A, name);
+                            assertAnswer(await ask(lg, stream), stream, B, `${name}: after`);
+                        }
+                    }
+                }
+                assert.equal(up.conns(), 1, 'one connection for all');
+                wire = (b) => byLength(b, 'Connection: keep-alive\r\n').replace('HTTP/1.1', 'HTTP/1.0');
+                for (const stream of [true, false]) {
+                    assertAnswer(await ask(lg, stream), stream, A, 'HTTP/1.0 keep-alive');
+                    assertAnswer(await ask(lg, stream), stream, B, 'HTTP/1.0 keep-alive: after');
+                }
+            }
+        );
     });
 
     test('204 is passed on without a body; 200 with Content-Length 0 is a truncated answer; the next request is clean', T, async () => {
@@ -784,6 +802,32 @@ describe('clients sharing pooled upstream connections', () => {
                     assert.equal(up.posts()[i].headers.find(([k]) => /x-forwarded-for/i.test(k))[1], `${who === 'A' ? '198.51.100.1' : '198.51.100.2'}, 127.0.0.1`);
                 }
                 assert.equal(up.conns(), 1, 'all on one pooled connection');
+            }
+        );
+    });
+
+    // A connection in use is never handed to another request (no pipelining on it): two
+    // streams at once take two connections; once both ended, the pool serves the next ones.
+    test('two streams at once take two connections; each answer its own; both connections reused after', T, async () => {
+        await withWire(
+            async (c, req) => {
+                const mark = JSON.parse(req.body.toString('utf8')).messages[0].content;
+                const wire = byChunks(sseOf([mark, ...Array.from({ length: 20 }, (_, i) => ` ${mark}-${i}`)]));
+                for (let at = 0; at < wire.length && !c.destroyed; at += 200) {
+                    c.write(wire.slice(at, at + 200));
+                    await sleep(5);
+                }
+            },
+            async (lg, up) => {
+                for (let round = 0; round < 2; round++) {
+                    const marks = [`P${round}`, `Q${round}`];
+                    const rs = await Promise.all(marks.map((m) => ask(lg, true, { content: m })));
+                    rs.forEach((r, i) => assertAnswer(r, true, [marks[i], ...Array.from({ length: 20 }, (_, k) => ` ${marks[i]}-${k}`)], marks[i]));
+                }
+                const posts = up.posts();
+                assert.notEqual(posts[0].conn, posts[1].conn, 'the second stream did not wait on the first one\'s connection');
+                assert.ok(!posts.some((p) => p.junk));
+                assert.equal(up.conns(), 2, 'the second round reused both');
             }
         );
     });
