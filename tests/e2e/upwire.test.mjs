@@ -301,8 +301,8 @@ describe('pooled upstream connections the upstream closes', () => {
     // Connection: close), closed a moment later, reset a moment later.
     const LEAVE = {
         'closed right after the response': (c) => c.destroy(),
-        'closed after a pause': (c) => setTimeout(() => c.end(), 100),
-        'reset after a pause': (c) => setTimeout(() => c.resetAndDestroy(), 100),
+        'closed after a pause': (c) => setTimeout(() => c.end(), 30),
+        'reset after a pause': (c) => setTimeout(() => c.resetAndDestroy(), 30),
     };
     for (const [name, leave] of Object.entries(LEAVE)) {
         test(`${name}: every request answered on a fresh connection, each once`, T, async () => {
@@ -310,7 +310,7 @@ describe('pooled upstream connections the upstream closes', () => {
                 (c, req, n) => c.write(byLength(sseOf(n % 2 ? B : A)), () => leave(c)),
                 async (lg, up) => {
                     for (let i = 0; i < 6; i++) {
-                        if (i) await sleep(150); // the close has come: the idle connection is dead
+                        if (i) await sleep(250); // the close has come: the idle connection is dead
                         assertAnswer(await ask(lg, i % 3 === 0), i % 3 === 0, i % 2 ? B : A, `request ${i}`);
                     }
                     assert.equal(up.posts().length, 6, 'no request sent twice to a live upstream');
@@ -372,17 +372,25 @@ describe('pooled upstream connections the upstream closes', () => {
     }
 
     test('an answer that comes after timeouts.first_byte_ms never reaches the next request; a half head times out too', T, async () => {
+        let lateWritten;
+        const late = new Promise((r) => (lateWritten = r));
         await withWire(
             (c, req, n) => {
-                // 0: answered too late; 1: a head begun, never ended; then honest answers.
-                if (n === 0) return void setTimeout(() => c.destroyed || c.write(byLength(SMUGGLED)), 700);
+                // 0: answered long after the timeout; 1: a head begun, never ended; then
+                // honest answers.
+                if (n === 0)
+                    return void setTimeout(() => {
+                        if (!c.destroyed) c.write(byLength(SMUGGLED));
+                        lateWritten();
+                    }, 1500);
                 if (n === 1) return void c.write(`HTTP/1.1 200 OK\r\n${TYPE}`);
                 c.write(byLength(sseOf(B)));
             },
             async (lg, up) => {
                 assertFailed(await ask(lg, true), true, { status: 504, code: 'upstream_timeout' });
                 assertFailed(await ask(lg, false), false, { status: 504, code: 'upstream_timeout' });
-                await sleep(400); // the late answer has been written by now
+                await late;
+                await sleep(50);
                 for (const stream of [true, false]) {
                     const r = await ask(lg, stream);
                     assert.doesNotMatch(r.text, /SMUGGLED/);
@@ -807,25 +815,26 @@ describe('clients sharing pooled upstream connections', () => {
     });
 
     // A connection in use is never handed to another request (no pipelining on it): two
-    // streams at once take two connections; once both ended, the pool serves the next ones.
+    // streams at once take two connections (the upstream answers neither before both came:
+    // a pool that waited for the busy connection would never send the second); once both
+    // ended, the pool serves the next two on the same two.
     test('two streams at once take two connections; each answer its own; both connections reused after', T, async () => {
+        const tokens = (mark) => [mark, ...Array.from({ length: 20 }, (_, i) => ` ${mark}-${i}`)];
+        const waiting = [];
         await withWire(
-            async (c, req) => {
-                const mark = JSON.parse(req.body.toString('utf8')).messages[0].content;
-                const wire = byChunks(sseOf([mark, ...Array.from({ length: 20 }, (_, i) => ` ${mark}-${i}`)]));
-                for (let at = 0; at < wire.length && !c.destroyed; at += 200) {
-                    c.write(wire.slice(at, at + 200));
-                    await sleep(5);
-                }
+            (c, req) => {
+                waiting.push([c, JSON.parse(req.body.toString('utf8')).messages[0].content]);
+                if (waiting.length < 2) return;
+                for (const [sock, mark] of waiting.splice(0)) writeSplit(sock, byChunks(sseOf(tokens(mark))));
             },
             async (lg, up) => {
                 for (let round = 0; round < 2; round++) {
                     const marks = [`P${round}`, `Q${round}`];
                     const rs = await Promise.all(marks.map((m) => ask(lg, true, { content: m })));
-                    rs.forEach((r, i) => assertAnswer(r, true, [marks[i], ...Array.from({ length: 20 }, (_, k) => ` ${marks[i]}-${k}`)], marks[i]));
+                    rs.forEach((r, i) => assertAnswer(r, true, tokens(marks[i]), marks[i]));
                 }
                 const posts = up.posts();
-                assert.notEqual(posts[0].conn, posts[1].conn, 'the second stream did not wait on the first one\'s connection');
+                assert.notEqual(posts[0].conn, posts[1].conn);
                 assert.ok(!posts.some((p) => p.junk));
                 assert.equal(up.conns(), 2, 'the second round reused both');
             }
