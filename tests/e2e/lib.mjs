@@ -29,6 +29,15 @@
 //   usePair({fake, lg}, set(fake, lg)) call inside describe(): registers before() that
 //       starts a fake (startFake(fake)) and a loopguard in front of it (startLoopguard(
 //       {upstream: fake.url, ...lg})), passes both to set(), and after() that stops both.
+//   startRawUpstream(respond) -> Promise<RawUpstream>  a TCP server on 127.0.0.1 for upstreams
+//       no HTTP library would play: it parses each request head (and its Content-Length body)
+//       and records it; respond(socket, req, n) answers the n-th POST (from 0) with whatever
+//       bytes it writes; anything else (loopguard's start-up health check) gets a small JSON
+//       200. req = {conn (the connection's index), line, method, path, head (raw, latin1),
+//       lines (the field lines), headers [[name, value]], body: Buffer, te (a
+//       Transfer-Encoding field was sent), junk (the head does not begin with an HTTP/1.0 or
+//       HTTP/1.1 request line)}. RawUpstream = {url, port, reqs, posts() -> the POST records,
+//       conns() -> how many connections carried POSTs, sockets, server, stop() -> Promise}
 //   deadPort() -> Promise<number>  a 127.0.0.1 port on which nothing listens.
 //   assertOpenAIError(resp, status) -> error object; asserts status, JSON content type and
 //       the {"error":{"message","type","code"}} shape.
@@ -539,6 +548,54 @@ export function usePair({ fake: fakeOpts = {}, lg: lgOpts = {} } = {}, set = () 
         await lg?.stop();
         await fake?.stop();
     });
+}
+
+export function startRawUpstream(respond) {
+    const up = { reqs: [], sockets: new Set() };
+    let seq = 0;
+    up.posts = () => up.reqs.filter((r) => r.method === 'POST');
+    up.conns = () => new Set(up.posts().map((r) => r.conn)).size;
+    up.server = net.createServer((c) => {
+        const conn = seq++;
+        up.sockets.add(c);
+        c.on('close', () => up.sockets.delete(c));
+        c.on('error', () => {});
+        let buf = Buffer.alloc(0);
+        c.on('data', (d) => {
+            buf = Buffer.concat([buf, d]);
+            for (;;) {
+                const end = buf.indexOf('\r\n\r\n');
+                if (end < 0) return;
+                const head = buf.subarray(0, end).toString('latin1');
+                const [line, ...lines] = head.split('\r\n');
+                const headers = lines.map((l) => {
+                    const i = l.indexOf(':');
+                    return i < 0 ? [l, undefined] : [l.slice(0, i), l.slice(i + 1).trim()];
+                });
+                const len = Number(headers.find(([k]) => /^content-length$/i.test(k))?.[1] ?? 0);
+                if (buf.length < end + 4 + len) return;
+                const body = buf.subarray(end + 4, end + 4 + len);
+                buf = buf.subarray(end + 4 + len);
+                const m = /^([A-Z]+) (\S+) HTTP\/1\.[01]$/.exec(line);
+                const te = headers.some(([k]) => /^transfer-encoding$/i.test(k));
+                const req = { conn, line, method: m?.[1], path: m?.[2], head, lines, headers, body, te, junk: !m };
+                up.reqs.push(req);
+                if (req.method === 'POST') respond(c, req, up.posts().length - 1);
+                else c.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}');
+            }
+        });
+    });
+    up.stop = () => {
+        for (const s of up.sockets) s.destroy();
+        return new Promise((r) => up.server.close(r));
+    };
+    return new Promise((r) =>
+        up.server.listen(0, '127.0.0.1', () => {
+            up.port = up.server.address().port;
+            up.url = `http://127.0.0.1:${up.port}`;
+            r(up);
+        })
+    );
 }
 
 export async function deadPort() {

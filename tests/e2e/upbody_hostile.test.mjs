@@ -6,9 +6,8 @@
 // response may reach another request).
 import { test, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import net from 'node:net';
 import http from 'node:http';
-import { startLoopguard, request, sse, assembleDeltas, sleep, cleanup, DEADLINE as T } from './lib.mjs';
+import { startLoopguard, startRawUpstream, request, sse, assembleDeltas, sleep, cleanup, DEADLINE as T } from './lib.mjs';
 
 const MSG = [{ role: 'user', content: 'hi' }];
 
@@ -19,51 +18,16 @@ const events = (tokens) => [...tokens.map((t) => ev(t)), ev(null, 'stop'), 'data
 const chunk = (s, size = (n) => n.toString(16), crlf = '\r\n') => `${size(Buffer.byteLength(s, 'latin1'))}${crlf}${s}${crlf}`;
 const HEAD = 'HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n';
 
-// A raw upstream: respond(sock, n, conn) is called for the n-th chat request (from 0) with the
-// index of the connection it came on; anything else gets a small JSON 200.
-function startRaw(respond) {
-    // conns: the connections that carried a chat request (a model probe's are not counted).
-    const up = { conns: 0, reqs: 0, sockets: new Set(), chat: new Set() };
-    let seq = 0;
-    up.server = net.createServer((c) => {
-        const conn = seq++;
-        up.sockets.add(c);
-        c.on('close', () => up.sockets.delete(c));
-        c.on('error', () => {});
-        let buf = Buffer.alloc(0);
-        c.on('data', (d) => {
-            buf = Buffer.concat([buf, d]);
-            for (;;) {
-                const end = buf.indexOf('\r\n\r\n');
-                if (end < 0) return;
-                const head = buf.subarray(0, end).toString('latin1');
-                const len = Number(/content-length:\s*(\d+)/i.exec(head)?.[1] ?? 0);
-                if (buf.length < end + 4 + len) return;
-                buf = buf.subarray(end + 4 + len);
-                if (head.startsWith('POST') && head.includes('/chat/completions')) {
-                    if (!up.chat.has(conn)) up.chat.add(conn), up.conns++;
-                    respond(c, up.reqs++, conn);
-                }
-                else c.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}');
-            }
-        });
-    });
-    return new Promise((r) => up.server.listen(0, '127.0.0.1', () => r(up)));
-}
-
+// A raw upstream (lib.mjs, startRawUpstream): respond(sock, n, conn) is called for the n-th
+// chat request (from 0) with the index of the connection it came on; up.conns() counts the
+// connections that carried one (a model probe's are not counted).
 async function withRaw(respond, fn) {
-    const up = await startRaw(respond);
-    const lg = await startLoopguard({ upstream: `http://127.0.0.1:${up.server.address().port}`, kind: 'vllm', config: { workers: 1 } });
+    const up = await startRawUpstream((c, req, n) => respond(c, n, req.conn));
+    const lg = await startLoopguard({ upstream: up.url, kind: 'vllm', config: { workers: 1 } });
     try {
         await fn(lg, up);
     } finally {
-        await cleanup(
-            () => lg.stop(),
-            () => {
-                for (const s of up.sockets) s.destroy();
-                return new Promise((r) => up.server.close(r));
-            }
-        );
+        await cleanup(() => lg.stop(), () => up.stop());
     }
 }
 
@@ -89,7 +53,7 @@ describe('the upstream body read outside libcurl, hostile and lenient upstreams'
                     assert.equal(s.content, (i % 2 ? B : A).join(''));
                     assert.ok(s.done);
                 }
-                assert.equal(up.conns, 1);
+                assert.equal(up.conns(), 1);
             }
         );
     });
@@ -123,7 +87,7 @@ describe('the upstream body read outside libcurl, hostile and lenient upstreams'
                     assert.equal(s.content, A.join(''));
                     assert.ok(s.done);
                 }
-                assert.equal(up.conns, 1);
+                assert.equal(up.conns(), 1);
             }
         );
     });
@@ -280,7 +244,7 @@ describe('the upstream body read outside libcurl, hostile and lenient upstreams'
                 await sleep(200);
                 const s = streamed((await ask(lg)).text);
                 assert.equal(s.content, B.join(''));
-                assert.equal(up.conns, 2, 'the half-read connection was not reused');
+                assert.equal(up.conns(), 2, 'the half-read connection was not reused');
                 assert.equal((await request(lg.url + '/loopguard/health')).status, 200);
             }
         );
@@ -309,7 +273,7 @@ describe('the upstream body read outside libcurl, hostile and lenient upstreams'
                     assert.equal(s.content, (i % 2 ? B : A).join(''));
                     assert.ok(s.done);
                 }
-                assert.equal(up.conns, 1);
+                assert.equal(up.conns(), 1);
             }
         );
     });
