@@ -1253,6 +1253,22 @@ static int on_curl_close(void *userp, curl_socket_t s)
     return close(s);
 }
 
+/* Registers upstream socket s (whose lg_worker.curl_fds state is st) for ev. False, said
+ * on stderr, when epoll refuses (ENOMEM, ENOSPC: fs.epoll.max_user_watches). */
+static bool watch_upstream(lg_worker *w, int s, uint8_t st, uint32_t ev)
+{
+    uint64_t data = ev_pack(TAG_CURL_SOCK, 0, s);
+    int op = st & (CFD_IN | CFD_OUT) ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    /* The fd may already be (ADD: EEXIST) or no longer be (MOD: ENOENT) in the set. */
+    if (ep_ctl(w, op, s, ev, data) == 0 ||
+        (errno == (op == EPOLL_CTL_ADD ? EEXIST : ENOENT) &&
+         ep_ctl(w, op == EPOLL_CTL_ADD ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, s, ev, data) == 0))
+        return true;
+    fprintf(stderr, "loopguard: worker %d: cannot watch an upstream socket: %s\n", w->id,
+            strerror(errno));
+    return false;
+}
+
 static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 {
     lg_worker *w = userp;
@@ -1284,17 +1300,9 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
         return 0;
     }
     uint32_t ev = (what & CURL_POLL_IN ? EPOLLIN : 0) | (what & CURL_POLL_OUT ? EPOLLOUT : 0);
-    uint64_t data = ev_pack(TAG_CURL_SOCK, 0, s);
-    int op = *st & (CFD_IN | CFD_OUT) ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
-    /* The fd may already be (ADD: EEXIST) or no longer be (MOD: ENOENT) in the set. */
-    if (ep_ctl(w, op, s, ev, data) != 0 &&
-        (errno != (op == EPOLL_CTL_ADD ? EEXIST : ENOENT) ||
-         ep_ctl(w, op == EPOLL_CTL_ADD ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, s, ev, data) != 0)) {
-        /* Not watched (ENOMEM, ENOSPC: fs.epoll.max_user_watches), the transfer would wait
-         * for its timeout: it fails now instead (fail_unwatched). Returning -1 would make
-         * libcurl fail every transfer of the worker. */
-        fprintf(stderr, "loopguard: worker %d: cannot watch an upstream socket: %s\n", w->id,
-                strerror(errno));
+    if (!watch_upstream(w, s, *st, ev)) {
+        /* The transfer would wait for its timeout: it fails now instead (fail_unwatched).
+         * Returning -1 would make libcurl fail every transfer of the worker. */
         if (easy) {
             w->unwatched = lg_xrealloc(w->unwatched, (w->n_unwatched + 1) * sizeof *w->unwatched);
             w->unwatched[w->n_unwatched++] = easy;
@@ -1986,19 +1994,12 @@ static void own_connected(lg_worker *w, lg_xfer *x, CURLcode rc)
         end_body(w, x, rc, err);
         return;
     }
-    uint8_t *st = &w->curl_fds[s];
-    uint64_t data = ev_pack(TAG_CURL_SOCK, 0, s);
-    int op = *st & (CFD_IN | CFD_OUT) ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
-    if (ep_ctl(w, op, s, EPOLLIN, data) != 0 &&
-        (errno != (op == EPOLL_CTL_ADD ? EEXIST : ENOENT) ||
-         ep_ctl(w, op == EPOLL_CTL_ADD ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, s, EPOLLIN, data) != 0)) {
-        fprintf(stderr, "loopguard: worker %d: cannot watch an upstream socket: %s\n", w->id,
-                strerror(errno));
+    if (!watch_upstream(w, s, w->curl_fds[s], EPOLLIN)) {
         own_close(w, s);
         end_body(w, x, CURLE_ABORTED_BY_CALLBACK, 0);
         return;
     }
-    *st = CFD_CONN | CFD_OWN | CFD_IN;
+    w->curl_fds[s] = CFD_CONN | CFD_OWN | CFD_IN;
     own_begin(w, x, s, false, true);
 }
 
