@@ -1421,10 +1421,11 @@ typedef struct lg_uconn {
     uint8_t url;      /* the target's lg_worker.urls entry */
     uint64_t left;    /* UPLINK_LENGTH: body bytes still to come */
     CURL *connect;    /* the connect-only transfer opening the connection, or NULL */
-    lg_buf req;       /* the request head */
+    lg_buf req;       /* the request head (freed once answered: no retry after that) */
     const char *body; /* the request body (the caller's, alive until worker_uplink_stop) */
     size_t body_len;
     size_t sent;                /* of the head and the body */
+    size_t total;               /* their length */
     uplink_resp resp;           /* the response's heads, then its trailers */
     lg_buf line;                /* a head's line cut by a read */
     curl_write_callback header; /* lg_uplink_req's */
@@ -1886,7 +1887,7 @@ static void own_done(lg_worker *w, lg_xfer *x, bool clean)
 {
     lg_xbody *b = &x->xb;
     const lg_uconn *c = b->own;
-    if (clean && c->reusable && c->sent == c->req.len + c->body_len && !b->held) {
+    if (clean && c->reusable && c->sent == c->total && !b->held) {
         idle_put(w, w->urls[c->url].idle, b->fd);
         b->linked = false;
     }
@@ -1922,7 +1923,7 @@ static bool own_send(lg_worker *w, lg_xfer *x)
 {
     lg_xbody *b = &x->xb;
     lg_uconn *c = b->own;
-    size_t head = c->req.len, total = head + c->body_len;
+    size_t head = c->req.len;
     struct iovec iov[2];
     int k = 0;
     if (c->sent < head) iov[k++] = (struct iovec){c->req.p + c->sent, head - c->sent};
@@ -1935,7 +1936,7 @@ static bool own_send(lg_worker *w, lg_xfer *x)
         return false;
     }
     if (n > 0) c->sent += (size_t)n;
-    own_watch(w, b, c->sent < total);
+    own_watch(w, b, c->sent < c->total);
     return true;
 }
 
@@ -2022,6 +2023,7 @@ static void own_head(lg_worker *w, lg_xfer *x, char *p, size_t n)
         return;
     }
     bool reusable;
+    lg_buf_free(&c->line); /* a stream keeps no buffer it no longer needs */
     c->frame = (uint8_t)uplink_framing(&c->resp, &reusable);
     c->reusable = reusable;
     c->left = c->resp.len;
@@ -2052,8 +2054,7 @@ static void own_event(lg_worker *w, lg_xfer *x, uint32_t events)
 {
     lg_xbody *b = &x->xb;
     lg_uconn *c = b->own;
-    if (c->sent < c->req.len + c->body_len && (!events || (events & EPOLLOUT)) && !own_send(w, x))
-        return;
+    if (c->sent < c->total && (!events || (events & EPOLLOUT)) && !own_send(w, x)) return;
     if (!(events & ~(uint32_t)EPOLLOUT)) return;
     if (b->phase == XB_BODY) {
         read_body(w, x);
@@ -2073,6 +2074,7 @@ static void own_event(lg_worker *w, lg_xfer *x, uint32_t events)
                  0);
     else {
         c->answered = true;
+        if (c->sent == c->total) lg_buf_free(&c->req); /* no retry after an answer */
         own_head(w, x, w->body_buf, (size_t)n);
     }
 }
@@ -2092,6 +2094,7 @@ bool worker_uplink_start(lg_worker *w, lg_xfer *x, const lg_uplink_req *rq)
                     .connected = rq->connected};
     x->xb = (lg_xbody){.own = c};
     uplink_request_head(&c->req, &w->urls[u].target, rq->headers, rq->body_len);
+    c->total = c->req.len + c->body_len;
     int fd = idle_take(w, w->urls[u].idle);
     if (fd >= 0)
         own_begin(w, x, fd, true, false);

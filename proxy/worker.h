@@ -362,7 +362,8 @@ void worker_guard_put(lg_worker *w, guard *g);
  * CURLOPT_URL): parsed once and kept by the worker for its lifetime, so that a transfer
  * skips libcurl's parse of the URL and the normalised copy it prints of it (about 12,000
  * instructions per transfer). NULL when `url` does not parse or the worker keeps
- * WORKER_URLS already: the transfer then gives libcurl the string alone. */
+ * WORKER_URLS already: the transfer then gives libcurl the string alone. The worker also
+ * keeps what worker_uplink_start needs of it (uplink_target_init). */
 CURLU *worker_upstream_url(lg_worker *w, const char *url);
 /* Adds/removes a libcurl easy handle on the worker's multi handle: worker_add_xfer gives
  * it the worker's own options first (its sockets, its proxy), which a kept handle from
@@ -376,7 +377,8 @@ void worker_remove_xfer(lg_worker *w, CURL *easy);
  * can (a plain-text HTTP/1.1 response on a connection the worker follows) and hands libcurl
  * only its end; otherwise, or without take_body, libcurl reads it. Returns whether the
  * worker took it: a pause of x->body is then undone by worker_body_resume, not by
- * curl_easy_pause. */
+ * curl_easy_pause. On the worker's own connection (worker_uplink_start) the worker reads
+ * every body: true, nothing done. */
 bool worker_head_complete(lg_worker *w, lg_xfer *x, CURL *easy, bool take_body);
 /* What an attempt on the worker's own connection sends, and the two callbacks libcurl's
  * options would name: the CURLOPT_HEADERFUNCTION, called with the lg_xfer's owner as
