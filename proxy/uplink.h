@@ -38,9 +38,11 @@
 #include "proxy/buf.h"
 #include "proxy/upbody.h"
 
-/* Idle connections a worker keeps per upstream origin (nginx's upstream `keepalive`):
- * enough for the bench's and a replica's usual concurrency per worker; more are closed. */
-#define UPLINK_IDLE_MAX 64
+/* Idle connections a worker keeps per upstream origin (nginx's upstream `keepalive`, which
+ * the bench sets to 8,192; libcurl kept up to four per transfer it had): a thousand streams'
+ * connections come back idle in a burst and are taken again by the next requests; more are
+ * closed. */
+#define UPLINK_IDLE_MAX 1024
 /* An idle connection is closed after this long unused (nginx's keepalive_timeout 60 s;
  * libcurl closed its pooled ones after 118 s). An upstream that closes it sooner is seen at
  * once (the worker watches idle connections), and a request that loses the race is retried

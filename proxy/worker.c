@@ -1814,6 +1814,11 @@ static void idle_put(lg_worker *w, uint8_t idle, int fd)
         own_close(w, fd);
         return;
     }
+    if (p->n == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 16;
+        p->fds = lg_xrealloc(p->fds, p->cap * sizeof *p->fds);
+        p->since = lg_xrealloc(p->since, p->cap * sizeof *p->since);
+    }
     w->up_xfers[fd] = NULL;
     p->fds[p->n] = fd;
     p->since[p->n++] = w->now_ns;
@@ -2613,6 +2618,8 @@ void worker_free(lg_worker *w)
         while (p->n)
             close(p->fds[--p->n]);
         free(p->origin);
+        lg_xfree(p->fds);
+        lg_xfree(p->since);
     }
     if (w->multi) curl_multi_cleanup(w->multi);
     if (w->epfd >= 0) close(w->epfd);

@@ -176,12 +176,12 @@ typedef struct lg_xfer {
 } lg_xfer;
 
 /* A worker's idle connections to one upstream origin (uplink.h), the last one put back on
- * top; since[i] is when fds[i] came back. */
+ * top; since[i] is when fds[i] came back. The arrays grow to UPLINK_IDLE_MAX at most. */
 typedef struct lg_idle {
     char *origin;
-    size_t n;
-    int fds[UPLINK_IDLE_MAX];
-    uint64_t since[UPLINK_IDLE_MAX];
+    size_t n, cap;
+    int *fds;
+    uint64_t *since;
 } lg_idle;
 
 /* One libmicrohttpd daemon of a worker. */
