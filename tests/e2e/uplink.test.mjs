@@ -15,8 +15,8 @@ const tokenEvent = (text, finish = null) =>
 const STREAM = [tokenEvent('one'), tokenEvent(' two'), tokenEvent(null, 'stop'), 'data: [DONE]\n\n'].join('');
 const SSE_TYPE = 'Content-Type: text/event-stream\r\n';
 
-// Upstream: answer(sock, index of the chat request, index of its connection) per chat
-// request; every other request (the model probe, health checks) gets an empty JSON object.
+// Upstream: answer(sock, index of the chat request, whether its connection carried a chat
+// request before) per chat request; every other request (the model probe, health checks) gets an empty JSON object.
 // Requests are told apart by their Content-Length, on any split of the input.
 async function scripted(answer) {
     const up = { chatConns: new Set(), chats: 0, open: new Set() };
@@ -39,8 +39,9 @@ async function scripted(answer) {
                     sock.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}');
                     continue;
                 }
+                const again = up.chatConns.has(id);
                 up.chatConns.add(id);
-                answer(sock, up.chats++, id);
+                answer(sock, up.chats++, again);
             }
         });
     });
@@ -143,8 +144,8 @@ describe('the worker\'s own upstream connections', () => {
 
     test('a kept connection that dies as the request arrives: retried once on a new one, no error', T, async () => {
         await against(
-            (sock, n, conn) => {
-                if (n === 1 && conn === 0) sock.destroy(); // the race: closed under the request
+            (sock, n, again) => {
+                if (n === 1 && again) sock.destroy(); // the race: closed under the request
                 else sock.write(withLength());
             },
             async (lg, up) => {
