@@ -1744,17 +1744,23 @@ int worker_add_kept_xfer(lg_worker *w, CURL *easy)
     return add_xfer(w, easy, true) == CURLM_OK ? 0 : -1;
 }
 
-void worker_remove_xfer(lg_worker *w, CURL *easy)
+/* Takes easy off the multi handle, and off the transfers to be failed (fail_unwatched). */
+static void remove_easy(lg_worker *w, CURL *easy)
 {
-    lg_xfer *x = NULL;
-    curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
-    if (x) unlink_body(w, x);
     for (size_t i = 0; i < w->n_unwatched;)
         if (w->unwatched[i] == easy)
             w->unwatched[i] = w->unwatched[--w->n_unwatched];
         else
             i++;
     curl_multi_remove_handle(w->multi, easy);
+}
+
+void worker_remove_xfer(lg_worker *w, CURL *easy)
+{
+    lg_xfer *x = NULL;
+    curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+    if (x) unlink_body(w, x);
+    remove_easy(w, easy);
 }
 
 /* ---- the worker's own connections ---------------------------------------------------
@@ -1875,7 +1881,7 @@ static void own_release(lg_worker *w, lg_xfer *x)
     lg_xbody *b = &x->xb;
     lg_uconn *c = b->own;
     if (c->connect) { /* libcurl closes the connection it was opening */
-        curl_multi_remove_handle(w->multi, c->connect);
+        remove_easy(w, c->connect);
         curl_easy_cleanup(c->connect);
     }
     if (b->linked) own_close(w, b->fd);
@@ -1994,7 +2000,7 @@ static void own_connected(lg_worker *w, lg_xfer *x, CURLcode rc)
                            (size_t)s >= w->fdmap_len))
         rc = CURLE_COULDNT_CONNECT;
     if (rc == CURLE_OK) w->curl_fds[s] |= CFD_OWN; /* libcurl's close leaves it open */
-    curl_multi_remove_handle(w->multi, e);
+    remove_easy(w, e);
     curl_easy_cleanup(e);
     if (rc != CURLE_OK) {
         end_body(w, x, rc, err);
