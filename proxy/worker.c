@@ -1672,10 +1672,11 @@ void worker_guard_put(lg_worker *w, guard *g)
  * transfer sets neither CURLOPT_PATH_AS_IS nor CURLOPT_DISALLOW_USERNAME_IN_URL, as the
  * exchange's do not; a URL handle parsed with them holds what libcurl would parse. libcurl
  * reads the handle and never changes it (CURLOPT_CURLU), so one serves every transfer. */
-CURLU *worker_upstream_url(lg_worker *w, const char *url)
+/* The worker's entry for url (worker_upstream_url's contract), or NULL. */
+static struct lg_url *find_url(lg_worker *w, const char *url)
 {
     for (size_t i = 0; i < w->n_urls; i++)
-        if (strcmp(w->urls[i].url, url) == 0) return w->urls[i].parsed;
+        if (strcmp(w->urls[i].url, url) == 0) return &w->urls[i];
     if (w->n_urls == WORKER_URLS) return NULL;
     CURLU *u = curl_url();
     if (!u || curl_url_set(u, CURLUPART_URL, url, CURLU_GUESS_SCHEME | CURLU_NON_SUPPORT_SCHEME)) {
@@ -1692,7 +1693,13 @@ CURLU *worker_upstream_url(lg_worker *w, const char *url)
         if (k == w->n_idle) w->idle[w->n_idle++].origin = lg_xstrdup(e->target.origin);
         e->idle = (uint8_t)k;
     }
-    return u;
+    return e;
+}
+
+CURLU *worker_upstream_url(lg_worker *w, const char *url)
+{
+    const struct lg_url *e = find_url(w, url);
+    return e ? e->parsed : NULL;
 }
 
 /* libcurl 7.88 picks a transfer's proxy from the environment each time it sets up a
@@ -2092,11 +2099,9 @@ static void own_event(lg_worker *w, lg_xfer *x, uint32_t events)
 
 bool worker_uplink_start(lg_worker *w, lg_xfer *x, const lg_uplink_req *rq)
 {
-    if (w->proxy_env || !worker_upstream_url(w, rq->url)) return false;
-    size_t u = 0;
-    while (strcmp(w->urls[u].url, rq->url) != 0)
-        u++;
-    if (!w->urls[u].own || !uplink_headers_plain(rq->headers)) return false;
+    const struct lg_url *e = w->proxy_env ? NULL : find_url(w, rq->url);
+    if (!e || !e->own || !uplink_headers_plain(rq->headers)) return false;
+    size_t u = (size_t)(e - w->urls);
     lg_uconn *c = lg_xmalloc(sizeof *c);
     *c = (lg_uconn){.url = (uint8_t)u,
                     .body = rq->body,
@@ -2104,9 +2109,9 @@ bool worker_uplink_start(lg_worker *w, lg_xfer *x, const lg_uplink_req *rq)
                     .header = rq->header,
                     .connected = rq->connected};
     x->xb = (lg_xbody){.own = c};
-    uplink_request_head(&c->req, &w->urls[u].target, rq->headers, rq->body_len);
+    uplink_request_head(&c->req, &e->target, rq->headers, rq->body_len);
     c->total = c->req.len + c->body_len;
-    int fd = idle_take(w, w->urls[u].idle);
+    int fd = idle_take(w, e->idle);
     if (fd >= 0)
         own_begin(w, x, fd, true, false);
     else if (!own_connect(w, x)) {
