@@ -19,13 +19,15 @@
  *
  * The response head is taken as libcurl takes it: a line runs to its LF, a line whose first
  * byte is CR or LF ends the head (upbody.h), every line (the status line, each field with its
- * CRLF, the empty line, and those of interim 1xx heads) goes to the header callback as
- * libcurl hands them. The framing follows RFC 9112 §6.3: a Transfer-Encoding whose last
- * coding is chunked wins over Content-Length; another Transfer-Encoding, an invalid
- * Content-Length or neither means a body read until the connection closes; 1xx, 204 and 304
- * have none. A connection is reused only after an HTTP/1.1 response with no
- * "Connection: close", framed by exactly one of chunked or a valid Content-Length (never
- * both), and with no byte after it (the worker's rule, worker.c). */
+ * CRLF, the empty line, and those of interim 1xx heads; of a chunked body's trailer section
+ * its fields, not the empty line that ends it) goes to the header callback as libcurl 7.88
+ * hands them (http.c, http_chunks.c). The framing follows RFC 9112 §6.3: a
+ * Transfer-Encoding whose last coding is chunked wins over Content-Length; another
+ * Transfer-Encoding, an invalid Content-Length or neither means a body read until the
+ * connection closes; 1xx, 204 and 304 have none. A connection is reused only after an
+ * HTTP/1.1 response with no "Connection: close", framed by exactly one of chunked or a
+ * valid Content-Length (never both), and with no byte after it (the worker's rule,
+ * worker.c). */
 #ifndef LG_UPLINK_H
 #define LG_UPLINK_H
 
