@@ -507,7 +507,7 @@ static int on_prereq(void *ud, char *conn_ip, char *local_ip, int conn_port, int
     return CURL_PREREQFUNC_OK;
 }
 
-/* The same on the worker's own connection (lg_xfer.connected). */
+/* The same on the worker's own connection (lg_uplink_req.connected). */
 static void on_connected(lg_xfer *x)
 {
     (void)on_prereq(x->owner, NULL, NULL, 0, 0);
