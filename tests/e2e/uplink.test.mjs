@@ -49,20 +49,20 @@ async function scripted(answer) {
     return up;
 }
 
-async function against(answer, run) {
+// The upstream and a loopguard in front of it, both ended when test t ends.
+async function against(t, answer) {
     const up = await scripted(answer);
     const lg = await startLoopguard({ upstream: `http://127.0.0.1:${up.server.address().port}`, kind: 'vllm', config: { workers: 1 } });
-    try {
-        await run(lg, up);
-    } finally {
-        await cleanup(
+    t.after(() =>
+        cleanup(
             () => lg.stop(),
             () => {
                 up.open.forEach((s) => s.destroy());
                 return new Promise((ok) => up.server.close(ok));
             }
-        );
-    }
+        )
+    );
+    return { lg, up };
 }
 
 const chatOnce = (lg) =>
@@ -87,84 +87,56 @@ async function expectClean(lg, times) {
 const withLength = (extra = '') => `HTTP/1.1 200 OK\r\n${SSE_TYPE}${extra}Content-Length: ${Buffer.byteLength(STREAM)}\r\n\r\n${STREAM}`;
 
 describe('the worker\'s own upstream connections', () => {
-    test('a Content-Length answer: streamed whole, the connection kept for the next requests', T, async () => {
-        await against(
-            (sock) => sock.write(withLength()),
-            async (lg, up) => {
-                await expectClean(lg, 3);
-                assert.equal(up.chatConns.size, 1);
-            }
-        );
+    test('a Content-Length answer: streamed whole, the connection kept for the next requests', T, async (t) => {
+        const { lg, up } = await against(t, (sock) => sock.write(withLength()));
+        await expectClean(lg, 3);
+        assert.equal(up.chatConns.size, 1);
     });
 
-    test('an HTTP/1.0 answer delimited by the close: complete, and a new connection each time', T, async () => {
-        await against(
-            (sock) => sock.end(`HTTP/1.0 200 OK\r\n${SSE_TYPE}\r\n${STREAM}`),
-            async (lg, up) => {
-                await expectClean(lg, 2);
-                assert.equal(up.chatConns.size, 2);
-            }
-        );
+    test('an HTTP/1.0 answer delimited by the close: complete, and a new connection each time', T, async (t) => {
+        const { lg, up } = await against(t, (sock) => sock.end(`HTTP/1.0 200 OK\r\n${SSE_TYPE}\r\n${STREAM}`));
+        await expectClean(lg, 2);
+        assert.equal(up.chatConns.size, 2);
     });
 
-    test('Connection: close is honoured even when the upstream keeps the socket open', T, async () => {
-        await against(
-            (sock) => sock.write(withLength('Connection: close\r\n')),
-            async (lg, up) => {
-                await expectClean(lg, 2);
-                assert.equal(up.chatConns.size, 2);
-            }
-        );
+    test('Connection: close is honoured even when the upstream keeps the socket open', T, async (t) => {
+        const { lg, up } = await against(t, (sock) => sock.write(withLength('Connection: close\r\n')));
+        await expectClean(lg, 2);
+        assert.equal(up.chatConns.size, 2);
     });
 
-    test('bytes nobody asked for after an answer: that connection is never reused', T, async () => {
-        await against(
-            (sock, n) => sock.write(withLength() + (n === 0 ? 'HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nevil!' : '')),
-            async (lg, up) => {
-                await expectClean(lg, 2);
-                assert.equal(up.chatConns.size, 2);
-            }
-        );
+    test('bytes nobody asked for after an answer: that connection is never reused', T, async (t) => {
+        const { lg, up } = await against(t, (sock, n) => sock.write(withLength() + (n === 0 ? 'HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nevil!' : '')));
+        await expectClean(lg, 2);
+        assert.equal(up.chatConns.size, 2);
     });
 
-    test('a kept connection the upstream closed while idle: the next request goes on a new one, no error', T, async () => {
-        await against(
-            (sock) => {
-                sock.write(withLength());
-                setTimeout(() => sock.end(), 50);
-            },
-            async (lg, up) => {
-                await expectClean(lg, 1);
-                await sleep(300);
-                await expectClean(lg, 1);
-                assert.equal(up.chatConns.size, 2);
-            }
-        );
+    test('a kept connection the upstream closed while idle: the next request goes on a new one, no error', T, async (t) => {
+        const { lg, up } = await against(t, (sock) => {
+            sock.write(withLength());
+            setTimeout(() => sock.end(), 50);
+        });
+        await expectClean(lg, 1);
+        await sleep(300);
+        await expectClean(lg, 1);
+        assert.equal(up.chatConns.size, 2);
     });
 
-    test('a kept connection that dies as the request arrives: retried once on a new one, no error', T, async () => {
-        await against(
-            (sock, n, again) => {
-                if (n === 1 && again) sock.destroy(); // the race: closed under the request
-                else sock.write(withLength());
-            },
-            async (lg, up) => {
-                await expectClean(lg, 3);
-                assert.equal(up.chats, 4); // the lost one, sent again
-            }
-        );
+    test('a kept connection that dies as the request arrives: retried once on a new one, no error', T, async (t) => {
+        const { lg, up } = await against(t, (sock, n, again) => {
+            if (n === 1 && again) sock.destroy(); // the race: closed under the request
+            else sock.write(withLength());
+        });
+        await expectClean(lg, 3);
+        assert.equal(up.chats, 4); // the lost one, sent again
     });
 
-    test('a response head past the bound: an OpenAI-style 502, and the next request is clean', T, async () => {
-        await against(
-            (sock, n) =>
-                n === 0 ? sock.write(`HTTP/1.1 200 OK\r\n${SSE_TYPE}X-Huge: ${'a'.repeat(120 * 1024)}\r\n\r\n`) : sock.write(withLength()),
-            async (lg) => {
-                const r = await chatOnce(lg);
-                assert.equal(r.status, 502);
-                assert.equal(JSON.parse(r.text).error.type, 'upstream_error');
-                await expectClean(lg, 1);
-            }
-        );
+    test('a response head past the bound: an OpenAI-style 502, and the next request is clean', T, async (t) => {
+        const huge = `HTTP/1.1 200 OK\r\n${SSE_TYPE}X-Huge: ${'a'.repeat(120 * 1024)}\r\n\r\n`;
+        const { lg } = await against(t, (sock, n) => sock.write(n === 0 ? huge : withLength()));
+        const r = await chatOnce(lg);
+        assert.equal(r.status, 502);
+        assert.equal(JSON.parse(r.text).error.type, 'upstream_error');
+        await expectClean(lg, 1);
     });
 });
