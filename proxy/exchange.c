@@ -142,10 +142,17 @@ static void send_pending_aborts(exchange *ex)
     lg_buf_reset(&ex->at.aborts);
 }
 
+/* Whether the attempt's transfer runs, on libcurl or on the worker's own connection. */
+static bool transfer_running(const exchange *ex)
+{
+    return ex->at.easy || worker_uplink_running(&ex->xfer);
+}
+
 /* Closes the current attempt's transfer (if any) and frees its per-attempt state. Safe
  * outside libcurl callbacks only. */
 static void stop_transfer(exchange *ex)
 {
+    worker_uplink_stop(ex->base.w, &ex->xfer);
     if (ex->at.easy) {
         worker_remove_xfer(ex->base.w, ex->at.easy);
         worker_easy_put(ex->base.w, ex->at.easy);
@@ -165,7 +172,7 @@ static void stop_transfer(exchange *ex)
 /* Stops the attempt at the server: close the transfer and, for SGLang, abort the rid. */
 static void abort_attempt(exchange *ex)
 {
-    bool was_running = ex->at.easy != NULL;
+    bool was_running = transfer_running(ex);
     if (was_running && ex->api->abandon) ex->api->abandon(ex);
     send_pending_aborts(ex);
     stop_transfer(ex);
@@ -500,6 +507,12 @@ static int on_prereq(void *ud, char *conn_ip, char *local_ip, int conn_port, int
     return CURL_PREREQFUNC_OK;
 }
 
+/* The same on the worker's own connection (lg_uplink_req.connected). */
+static void on_connected(lg_xfer *x)
+{
+    (void)on_prereq(x->owner, NULL, NULL, 0, 0);
+}
+
 static void start_attempt(exchange *ex)
 {
     lg_worker *w = ex->base.w;
@@ -572,11 +585,23 @@ static void start_attempt(exchange *ex)
     ex->at.start_ns = ex->at.last_event_ns = req_now(&ex->base);
 
     char *url = pool_url(pool, ex->replica, ex->api->upstream_path);
+    ex->at.headers = http_upstream_headers(ex->base.conn, true);
+    /* A plain-HTTP upstream without a proxy: the worker speaks HTTP itself, on a connection
+     * libcurl opens (worker.h); any other goes on libcurl. */
+    lg_uplink_req rq = {.url = url,
+                        .headers = ex->at.headers,
+                        .body = ex->at.up_body,
+                        .body_len = strlen(ex->at.up_body),
+                        .header = ex_on_header,
+                        .connected = on_connected};
+    if (worker_uplink_start(w, &ex->xfer, &rq)) {
+        lg_xfree(url);
+        return;
+    }
     /* A plain-HTTP upstream's event stream is read by the worker, not by libcurl (worker.c,
      * "the response body outside libcurl"): libcurl reads its head and its end, for which
      * its smallest buffer does. Other upstreams' buffers follow the reads (upread.h). */
     ex->at.rbuf = strncasecmp(url, "http://", 7) == 0 ? UPREAD_HEAD : upread_take();
-    ex->at.headers = http_upstream_headers(ex->base.conn, true);
     /* Every option that differs between attempts, every time: a kept handle still has the
      * last attempt's (worker_easy_get); the others once, on a fresh handle. */
     bool fresh;
@@ -620,10 +645,10 @@ static void output_taken(exchange *ex)
     metrics_added_latency(req_metrics(&ex->base), seconds_since(ex->cl.out_since_ns, now));
     ex->cl.out_since_ns = now;
     ex->cl.last_out_ns = now;
-    if (ex->at.up_paused && lg_fifo_len(&ex->cl.out) < EX_OUT_HIGH / 2 && ex->at.easy) {
+    if (ex->at.up_paused && lg_fifo_len(&ex->cl.out) < EX_OUT_HIGH / 2 && transfer_running(ex)) {
         ex->at.up_paused = false;
         ex->at.last_event_ns = req_now(&ex->base); /* time paused for the client is not idle time */
-        if (!worker_body_resume(ex->base.w, &ex->xfer))   /* the worker's read: after this event */
+        if (!worker_body_resume(ex->base.w, &ex->xfer) && ex->at.easy) /* the worker's: later */
             curl_easy_pause(ex->at.easy, CURLPAUSE_CONT); /* may deliver data right here */
     }
 }
@@ -840,7 +865,7 @@ static void ex_tick(lg_req *base, uint64_t now)
     const lg_config *cfg = cfg_of(ex);
     if (ex->phase != PHASE_RUNNING) return;
     if (ex->at.aborts.len) send_pending_aborts(ex);
-    if (ex->at.easy) {
+    if (transfer_running(ex)) {
         uint64_t cm = (uint64_t)cfg->timeouts.connect_ms * 1000000ull;
         if (!ex->at.connected && now > ex->at.start_ns && now - ex->at.start_ns > cm) {
             /* As libcurl's own connect timeout ends it: another replica may answer. */
@@ -874,7 +899,7 @@ static void ex_client_gone(lg_req *base)
 {
     exchange *ex = (exchange *)base;
     if (ex->phase == PHASE_RUNNING) {
-        bool running = ex->at.easy != NULL;
+        bool running = transfer_running(ex);
         abort_attempt(ex);
         ex_set_outcome(ex, "client_gone");
         if (ex->rec.trips && running) ex_record_attempt(ex, NULL);

@@ -1020,7 +1020,7 @@ static _Thread_local size_t curl_fd_len;
  * libcurl sets no timer of its own on a transfer in its body without CURLOPT_TIMEOUT or a
  * low-speed limit, which the transfers read so set none of: no libcurl timeout fires while
  * it sees no body bytes. */
-enum { XB_HEAD, XB_BODY, XB_CURL };
+enum { XB_HEAD, XB_BODY, XB_CURL, XB_CONNECT, XB_REPLY, XB_TRAILERS }; /* the last three: own */
 
 #define BODY_READ 16384 /* the worker's read of a body: what a burst brings at once */
 
@@ -1070,7 +1070,7 @@ static ssize_t recv_stash(lg_xbody *b, char *buf, size_t len)
     size_t n = stash_len(b) < len ? stash_len(b) : len;
     memcpy(buf, b->stash.p + b->stash_at, n);
     if (b->phase == XB_HEAD) n = cut_head(b, buf, n);
-    b->stash_at += n;
+    b->stash_at += (uint32_t)n;
     if (!stash_len(b)) { /* a stream that libcurl reads on keeps no buffer (recv_head) */
         lg_buf_free(&b->stash);
         b->stash_at = 0;
@@ -1185,6 +1185,7 @@ enum {
     CFD_OUT = 2,    /* registered for EPOLLOUT */
     CFD_CONN = 4,   /* a connection's socket, opened through on_curl_open */
     CFD_PARKED = 8, /* registered (for EPOLLIN only) while libcurl waits for nothing on it */
+    CFD_OWN = 16,   /* the worker's own connection: libcurl no longer has it */
 };
 
 /* Whether the socket is watched while x's body is the worker's: a paused body callback
@@ -1201,10 +1202,17 @@ static void watch_body_input(lg_worker *w, lg_xbody *b, bool on)
                      ev_pack(TAG_CURL_SOCK, 0, b->fd));
 }
 
-/* The worker stops following x's socket (see "the response body outside libcurl"). */
+static void own_release(lg_worker *w, lg_xfer *x);
+
+/* The worker stops following x's socket (see "the response body outside libcurl"); an own
+ * transfer's connection is closed. */
 static void unlink_body(lg_worker *w, lg_xfer *x)
 {
     lg_xbody *b = &x->xb;
+    if (b->own) {
+        own_release(w, x);
+        return;
+    }
     if (!b->linked) return;
     if (b->held) watch_body_input(w, b, true);
     if (w->up_xfers[b->fd] == x) w->up_xfers[b->fd] = NULL;
@@ -1218,7 +1226,7 @@ static void link_body(lg_worker *w, CURL *easy, curl_socket_t s)
 {
     lg_xfer *x = NULL, *was = w->up_xfers[s];
     curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
-    if (!x || !x->body || was == x) return;
+    if (!x || !x->body || was == x || x->xb.own) return;
     if (was) unlink_body(w, was);
     unlink_body(w, x);
     x->xb = (lg_xbody){.linked = true, .phase = XB_HEAD, .fd = s};
@@ -1238,10 +1246,27 @@ static int on_curl_close(void *userp, curl_socket_t s)
 {
     lg_worker *w = userp;
     if (s >= 0 && (size_t)s < w->fdmap_len) {
+        if (w->curl_fds[s] & CFD_OWN) return 0; /* taken over by the worker (own_connected) */
         if (w->up_xfers[s]) unlink_body(w, w->up_xfers[s]);
         w->curl_fds[s] = 0;
     }
     return close(s);
+}
+
+/* Registers upstream socket s (whose lg_worker.curl_fds state is st) for ev. False, said
+ * on stderr, when epoll refuses (ENOMEM, ENOSPC: fs.epoll.max_user_watches). */
+static bool watch_upstream(lg_worker *w, int s, uint8_t st, uint32_t ev)
+{
+    uint64_t data = ev_pack(TAG_CURL_SOCK, 0, s);
+    int op = st & (CFD_IN | CFD_OUT) ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    /* The fd may already be (ADD: EEXIST) or no longer be (MOD: ENOENT) in the set. */
+    if (ep_ctl(w, op, s, ev, data) == 0 ||
+        (errno == (op == EPOLL_CTL_ADD ? EEXIST : ENOENT) &&
+         ep_ctl(w, op == EPOLL_CTL_ADD ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, s, ev, data) == 0))
+        return true;
+    fprintf(stderr, "loopguard: worker %d: cannot watch an upstream socket: %s\n", w->id,
+            strerror(errno));
+    return false;
 }
 
 static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
@@ -1250,6 +1275,7 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
     uint8_t spare = 0, *st = s >= 0 && (size_t)s < w->fdmap_len ? &w->curl_fds[s] : &spare;
     (void)socketp;
 
+    if (*st & CFD_OWN) return 0; /* the worker's now, whatever libcurl still says of it */
     /* libcurl changes what it waits for on the socket being read (a transfer ended): a poll
      * of it that follows is not its read loop's check, which never comes after this. */
     if (s == curl_read_fd) curl_drained = false;
@@ -1274,17 +1300,9 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
         return 0;
     }
     uint32_t ev = (what & CURL_POLL_IN ? EPOLLIN : 0) | (what & CURL_POLL_OUT ? EPOLLOUT : 0);
-    uint64_t data = ev_pack(TAG_CURL_SOCK, 0, s);
-    int op = *st & (CFD_IN | CFD_OUT) ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
-    /* The fd may already be (ADD: EEXIST) or no longer be (MOD: ENOENT) in the set. */
-    if (ep_ctl(w, op, s, ev, data) != 0 &&
-        (errno != (op == EPOLL_CTL_ADD ? EEXIST : ENOENT) ||
-         ep_ctl(w, op == EPOLL_CTL_ADD ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, s, ev, data) != 0)) {
-        /* Not watched (ENOMEM, ENOSPC: fs.epoll.max_user_watches), the transfer would wait
-         * for its timeout: it fails now instead (fail_unwatched). Returning -1 would make
-         * libcurl fail every transfer of the worker. */
-        fprintf(stderr, "loopguard: worker %d: cannot watch an upstream socket: %s\n", w->id,
-                strerror(errno));
+    if (!watch_upstream(w, s, *st, ev)) {
+        /* The transfer would wait for its timeout: it fails now instead (fail_unwatched).
+         * Returning -1 would make libcurl fail every transfer of the worker. */
         if (easy) {
             w->unwatched = lg_xrealloc(w->unwatched, (w->n_unwatched + 1) * sizeof *w->unwatched);
             w->unwatched[w->n_unwatched++] = easy;
@@ -1392,14 +1410,78 @@ static void body_to_curl(lg_worker *w, lg_xfer *x, const char *rest, size_t n)
     curl_drained = false;
 }
 
+/* An own connection and the request on it (see "the worker's own connections" below),
+ * the worker's, made by worker_uplink_start and freed when the transfer ends (own_release). */
+typedef struct lg_uconn {
+    bool reused;      /* it served a request before: a failure before any byte of the response
+                      is retried once on a new connection */
+    bool answered;    /* a byte of the response came */
+    bool reusable;    /* the response's framing lets the connection serve another request */
+    uint8_t frame;    /* the body's framing (uplink.h's UPLINK_*) */
+    uint8_t url;      /* the target's lg_worker.urls entry */
+    uint64_t left;    /* UPLINK_LENGTH: body bytes still to come */
+    CURL *connect;    /* the connect-only transfer opening the connection, or NULL */
+    lg_buf req;       /* the request head (freed once answered: no retry after that) */
+    const char *body; /* the request body (the caller's, alive until worker_uplink_stop) */
+    size_t body_len;
+    size_t sent;                /* of the head and the body */
+    size_t total;               /* their length */
+    uplink_resp resp;           /* the response's heads, then its trailers */
+    lg_buf line;                /* a head's line cut by a read */
+    curl_write_callback header; /* lg_uplink_req's */
+    void (*connected)(lg_xfer *x);
+} lg_uconn;
+
+/* The body's framing: a chunked one for libcurl's transfers, whose bodies the worker takes
+ * only so (worker_head_complete). */
+static uint8_t body_frame(const lg_xbody *b)
+{
+    return b->own ? b->own->frame : UPLINK_CHUNKED;
+}
+
+/* The body's next data in p[0..n) under its framing (upbody_next's contract): a chunked
+ * body is decoded, a Content-Length or a close-delimited one is its bytes. */
+static ssize_t body_next(lg_xbody *b, const char *p, size_t n, const char **data, size_t *len)
+{
+    uint8_t f = body_frame(b);
+    if (f == UPLINK_CHUNKED) return upbody_next(&b->dec, p, n, data, len);
+    size_t k = f == UPLINK_LENGTH && b->own->left < n ? (size_t)b->own->left : n;
+    if (f == UPLINK_LENGTH) b->own->left -= k;
+    *data = p;
+    *len = k;
+    return (ssize_t)k;
+}
+
+/* body_next's last len data bytes were not taken (upbody_unread's contract). */
+static void body_unread(lg_xbody *b, size_t len)
+{
+    uint8_t f = body_frame(b);
+    if (f == UPLINK_CHUNKED)
+        upbody_unread(&b->dec, len);
+    else if (f == UPLINK_LENGTH)
+        b->own->left += len;
+}
+
+/* Whether the body ended (a chunked one: at its terminal chunk's size line). */
+static bool body_ended(const lg_xbody *b)
+{
+    uint8_t f = body_frame(b);
+    return f == UPLINK_CHUNKED ? upbody_ended(&b->dec) : f == UPLINK_LENGTH && !b->own->left;
+}
+
+static void own_body_ended(lg_worker *w, lg_xfer *x, char *rest, size_t n);
+static void own_done(lg_worker *w, lg_xfer *x, bool clean);
+static void own_event(lg_worker *w, lg_xfer *x, uint32_t events);
+static void own_connected(lg_worker *w, lg_xfer *x, CURLcode rc);
+
 /* Raw body bytes p[0..n) of x's socket, decoded and handed to x->body. */
-static void feed_body(lg_worker *w, lg_xfer *x, const char *p, size_t n)
+static void feed_body(lg_worker *w, lg_xfer *x, char *p, size_t n)
 {
     lg_xbody *b = &x->xb;
     while (n) {
         const char *data;
         size_t len;
-        ssize_t k = upbody_next(&b->dec, p, n, &data, &len);
+        ssize_t k = body_next(b, p, n, &data, &len);
         if (k == UPBODY_BAD) {
             end_body(w, x, CURLE_RECV_ERROR, 0);
             return;
@@ -1409,7 +1491,7 @@ static void feed_body(lg_worker *w, lg_xfer *x, const char *p, size_t n)
             size_t took = x->body((char *)data, 1, len, x->owner);
             x->body_left = 0;
             if (took == CURL_WRITEFUNC_PAUSE) {
-                upbody_unread(&b->dec, len);
+                body_unread(b, len);
                 stash_put(b, data, (size_t)(p + n - data));
                 watch_body_input(w, b, false);
                 return;
@@ -1421,8 +1503,11 @@ static void feed_body(lg_worker *w, lg_xfer *x, const char *p, size_t n)
         }
         p += k;
         n -= (size_t)k;
-        if (upbody_ended(&b->dec)) {
-            body_to_curl(w, x, p, n);
+        if (body_ended(b)) {
+            if (b->own)
+                own_body_ended(w, x, p, n);
+            else
+                body_to_curl(w, x, p, n);
             return;
         }
     }
@@ -1445,6 +1530,8 @@ static void read_body(lg_worker *w, lg_xfer *x)
     ssize_t n = sys_recv(b->fd, w->body_buf, BODY_READ);
     if (n > 0)
         feed_body(w, x, w->body_buf, (size_t)n);
+    else if (n == 0 && body_frame(b) == UPLINK_CLOSE)
+        own_done(w, x, false); /* the end of a close-delimited body */
     else if (n == 0)
         end_body(w, x, CURLE_PARTIAL_FILE, 0);
     else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
@@ -1462,7 +1549,10 @@ static void run_due_bodies(lg_worker *w)
         lg_xfer *x = w->up_xfers[fd];
         if (!x || !x->xb.due) continue;
         x->xb.due = false;
-        if (x->xb.phase == XB_BODY) read_body(w, x);
+        if (x->xb.phase == XB_BODY)
+            read_body(w, x);
+        else if (x->xb.phase == XB_REPLY)
+            own_event(w, x, 0); /* an own connection's request to send */
     }
 }
 
@@ -1477,6 +1567,7 @@ bool worker_head_complete(lg_worker *w, lg_xfer *x, CURL *easy, bool take_body)
 {
     lg_xbody *b = &x->xb;
     long version = 0;
+    if (b->own) return true; /* the worker reads all of it */
     if (!b->linked || b->phase != XB_HEAD) return false;
     /* The head libcurl parsed is exactly what it got (see cut_head), and was HTTP/1.1;
      * libcurl sends nothing more (the rest of a request body would share the socket's
@@ -1517,6 +1608,10 @@ static void drain_due(lg_worker *w)
         CURL *easy = msg->easy_handle;
         CURLcode rc = msg->data.result;
         curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+        if (x && x->xb.own && x->xb.own->connect == easy) {
+            own_connected(w, x, rc);
+            continue;
+        }
         if (x) curl_easy_getinfo(easy, CURLINFO_OS_ERRNO, &x->os_errno);
         if (x && x->done) x->done(x, rc);
     }
@@ -1577,18 +1672,34 @@ void worker_guard_put(lg_worker *w, guard *g)
  * transfer sets neither CURLOPT_PATH_AS_IS nor CURLOPT_DISALLOW_USERNAME_IN_URL, as the
  * exchange's do not; a URL handle parsed with them holds what libcurl would parse. libcurl
  * reads the handle and never changes it (CURLOPT_CURLU), so one serves every transfer. */
-CURLU *worker_upstream_url(lg_worker *w, const char *url)
+/* The worker's entry for url (worker_upstream_url's contract), or NULL. */
+static struct lg_url *find_url(lg_worker *w, const char *url)
 {
     for (size_t i = 0; i < w->n_urls; i++)
-        if (strcmp(w->urls[i].url, url) == 0) return w->urls[i].parsed;
+        if (strcmp(w->urls[i].url, url) == 0) return &w->urls[i];
     if (w->n_urls == WORKER_URLS) return NULL;
     CURLU *u = curl_url();
     if (!u || curl_url_set(u, CURLUPART_URL, url, CURLU_GUESS_SCHEME | CURLU_NON_SUPPORT_SCHEME)) {
         curl_url_cleanup(u);
         return NULL;
     }
-    w->urls[w->n_urls++] = (struct lg_url){.url = lg_xstrdup(url), .parsed = u};
-    return u;
+    struct lg_url *e = &w->urls[w->n_urls++];
+    *e = (struct lg_url){.url = lg_xstrdup(url), .parsed = u};
+    e->own = uplink_target_init(&e->target, u);
+    if (e->own) { /* its origin's idle pool, shared by the origin's paths */
+        size_t k = 0;
+        while (k < w->n_idle && strcmp(w->idle[k].origin, e->target.origin) != 0)
+            k++;
+        if (k == w->n_idle) w->idle[w->n_idle++].origin = lg_xstrdup(e->target.origin);
+        e->idle = (uint8_t)k;
+    }
+    return e;
+}
+
+CURLU *worker_upstream_url(lg_worker *w, const char *url)
+{
+    const struct lg_url *e = find_url(w, url);
+    return e ? e->parsed : NULL;
 }
 
 /* libcurl 7.88 picks a transfer's proxy from the environment each time it sets up a
@@ -1640,17 +1751,374 @@ int worker_add_kept_xfer(lg_worker *w, CURL *easy)
     return add_xfer(w, easy, true) == CURLM_OK ? 0 : -1;
 }
 
-void worker_remove_xfer(lg_worker *w, CURL *easy)
+/* Takes easy off the multi handle, and off the transfers to be failed (fail_unwatched). */
+static void remove_easy(lg_worker *w, CURL *easy)
 {
-    lg_xfer *x = NULL;
-    curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
-    if (x) unlink_body(w, x);
     for (size_t i = 0; i < w->n_unwatched;)
         if (w->unwatched[i] == easy)
             w->unwatched[i] = w->unwatched[--w->n_unwatched];
         else
             i++;
     curl_multi_remove_handle(w->multi, easy);
+}
+
+void worker_remove_xfer(lg_worker *w, CURL *easy)
+{
+    lg_xfer *x = NULL;
+    curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+    if (x) unlink_body(w, x);
+    remove_easy(w, easy);
+}
+
+/* ---- the worker's own connections ---------------------------------------------------
+ *
+ * An exchange's attempt on an http:// upstream with no proxy in the environment (uplink.h)
+ * is the worker's from the connection on (worker_uplink_start): libcurl opens the
+ * connection and the worker speaks HTTP/1.1 on it, then keeps it for the next attempts.
+ * - Connecting (XB_CONNECT) stays libcurl's, with its DNS, its errors and their os_errno: a
+ *   CURLOPT_CONNECT_ONLY transfer on the worker's multi handle, which libcurl 7.88 ends as
+ *   CURLMSG_DONE once connected (own_connected). The worker then takes its socket
+ *   (CURLINFO_ACTIVESOCKET, marked CFD_OWN): libcurl, which closes a connect-only
+ *   connection when its transfer is removed (multi.c, curl_multi_remove_handle), gets its
+ *   close callback answered without a close, and its socket callback ignored from then on.
+ * - The request (XB_REPLY, while `sent` is short of it all) goes out in one sendmsg of the
+ *   head (uplink_request_head) and the body; what the socket does not take goes on
+ *   EPOLLOUT. An attempt on an idle connection sends after the event that started it
+ *   (body_due), so that a failure reaches the owner outside its start.
+ * - The response's heads (XB_REPLY) go line by line to x->header (uplink_head_take); the
+ *   body (XB_BODY) is read by read_body and handed to x->body, as libcurl's chunked bodies
+ *   are (pauses included), under the framing of uplink_framing; a chunked body's trailers
+ *   (XB_TRAILERS) go to x->header too.
+ * - The end (own_done): a connection whose response was complete, reusable (uplink.h),
+ *   wholly sent and followed by no byte goes back idle (idle_put); any other is closed.
+ * - Idle connections stay registered for input (level-triggered), so reusing one takes no
+ *   system call before the request's sendmsg; any event on an idle one (the upstream
+ *   closed it, or sent bytes nobody asked for) closes it (idle_event), and one idle for
+ *   UPLINK_IDLE_NS is closed at a tick (idle_expire).
+ * - Failures end the transfer with libcurl's codes for the same cases: a send error
+ *   CURLE_SEND_ERROR and a read error CURLE_RECV_ERROR with their errno, the end of the
+ *   stream before a whole line of the head CURLE_GOT_NOTHING (after one, CURLE_OK with the
+ *   head incomplete, as libcurl 7.88), before the body's end CURLE_PARTIAL_FILE. A
+ *   connection that served a request before and fails before any byte of the response
+ *   (the upstream closed it meanwhile) is replaced by a new one once, as libcurl and nginx
+ *   retry (own_broken). */
+
+/* The socket of an own connection that no transfer holds: closed (the close takes it out
+ * of the epoll set). */
+static void own_close(lg_worker *w, int fd)
+{
+    w->curl_fds[fd] = 0;
+    w->up_xfers[fd] = NULL;
+    close(fd);
+}
+
+/* An idle connection of pool `idle`, the last one back, or -1. */
+static int idle_take(lg_worker *w, uint8_t idle)
+{
+    lg_idle *p = &w->idle[idle];
+    return p->n ? p->fds[--p->n] : -1;
+}
+
+/* Connection fd is free for another request: kept idle, or closed when its pool is full. */
+static void idle_put(lg_worker *w, uint8_t idle, int fd)
+{
+    lg_idle *p = &w->idle[idle];
+    if (p->n == UPLINK_IDLE_MAX) {
+        own_close(w, fd);
+        return;
+    }
+    if (p->n == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 16;
+        p->fds = lg_xrealloc(p->fds, p->cap * sizeof *p->fds);
+        p->since = lg_xrealloc(p->since, p->cap * sizeof *p->since);
+    }
+    w->up_xfers[fd] = NULL;
+    p->fds[p->n] = fd;
+    p->since[p->n++] = w->now_ns;
+}
+
+/* Pool p's i-th idle connection is closed. */
+static void idle_drop(lg_worker *w, lg_idle *p, size_t i)
+{
+    own_close(w, p->fds[i]);
+    p->n--;
+    memmove(&p->fds[i], &p->fds[i + 1], (p->n - i) * sizeof *p->fds);
+    memmove(&p->since[i], &p->since[i + 1], (p->n - i) * sizeof *p->since);
+}
+
+/* An event on idle connection fd: closed (see above). */
+static void idle_event(lg_worker *w, int fd)
+{
+    for (size_t k = 0; k < w->n_idle; k++)
+        for (size_t i = 0; i < w->idle[k].n; i++)
+            if (w->idle[k].fds[i] == fd) {
+                idle_drop(w, &w->idle[k], i);
+                return;
+            }
+}
+
+/* At a tick: the connections idle for UPLINK_IDLE_NS are closed (the oldest are first). */
+static void idle_expire(lg_worker *w)
+{
+    for (size_t k = 0; k < w->n_idle; k++)
+        while (w->idle[k].n && w->now_ns - w->idle[k].since[0] >= UPLINK_IDLE_NS)
+            idle_drop(w, &w->idle[k], 0);
+}
+
+/* The own connection's registration: input always (an error or hang-up is reported with
+ * it), and EPOLLOUT while the request is not all sent. Not while the body is held
+ * (watch_body_input owns the registration then). */
+static void own_watch(lg_worker *w, lg_xbody *b, bool out)
+{
+    uint8_t *st = &w->curl_fds[b->fd];
+    uint8_t want = (uint8_t)(CFD_IN | (out ? CFD_OUT : 0));
+    if (b->held || (*st & (CFD_IN | CFD_OUT)) == want) return;
+    (void)ep_ctl(w, EPOLL_CTL_MOD, b->fd, EPOLLIN | (out ? EPOLLOUT : 0),
+                 ev_pack(TAG_CURL_SOCK, 0, b->fd));
+    *st = (uint8_t)((*st & ~(CFD_IN | CFD_OUT)) | want);
+}
+
+void worker_uplink_stop(lg_worker *w, lg_xfer *x)
+{
+    if (x->xb.own) own_release(w, x);
+}
+
+static void own_release(lg_worker *w, lg_xfer *x)
+{
+    lg_xbody *b = &x->xb;
+    lg_uconn *c = b->own;
+    if (c->connect) { /* libcurl closes the connection it was opening */
+        remove_easy(w, c->connect);
+        curl_easy_cleanup(c->connect);
+    }
+    if (b->linked) own_close(w, b->fd);
+    lg_buf_free(&b->stash);
+    lg_buf_free(&c->req);
+    lg_buf_free(&c->line);
+    lg_xfree(c);
+    *b = (lg_xbody){0};
+}
+
+/* x's response ended complete (rest: bytes followed it): its connection goes back idle
+ * when it may serve another request (see above), and x is done. */
+static void own_done(lg_worker *w, lg_xfer *x, bool clean)
+{
+    lg_xbody *b = &x->xb;
+    const lg_uconn *c = b->own;
+    if (clean && c->reusable && c->sent == c->total && !b->held) {
+        idle_put(w, w->urls[c->url].idle, b->fd);
+        b->linked = false;
+    }
+    own_release(w, x);
+    x->os_errno = 0;
+    x->done(x, CURLE_OK);
+}
+
+static bool own_connect(lg_worker *w, lg_xfer *x);
+static bool own_send(lg_worker *w, lg_xfer *x);
+
+/* x's connection failed (rc, errno err): retried once on a new connection when it was a
+ * reused one and no byte of the response came (see above), else the transfer ends so. */
+static void own_broken(lg_worker *w, lg_xfer *x, CURLcode rc, long err)
+{
+    lg_xbody *b = &x->xb;
+    lg_uconn *c = b->own;
+    if (!c->reused || c->answered) {
+        end_body(w, x, rc, err);
+        return;
+    }
+    own_close(w, b->fd);
+    b->linked = c->reused = false;
+    c->sent = 0;
+    c->resp = (uplink_resp){0};
+    lg_buf_reset(&c->line);
+    if (!own_connect(w, x)) end_body(w, x, CURLE_FAILED_INIT, 0);
+}
+
+/* x's request goes on from `sent` (see above). False when the connection failed (x ended,
+ * or went on to a new connection). */
+static bool own_send(lg_worker *w, lg_xfer *x)
+{
+    lg_xbody *b = &x->xb;
+    lg_uconn *c = b->own;
+    size_t head = c->req.len;
+    struct iovec iov[2];
+    int k = 0;
+    if (c->sent < head) iov[k++] = (struct iovec){c->req.p + c->sent, head - c->sent};
+    size_t at = c->sent > head ? c->sent - head : 0;
+    if (at < c->body_len) iov[k++] = (struct iovec){(char *)c->body + at, c->body_len - at};
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)k};
+    ssize_t n = k ? sys_sendmsg(b->fd, &m, MSG_NOSIGNAL) : 0;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        own_broken(w, x, CURLE_SEND_ERROR, errno);
+        return false;
+    }
+    if (n > 0) c->sent += (size_t)n;
+    own_watch(w, b, c->sent < c->total);
+    return true;
+}
+
+/* x has connection fd (reused: from its idle pool): the request goes out, now or (send_now
+ * false) after the current event. */
+static void own_begin(lg_worker *w, lg_xfer *x, int fd, bool reused, bool send_now)
+{
+    lg_xbody *b = &x->xb;
+    b->fd = fd;
+    b->linked = true;
+    b->own->reused = reused;
+    b->phase = XB_REPLY;
+    w->up_xfers[fd] = x;
+    if (b->own->connected) b->own->connected(x);
+    if (send_now)
+        (void)own_send(w, x);
+    else
+        body_due(w, b);
+}
+
+/* A connect-only transfer for x (see above); false when libcurl would not take it. */
+static bool own_connect(lg_worker *w, lg_xfer *x)
+{
+    CURL *e = curl_easy_init();
+    if (!e) return false;
+    curl_easy_setopt(e, CURLOPT_CURLU, w->urls[x->xb.own->url].parsed);
+    curl_easy_setopt(e, CURLOPT_CONNECT_ONLY, 1L);
+    curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L); /* never one of libcurl's pooled ones */
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, x);
+    if (add_xfer(w, e, false) != CURLM_OK) {
+        curl_easy_cleanup(e);
+        return false;
+    }
+    x->xb.own->connect = e;
+    x->xb.phase = XB_CONNECT;
+    return true;
+}
+
+/* x's connect-only transfer ended with rc (see above). */
+static void own_connected(lg_worker *w, lg_xfer *x, CURLcode rc)
+{
+    lg_xbody *b = &x->xb;
+    CURL *e = b->own->connect;
+    curl_socket_t s = CURL_SOCKET_BAD;
+    long err = 0;
+    b->own->connect = NULL;
+    curl_easy_getinfo(e, CURLINFO_OS_ERRNO, &err);
+    if (rc == CURLE_OK && (curl_easy_getinfo(e, CURLINFO_ACTIVESOCKET, &s) != CURLE_OK || s < 0 ||
+                           (size_t)s >= w->fdmap_len))
+        rc = CURLE_COULDNT_CONNECT;
+    if (rc == CURLE_OK) w->curl_fds[s] |= CFD_OWN; /* libcurl's close leaves it open */
+    remove_easy(w, e);
+    curl_easy_cleanup(e);
+    if (rc != CURLE_OK) {
+        end_body(w, x, rc, err);
+        return;
+    }
+    if (!watch_upstream(w, s, w->curl_fds[s], EPOLLIN)) {
+        own_close(w, s);
+        end_body(w, x, CURLE_ABORTED_BY_CALLBACK, 0);
+        return;
+    }
+    w->curl_fds[s] = CFD_CONN | CFD_OWN | CFD_IN;
+    own_begin(w, x, s, false, true);
+}
+
+/* Bytes p[0..n) of x's heads or trailers (see above). */
+static void own_head(lg_worker *w, lg_xfer *x, char *p, size_t n)
+{
+    lg_xbody *b = &x->xb;
+    lg_uconn *c = b->own;
+    CURLcode rc = CURLE_OK;
+    bool trailers = b->phase == XB_TRAILERS;
+    ssize_t k = uplink_head_take(&c->resp, &c->line, trailers, p, n, c->header, x->owner, &rc);
+    if (k < 0) {
+        end_body(w, x, rc, 0);
+        return;
+    }
+    if (!c->resp.done) return;
+    size_t rest = n - (size_t)k;
+    if (trailers) {
+        own_done(w, x, rest == 0);
+        return;
+    }
+    bool reusable;
+    lg_buf_free(&c->line); /* a stream keeps no buffer it no longer needs */
+    c->frame = (uint8_t)uplink_framing(&c->resp, &reusable);
+    c->reusable = reusable;
+    c->left = c->resp.len;
+    if (c->frame == UPLINK_NONE || (c->frame == UPLINK_LENGTH && !c->left)) {
+        own_done(w, x, rest == 0);
+        return;
+    }
+    b->phase = XB_BODY;
+    if (rest) feed_body(w, x, p + k, rest);
+}
+
+/* The terminal chunk's size line was read; rest[0..n) followed it: the trailers. A body
+ * of another framing ended with its last byte. */
+static void own_body_ended(lg_worker *w, lg_xfer *x, char *rest, size_t n)
+{
+    lg_xbody *b = &x->xb;
+    if (b->own->frame != UPLINK_CHUNKED) {
+        own_done(w, x, n == 0);
+        return;
+    }
+    b->phase = XB_TRAILERS;
+    b->own->resp = (uplink_resp){0};
+    if (n) own_head(w, x, rest, n);
+}
+
+/* An event of x's own connection (events: epoll's), or its due run (0). */
+static void own_event(lg_worker *w, lg_xfer *x, uint32_t events)
+{
+    lg_xbody *b = &x->xb;
+    lg_uconn *c = b->own;
+    if (c->sent < c->total && (!events || (events & EPOLLOUT)) && !own_send(w, x)) return;
+    if (!(events & ~(uint32_t)EPOLLOUT)) return;
+    if (b->phase == XB_BODY) {
+        read_body(w, x);
+        return;
+    }
+    ssize_t n = sys_recv(b->fd, w->body_buf, BODY_READ);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (n < 0)
+        own_broken(w, x, CURLE_RECV_ERROR, errno);
+    else if (n == 0 && !c->answered)
+        own_broken(w, x, CURLE_GOT_NOTHING, 0);
+    else if (n == 0)
+        end_body(w, x,
+                 b->phase == XB_TRAILERS ? CURLE_PARTIAL_FILE
+                 : c->resp.lines         ? CURLE_OK
+                                         : CURLE_GOT_NOTHING,
+                 0);
+    else {
+        c->answered = true;
+        if (c->sent == c->total) lg_buf_free(&c->req); /* no retry after an answer */
+        own_head(w, x, w->body_buf, (size_t)n);
+    }
+}
+
+bool worker_uplink_start(lg_worker *w, lg_xfer *x, const lg_uplink_req *rq)
+{
+    const struct lg_url *e = w->proxy_env ? NULL : find_url(w, rq->url);
+    if (!e || !e->own || !uplink_headers_plain(rq->headers)) return false;
+    size_t u = (size_t)(e - w->urls);
+    lg_uconn *c = lg_xmalloc(sizeof *c);
+    *c = (lg_uconn){.url = (uint8_t)u,
+                    .body = rq->body,
+                    .body_len = rq->body_len,
+                    .header = rq->header,
+                    .connected = rq->connected};
+    x->xb = (lg_xbody){.own = c};
+    uplink_request_head(&c->req, &e->target, rq->headers, rq->body_len);
+    c->total = c->req.len + c->body_len;
+    int fd = idle_take(w, e->idle);
+    if (fd >= 0)
+        own_begin(w, x, fd, true, false);
+    else if (!own_connect(w, x)) {
+        own_release(w, x);
+        return false;
+    }
+    return true;
 }
 
 /* ---- fire-and-forget transfers ------------------------------------------------------ */
@@ -1746,6 +2214,7 @@ static void run_pending(lg_worker *w)
 {
     for (int pass = 0; pass < 4 && (w->mhd_dirty || w->curl_due); pass++) {
         run_mhd(w);
+        drain_curl_messages(w); /* an own connection's request to send (worker_uplink_start) */
         if (w->curl_due) {
             w->curl_due = false;
             curl_action(w, CURL_SOCKET_TIMEOUT, 0);
@@ -1794,6 +2263,7 @@ static void tick_all(lg_worker *w)
     }
     idle_pools(w, &z);
     give_back(z.iov, z.n);
+    idle_expire(w);
 }
 
 static void shutdown_all(lg_worker *w)
@@ -1936,6 +2406,14 @@ static void *worker_main(void *arg)
             case TAG_CURL_SOCK: {
                 if (curl_unpark(w, fd)) break; /* parked since the batch began */
                 lg_xfer *x = w->up_xfers[fd];
+                if (x && x->xb.own) {
+                    own_event(w, x, evs[i].events);
+                    break;
+                }
+                if (!x && (w->curl_fds[fd] & CFD_OWN)) {
+                    idle_event(w, fd);
+                    break;
+                }
                 if (x && x->xb.phase == XB_BODY) { /* the worker reads the body */
                     read_body(w, x);
                     break;
@@ -2144,6 +2622,15 @@ void worker_free(lg_worker *w)
         struct lg_url *u = &w->urls[--w->n_urls];
         curl_url_cleanup(u->parsed);
         free(u->url);
+        uplink_target_free(&u->target);
+    }
+    while (w->n_idle) {
+        lg_idle *p = &w->idle[--w->n_idle];
+        while (p->n)
+            close(p->fds[--p->n]);
+        free(p->origin);
+        lg_xfree(p->fds);
+        lg_xfree(p->since);
     }
     if (w->multi) curl_multi_cleanup(w->multi);
     if (w->epfd >= 0) close(w->epfd);

@@ -48,6 +48,7 @@
 #include "proxy/incident.h"
 #include "proxy/metrics.h"
 #include "proxy/upbody.h"
+#include "proxy/uplink.h"
 
 typedef struct lg_worker lg_worker;
 typedef struct lg_req lg_req;
@@ -135,7 +136,9 @@ struct lg_req {
 };
 
 /* The worker's hold on a transfer's socket while its response is read (worker.c, "the
- * response body outside libcurl"); zeroed with its lg_xfer, the worker's alone after that. */
+ * response body outside libcurl"); zeroed with its lg_xfer, the worker's alone after that.
+ * With `own` the worker speaks HTTP on the connection itself (worker.c, "the worker's own
+ * connections"). */
 typedef struct lg_xbody {
     bool linked;     /* fd is this transfer's socket, and the worker follows it */
     uint8_t phase;   /* worker.c's XB_* */
@@ -143,14 +146,16 @@ typedef struct lg_xbody {
     bool ends_head;  /* the last bytes libcurl got end a head */
     bool held;       /* paused by the body callback: the socket's input is not watched */
     bool due;        /* queued to be run after the current event (lg_worker.body_due) */
-    int fd;
     upbody_head head;
+    int fd;
+    uint32_t stash_at; /* (a stash holds a read or two: far less than 4 GiB) */
     upbody dec;
-    lg_buf stash; /* read from the socket and not yet handed on, from stash_at */
-    size_t stash_at;
+    lg_buf stash;         /* read from the socket and not yet handed on, from stash_at */
+    struct lg_uconn *own; /* the worker's own connection (worker_uplink_start), or NULL */
 } lg_xbody;
 
-/* A libcurl transfer's private data (CURLOPT_PRIVATE): who to tell when it finishes. */
+/* A transfer the worker runs for an owner: on libcurl (CURLOPT_PRIVATE) or on the worker's
+ * own connection (worker_uplink_start), who to tell what. */
 typedef struct lg_xfer {
     /* The transfer's CURLOPT_WRITEFUNCTION when the worker may read its response body
      * itself (worker_head_complete), called as libcurl calls it, with `owner` as its
@@ -165,10 +170,19 @@ typedef struct lg_xfer {
     size_t body_left;
     lg_xbody xb;
     /* The transfer ended (rc as libcurl reports it). The owner removes it from the multi
-     * handle (worker_remove_xfer) before it returns. */
+     * handle (worker_remove_xfer) or stops it (worker_uplink_stop) before it returns. */
     void (*done)(struct lg_xfer *x, CURLcode rc);
     long os_errno; /* CURLINFO_OS_ERRNO when the transfer ended: why a connect failed */
 } lg_xfer;
+
+/* A worker's idle connections to one upstream origin (uplink.h), the last one put back on
+ * top; since[i] is when fds[i] came back. The arrays grow to UPLINK_IDLE_MAX at most. */
+typedef struct lg_idle {
+    char *origin;
+    size_t n, cap;
+    int *fds;
+    uint64_t *since;
+} lg_idle;
 
 /* One libmicrohttpd daemon of a worker. */
 struct lg_shard {
@@ -227,8 +241,13 @@ struct lg_worker {
     struct lg_url {
         char *url;
         CURLU *parsed;
+        bool own;     /* the worker may speak for it (uplink_target_init) */
+        uint8_t idle; /* then its origin's lg_worker.idle entry */
+        uplink_target target;
     } urls[WORKER_URLS]; /* worker_upstream_url's */
     size_t n_urls;
+    lg_idle idle[WORKER_URLS]; /* the own connections' idle pools, one per origin */
+    size_t n_idle;
     bool mhd_dirty;                  /* some shard is ready: run MHD again this iteration */
     lg_req *flush_head, *flush_tail; /* requests with output for a direct write */
     struct edge_conn *edge_conns;    /* every client connection's limits (edge.c) */
@@ -343,7 +362,8 @@ void worker_guard_put(lg_worker *w, guard *g);
  * CURLOPT_URL): parsed once and kept by the worker for its lifetime, so that a transfer
  * skips libcurl's parse of the URL and the normalised copy it prints of it (about 12,000
  * instructions per transfer). NULL when `url` does not parse or the worker keeps
- * WORKER_URLS already: the transfer then gives libcurl the string alone. */
+ * WORKER_URLS already: the transfer then gives libcurl the string alone. The worker also
+ * keeps what worker_uplink_start needs of it (uplink_target_init). */
 CURLU *worker_upstream_url(lg_worker *w, const char *url);
 /* Adds/removes a libcurl easy handle on the worker's multi handle: worker_add_xfer gives
  * it the worker's own options first (its sockets, its proxy), which a kept handle from
@@ -357,8 +377,38 @@ void worker_remove_xfer(lg_worker *w, CURL *easy);
  * can (a plain-text HTTP/1.1 response on a connection the worker follows) and hands libcurl
  * only its end; otherwise, or without take_body, libcurl reads it. Returns whether the
  * worker took it: a pause of x->body is then undone by worker_body_resume, not by
- * curl_easy_pause. */
+ * curl_easy_pause. On the worker's own connection (worker_uplink_start) the worker reads
+ * every body: true, nothing done. */
 bool worker_head_complete(lg_worker *w, lg_xfer *x, CURL *easy, bool take_body);
+/* What an attempt on the worker's own connection sends, and the two callbacks libcurl's
+ * options would name: the CURLOPT_HEADERFUNCTION, called with the lg_xfer's owner as
+ * libcurl calls it (each line of every head, the trailers), and what the
+ * CURLOPT_PREREQFUNCTION is for (the connection is there, the request goes out). */
+typedef struct lg_uplink_req {
+    const char *url;
+    const struct curl_slist *headers; /* read by worker_uplink_start only */
+    const char *body;                 /* the caller's, alive until worker_uplink_stop */
+    size_t body_len;
+    curl_write_callback header;
+    void (*connected)(lg_xfer *x);
+} lg_uplink_req;
+
+/* The exchange's attempt x on the worker's own connection (worker.c, "the worker's own
+ * connections"): a POST of rq's body with its headers to its url, the same request libcurl
+ * would send. True when started: x->done comes later, never from here; rq->header gets the
+ * response's lines, x->body its body (a pause is undone by worker_body_resume),
+ * rq->connected the connection. False, and nothing done, when the transfer is not one the
+ * worker speaks for: the caller runs it on libcurl. Speaks for an http:// URL with no proxy
+ * in the environment (worker.c). */
+bool worker_uplink_start(lg_worker *w, lg_xfer *x, const lg_uplink_req *rq);
+/* Whether x is a transfer of worker_uplink_start's that has not ended. */
+static inline bool worker_uplink_running(const lg_xfer *x)
+{
+    return x->xb.own != NULL;
+}
+/* Ends x's transfer started by worker_uplink_start (done or not; called again, nothing):
+ * its connection is closed unless its response was complete and it went back idle. */
+void worker_uplink_stop(lg_worker *w, lg_xfer *x);
 /* x->body paused its transfer (CURL_WRITEFUNC_PAUSE) and may take data again: returns true
  * when the worker reads x's body (the data follows after the current event), false when
  * libcurl does (the caller unpauses it: curl_easy_pause). */
