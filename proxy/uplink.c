@@ -151,22 +151,28 @@ static bool has_token(const char *v, size_t n, const char *tok, bool last)
     return found;
 }
 
-/* A field line of the final head: what framing and reuse need of it. */
-static void field_line(uplink_resp *r, const char *p, size_t n)
+/* A field line of a head: what framing and reuse need of it. False for a line libcurl 7.88
+ * refuses (CURLE_WEIRD_SERVER_REPLY): no colon, unless it folds onto a field line before it
+ * ("Header without colon"), or a Content-Length that does not begin with a digit (negative
+ * or rubbish: "Invalid Content-Length"). Digits followed by more, or too many, are kept as
+ * bad_len: libcurl reads a length from them, the worker reads to the close instead. */
+static bool field_line(uplink_resp *r, const char *p, size_t n)
 {
-    if (p[0] == ' ' || p[0] == '\t') {
+    if ((p[0] == ' ' || p[0] == '\t') && r->fields) {
         r->folded = true;
-        return;
+        return true;
     }
     const char *c = memchr(p, ':', n), *v;
     size_t vn;
-    if (!c) return;
+    if (!c) return false;
+    r->fields = true;
     size_t name = (size_t)(c - p);
     field_value(p, n, c, &v, &vn);
     if (name == 17 && strncasecmp(p, "transfer-encoding", 17) == 0) {
         r->te = true;
         r->chunked = has_token(v, vn, "chunked", true);
     } else if (name == 14 && strncasecmp(p, "content-length", 14) == 0) {
+        if (!vn || v[0] < '0' || v[0] > '9') return false; /* "Invalid Content-Length" */
         uint64_t len = 0;
         bool ok = vn > 0 && vn <= 18;
         for (size_t i = 0; ok && i < vn; i++) {
@@ -180,6 +186,7 @@ static void field_line(uplink_resp *r, const char *p, size_t n)
     } else if (name == 10 && strncasecmp(p, "connection", 10) == 0) {
         if (has_token(v, vn, "close", false)) r->close = true;
     }
+    return true;
 }
 
 /* One complete line p[0..n) (with its LF): parsed, then handed to fn. Returns false with *rc
@@ -188,6 +195,10 @@ static bool take_line(uplink_resp *r, bool trailers, char *p, size_t n, uplink_l
                       bool *ends, CURLcode *rc)
 {
     *ends = p[0] == '\r' || p[0] == '\n';
+    if (!trailers && memchr(p, '\0', n)) { /* libcurl 7.88: "Nul byte in header" */
+        *rc = CURLE_WEIRD_SERVER_REPLY;
+        return false;
+    }
     if (!trailers && !r->started) {
         if (!status_line(r, p, n)) {
             *rc = CURLE_UNSUPPORTED_PROTOCOL;
@@ -195,8 +206,9 @@ static bool take_line(uplink_resp *r, bool trailers, char *p, size_t n, uplink_l
         }
         r->started = true;
         *ends = false;
-    } else if (!trailers && !*ends) {
-        field_line(r, p, n);
+    } else if (!trailers && !*ends && !field_line(r, p, n)) {
+        *rc = CURLE_WEIRD_SERVER_REPLY;
+        return false;
     }
     r->lines = true;
     if (trailers && *ends) return true; /* libcurl hands trailer fields only, not the end */

@@ -94,6 +94,7 @@ typedef struct uplink_resp {
     bool bad_len;    /* an invalid one, or two that differ */
     bool close;      /* Connection: close */
     bool folded;     /* an obsolete folded line (never reused after) */
+    bool fields;     /* the current head had a field line */
     bool done;       /* the final head ended */
     uint64_t len;    /* Content-Length */
 } uplink_resp;
@@ -109,7 +110,10 @@ typedef size_t (*uplink_line_fn)(char *line, size_t size, size_t len, void *ud);
  * or fewer when the final head (the trailer section) ended with them (r->done), the rest
  * being the body's (what follows the response). -1 with *rc on a failure: a status line that
  * is not "HTTP/1.x NNN" (CURLE_UNSUPPORTED_PROTOCOL, libcurl's code for a response that is
- * not HTTP/1), a line or heads past their bounds (CURLE_OUT_OF_MEMORY), fn refusing a line
+ * not HTTP/1), a NUL in a head's line, a field line without a colon that folds onto no
+ * field or a Content-Length that does not begin with a digit (CURLE_WEIRD_SERVER_REPLY, as
+ * libcurl 7.88), a line or heads past their bounds
+ * (CURLE_OUT_OF_MEMORY), fn refusing a line
  * (CURLE_WRITE_ERROR). After an interim head the state is ready for the next one. */
 ssize_t uplink_head_take(uplink_resp *r, lg_buf *line, bool trailers, char *p, size_t n,
                          uplink_line_fn fn, void *ud, CURLcode *rc);

@@ -191,7 +191,7 @@ static void test_framing_and_reuse(void **state)
         {"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\nContent-Length: 2\r\n\r\n",
          UPLINK_LENGTH, false},
         {"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n", UPLINK_CLOSE, false},
-        {"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", UPLINK_CLOSE, false},
+        {"HTTP/1.1 200 OK\r\nContent-Length: 2x\r\n\r\n", UPLINK_CLOSE, false},
         {"HTTP/1.1 204 No Content\r\n\r\n", UPLINK_NONE, true},
         {"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n folded\r\n\r\n", UPLINK_LENGTH, false},
     };
@@ -217,6 +217,37 @@ static void test_failures(void **state)
         CURLcode rc = CURLE_OK;
         assert_int_equal(feed(&r, &s, false, bad[i], 3, &rc), -1);
         assert_int_equal(rc, CURLE_UNSUPPORTED_PROTOCOL);
+    }
+    /* Lines libcurl 7.88 calls a weird reply: a field line without a colon (a fold onto the
+     * status line included), a NUL in a line, a negative or rubbish Content-Length. A fold
+     * onto a field is taken. */
+    static const struct {
+        const char *head;
+        size_t len;
+    } weird[] = {{"HTTP/1.1 200 OK\r\nNo colon here\r\n\r\n", 0},
+                 {"HTTP/1.1 200 OK\r\n folded: onto the status line\r\nA\r\n\r\n", 0},
+                 {"HTTP/1.1 200 OK\r\nA: a\0b\r\n\r\n", 27},
+                 {"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", 0},
+                 {"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n", 0}};
+    for (size_t i = 0; i < sizeof weird / sizeof *weird; i++) {
+        const char *h = weird[i].head;
+        uplink_resp r = {0};
+        seen s = {0};
+        lg_buf line = LG_BUF_INIT;
+        CURLcode rc = CURLE_OK;
+        char buf[96];
+        size_t n = weird[i].len ? weird[i].len : strlen(h);
+        memcpy(buf, h, n);
+        assert_int_equal(uplink_head_take(&r, &line, false, buf, n, on_line, &s, &rc), -1);
+        assert_int_equal(rc, CURLE_WEIRD_SERVER_REPLY);
+        lg_buf_free(&line);
+    }
+    {
+        uplink_resp r = {0};
+        seen s = {0};
+        CURLcode rc = CURLE_OK;
+        assert_int_equal(feed(&r, &s, false, "HTTP/1.1 200 OK\r\nA: b\r\n c\r\n\r\n", 5, &rc), 29);
+        assert_true(r.done && r.folded);
     }
     /* A line past 100 KiB, and heads past UPLINK_HEAD_MAX of short lines. */
     size_t big = UPLINK_LINE_MAX + 10;
