@@ -310,6 +310,22 @@ static int status_code(const char *line, size_t len)
     return lg_parse_ll(code, 100, 599, &v) ? (int)v : 0;
 }
 
+/* strcasecmp(name, lower) == 0 for a name of nlen bytes up to its NUL (it may hold an
+ * earlier NUL: then it reads as the name before it, as strcasecmp reads it) and a
+ * lower-case `lower` of n bytes; its first byte and the length are compared first, as
+ * most names differ there. */
+static bool name_is(const char *name, size_t nlen, const char *lower, size_t n)
+{
+    return nlen >= n && name[n] == '\0' && (name[0] | 0x20) == lower[0] &&
+           strncasecmp(name, lower, n) == 0;
+}
+
+/* The length of h's field i's name up to the NUL that http_head_line wrote after it. */
+static size_t field_name_len(const http_head *h, size_t i)
+{
+    return (size_t)(h->values[i] - h->names[i]) - 1;
+}
+
 void http_head_line(http_head *h, const char *line, size_t len)
 {
     while (len && (line[len - 1] == '\n' || line[len - 1] == '\r'))
@@ -344,12 +360,12 @@ void http_head_line(http_head *h, const char *line, size_t len)
     memcpy(value, v, vlen);
     value[vlen] = '\0';
     /* A malformed length leaves the size unknown: the body is then relayed as it comes. */
-    if (strcasecmp(name, "Content-Length") == 0 &&
+    if (name_is(name, nlen, "content-length", 14) &&
         !lg_parse_ll(value, 0, LLONG_MAX, &h->content_length))
         h->content_length = -1;
-    if (strcasecmp(name, "Transfer-Encoding") == 0 && token_listed(value, "chunked"))
+    if (name_is(name, nlen, "transfer-encoding", 17) && token_listed(value, "chunked"))
         h->chunked = true;
-    if (strcasecmp(name, "Content-Type") == 0) {
+    if (name_is(name, nlen, "content-type", 12)) {
         lg_xfree(h->content_type);
         h->content_type = lg_xstrdup(value);
     }
@@ -362,11 +378,13 @@ void http_head_apply(const http_head *h, struct MHD_Response *resp, bool own_typ
 {
     const char *connection = NULL;
     for (size_t i = 0; i < h->n; i++)
-        if (strcasecmp(h->names[i], "Connection") == 0) connection = h->values[i];
+        if (name_is(h->names[i], field_name_len(h, i), "connection", 10))
+            connection = h->values[i];
     for (size_t i = 0; i < h->n; i++) {
+        size_t nlen = field_name_len(h, i);
         if (http_is_hop_header(h->names[i], connection) ||
-            strcasecmp(h->names[i], "Content-Length") == 0 ||
-            (own_type && strcasecmp(h->names[i], "Content-Type") == 0))
+            name_is(h->names[i], nlen, "content-length", 14) ||
+            (own_type && name_is(h->names[i], nlen, "content-type", 12)))
             continue;
         MHD_add_response_header(resp, h->names[i], h->values[i]);
     }
