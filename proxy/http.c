@@ -378,8 +378,7 @@ void http_head_apply(const http_head *h, struct MHD_Response *resp, bool own_typ
 {
     const char *connection = NULL;
     for (size_t i = 0; i < h->n; i++)
-        if (name_is(h->names[i], field_name_len(h, i), "connection", 10))
-            connection = h->values[i];
+        if (name_is(h->names[i], field_name_len(h, i), "connection", 10)) connection = h->values[i];
     for (size_t i = 0; i < h->n; i++) {
         size_t nlen = field_name_len(h, i);
         if (http_is_hop_header(h->names[i], connection) ||
