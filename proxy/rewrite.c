@@ -8,12 +8,12 @@
 #include "proxy/rewrite.h"
 
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "proxy/buf.h"
 #include "proxy/dialect.h"
+#include "proxy/jsonguard.h"
 #include "proxy/xalloc.h"
 
 static int fail(rw_error *err, const char *message, const char *param)
@@ -417,19 +417,12 @@ static void put_member(lg_buf *b, bool *first, span key, const char *value, size
 }
 
 /* Whether s[0..n) holds a byte that a JSON string must escape: a control byte, '"' or
- * '\\'. Eight bytes at a time (a byte below 0x20, or equal to one of the two, in a word). */
+ * '\\'. Eight bytes at a time. */
 static bool needs_escape(const char *s, size_t n)
 {
-    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
     size_t i = 0;
-    for (; n - i >= 8; i += 8) {
-        uint64_t w, q, bs;
-        memcpy(&w, s + i, 8);
-        q = w ^ (ones * '"');
-        bs = w ^ (ones * '\\');
-        if ((((w - ones * 0x20) & ~w) | ((q - ones) & ~q) | ((bs - ones) & ~bs)) & highs)
-            return true;
-    }
+    for (; n - i >= 8; i += 8)
+        if (jg_special8(s + i)) return true;
     for (; i < n; i++)
         if ((unsigned char)s[i] < 0x20 || s[i] == '"' || s[i] == '\\') return true;
     return false;

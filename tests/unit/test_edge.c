@@ -326,6 +326,24 @@ static void test_jsonguard_rejects(void **state)
     assert_non_null(strstr(err, "duplicate key \"stream\""));
     assert_int_equal(guard_json("{\"messages\":[],\"m\\u0065ssages\":[]}", 1000, 64, err), -1);
     assert_int_equal(guard_json("{\"a\":{\"b\":1,\"b\":2}}", 1000, 64, err), -1);
+    /* a key without an escape is compared in the body, one with an escape unescaped in
+     * the arena, in either order; and among arena keys after the arena has grown */
+    assert_int_equal(guard_json("{\"m\\u0065ssages\":[],\"messages\":[]}", 1000, 64, err), -1);
+    assert_non_null(strstr(err, "duplicate key \"messages\""));
+    assert_int_equal(
+        guard_json("{\"\\u0061_long_key_1\":1,\"\\u0061_long_key_2\":2,\"\\u0061_long_key_3\":3,"
+                   "\"\\u0061_long_key_4\":4,\"\\u0061_long_key_5\":5,\"a_long_key_\\u0032\":6}",
+                   1000, 64, err),
+        -1);
+    assert_non_null(strstr(err, "duplicate key \"a_long_key_2\""));
+    /* strings are read eight bytes at a time: what ends a run in a word and in the tail */
+    if (guard_json("[\"0123456789abcdef\\\"0123456789\",\"0123456789\\\\x\",\"caf\xc3\xa9\x7f~\"]",
+                   1000, 64, err))
+        fail_msg("%s", err);
+    assert_int_equal(guard_json("\"0123456789abcdef\x01xyz\"", 1000, 64, err), -1);
+    assert_int_equal(guard_json("\"01234567\x1f\"", 1000, 64, err), -1);
+    assert_int_equal(guard_json("{\"0123456789\x02\":1}", 1000, 64, err), -1);
+    assert_int_equal(guard_json("\"0123456789abcdef", 1000, 64, err), -1);
     /* trailing garbage, strict grammar */
     const char *bad[] = {
         "{} x",        "{}{}",         "[1,]",        "{\"a\":1,}", "{'a':1}",   "01",
