@@ -14,6 +14,7 @@
 #include "proxy/buf.h"
 #include "proxy/dialect.h"
 #include "proxy/jsonguard.h"
+#include "proxy/jsontree.h"
 #include "proxy/xalloc.h"
 
 static int fail(rw_error *err, const char *message, const char *param)
@@ -134,7 +135,10 @@ int rw_parse(const char *body, size_t len, bool chat, rw_request *out, rw_error 
     memset(out, 0, sizeof(*out));
     if (!valid_utf8((const unsigned char *)body, len))
         return fail(err, "The request body is not valid UTF-8.", NULL);
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    /* One block for a body in jsonguard's form; anything else as cJSON parses it. */
+    cJSON *root = jt_parse(body, len);
+    bool one_block = root != NULL;
+    if (!one_block) root = cJSON_ParseWithLength(body, len);
     if (!root)
         return fail(
             err, "We could not parse the JSON body of your request: expected a JSON object.", NULL);
@@ -174,19 +178,24 @@ int rw_parse(const char *body, size_t len, bool chat, rw_request *out, rw_error 
     out->messages = top[M_MESSAGES];
     out->stream_options = top[M_STREAM_OPTIONS];
     out->root = root;
+    out->one_block = one_block;
     out->chat = chat;
     rc = 0;
 out:
     if (rc) {
-        cJSON_Delete(root);
-        memset(out, 0, sizeof(*out));
+        out->root = root;
+        out->one_block = one_block;
+        rw_request_clear(out);
     }
     return rc;
 }
 
 void rw_request_clear(rw_request *r)
 {
-    cJSON_Delete(r->root);
+    if (r->one_block)
+        lg_xfree(r->root);
+    else
+        cJSON_Delete(r->root);
     memset(r, 0, sizeof(*r));
 }
 

@@ -29,7 +29,8 @@ typedef struct rw_error {
     const char *code;  /* OpenAI error code, or NULL */
 } rw_error;
 
-/* A parsed client request; owns root. Borrowed strings point into root. */
+/* A parsed client request; owns root (read only: see one_block). Borrowed strings point
+ * into root. */
 typedef struct rw_request {
     cJSON *root;
     /* root's members "messages" and "stream_options" as cJSON's look-up finds them (the
@@ -45,6 +46,7 @@ typedef struct rw_request {
     bool client_usage;  /* streaming and stream_options.include_usage true */
     bool has_temperature;
     bool prompt_is_string; /* completions: prompt is a string (continuation possible) */
+    bool one_block;        /* root is jt_parse's (jsontree.h): freed whole, never cJSON_Delete */
 } rw_request;
 
 /* Parses and validates a request body (need not be NUL-terminated). Returns 0 with *out
