@@ -339,14 +339,23 @@ static const char *skip_ws(const char *p, const char *end)
 }
 
 /* Past the string that starts at p (its opening quote); *escaped is set when it holds a
- * backslash. */
-static const char *skip_string(const char *p, const char *end, bool *escaped)
+ * backslash. A short string (a key, a role) is read byte by byte; past its first 16 bytes
+ * (a prompt's text), eight bytes at a time. */
+static inline const char *skip_string(const char *p, const char *end, bool *escaped)
 {
-    for (p++; p < end; p++) {
-        if (*p == '\\')
-            p++, *escaped = true;
-        else if (*p == '"')
-            return p + 1;
+    for (p++; p < end; p += 2) {
+        const char *q = end - p > 16 ? p + 16 : end;
+        while (p < q && *p != '"' && *p != '\\')
+            p++;
+        if (p == q) {
+            while (end - p >= 8 && !jg_special8(p))
+                p += 8;
+            while (p < end && *p != '"' && *p != '\\')
+                p++;
+        }
+        if (p >= end) break;
+        if (*p == '"') return p + 1;
+        *escaped = true;
     }
     return end;
 }

@@ -463,6 +463,11 @@ static void test_splice(void **state)
         "  \"logit_bias\": {\"50256\": -100}, \"x\": [true, false, 1.5e-3] }\n";
     splice_matches_tree(pretty, true, sg, "[ {");
     splice_matches_tree(pretty, true, vl, "[ {"); /* the client's rid stays where it was */
+    /* a long string (past 16 bytes: read eight at a time) with escapes at several offsets */
+    splice_matches_tree("{\"messages\":[ {\"role\":\"user\",\"content\":\"a long prompt past "
+                        "sixteen bytes \\\"quoted\\\" and \\\\ a backslash, \\\"}],\\\" then "
+                        "more text past eight-byte words\\n\"} ],\"model\":\"m\"}",
+                        true, sg, "[ {");
     /* stream_options: absent, null or only include_usage: spliced; other members: the tree */
     splice_matches_tree("{\"messages\":[ ],\"stream_options\":{\"include_usage\":false}}", true, sg,
                         "[ ]");
