@@ -74,6 +74,15 @@ static void test_head_rejects_ambiguity(void **state)
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "X-A: a\rContent-Length: 0"), 400);
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "X-A: a\nb"), 400);
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "X-A: a\x7f"), 400);
+    /* values are read eight bytes at a time: every byte at every offset of a 20-byte value
+     * (in the first word, the second, the tail) */
+    for (int c = 1; c < 256; c++)
+        for (int at = 0; at < 20; at++) {
+            char line[32] = "X-A: abcdefghijklmnopqrst";
+            line[5 + at] = (char)c;
+            bool bad = (c < 0x20 && c != '\t') || c == 0x7f;
+            assert_int_equal(JUDGE("HTTP/1.0", &v, line), bad ? 400 : 0);
+        }
     /* whitespace before the colon, a control byte or a folded line left in the name */
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "Transfer-Encoding : chunked"), 400);
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", " X-A: a"), 400);
@@ -151,6 +160,14 @@ static void test_path_normalisation(void **state)
     /* dots inside a segment are ordinary */
     expect_path("/v1/models/qwen2.5", "/v1/models/qwen2.5");
     expect_path("/v1/models/...", "/v1/models/...");
+    /* RFC 3986's pchar and '/', byte by byte (a table) */
+    for (int c = 1; c < 256; c++) {
+        if (c == '%') continue;
+        char in[8] = {'/', 'a', (char)c, 'b', 0};
+        bool ok = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                  strchr("-._~!$&'()*+,;=:@/", c);
+        expect_path(in, ok ? in : NULL);
+    }
     assert_true(hh_query_piece_ok("a%20b", 5));
     assert_false(hh_query_piece_ok("a b", 3));
     assert_false(hh_query_piece_ok("a#", 2));
