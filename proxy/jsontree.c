@@ -7,6 +7,7 @@
  * strings after them. */
 #include "proxy/jsontree.h"
 
+#include <ctype.h>
 #include <limits.h>
 #include <locale.h>
 #include <stdbool.h>
@@ -41,24 +42,13 @@ static cJSON *new_value(jt *t)
     return v;
 }
 
-static int hex(char c)
-{
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
 /* The code unit of the four hex digits at p (bounds checked by the caller), or -1. */
 static long hex4(const char *p)
 {
-    long v = 0;
-    for (int k = 0; k < 4; k++) {
-        int d = hex(p[k]);
-        if (d < 0) return -1;
-        v = v << 4 | d;
-    }
-    return v;
+    char d[5] = {p[0], p[1], p[2], p[3], '\0'};
+    for (int k = 0; k < 4; k++)
+        if (!isxdigit((unsigned char)d[k])) return -1;
+    return strtol(d, NULL, 16);
 }
 
 /* cJSON's UTF-8 for a code point (utf16_literal_to_utf8). */
