@@ -403,6 +403,71 @@ static void test_jsonguard_linear(void **state)
     free(s);
 }
 
+/* The upstream's response head, line by line as libcurl hands it over, then applied to a
+ * client response: the last head's end-to-end fields, in one block (a long one grows it; a
+ * name holding a NUL reads as the name before it). */
+static void test_response_head(void **state)
+{
+    (void)state;
+    char long_value[301];
+    memset(long_value, 'v', 300);
+    long_value[300] = '\0';
+    char long_line[320];
+    snprintf(long_line, sizeof long_line, "X-Long: %s\r\n", long_value);
+    const char *lines[] = {"HTTP/1.1 100 Continue\r\n",
+                           "X-Interim: 1\r\n",
+                           "\r\n",
+                           "HTTP/1.1 200 OK\r\n",
+                           "date: Sun, 06 Dec 2026 12:00:00 GMT\r\n",
+                           "Connection: keep-alive, X-Drop\r\n",
+                           "X-Drop: z\r\n",
+                           "Content-Length: 12\r\n",
+                           "content-type: text/event-stream\r\n",
+                           long_line,
+                           "Transfer-Encoding: chunked\r\n",
+                           "Keep-Alive: timeout=5\r\n",
+                           "X-Empty:\r\n",
+                           "X-Id:  abc \t\r\n",
+                           "\r\n"};
+    http_head h = {.content_length = -1};
+    for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) {
+        assert_false(h.complete);
+        if (i == 12) http_head_line(&h, "X-N\0ul: n\r\n", 11); /* fields follow it */
+        http_head_line(&h, lines[i], strlen(lines[i]));
+    }
+    assert_true(h.complete);
+    assert_int_equal(h.status, 200);
+    assert_int_equal(h.content_length, 12);
+    assert_true(h.chunked);
+    assert_string_equal(h.content_type, "text/event-stream");
+    assert_int_equal(h.n, 11);
+    for (int own = 0; own < 2; own++) {
+        struct MHD_Response *r =
+            MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+        http_head_apply(&h, r, own);
+        assert_string_equal(MHD_get_response_header(r, "Date"), "Sun, 06 Dec 2026 12:00:00 GMT");
+        assert_string_equal(MHD_get_response_header(r, "X-Long"), long_value);
+        assert_string_equal(MHD_get_response_header(r, "X-Id"), "abc");
+        assert_string_equal(MHD_get_response_header(r, "X-N"), "n");
+        if (own)
+            assert_null(MHD_get_response_header(r, "Content-Type"));
+        else
+            assert_string_equal(MHD_get_response_header(r, "Content-Type"), "text/event-stream");
+        const char *gone[] = {"X-Interim",      "Connection",        "X-Drop",
+                              "Content-Length", "Transfer-Encoding", "Keep-Alive"};
+        for (size_t i = 0; i < sizeof gone / sizeof *gone; i++)
+            if (MHD_get_response_header(r, gone[i])) fail_msg("%s forwarded", gone[i]);
+        MHD_destroy_response(r);
+    }
+    http_head_drop_fields(&h); /* the status, framing and type stay */
+    assert_int_equal(h.n, 0);
+    assert_string_equal(h.content_type, "text/event-stream");
+    assert_true(h.complete && h.chunked);
+    http_head_clear(&h);
+    assert_int_equal(h.content_length, -1);
+    assert_null(h.content_type);
+}
+
 static void test_forward_headers(void **state)
 {
     (void)state;
@@ -512,6 +577,7 @@ int main(void)
         cmocka_unit_test(test_jsonguard_accepts_json),
         cmocka_unit_test(test_jsonguard_rejects),
         cmocka_unit_test(test_jsonguard_linear),
+        cmocka_unit_test(test_response_head),
         cmocka_unit_test(test_forward_headers),
         cmocka_unit_test(test_xff_any_length),
         cmocka_unit_test(test_passthrough_allow_list),
