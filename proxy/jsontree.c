@@ -247,23 +247,28 @@ static bool value(jt *t, cJSON *v, unsigned depth)
 }
 
 /* The values s[0..n) can hold (see the top of this file); for any text at least as many
- * as the parser takes from it. */
+ * as the parser takes from it. A string ends at the first '"' after it that an even run
+ * of backslashes (none included) stands before: found by memchr, a prompt's text at once. */
 static size_t count_values(const char *s, size_t n)
 {
+    static const unsigned char opens[256] = {[','] = 1, ['['] = 1, ['{'] = 1};
     size_t values = 1;
     for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (c != '"') {
-            values += c == ',' || c == '[' || c == '{';
+        if (s[i] != '"') {
+            values += opens[(unsigned char)s[i]];
             continue;
         }
-        for (i++; i < n; i += 2) { /* to the closing quote, over escapes */
-            while (n - i >= 8 && !jg_special8(s + i))
-                i += 8;
-            while (i < n && s[i] != '"' && s[i] != '\\')
-                i++;
-            if (i >= n || s[i] == '"') break;
+        size_t from = i + 1;
+        for (;;) {
+            const char *q = memchr(s + from, '"', n - from);
+            if (!q) return values; /* unterminated: the parser refuses it */
+            size_t k = (size_t)(q - s), b = k;
+            while (b > i + 1 && s[b - 1] == '\\')
+                b--;
+            from = k + 1;
+            if ((k - b) % 2 == 0) break;
         }
+        i = from - 1;
     }
     return values;
 }
