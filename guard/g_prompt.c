@@ -35,22 +35,26 @@ static bool is_digit(unsigned char c)
     return c >= '0' && c <= '9';
 }
 
-/* The value of a number word ("ten", "fifty", "hundred"), or 0. */
+/* The value of a number word ("ten", "fifty", "hundred"), or 0. Every word of a prompt
+ * asks: a word is compared only with the number words of its length and first letter. */
 static uint32_t number_word(const char *w, size_t n)
 {
-    static const char *const small[] = {"one",     "two",       "three",    "four",     "five",
-                                        "six",     "seven",     "eight",    "nine",     "ten",
-                                        "eleven",  "twelve",    "thirteen", "fourteen", "fifteen",
-                                        "sixteen", "seventeen", "eighteen", "nineteen", "twenty"};
     static const struct {
         const char *w;
+        size_t n;
         uint32_t v;
-    } tens[] = {{"thirty", 30},  {"forty", 40},  {"fifty", 50},  {"sixty", 60},
-                {"seventy", 70}, {"eighty", 80}, {"ninety", 90}, {"hundred", 100}};
-    for (uint32_t i = 0; i < sizeof(small) / sizeof(small[0]); i++)
-        if (strlen(small[i]) == n && !strncmp(w, small[i], n)) return i + 1;
-    for (size_t i = 0; i < sizeof(tens) / sizeof(tens[0]); i++)
-        if (strlen(tens[i].w) == n && !strncmp(w, tens[i].w, n)) return tens[i].v;
+    } words[] = {
+        {"one", 3, 1},        {"two", 3, 2},       {"three", 5, 3},     {"four", 4, 4},
+        {"five", 4, 5},       {"six", 3, 6},       {"seven", 5, 7},     {"eight", 5, 8},
+        {"nine", 4, 9},       {"ten", 3, 10},      {"eleven", 6, 11},   {"twelve", 6, 12},
+        {"thirteen", 8, 13},  {"fourteen", 8, 14}, {"fifteen", 7, 15},  {"sixteen", 7, 16},
+        {"seventeen", 9, 17}, {"eighteen", 8, 18}, {"nineteen", 8, 19}, {"twenty", 6, 20},
+        {"thirty", 6, 30},    {"forty", 5, 40},    {"fifty", 5, 50},    {"sixty", 5, 60},
+        {"seventy", 7, 70},   {"eighty", 6, 80},   {"ninety", 6, 90},   {"hundred", 7, 100}};
+    if (n < 3 || n > 9) return 0;
+    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
+        if (words[i].n == n && words[i].w[0] == w[0] && !memcmp(w, words[i].w, n))
+            return words[i].v;
     return 0;
 }
 

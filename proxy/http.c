@@ -276,12 +276,24 @@ struct curl_slist *http_upstream_headers(struct MHD_Connection *conn, bool for_e
 
 void http_head_drop_fields(http_head *h)
 {
-    for (size_t i = 0; i < h->n; i++)
-        lg_xfree(h->names[i]);
-    lg_xfree(h->names);
-    lg_xfree(h->values);
-    h->names = h->values = NULL;
-    h->n = h->cap = 0;
+    lg_buf_free(&h->fields);
+    h->n = 0;
+}
+
+/* A field of h->fields: its name and value (NUL-terminated) and the name's length. */
+typedef struct head_field {
+    const char *name, *value;
+    size_t name_len;
+} head_field;
+
+/* The field at *at in h->fields, *at moved past it. */
+static head_field next_field(const http_head *h, size_t *at)
+{
+    uint32_t len[2];
+    memcpy(len, h->fields.p + *at, sizeof len);
+    const char *name = h->fields.p + *at + sizeof len;
+    *at += sizeof len + len[0] + 1 + len[1] + 1;
+    return (head_field){name, name + len[0] + 1, len[0]};
 }
 
 void http_head_clear(http_head *h)
@@ -310,6 +322,16 @@ static int status_code(const char *line, size_t len)
     return lg_parse_ll(code, 100, 599, &v) ? (int)v : 0;
 }
 
+/* strcasecmp(name, lower) == 0 for a name of nlen bytes up to its NUL (it may hold an
+ * earlier NUL: then it reads as the name before it, as strcasecmp reads it) and a
+ * lower-case `lower` of n bytes; its first byte and the length are compared first, as
+ * most names differ there. */
+static bool name_is(const char *name, size_t nlen, const char *lower, size_t n)
+{
+    return nlen >= n && name[n] == '\0' && (name[0] | 0x20) == lower[0] &&
+           strncasecmp(name, lower, n) == 0;
+}
+
 void http_head_line(http_head *h, const char *line, size_t len)
 {
     while (len && (line[len - 1] == '\n' || line[len - 1] == '\r'))
@@ -332,43 +354,44 @@ void http_head_line(http_head *h, const char *line, size_t len)
         v++, vlen--;
     while (vlen && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
         vlen--;
-    if (h->n == h->cap) {
-        h->cap = h->cap ? h->cap * 2 : 16;
-        h->names = lg_xrealloc(h->names, h->cap * sizeof *h->names);
-        h->values = lg_xrealloc(h->values, h->cap * sizeof *h->values);
-    }
-    /* One allocation per header: "name\0value\0". */
-    char *name = lg_xmalloc(nlen + vlen + 2), *value = name + nlen + 1;
+    /* Appended to the head's one block (a whole ordinary head in its first 256 bytes). */
+    uint32_t lens[2] = {(uint32_t)nlen, (uint32_t)vlen};
+    lg_buf_reserve(&h->fields, sizeof lens + nlen + vlen + 2 + (h->fields.cap ? 0 : 200));
+    char *rec = h->fields.p + h->fields.len, *name = rec + sizeof lens, *value = name + nlen + 1;
+    memcpy(rec, lens, sizeof lens);
     memcpy(name, line, nlen);
     name[nlen] = '\0';
     memcpy(value, v, vlen);
     value[vlen] = '\0';
+    h->fields.len += sizeof lens + nlen + vlen + 2;
+    h->fields.p[h->fields.len] = '\0'; /* lg_buf's own NUL after its bytes */
     /* A malformed length leaves the size unknown: the body is then relayed as it comes. */
-    if (strcasecmp(name, "Content-Length") == 0 &&
+    if (name_is(name, nlen, "content-length", 14) &&
         !lg_parse_ll(value, 0, LLONG_MAX, &h->content_length))
         h->content_length = -1;
-    if (strcasecmp(name, "Transfer-Encoding") == 0 && token_listed(value, "chunked"))
+    if (name_is(name, nlen, "transfer-encoding", 17) && token_listed(value, "chunked"))
         h->chunked = true;
-    if (strcasecmp(name, "Content-Type") == 0) {
+    if (name_is(name, nlen, "content-type", 12)) {
         lg_xfree(h->content_type);
         h->content_type = lg_xstrdup(value);
     }
-    h->names[h->n] = name;
-    h->values[h->n] = value;
     h->n++;
 }
 
 void http_head_apply(const http_head *h, struct MHD_Response *resp, bool own_type)
 {
     const char *connection = NULL;
-    for (size_t i = 0; i < h->n; i++)
-        if (strcasecmp(h->names[i], "Connection") == 0) connection = h->values[i];
-    for (size_t i = 0; i < h->n; i++) {
-        if (http_is_hop_header(h->names[i], connection) ||
-            strcasecmp(h->names[i], "Content-Length") == 0 ||
-            (own_type && strcasecmp(h->names[i], "Content-Type") == 0))
+    for (size_t i = 0, at = 0; i < h->n; i++) {
+        head_field f = next_field(h, &at);
+        if (name_is(f.name, f.name_len, "connection", 10)) connection = f.value;
+    }
+    for (size_t i = 0, at = 0; i < h->n; i++) {
+        head_field f = next_field(h, &at);
+        if (http_is_hop_header(f.name, connection) ||
+            name_is(f.name, f.name_len, "content-length", 14) ||
+            (own_type && name_is(f.name, f.name_len, "content-type", 12)))
             continue;
-        MHD_add_response_header(resp, h->names[i], h->values[i]);
+        MHD_add_response_header(resp, f.name, f.value);
     }
 }
 

@@ -66,8 +66,10 @@ size_t http_keep_escaped(void *cls, struct MHD_Connection *conn, char *s);
 /* Upstream response head, filled line by line from CURLOPT_HEADERFUNCTION. */
 typedef struct http_head {
     int status;
-    char **names, **values; /* values[i] lives in names[i]'s allocation, after its NUL */
-    size_t n, cap;
+    /* The n fields one after another, each "name\0value\0" after the two lengths (a
+     * uint32_t each, not counting the NULs): one block for a whole head. */
+    lg_buf fields;
+    size_t n;
     long long content_length; /* -1 when absent */
     bool chunked;
     bool complete; /* the blank line after the final (non-1xx) head was seen */

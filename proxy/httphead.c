@@ -25,10 +25,19 @@ static bool is_token(const char *s, size_t n)
 }
 
 /* RFC 9110 §5.5: field-vchar / SP / HTAB; obs-text (0x80-0xff) is kept as nginx and
- * HAProxy keep it. CR, LF, NUL and every other control byte are refused. */
+ * HAProxy keep it. CR, LF, NUL and every other control byte are refused. Eight bytes at a
+ * time while none of them is below 0x20 or 0x7f (a tab among them: the bytes one by one). */
 static bool value_ok(const char *s, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    size_t i = 0;
+    for (; n - i >= 8; i += 8) {
+        uint64_t w, del;
+        memcpy(&w, s + i, 8);
+        del = w ^ (ones * 0x7f);
+        if ((((w - ones * 0x20) & ~w) | ((del - ones) & ~del)) & highs) break;
+    }
+    for (; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         if ((c < 0x20 && c != '\t') || c == 0x7f) return false;
     }
@@ -134,12 +143,15 @@ int hh_check(const hh_request *req, hh_verdict *v)
     return 0;
 }
 
-/* Bytes RFC 3986 allows in a path segment besides '%' escapes (pchar) and '/'. */
-static bool is_path_char(unsigned char c)
-{
-    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return true;
-    return c && strchr("-._~!$&'()*+,;=:@/", c) != NULL;
-}
+/* Bytes RFC 3986 allows in a path segment besides '%' escapes (pchar) and '/': a table, as
+ * every byte of every request's path is checked. */
+static const bool path_char[256] = {
+    ['0' ... '9'] = true, ['a' ... 'z'] = true, ['A' ... 'Z'] = true, ['-'] = true, ['.'] = true,
+    ['_'] = true,         ['~'] = true,         ['!'] = true,         ['$'] = true, ['&'] = true,
+    ['\''] = true,        ['('] = true,         [')'] = true,         ['*'] = true, ['+'] = true,
+    [','] = true,         [';'] = true,         ['='] = true,         [':'] = true, ['@'] = true,
+    ['/'] = true,
+};
 
 static bool is_unreserved(unsigned char c)
 {
@@ -187,7 +199,7 @@ int hh_path_normalize(const char *path, char **out)
             i += 2;
             continue;
         }
-        if (!is_path_char(c)) goto bad;
+        if (!path_char[c]) goto bad;
         p[k++] = (char)c;
     }
     p[k] = '\0';

@@ -14,10 +14,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A key's bytes: at `off` in the body when it holds no escape (most keys), else its
+ * unescaped bytes at off & ~IN_ARENA in the arena. */
+#define IN_ARENA ((size_t)1 << (sizeof(size_t) * 8 - 1))
+
 typedef struct key_slot {
     uint64_t hash;   /* 0: empty */
     size_t obj;      /* serial of the object the key belongs to */
-    size_t off, len; /* the unescaped key in the arena */
+    size_t off, len; /* the unescaped key (IN_ARENA) */
 } key_slot;
 
 typedef struct jg {
@@ -28,7 +32,7 @@ typedef struct jg {
     key_slot *slots; /* `first` until the keys outgrow it, then owned (heap) */
     size_t cap, used;
     key_slot first[32]; /* an ordinary request's keys fit: no allocation for them */
-    lg_buf arena;       /* the unescaped keys, one after another */
+    lg_buf arena;       /* the unescaped keys that hold an escape, one after another */
     char *err;
     size_t errlen;
 } jg;
@@ -39,11 +43,22 @@ static int fail(jg *g, const char *what)
     return -1;
 }
 
-static void skip_ws(jg *g)
+static inline void skip_ws(jg *g)
 {
-    while (g->i < g->n &&
+    while (g->i < g->n && (unsigned char)g->s[g->i] <= ' ' &&
            (g->s[g->i] == ' ' || g->s[g->i] == '\t' || g->s[g->i] == '\n' || g->s[g->i] == '\r'))
         g->i++;
+}
+
+/* The end of the run of plain string bytes (no control byte, '"' or '\\') from i: eight
+ * bytes at a time, then one by one. */
+static size_t plain_end(const char *s, size_t i, size_t n)
+{
+    while (n - i >= 8 && !jg_special8(s + i))
+        i += 8;
+    while (i < n && s[i] != '"' && s[i] != '\\' && (unsigned char)s[i] >= 0x20)
+        i++;
+    return i;
 }
 
 static int hex4(jg *g, uint32_t *out)
@@ -73,9 +88,7 @@ static int parse_string(jg *g, bool keep)
     g->i++;
     for (;;) {
         size_t b = g->i;
-        while (g->i < g->n && g->s[g->i] != '"' && g->s[g->i] != '\\' &&
-               (unsigned char)g->s[g->i] >= 0x20)
-            g->i++;
+        g->i = plain_end(g->s, g->i, g->n);
         if (keep) lg_buf_append(&g->arena, g->s + b, g->i - b);
         if (g->i >= g->n) return fail(g, "unterminated string");
         char c = g->s[g->i];
@@ -168,19 +181,23 @@ static void slots_grow(jg *g)
     g->cap = cap;
 }
 
-/* Records the key arena.p[off..arena.len) of object `obj`. Returns -1 when that object
- * already has it. */
-static int key_add(jg *g, size_t obj, size_t off)
+static const char *key_bytes(const jg *g, size_t off)
 {
-    size_t len = g->arena.len - off;
-    const char *k = g->arena.p + off;
+    return off & IN_ARENA ? g->arena.p + (off & ~IN_ARENA) : g->s + off;
+}
+
+/* Records the key of `len` bytes at `off` (key_slot) of object `obj`. Returns -1 when that
+ * object already has it. */
+static int key_add(jg *g, size_t obj, size_t off, size_t len)
+{
+    const char *k = key_bytes(g, off);
     if ((g->used + 1) * 2 > g->cap) slots_grow(g);
     uint64_t h = hash_key(obj, k, len);
     size_t j = h & (g->cap - 1);
     for (; g->slots[j].hash; j = (j + 1) & (g->cap - 1)) {
         key_slot *s = &g->slots[j];
         if (s->hash == h && s->obj == obj && s->len == len &&
-            memcmp(g->arena.p + s->off, k, len) == 0)
+            memcmp(key_bytes(g, s->off), k, len) == 0)
             return -1;
     }
     g->slots[j] = (key_slot){.hash = h, .obj = obj, .off = off, .len = len};
@@ -213,12 +230,18 @@ static int parse_key(jg *g, size_t obj)
 {
     skip_ws(g);
     if (g->i >= g->n || g->s[g->i] != '"') return fail(g, "expected a string key");
-    size_t off = g->arena.len, at = g->i;
-    if (parse_string(g, true)) return -1;
-    if (key_add(g, obj, off)) {
-        size_t len = g->arena.len - off;
+    size_t at = g->i, off = at + 1, end = plain_end(g->s, off, g->n), len = end - off;
+    if (end < g->n && g->s[end] == '"') {
+        g->i = end + 1; /* no escape: the key is the body's bytes */
+    } else {
+        off = g->arena.len;
+        if (parse_string(g, true)) return -1;
+        len = g->arena.len - off;
+        off |= IN_ARENA;
+    }
+    if (key_add(g, obj, off, len)) {
         snprintf(g->err, g->errlen, "duplicate key \"%.*s\" in a JSON object at byte %zu",
-                 (int)(len > 64 ? 64 : len), g->arena.p + off, at);
+                 (int)(len > 64 ? 64 : len), key_bytes(g, off), at);
         return -1;
     }
     skip_ws(g);

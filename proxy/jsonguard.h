@@ -13,7 +13,10 @@
 #ifndef LG_JSONGUARD_H
 #define LG_JSONGUARD_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 typedef struct jg_limits {
     size_t max_nodes;   /* values (objects, arrays, scalars) in the whole document */
@@ -24,5 +27,18 @@ typedef struct jg_limits {
  * (naming the byte offset, and the key for a duplicate) in err (NUL-terminated,
  * truncated to errlen). */
 int jsonguard_check(const char *s, size_t n, const jg_limits *lim, char *err, size_t errlen);
+
+/* Whether the eight bytes at p hold one that ends a run of plain string bytes: a control
+ * byte (below 0x20), '"' or '\\' (each byte tested without a carry into the next
+ * mattering: a word with none of them never reads as one that has). */
+static inline bool jg_special8(const char *p)
+{
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    uint64_t w, q, b;
+    memcpy(&w, p, 8);
+    q = w ^ (ones * '"');
+    b = w ^ (ones * '\\');
+    return (((w - ones * 0x20) & ~w) | ((q - ones) & ~q) | ((b - ones) & ~b)) & highs;
+}
 
 #endif

@@ -13,6 +13,8 @@
 
 #include "proxy/buf.h"
 #include "proxy/dialect.h"
+#include "proxy/jsonguard.h"
+#include "proxy/jsontree.h"
 #include "proxy/xalloc.h"
 
 static int fail(rw_error *err, const char *message, const char *param)
@@ -133,7 +135,10 @@ int rw_parse(const char *body, size_t len, bool chat, rw_request *out, rw_error 
     memset(out, 0, sizeof(*out));
     if (!valid_utf8((const unsigned char *)body, len))
         return fail(err, "The request body is not valid UTF-8.", NULL);
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    /* One block for a body in jsonguard's form; anything else as cJSON parses it. */
+    cJSON *root = jt_parse(body, len);
+    bool one_block = root != NULL;
+    if (!one_block) root = cJSON_ParseWithLength(body, len);
     if (!root)
         return fail(
             err, "We could not parse the JSON body of your request: expected a JSON object.", NULL);
@@ -170,20 +175,27 @@ int rw_parse(const char *body, size_t len, bool chat, rw_request *out, rw_error 
         out->prompt_is_string = cJSON_IsString(prompt);
     }
     if (check_common(top, out, err)) goto out;
+    out->messages = top[M_MESSAGES];
+    out->stream_options = top[M_STREAM_OPTIONS];
     out->root = root;
+    out->one_block = one_block;
     out->chat = chat;
     rc = 0;
 out:
     if (rc) {
-        cJSON_Delete(root);
-        memset(out, 0, sizeof(*out));
+        out->root = root;
+        out->one_block = one_block;
+        rw_request_clear(out);
     }
     return rc;
 }
 
 void rw_request_clear(rw_request *r)
 {
-    cJSON_Delete(r->root);
+    if (r->one_block)
+        lg_xfree(r->root);
+    else
+        cJSON_Delete(r->root);
     memset(r, 0, sizeof(*r));
 }
 
@@ -326,14 +338,24 @@ static const char *skip_ws(const char *p, const char *end)
     return p;
 }
 
-/* Past the string that starts at p (its opening quote). */
-static const char *skip_string(const char *p, const char *end)
+/* Past the string that starts at p (its opening quote); *escaped is set when it holds a
+ * backslash. A short string (a key, a role) is read byte by byte; past its first 16 bytes
+ * (a prompt's text), eight bytes at a time. */
+static inline const char *skip_string(const char *p, const char *end, bool *escaped)
 {
-    for (p++; p < end; p++) {
-        if (*p == '\\')
+    for (p++; p < end; p += 2) {
+        const char *q = end - p > 16 ? p + 16 : end;
+        while (p < q && *p != '"' && *p != '\\')
             p++;
-        else if (*p == '"')
-            return p + 1;
+        if (p == q) {
+            while (end - p >= 8 && !jg_special8(p))
+                p += 8;
+            while (p < end && *p != '"' && *p != '\\')
+                p++;
+        }
+        if (p >= end) break;
+        if (*p == '"') return p + 1;
+        *escaped = true;
     }
     return end;
 }
@@ -368,9 +390,10 @@ static bool skip_value(const char **pp, const char *end)
 {
     const char *p = *pp;
     int depth = 0;
+    bool escaped = false;
     do {
         if (*p == '"') {
-            p = skip_string(p, end);
+            p = skip_string(p, end, &escaped);
         } else if (*p == '-' || (*p >= '0' && *p <= '9')) {
             if (!skip_number(&p, end)) return false;
         } else if (*p == '{' || *p == '[') {
@@ -395,23 +418,42 @@ static bool key_is(span key, const char *k)
     return key.n == n + 2 && memcmp(key.p + 1, k, n) == 0;
 }
 
+/* Appends `,key:value` (no comma before the first member) in one step. */
 static void put_member(lg_buf *b, bool *first, span key, const char *value, size_t n)
 {
-    if (!*first) lg_buf_append(b, ",", 1);
+    lg_buf_reserve(b, key.n + n + 2);
+    char *w = b->p + b->len;
+    if (!*first) *w++ = ',';
     *first = false;
-    lg_buf_append(b, key.p, key.n);
-    lg_buf_append(b, ":", 1);
-    lg_buf_append(b, value, n);
+    memcpy(w, key.p, key.n);
+    w += key.n;
+    *w++ = ':';
+    memcpy(w, value, n);
+    w += n;
+    *w = '\0';
+    b->len = (size_t)(w - b->p);
+}
+
+/* Whether s[0..n) holds a byte that a JSON string must escape: a control byte, '"' or
+ * '\\'. Eight bytes at a time. */
+static bool needs_escape(const char *s, size_t n)
+{
+    size_t i = 0;
+    for (; n - i >= 8; i += 8)
+        if (jg_special8(s + i)) return true;
+    for (; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == '"' || s[i] == '\\') return true;
+    return false;
 }
 
 /* Whether rewrite_history would change a message: an assistant message with reasoning. */
-static bool history_changes(const cJSON *root, const rw_opts *o)
+static bool history_changes(const rw_request *req, const rw_opts *o)
 {
     bool target = o->upstream_kind == LG_UPSTREAM_VLLM || o->upstream_kind == LG_UPSTREAM_SGLANG;
     if (o->history == LG_HISTORY_KEEP || (o->history == LG_HISTORY_REWRITE && !target))
         return false;
     const cJSON *m;
-    cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(root, "messages"))
+    cJSON_ArrayForEach(m, req->messages)
     {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         if (cJSON_IsString(role) && !strcmp(role->valuestring, "assistant") &&
@@ -427,14 +469,14 @@ static bool history_changes(const cJSON *root, const rw_opts *o)
 static char *splice_upstream(const rw_request *req, const rw_opts *o)
 {
     if (!o->raw || o->step || o->continue_text || o->max_tokens > 0) return NULL;
-    if (req->chat && history_changes(req->root, o)) return NULL;
-    const cJSON *so = cJSON_GetObjectItemCaseSensitive(req->root, "stream_options");
+    if (req->chat && history_changes(req, o)) return NULL;
+    const cJSON *so = req->stream_options;
     if (cJSON_IsObject(so) && so->child &&
         (so->child->next || strcmp(so->child->string, "include_usage") != 0))
         return NULL; /* members of its own to keep */
     bool rid = o->rid && o->upstream_kind == LG_UPSTREAM_SGLANG;
-    for (const char *c = rid ? o->rid : ""; *c; c++)
-        if ((unsigned char)*c < 0x20 || *c == '"' || *c == '\\') return NULL; /* to escape */
+    size_t rid_len = rid ? strlen(o->rid) : 0;
+    if (needs_escape(o->rid, rid_len)) return NULL;
 
     const char *end = o->raw + o->raw_len, *p = skip_ws(o->raw, end);
     if (p == end || *p != '{') return NULL;
@@ -445,9 +487,10 @@ static char *splice_upstream(const rw_request *req, const rw_opts *o)
     span messages = {0}, key = {0};
     for (p = skip_ws(p + 1, end); p < end && *p == '"';) {
         key.p = p;
-        p = skip_string(p, end);
+        bool escaped = false;
+        p = skip_string(p, end, &escaped);
         key.n = (size_t)(p - key.p);
-        if (memchr(key.p, '\\', key.n)) goto tree; /* an escaped key: compare it unescaped */
+        if (escaped) goto tree; /* an escaped key: compare it unescaped */
         p = skip_ws(p, end);
         if (p == end || *p != ':') goto tree; /* cannot be, for a body rw_parse took */
         p = skip_ws(p + 1, end);
@@ -465,8 +508,8 @@ static char *splice_upstream(const rw_request *req, const rw_opts *o)
     put_member(&b, &first, (span){"\"stream\"", 8}, "true", 4);
     put_member(&b, &first, (span){"\"stream_options\"", 16}, "{\"include_usage\":true}", 22);
     if (rid) {
-        lg_buf_append_str(&b, ",\"rid\":\"");
-        lg_buf_append_str(&b, o->rid);
+        lg_buf_append(&b, ",\"rid\":\"", 8);
+        lg_buf_append(&b, o->rid, rid_len);
         lg_buf_append(&b, "\"", 1);
     }
     if (messages.p) put_member(&b, &first, (span){"\"messages\"", 10}, messages.p, messages.n);

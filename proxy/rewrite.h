@@ -29,19 +29,24 @@ typedef struct rw_error {
     const char *code;  /* OpenAI error code, or NULL */
 } rw_error;
 
-/* A parsed client request; owns root. Borrowed strings point into root. */
+/* A parsed client request; owns root (read only: see one_block). Borrowed strings point
+ * into root. */
 typedef struct rw_request {
     cJSON *root;
+    /* root's members "messages" and "stream_options" as cJSON's look-up finds them (the
+     * first of the name), NULL when absent: found in rw_parse's walk, kept for the build. */
+    const cJSON *messages, *stream_options;
+    const char *model; /* NULL when absent */
+    double temperature;
+    int n; /* 1 when absent */
+    /* Added: */
+    int enable_thinking; /* chat_template_kwargs.enable_thinking: -1 unset, 0 false, 1 true */
     bool chat;
     bool client_stream; /* "stream": true */
     bool client_usage;  /* streaming and stream_options.include_usage true */
-    const char *model;  /* NULL when absent */
-    int n;              /* 1 when absent */
-    double temperature;
     bool has_temperature;
-    /* Added: */
-    int enable_thinking;   /* chat_template_kwargs.enable_thinking: -1 unset, 0 false, 1 true */
     bool prompt_is_string; /* completions: prompt is a string (continuation possible) */
+    bool one_block;        /* root is jt_parse's (jsontree.h): freed whole, never cJSON_Delete */
 } rw_request;
 
 /* Parses and validates a request body (need not be NUL-terminated). Returns 0 with *out

@@ -74,6 +74,15 @@ static void test_head_rejects_ambiguity(void **state)
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "X-A: a\rContent-Length: 0"), 400);
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "X-A: a\nb"), 400);
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "X-A: a\x7f"), 400);
+    /* values are read eight bytes at a time: every byte at every offset of a 20-byte value
+     * (in the first word, the second, the tail) */
+    for (int c = 1; c < 256; c++)
+        for (int at = 0; at < 20; at++) {
+            char line[32] = "X-A: abcdefghijklmnopqrst";
+            line[5 + at] = (char)c;
+            bool bad = (c < 0x20 && c != '\t') || c == 0x7f;
+            assert_int_equal(JUDGE("HTTP/1.0", &v, line), bad ? 400 : 0);
+        }
     /* whitespace before the colon, a control byte or a folded line left in the name */
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", "Transfer-Encoding : chunked"), 400);
     assert_int_equal(JUDGE("HTTP/1.1", &v, "Host: x", " X-A: a"), 400);
@@ -151,6 +160,14 @@ static void test_path_normalisation(void **state)
     /* dots inside a segment are ordinary */
     expect_path("/v1/models/qwen2.5", "/v1/models/qwen2.5");
     expect_path("/v1/models/...", "/v1/models/...");
+    /* RFC 3986's pchar and '/', byte by byte (a table) */
+    for (int c = 1; c < 256; c++) {
+        if (c == '%') continue;
+        char in[8] = {'/', 'a', (char)c, 'b', 0};
+        bool ok = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                  strchr("-._~!$&'()*+,;=:@/", c);
+        expect_path(in, ok ? in : NULL);
+    }
     assert_true(hh_query_piece_ok("a%20b", 5));
     assert_false(hh_query_piece_ok("a b", 3));
     assert_false(hh_query_piece_ok("a#", 2));
@@ -326,6 +343,24 @@ static void test_jsonguard_rejects(void **state)
     assert_non_null(strstr(err, "duplicate key \"stream\""));
     assert_int_equal(guard_json("{\"messages\":[],\"m\\u0065ssages\":[]}", 1000, 64, err), -1);
     assert_int_equal(guard_json("{\"a\":{\"b\":1,\"b\":2}}", 1000, 64, err), -1);
+    /* a key without an escape is compared in the body, one with an escape unescaped in
+     * the arena, in either order; and among arena keys after the arena has grown */
+    assert_int_equal(guard_json("{\"m\\u0065ssages\":[],\"messages\":[]}", 1000, 64, err), -1);
+    assert_non_null(strstr(err, "duplicate key \"messages\""));
+    assert_int_equal(
+        guard_json("{\"\\u0061_long_key_1\":1,\"\\u0061_long_key_2\":2,\"\\u0061_long_key_3\":3,"
+                   "\"\\u0061_long_key_4\":4,\"\\u0061_long_key_5\":5,\"a_long_key_\\u0032\":6}",
+                   1000, 64, err),
+        -1);
+    assert_non_null(strstr(err, "duplicate key \"a_long_key_2\""));
+    /* strings are read eight bytes at a time: what ends a run in a word and in the tail */
+    if (guard_json("[\"0123456789abcdef\\\"0123456789\",\"0123456789\\\\x\",\"caf\xc3\xa9\x7f~\"]",
+                   1000, 64, err))
+        fail_msg("%s", err);
+    assert_int_equal(guard_json("\"0123456789abcdef\x01xyz\"", 1000, 64, err), -1);
+    assert_int_equal(guard_json("\"01234567\x1f\"", 1000, 64, err), -1);
+    assert_int_equal(guard_json("{\"0123456789\x02\":1}", 1000, 64, err), -1);
+    assert_int_equal(guard_json("\"0123456789abcdef", 1000, 64, err), -1);
     /* trailing garbage, strict grammar */
     const char *bad[] = {
         "{} x",        "{}{}",         "[1,]",        "{\"a\":1,}", "{'a':1}",   "01",
@@ -366,6 +401,71 @@ static void test_jsonguard_linear(void **state)
     print_message("    %zu keys checked in %.1f ms\n", n,
                   (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6);
     free(s);
+}
+
+/* The upstream's response head, line by line as libcurl hands it over, then applied to a
+ * client response: the last head's end-to-end fields, in one block (a long one grows it; a
+ * name holding a NUL reads as the name before it). */
+static void test_response_head(void **state)
+{
+    (void)state;
+    char long_value[301];
+    memset(long_value, 'v', 300);
+    long_value[300] = '\0';
+    char long_line[320];
+    snprintf(long_line, sizeof long_line, "X-Long: %s\r\n", long_value);
+    const char *lines[] = {"HTTP/1.1 100 Continue\r\n",
+                           "X-Interim: 1\r\n",
+                           "\r\n",
+                           "HTTP/1.1 200 OK\r\n",
+                           "date: Sun, 06 Dec 2026 12:00:00 GMT\r\n",
+                           "Connection: keep-alive, X-Drop\r\n",
+                           "X-Drop: z\r\n",
+                           "Content-Length: 12\r\n",
+                           "content-type: text/event-stream\r\n",
+                           long_line,
+                           "Transfer-Encoding: chunked\r\n",
+                           "Keep-Alive: timeout=5\r\n",
+                           "X-Empty:\r\n",
+                           "X-Id:  abc \t\r\n",
+                           "\r\n"};
+    http_head h = {.content_length = -1};
+    for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) {
+        assert_false(h.complete);
+        if (i == 12) http_head_line(&h, "X-N\0ul: n\r\n", 11); /* fields follow it */
+        http_head_line(&h, lines[i], strlen(lines[i]));
+    }
+    assert_true(h.complete);
+    assert_int_equal(h.status, 200);
+    assert_int_equal(h.content_length, 12);
+    assert_true(h.chunked);
+    assert_string_equal(h.content_type, "text/event-stream");
+    assert_int_equal(h.n, 11);
+    for (int own = 0; own < 2; own++) {
+        struct MHD_Response *r =
+            MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+        http_head_apply(&h, r, own);
+        assert_string_equal(MHD_get_response_header(r, "Date"), "Sun, 06 Dec 2026 12:00:00 GMT");
+        assert_string_equal(MHD_get_response_header(r, "X-Long"), long_value);
+        assert_string_equal(MHD_get_response_header(r, "X-Id"), "abc");
+        assert_string_equal(MHD_get_response_header(r, "X-N"), "n");
+        if (own)
+            assert_null(MHD_get_response_header(r, "Content-Type"));
+        else
+            assert_string_equal(MHD_get_response_header(r, "Content-Type"), "text/event-stream");
+        const char *gone[] = {"X-Interim",      "Connection",        "X-Drop",
+                              "Content-Length", "Transfer-Encoding", "Keep-Alive"};
+        for (size_t i = 0; i < sizeof gone / sizeof *gone; i++)
+            if (MHD_get_response_header(r, gone[i])) fail_msg("%s forwarded", gone[i]);
+        MHD_destroy_response(r);
+    }
+    http_head_drop_fields(&h); /* the status, framing and type stay */
+    assert_int_equal(h.n, 0);
+    assert_string_equal(h.content_type, "text/event-stream");
+    assert_true(h.complete && h.chunked);
+    http_head_clear(&h);
+    assert_int_equal(h.content_length, -1);
+    assert_null(h.content_type);
 }
 
 static void test_forward_headers(void **state)
@@ -477,6 +577,7 @@ int main(void)
         cmocka_unit_test(test_jsonguard_accepts_json),
         cmocka_unit_test(test_jsonguard_rejects),
         cmocka_unit_test(test_jsonguard_linear),
+        cmocka_unit_test(test_response_head),
         cmocka_unit_test(test_forward_headers),
         cmocka_unit_test(test_xff_any_length),
         cmocka_unit_test(test_passthrough_allow_list),

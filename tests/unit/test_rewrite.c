@@ -463,6 +463,11 @@ static void test_splice(void **state)
         "  \"logit_bias\": {\"50256\": -100}, \"x\": [true, false, 1.5e-3] }\n";
     splice_matches_tree(pretty, true, sg, "[ {");
     splice_matches_tree(pretty, true, vl, "[ {"); /* the client's rid stays where it was */
+    /* a long string (past 16 bytes: read eight at a time) with escapes at several offsets */
+    splice_matches_tree("{\"messages\":[ {\"role\":\"user\",\"content\":\"a long prompt past "
+                        "sixteen bytes \\\"quoted\\\" and \\\\ a backslash, \\\"}],\\\" then "
+                        "more text past eight-byte words\\n\"} ],\"model\":\"m\"}",
+                        true, sg, "[ {");
     /* stream_options: absent, null or only include_usage: spliced; other members: the tree */
     splice_matches_tree("{\"messages\":[ ],\"stream_options\":{\"include_usage\":false}}", true, sg,
                         "[ ]");
@@ -493,6 +498,16 @@ static void test_splice(void **state)
     rw_opts odd = sg; /* a rid that would need escaping */
     odd.rid = "q\"x";
     splice_matches_tree(pretty, true, odd, NULL);
+    /* the escape test reads eight bytes at a time, then the tail: a byte to escape in a
+     * word and in the tail, and bytes that are not (at and past 0x80, space, 0x7f) */
+    static const char *const to_escape[] = {"0123456789ab\\def", "01234567\x1f", "0123456\"",
+                                            "\x01"};
+    for (size_t i = 0; i < sizeof to_escape / sizeof *to_escape; i++) {
+        odd.rid = to_escape[i];
+        splice_matches_tree(pretty, true, odd, NULL);
+    }
+    odd.rid = "caf\xc3\xa9 \x7f\xff!#0123456789";
+    splice_matches_tree(pretty, true, odd, "[ {");
     /* text completions: the prompt stays in place */
     splice_matches_tree("{ \"prompt\": \"Once\", \"max_tokens\": 8, \"stream\": true }", false, sg,
                         "\"prompt\":\"Once\"");
