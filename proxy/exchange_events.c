@@ -254,6 +254,11 @@ size_t ex_on_header(char *line, size_t size, size_t n, void *ud)
     exchange *ex = ud;
     bool was_complete = ex->at.head.complete;
     http_head_line(&ex->at.head, line, size * n);
+    if (ex->at.head.too_big) {
+        ex_set_outcome(ex, "upstream_error");
+        ex_fail(ex, 502, "upstream response head too large", "upstream_error", "bad_upstream");
+        return 0;
+    }
     if (ex->at.head.complete && ex->at.head.status == 200 && !is_event_stream(&ex->at.head))
         ex->at.not_sse = true;
     /* An event stream's chunked body may be read by the worker (worker.h): ex_on_write

@@ -356,6 +356,10 @@ void http_head_line(http_head *h, const char *line, size_t len)
         vlen--;
     /* Appended to the head's one block (a whole ordinary head in its first 256 bytes). */
     uint32_t lens[2] = {(uint32_t)nlen, (uint32_t)vlen};
+    if (h->too_big || h->fields.len + nlen + vlen > HTTP_HEAD_FIELDS_MAX) {
+        h->too_big = true;
+        return;
+    }
     lg_buf_reserve(&h->fields, sizeof lens + nlen + vlen + 2 + (h->fields.cap ? 0 : 200));
     char *rec = h->fields.p + h->fields.len, *name = rec + sizeof lens, *value = name + nlen + 1;
     memcpy(rec, lens, sizeof lens);

@@ -73,11 +73,21 @@ typedef struct http_head {
     long long content_length; /* -1 when absent */
     bool chunked;
     bool complete; /* the blank line after the final (non-1xx) head was seen */
+    bool too_big;  /* its fields passed HTTP_HEAD_FIELDS_MAX: the rest were not kept */
     char *content_type;
 } http_head;
 
+/* The bytes of a final head's fields kept for the client's response (names and values).
+ * They are copied onto loopguard's own response head, which libmicrohttpd builds inside the
+ * connection's pool (max_header_bytes, 16 KiB by default): a larger upstream head cannot be
+ * passed on, and the response fails as nginx's "upstream sent too big header" does (502).
+ * 8 KiB is nginx's proxy_buffer_size on 8 KiB pages; inference servers send a few hundred
+ * bytes. */
+#define HTTP_HEAD_FIELDS_MAX 8192
+
 /* Feeds one raw header line (with CRLF) as libcurl delivers it. A status line starts a new
- * head (interim 1xx heads are discarded). */
+ * head (interim 1xx heads are discarded). A field past HTTP_HEAD_FIELDS_MAX sets too_big;
+ * the caller fails the response (502). */
 void http_head_line(http_head *h, const char *line, size_t len);
 /* Adds the end-to-end headers of `h` to `resp` (hop-by-hop and Content-Length skipped, and
  * Content-Type too when `own_type`: the response's body is not the upstream's). */

@@ -81,6 +81,10 @@ static size_t on_header(char *line, size_t size, size_t n, void *ud)
     relay *r = ud;
     r->last_data_ns = req_now(&r->base);
     http_head_line(&r->head, line, size * n);
+    if (r->head.too_big) { /* answered 502 with this cause (the head is not complete) */
+        snprintf(r->why, sizeof r->why, "upstream response head too large");
+        return 0;
+    }
     if (r->head.complete) worker_resume(&r->base); /* the access handler queues the response */
     return size * n;
 }

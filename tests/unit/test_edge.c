@@ -466,6 +466,20 @@ static void test_response_head(void **state)
     http_head_clear(&h);
     assert_int_equal(h.content_length, -1);
     assert_null(h.content_type);
+    /* Fields past HTTP_HEAD_FIELDS_MAX: too_big, and what was kept stays within the bound. */
+    char big[1100];
+    snprintf(big, sizeof big, "X-Big: %01000d\r\n", 0);
+    http_head_line(&h, "HTTP/1.1 200 OK\r\n", 17);
+    for (size_t i = 0; i < HTTP_HEAD_FIELDS_MAX / 1000; i++) {
+        http_head_line(&h, big, strlen(big));
+        assert_false(h.too_big);
+    }
+    http_head_line(&h, big, strlen(big));
+    assert_true(h.too_big);
+    assert_int_equal(h.n, HTTP_HEAD_FIELDS_MAX / 1000);
+    http_head_line(&h, "HTTP/1.1 200 OK\r\n", 17); /* a new head starts clean */
+    assert_false(h.too_big);
+    http_head_clear(&h);
 }
 
 static void test_forward_headers(void **state)
