@@ -23,8 +23,9 @@
  * its fields, not the empty line that ends it) goes to the header callback as libcurl 7.88
  * hands them (http.c, http_chunks.c). The framing follows RFC 9112 §6.3: a
  * Transfer-Encoding whose last coding is chunked wins over Content-Length; another
- * Transfer-Encoding, an invalid Content-Length or neither means a body read until the
- * connection closes; 1xx, 204 and 304 have none. A connection is reused only after an
+ * Transfer-Encoding, a Content-Length with more than digits (or two that differ) or neither
+ * means a body read until the connection closes (one that does not begin with a digit fails
+ * the response, as libcurl fails it); 1xx, 204 and 304 have none. A connection is reused only after an
  * HTTP/1.1 response with no "Connection: close", framed by exactly one of chunked or a
  * valid Content-Length (never both), and with no byte after it (the worker's rule,
  * worker.c). */
