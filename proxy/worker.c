@@ -1935,9 +1935,9 @@ static void own_broken(lg_worker *w, lg_xfer *x, CURLcode rc, long err)
     if (!own_connect(w, x)) end_body(w, x, CURLE_FAILED_INIT, 0);
 }
 
-/* x's request goes on from `sent` (see above). False when the connection failed (x ended,
- * or went on to a new connection). */
-static bool own_send(lg_worker *w, lg_xfer *x)
+/* Writes what is left of x's request from `sent`; false on a failed write (errno says why),
+ * which the caller handles. */
+static bool own_write(lg_worker *w, lg_xfer *x)
 {
     lg_xbody *b = &x->xb;
     lg_uconn *c = b->own;
@@ -1949,17 +1949,28 @@ static bool own_send(lg_worker *w, lg_xfer *x)
     if (at < c->body_len) iov[k++] = (struct iovec){(char *)c->body + at, c->body_len - at};
     struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)k};
     ssize_t n = k ? sys_sendmsg(b->fd, &m, MSG_NOSIGNAL) : 0;
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        own_broken(w, x, CURLE_SEND_ERROR, errno);
-        return false;
-    }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
     if (n > 0) c->sent += (size_t)n;
     own_watch(w, b, c->sent < c->total);
     return true;
 }
 
-/* x has connection fd (reused: from its idle pool): the request goes out, now or (send_now
- * false) after the current event. */
+/* x's request goes on from `sent` (see above). False when the connection failed (x ended,
+ * or went on to a new connection). */
+static bool own_send(lg_worker *w, lg_xfer *x)
+{
+    if (own_write(w, x)) return true;
+    own_broken(w, x, CURLE_SEND_ERROR, errno);
+    return false;
+}
+
+/* x has connection fd (reused: from its idle pool): the request goes out now. With send_now
+ * false (a connection from the idle pool, inside the exchange's start) a failed write is not
+ * handled here, where it would end x inside its owner's call: x's due run after the current
+ * event writes again and handles the failure (own_event). The write itself does not wait
+ * for that run: the exchange starts inside a daemon's run, and a request that waited for the
+ * rest of the daemons' runs (the batch's other requests, its resumed connections) reached
+ * the upstream tens of microseconds later at p90 (tests/bench/HISTORY.md, issue 28, ttft2). */
 static void own_begin(lg_worker *w, lg_xfer *x, int fd, bool reused, bool send_now)
 {
     lg_xbody *b = &x->xb;
@@ -1971,7 +1982,7 @@ static void own_begin(lg_worker *w, lg_xfer *x, int fd, bool reused, bool send_n
     if (b->own->connected) b->own->connected(x);
     if (send_now)
         (void)own_send(w, x);
-    else
+    else if (!own_write(w, x))
         body_due(w, b);
 }
 

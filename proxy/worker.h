@@ -395,7 +395,8 @@ typedef struct lg_uplink_req {
 
 /* The exchange's attempt x on the worker's own connection (worker.c, "the worker's own
  * connections"): a POST of rq's body with its headers to its url, the same request libcurl
- * would send. True when started: x->done comes later, never from here; rq->header gets the
+ * would send. True when started (on a kept connection the request is written before this
+ * returns): x->done comes later, never from here; rq->header gets the
  * response's lines, x->body its body (a pause is undone by worker_body_resume),
  * rq->connected the connection. False, and nothing done, when the transfer is not one the
  * worker speaks for: the caller runs it on libcurl. Speaks for an http:// URL with no proxy
