@@ -315,8 +315,9 @@ struct guard {
 
     /* repeat (g_repeat.c) */
     uint64_t gram;
-    uint16_t *gtab; /* 8-gram hash -> low 16 bits of the offset + 1 of its last byte; a
-                       stale or colliding entry is caught by the run measurement */
+    uint16_t *gtab; /* 8-gram hash -> low 16 bits of the offset + 1 of its last byte, at
+                       anchors; a stale or colliding entry is caught by the run measurement */
+    uint32_t anchor_min, anchor_block; /* the anchors' lowest ranks (guard_gram_anchor) */
     unsigned ncand;
 
     /* repeat (g_repeat.c): Markdown code fences (``` or ~~~ at the head of a line, ≤ 3
