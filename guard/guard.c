@@ -81,7 +81,11 @@ static void setup_detectors(guard *g, guard *old)
 
 guard *guard_new(const guard_params *p, lg_channel ch)
 {
-    guard *g = guard_xcalloc(1, sizeof(*g));
+    /* On a cache line's boundary: the fields a token reads (guard_int.h) are then 4 lines,
+     * where malloc's 16-byte alignment made them 5 three times in four. */
+    guard *g = aligned_alloc(64, (sizeof(*g) + 63) & ~(size_t)63);
+    if (!g) abort();
+    memset(g, 0, sizeof(*g));
     g->p = p;
     g->ch = ch;
     g->bcap = GUARD_BUF_FIRST;

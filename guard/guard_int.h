@@ -280,8 +280,8 @@ struct guard {
     /* From the history above to the repeat detector's candidates below: the fields a token
      * reads (guard.c, then the detectors that read every byte), together. With many streams
      * each token finds its guard cold; up to the candidates they take its first 4 cache
-     * lines of 64 bytes (they were spread over 9, then took 5), the live candidates the
-     * next one or two. */
+     * lines of 64 bytes (they were spread over 9, then took 5; guard_new aligns the guard
+     * to a line), the live candidates the next one or two. */
 
     /* The suspect hooks of the detectors that are on, in table order (at most
      * GUARD_SUSPECTS: leak, rules, repeat), and which are on (guard.c; the list of those on
