@@ -74,19 +74,21 @@ static inline uint32_t guard_gram_rank(uint64_t hash)
 /* The repeat detector records and looks up an 8-gram only at an anchor: an offset whose
  * gram ranks lowest (ties included) among the grams since the start of the block of
  * GUARD_ANCHOR_BLOCK offsets before its own. A token then touches the table's lines about
- * once in 12 bytes, not at every byte: with many streams every line a token touches is a
+ * once in 22 bytes, not at every byte: with many streams every line a token touches is a
  * cache miss, and recording every gram made a 21-byte event write about 15 of the table's 32
  * lines. Every period has anchors: the lowest-ranked gram of its unit is one in every copy
  * once the period has held for two blocks, whatever its length, and so is any gram that ranks
- * below the grams of both copies' blocks (about 1 in 14 of a long unit's), which finds most
- * periods sooner. A period is found about 12 bytes after its 8-gram first repeats (median;
- * every eighth offset: 3.5), so the holdback starts that much later (tests/bench/HISTORY.md,
- * gcold).
+ * below the grams of both copies' blocks, which finds most periods sooner. A period is found
+ * some bytes after its 8-gram first repeats, so the holdback starts that much later than
+ * with a lookup at every eighth offset (loop bytes a client sees before a trip: +1.9 % with
+ * blocks of 8, +5 % with 16). Blocks of 16, not 8: an anchor is a branch as random as the
+ * text, and at one byte in 12 it made the whole-file way 5-12 % slower; at one in 22 it is
+ * as fast as every eighth offset was (tests/bench/HISTORY.md, gcold and gpace).
  *
  * Is pos, whose 8-gram is hashed `hash`, an anchor? *min is the lowest rank since the block
  * before this one began, *block this block's so far (both 0 in a new guard: no anchor before
- * offset 8). g_repeat.c's repeat_run does the same a block at a time. */
-#define GUARD_ANCHOR_BLOCK 8
+ * offset 16). g_repeat.c's repeat_run does the same a block at a time. */
+#define GUARD_ANCHOR_BLOCK 16
 static inline bool guard_gram_anchor(uint32_t *min, uint32_t *block, uint64_t hash, uint64_t pos)
 {
     uint32_t r = guard_gram_rank(hash);

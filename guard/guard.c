@@ -25,7 +25,7 @@
  * byte after byte; a token, where a pass per detector costs more than its work, goes
  * through their steps for one byte in one loop (feed_short, g_short.h).
  *
- * Cost: O(1) amortised per byte (a hash, a table probe at about one byte in 12, ≤
+ * Cost: O(1) amortised per byte (a hash, a table probe at about one byte in 22, ≤
  * GUARD_NCAND compares, a few counters); tests/bench/guard_bench.c measures it. Memory: a
  * guard starts at about 4 KiB (itself, the first KiB of history and the 8-gram table); the
  * segment window and the trigram tables come with the first segment that ends, the word list
