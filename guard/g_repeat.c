@@ -310,15 +310,19 @@ static size_t repeat_run(guard *g, const unsigned char *s, size_t lim, uint64_t 
     while (i < lim) {
         uint64_t pos = fed0 + i;
         uint32_t d = 0;
-        /* A whole block of anchors' ranks in which no candidate comes due: its bytes need no
-         * test but their rank's, and the block's start none (guard_gram_anchor). */
-        if ((pos & (GUARD_ANCHOR_BLOCK - 1)) == 0 && lim - i >= GUARD_ANCHOR_BLOCK &&
-            next >= pos + GUARD_ANCHOR_BLOCK) {
-            amin = ablock;
-            ablock = UINT32_MAX;
-            unsigned k = 0;
+        /* The rest of the block (within the piece) when no candidate comes due in it: its
+         * bytes need no test but their rank's, and the block's start none
+         * (guard_gram_anchor). A token's bytes go this way too. */
+        size_t len = GUARD_ANCHOR_BLOCK - (pos & (GUARD_ANCHOR_BLOCK - 1));
+        if (len > lim - i) len = lim - i;
+        if (next >= pos + len) {
+            if ((pos & (GUARD_ANCHOR_BLOCK - 1)) == 0) {
+                amin = ablock;
+                ablock = UINT32_MAX;
+            }
+            size_t k = 0;
 #pragma GCC unroll 8
-            for (; k < GUARD_ANCHOR_BLOCK; k++) {
+            for (; k < len; k++) {
                 gram = gram << 8 | s[i + k];
                 const uint64_t hash = guard_gram_hash(gram);
                 const uint32_t r = guard_gram_rank(hash);
