@@ -2,13 +2,13 @@
  * repeated often enough for its class of unit.
  *
  * Candidate periods come from an 8-gram table (the distance to the previous occurrence of
- * the last 8 bytes, looked up at every eighth offset); up to GUARD_NCAND live candidates
- * each cost a compare per 16 bytes of a piece (one per byte of a token, g_short.h). When a
- * candidate's periodic tail first reaches the plain threshold of its period (the period
- * table, base_need), its unit is classified (prose, separator, digits, list item, line,
- * table, blob, code) and the threshold raised to its class's; inside a Markdown code fence
- * every threshold is multiplied by fence_factor. Cost: O(1) amortised per byte; memory: the
- * 2 KiB 8-gram table and the candidates. */
+ * the last 8 bytes, recorded and looked up at anchors: g_short.h, guard_gram_anchor); up to
+ * GUARD_NCAND live candidates each cost a compare per 16 bytes of a piece (one per byte of a
+ * token, g_short.h). When a candidate's periodic tail first reaches the plain threshold of
+ * its period (the period table, base_need), its unit is classified (prose, separator,
+ * digits, list item, line, table, blob, code) and the threshold raised to its class's;
+ * inside a Markdown code fence every threshold is multiplied by fence_factor. Cost: O(1)
+ * amortised per byte; memory: the 2 KiB 8-gram table and the candidates. */
 #include <stdlib.h>
 #include <string.h>
 #ifdef __SSE2__
@@ -293,7 +293,7 @@ RARE_PATH bool guard_repeat_event(guard *g, uint64_t pos, uint32_t d, uint64_t e
 /* The repeat detector over a run of bytes s[0..lim) at offset fed0 with one fence state
  * (see repeat_pass). The live candidates are not advanced byte by byte: where each one's
  * period breaks in the piece is found first, 16 bytes at a time, and the per-byte loop only
- * records 8-grams, looks for new periods and stops where something happens
+ * finds the anchors, looks their 8-grams up and stops where something happens
  * (guard_repeat_event). */
 static size_t repeat_run(guard *g, const unsigned char *s, size_t lim, uint64_t fed0)
 {
@@ -305,25 +305,51 @@ static size_t repeat_run(guard *g, const unsigned char *s, size_t lim, uint64_t 
         c->breaks = period_break(g, c->period, fed0, end);
         if (c->ready_at < c->breaks && c->ready_at < next) next = c->ready_at;
     }
+    uint32_t amin = g->anchor_min, ablock = g->anchor_block;
     size_t i = 0;
     while (i < lim) {
         uint64_t pos = fed0 + i;
-        /* Seven bytes that are only recorded, then the one looked up: when no candidate
-         * comes due among them, they need no test at all. */
-        if ((pos & (GUARD_GRAM_EVERY - 1)) == 1 && lim - i >= GUARD_GRAM_EVERY &&
-            next > pos + GUARD_GRAM_EVERY - 2) {
-            for (unsigned k = 0; k < GUARD_GRAM_EVERY - 1; k++) {
-                gram = gram << 8 | s[i + k];
-                gtab[guard_gram_slot(gram)] = (uint16_t)(pos + 1 + k);
+        uint32_t d = 0;
+        /* The rest of the block (within the piece) when no candidate comes due in it: its
+         * bytes need no test but their rank's, and the block's start none
+         * (guard_gram_anchor). A token's bytes go this way too. */
+        size_t len = GUARD_ANCHOR_BLOCK - (pos & (GUARD_ANCHOR_BLOCK - 1));
+        if (len > lim - i) len = lim - i;
+        if (next >= pos + len) {
+            if ((pos & (GUARD_ANCHOR_BLOCK - 1)) == 0) {
+                amin = ablock;
+                ablock = UINT32_MAX;
             }
-            i += GUARD_GRAM_EVERY - 1;
-            pos += GUARD_GRAM_EVERY - 1;
+            size_t k = 0;
+#pragma GCC unroll 8
+            for (; k < len; k++) {
+                gram = gram << 8 | s[i + k];
+                const uint64_t hash = guard_gram_hash(gram);
+                const uint32_t r = guard_gram_rank(hash);
+                ablock = r < ablock ? r : ablock;
+                if (r <= amin) {
+                    amin = r;
+                    if ((d = guard_gram_period(g, gtab, gram, hash, pos + k))) break;
+                }
+            }
+            i += k;
+            if (!d) continue;
+            pos += k; /* a new period: the rest of the block byte after byte */
+        } else {
+            gram = gram << 8 | s[i];
+            const uint64_t hash = guard_gram_hash(gram);
+            if (guard_gram_anchor(&amin, &ablock, hash, pos))
+                d = guard_gram_period(g, gtab, gram, hash, pos);
+            if (!d && pos < next) {
+                i++;
+                continue;
+            }
         }
-        gram = gram << 8 | s[i];
-        uint32_t d = guard_gram_period(g, gtab, gram, pos);
-        if ((d || pos >= next) && guard_repeat_event(g, pos, d, end, &next)) break;
+        if (guard_repeat_event(g, pos, d, end, &next)) break;
         i++;
     }
+    g->anchor_min = amin;
+    g->anchor_block = ablock;
     g->gram = gram;
     if (i == lim) { /* drop the candidates whose period broke in the piece */
         unsigned n = 0;
@@ -441,8 +467,9 @@ static void repeat_release(guard *g)
 }
 
 /* The table of a reset guard, zeroed. A text still whole in the history and shorter than
- * the table wrote at most the slots of its own 8-grams (the gram starts at 0, as here), so
- * clearing those is zeroing it: a 2-token answer clears a dozen slots of 2,048. */
+ * the table wrote at most the slots of its own 8-grams (those at its anchors; the gram starts
+ * at 0, as here), so clearing those is zeroing it: a 2-token answer clears a dozen slots of
+ * 1,024. */
 static void repeat_reset(guard *g, const guard *old)
 {
     g->gtab = old->gtab;
@@ -453,7 +480,7 @@ static void repeat_reset(guard *g, const guard *old)
     uint64_t gram = 0;
     for (size_t i = 0; i < old->blen; i++) {
         gram = gram << 8 | old->buf[i];
-        g->gtab[guard_gram_slot(gram)] = 0;
+        g->gtab[guard_gram_slot(guard_gram_hash(gram))] = 0;
     }
 }
 

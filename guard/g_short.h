@@ -51,32 +51,68 @@ static inline uint64_t guard_gram_at(const guard *g, uint64_t end)
     return v;
 }
 
-/* The 8-gram table slot of gram. */
-static inline uint32_t guard_gram_slot(uint64_t gram)
+/* The 8-gram's hash: its table slot is the top GUARD_GTAB_BITS bits (guard_gram_slot), its
+ * rank among anchors the 32 below them (guard_gram_rank). */
+static inline uint64_t guard_gram_hash(uint64_t gram)
 {
-    return (uint32_t)((gram * 0x9E3779B97F4A7C15ull) >> (64 - GUARD_GTAB_BITS));
+    return gram * 0x9E3779B97F4A7C15ull;
 }
 
-/* The repeat detector looks an 8-gram up at every GUARD_GRAM_EVERY-th offset (see
- * guard_gram_period). */
-#define GUARD_GRAM_EVERY 8
-
-/* Records the 8-gram ending at offset pos and returns the period it shows that is not live
- * yet, or 0. Every 8-gram is recorded, but looked up only at every eighth offset: a new
- * period is noticed at most 7 bytes later (its run is measured exactly anyway, and no
- * threshold is under 32 bytes by default), and the lookup, whose "seen before?" branch
- * waits on two dependent loads and follows the text, runs an eighth as often. Every fourth
- * offset cost 9 % of the wall time on tokens and 10 % on whole files more, for the same
- * verdicts on every AlpacaEval answer; the holdback sees a new period up to 4 bytes later
- * (tests/bench/HISTORY.md, gv3). The candidates' `breaks` must be past pos for those still
- * live. */
-static inline uint32_t guard_gram_period(guard *g, uint16_t *gtab, uint64_t gram, uint64_t pos)
+/* The 8-gram table slot of the gram hashed `hash`. */
+static inline uint32_t guard_gram_slot(uint64_t hash)
 {
-    uint32_t h = guard_gram_slot(gram);
+    return (uint32_t)(hash >> (64 - GUARD_GTAB_BITS));
+}
+
+/* The rank of the gram hashed `hash`: bits the slot does not use, so that the anchors, which
+ * rank low, spread over the whole table. */
+static inline uint32_t guard_gram_rank(uint64_t hash)
+{
+    return (uint32_t)(hash >> (32 - GUARD_GTAB_BITS));
+}
+
+/* The repeat detector records and looks up an 8-gram only at an anchor: an offset whose
+ * gram ranks lowest (ties included) among the grams since the start of the block of
+ * GUARD_ANCHOR_BLOCK offsets before its own. A token then touches the table's lines about
+ * once in 22 bytes, not at every byte: with many streams every line a token touches is a
+ * cache miss, and recording every gram made a 21-byte event write about 15 of the table's 32
+ * lines. Every period has anchors: the lowest-ranked gram of its unit is one in every copy
+ * once the period has held for two blocks, whatever its length, and so is any gram that ranks
+ * below the grams of both copies' blocks, which finds most periods sooner. A period is found
+ * some bytes after its 8-gram first repeats, so the holdback starts that much later than
+ * with a lookup at every eighth offset (loop bytes a client sees before a trip: +1.9 % with
+ * blocks of 8, +5 % with 16). Blocks of 16, not 8: an anchor is a branch as random as the
+ * text, and at one byte in 12 it made the whole-file way 5-12 % slower; at one in 22 it is
+ * as fast as every eighth offset was (tests/bench/HISTORY.md, gcold and gpace).
+ *
+ * Is pos, whose 8-gram is hashed `hash`, an anchor? *min is the lowest rank since the block
+ * before this one began, *block this block's so far (both 0 in a new guard: no anchor before
+ * offset 16). g_repeat.c's repeat_run does the same a block at a time. */
+#define GUARD_ANCHOR_BLOCK 16
+static inline bool guard_gram_anchor(uint32_t *min, uint32_t *block, uint64_t hash, uint64_t pos)
+{
+    uint32_t r = guard_gram_rank(hash);
+    if ((pos & (GUARD_ANCHOR_BLOCK - 1)) == 0) {
+        *min = *block;
+        *block = UINT32_MAX;
+    }
+    bool anchor = r <= *min;
+    *min = anchor ? r : *min;
+    *block = r < *block ? r : *block;
+    return anchor;
+}
+
+/* At the anchor pos, whose 8-gram (hash `hash`) ends there: records it and returns the period
+ * it shows that is not live yet, or 0. The lookup's "seen before?" branch waits on two
+ * dependent loads (the slot, then the history at the distance). The candidates' `breaks` must
+ * be past pos for those still live. */
+static inline uint32_t guard_gram_period(guard *g, uint16_t *gtab, uint64_t gram, uint64_t hash,
+                                         uint64_t pos)
+{
+    uint32_t h = guard_gram_slot(hash);
     uint16_t last = gtab[h];
     gtab[h] = (uint16_t)(pos + 1);
-    /* One branch, on the offset alone, which follows the loop's own pattern. */
-    if (((pos & (GUARD_GRAM_EVERY - 1)) != 0) | (pos < g->base + 7)) return 0;
+    if (pos < g->base + 7) return 0;
     /* A slot may hold another 8-gram, or an old one, or none: only a real match is a period,
      * and comparing the 8 bytes is cheaper than cand_add (g_repeat.c) finding out. Whether
      * the slot is set and the distance in range is as random as the slot's last writer, so
@@ -112,7 +148,10 @@ static inline bool guard_repeat_step(guard *g, uint64_t gram, const unsigned cha
             if (g->cand[k].breaks > pos) g->cand[n++] = g->cand[k];
         g->ncand = n;
     }
-    uint32_t d = guard_gram_period(g, g->gtab, gram, pos);
+    uint64_t hash = guard_gram_hash(gram);
+    uint32_t d = 0;
+    if (guard_gram_anchor(&g->anchor_min, &g->anchor_block, hash, pos))
+        d = guard_gram_period(g, g->gtab, gram, hash, pos);
     uint64_t next;
     return (d || due) && guard_repeat_event(g, pos, d, pos + 1, &next);
 }

@@ -280,8 +280,8 @@ struct guard {
     /* From the history above to the repeat detector's candidates below: the fields a token
      * reads (guard.c, then the detectors that read every byte), together. With many streams
      * each token finds its guard cold; up to the candidates they take its first 4 cache
-     * lines of 64 bytes (they were spread over 9, then took 5), the live candidates the
-     * next one or two. */
+     * lines of 64 bytes (they were spread over 9, then took 5; guard_new aligns the guard
+     * to a line), the live candidates the next one or two. */
 
     /* The suspect hooks of the detectors that are on, in table order (at most
      * GUARD_SUSPECTS: leak, rules, repeat), and which are on (guard.c; the list of those on
@@ -315,8 +315,9 @@ struct guard {
 
     /* repeat (g_repeat.c) */
     uint64_t gram;
-    uint16_t *gtab; /* 8-gram hash -> low 16 bits of the offset + 1 of its last byte; a
-                       stale or colliding entry is caught by the run measurement */
+    uint16_t *gtab; /* 8-gram hash -> low 16 bits of the offset + 1 of its last byte, at
+                       anchors; a stale or colliding entry is caught by the run measurement */
+    uint32_t anchor_min, anchor_block; /* the anchors' lowest ranks (guard_gram_anchor) */
     unsigned ncand;
 
     /* repeat (g_repeat.c): Markdown code fences (``` or ~~~ at the head of a line, ≤ 3
