@@ -1417,7 +1417,6 @@ typedef struct lg_uconn {
                       is retried once on a new connection */
     bool answered;    /* a byte of the response came */
     bool reusable;    /* the response's framing lets the connection serve another request */
-    uint8_t frame;    /* the body's framing (uplink.h's UPLINK_*) */
     uint8_t url;      /* the target's lg_worker.urls entry */
     uint64_t left;    /* UPLINK_LENGTH: body bytes still to come */
     CURL *connect;    /* the connect-only transfer opening the connection, or NULL */
@@ -1432,18 +1431,11 @@ typedef struct lg_uconn {
     void (*connected)(lg_xfer *x);
 } lg_uconn;
 
-/* The body's framing: a chunked one for libcurl's transfers, whose bodies the worker takes
- * only so (worker_head_complete). */
-static uint8_t body_frame(const lg_xbody *b)
-{
-    return b->own ? b->own->frame : UPLINK_CHUNKED;
-}
-
 /* The body's next data in p[0..n) under its framing (upbody_next's contract): a chunked
  * body is decoded, a Content-Length or a close-delimited one is its bytes. */
 static ssize_t body_next(lg_xbody *b, const char *p, size_t n, const char **data, size_t *len)
 {
-    uint8_t f = body_frame(b);
+    uint8_t f = b->frame;
     if (f == UPLINK_CHUNKED) return upbody_next(&b->dec, p, n, data, len);
     size_t k = f == UPLINK_LENGTH && b->own->left < n ? (size_t)b->own->left : n;
     if (f == UPLINK_LENGTH) b->own->left -= k;
@@ -1455,7 +1447,7 @@ static ssize_t body_next(lg_xbody *b, const char *p, size_t n, const char **data
 /* body_next's last len data bytes were not taken (upbody_unread's contract). */
 static void body_unread(lg_xbody *b, size_t len)
 {
-    uint8_t f = body_frame(b);
+    uint8_t f = b->frame;
     if (f == UPLINK_CHUNKED)
         upbody_unread(&b->dec, len);
     else if (f == UPLINK_LENGTH)
@@ -1465,7 +1457,7 @@ static void body_unread(lg_xbody *b, size_t len)
 /* Whether the body ended (a chunked one: at its terminal chunk's size line). */
 static bool body_ended(const lg_xbody *b)
 {
-    uint8_t f = body_frame(b);
+    uint8_t f = b->frame;
     return f == UPLINK_CHUNKED ? upbody_ended(&b->dec) : f == UPLINK_LENGTH && !b->own->left;
 }
 
@@ -1530,7 +1522,7 @@ static void read_body(lg_worker *w, lg_xfer *x)
     ssize_t n = sys_recv(b->fd, w->body_buf, BODY_READ);
     if (n > 0)
         feed_body(w, x, w->body_buf, (size_t)n);
-    else if (n == 0 && body_frame(b) == UPLINK_CLOSE)
+    else if (n == 0 && b->frame == UPLINK_CLOSE)
         own_done(w, x, false); /* the end of a close-delimited body */
     else if (n == 0)
         end_body(w, x, CURLE_PARTIAL_FILE, 0);
@@ -2053,10 +2045,10 @@ static void own_head(lg_worker *w, lg_xfer *x, char *p, size_t n)
     }
     bool reusable;
     lg_buf_free(&c->line); /* a stream keeps no buffer it no longer needs */
-    c->frame = (uint8_t)uplink_framing(&c->resp, &reusable);
+    b->frame = (uint8_t)uplink_framing(&c->resp, &reusable);
     c->reusable = reusable;
     c->left = c->resp.len;
-    if (c->frame == UPLINK_NONE || (c->frame == UPLINK_LENGTH && !c->left)) {
+    if (b->frame == UPLINK_NONE || (b->frame == UPLINK_LENGTH && !c->left)) {
         own_done(w, x, rest == 0);
         return;
     }
@@ -2069,7 +2061,7 @@ static void own_head(lg_worker *w, lg_xfer *x, char *p, size_t n)
 static void own_body_ended(lg_worker *w, lg_xfer *x, char *rest, size_t n)
 {
     lg_xbody *b = &x->xb;
-    if (b->own->frame != UPLINK_CHUNKED) {
+    if (b->frame != UPLINK_CHUNKED) {
         own_done(w, x, n == 0);
         return;
     }
@@ -2078,12 +2070,13 @@ static void own_body_ended(lg_worker *w, lg_xfer *x, char *rest, size_t n)
     if (n) own_head(w, x, rest, n);
 }
 
-/* An event of x's own connection (events: epoll's), or its due run (0). */
+/* An event of x's own connection (events: epoll's), or its due run (0). A token's input
+ * event reads nothing of the connection (*b->own) on its way to read_body. */
 static void own_event(lg_worker *w, lg_xfer *x, uint32_t events)
 {
     lg_xbody *b = &x->xb;
     lg_uconn *c = b->own;
-    if (c->sent < c->total && (!events || (events & EPOLLOUT)) && !own_send(w, x)) return;
+    if ((!events || (events & EPOLLOUT)) && c->sent < c->total && !own_send(w, x)) return;
     if (!(events & ~(uint32_t)EPOLLOUT)) return;
     if (b->phase == XB_BODY) {
         read_body(w, x);

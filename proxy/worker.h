@@ -147,6 +147,10 @@ typedef struct lg_xbody {
     bool held;       /* paused by the body callback: the socket's input is not watched */
     bool due;        /* queued to be run after the current event (lg_worker.body_due) */
     upbody_head head;
+    /* The body's framing (uplink.h's UPLINK_*): an own connection's, from its response head
+     * on; UPLINK_CHUNKED (0) for libcurl's transfers, whose bodies the worker takes only so.
+     * Kept here, not with the own connection, so that a token's read touches none of that. */
+    uint8_t frame;
     int fd;
     uint32_t stash_at; /* (a stash holds a read or two: far less than 4 GiB) */
     upbody dec;
