@@ -119,25 +119,6 @@ bool http_client_authorized(const lg_config *cfg, struct MHD_Connection *conn)
     return ok;
 }
 
-/* True when the comma-separated token list `list` contains `name` (case-insensitive). */
-static bool token_listed(const char *list, const char *name)
-{
-    size_t n = strlen(name);
-    for (const char *p = list; p && *p;) {
-        while (*p == ' ' || *p == '\t' || *p == ',')
-            p++;
-        const char *e = p;
-        while (*e && *e != ',')
-            e++;
-        const char *t = e;
-        while (t > p && (t[-1] == ' ' || t[-1] == '\t'))
-            t--;
-        if ((size_t)(t - p) == n && strncasecmp(p, name, n) == 0) return true;
-        p = e;
-    }
-    return false;
-}
-
 /* Whether `name` is one of the n lower-case names, in any case. The first byte is
  * compared before strcasecmp is called: most names differ there, and a request meets this
  * test some fifty times (each header against both lists, on both sides). */
@@ -161,7 +142,7 @@ bool http_is_hop_header(const char *name, const char *connection_value)
                                       "transfer-encoding",
                                       "upgrade"};
     if (one_of(name, hop, sizeof hop / sizeof *hop)) return true;
-    return connection_value && token_listed(connection_value, name);
+    return connection_value && hh_list_has(connection_value, strlen(connection_value), name, false);
 }
 
 bool http_forward_header(const char *name, const char *connection_value, bool for_exchange)
@@ -373,7 +354,7 @@ void http_head_line(http_head *h, const char *line, size_t len)
     if (name_is(name, nlen, "content-length", 14) &&
         !lg_parse_ll(value, 0, LLONG_MAX, &h->content_length))
         h->content_length = -1;
-    if (name_is(name, nlen, "transfer-encoding", 17) && token_listed(value, "chunked"))
+    if (name_is(name, nlen, "transfer-encoding", 17) && hh_list_has(value, vlen, "chunked", false))
         h->chunked = true;
     if (name_is(name, nlen, "content-type", 12)) {
         lg_xfree(h->content_type);

@@ -70,6 +70,26 @@ static bool parse_length(const char *s, size_t n, long long *out)
     return true;
 }
 
+bool hh_list_has(const char *v, size_t n, const char *tok, bool last)
+{
+    size_t tn = strlen(tok);
+    const char *p = v, *e = v + n;
+    bool found = false;
+    while (p < e) {
+        const char *q = memchr(p, ',', (size_t)(e - p));
+        const char *end = q ? q : e, *s = p, *t = end;
+        while (s < t && (*s == ' ' || *s == '\t'))
+            s++;
+        while (t > s && (t[-1] == ' ' || t[-1] == '\t'))
+            t--;
+        bool is = (size_t)(t - s) == tn && strncasecmp(s, tok, tn) == 0;
+        if (is && !last) return true;
+        if (last && s < t) found = is;
+        p = q ? q + 1 : e;
+    }
+    return found;
+}
+
 /* Walks the comma-separated codings of one Transfer-Encoding value. Counts "chunked"
  * (case-insensitive, no parameters) in *chunked and anything else in *other; an empty
  * element counts as other. Returns whether "chunked" was the last element. */

@@ -54,6 +54,11 @@ int hh_check(const hh_request *req, hh_verdict *v);
  * only bytes allowed in a request target: no controls, space, '#', or non-ASCII. */
 bool hh_query_piece_ok(const char *s, size_t n);
 
+/* Whether the comma-separated list v[0..n) (a Connection or Transfer-Encoding value) has
+ * `tok`, compared without case and without the white space around elements: as its last
+ * non-empty element when `last` (a Transfer-Encoding's final coding), else as any. */
+bool hh_list_has(const char *v, size_t n, const char *tok, bool last);
+
 /* Normalises an origin-form path (RFC 3986 §6.2.2): percent-encoded unreserved characters
  * are decoded ("%2e" -> ".", "%69" -> "i") so the upstream's router and ours see the same
  * path. Rejects (returns -1, *out untouched) a path that does not start with '/', holds a

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "proxy/httphead.h"
 #include "proxy/xalloc.h"
 
 bool uplink_target_init(uplink_target *t, CURLU *url)
@@ -130,27 +131,6 @@ static void field_value(const char *p, size_t n, const char *c, const char **v, 
     *vn = (size_t)(e - s);
 }
 
-/* Whether the comma-separated list v[0..n) has `tok` as its last element (last) or as any. */
-static bool has_token(const char *v, size_t n, const char *tok, bool last)
-{
-    size_t tn = strlen(tok);
-    const char *p = v, *e = v + n;
-    bool found = false;
-    while (p < e) {
-        const char *q = memchr(p, ',', (size_t)(e - p));
-        const char *end = q ? q : e, *s = p, *t = end;
-        while (s < t && (*s == ' ' || *s == '\t'))
-            s++;
-        while (t > s && (t[-1] == ' ' || t[-1] == '\t'))
-            t--;
-        bool is = (size_t)(t - s) == tn && strncasecmp(s, tok, tn) == 0;
-        if (is && !last) return true;
-        if (last && s < t) found = is;
-        p = q ? q + 1 : e;
-    }
-    return found;
-}
-
 /* A field line of a head: what framing and reuse need of it. False for a line libcurl 7.88
  * refuses (CURLE_WEIRD_SERVER_REPLY): no colon, unless it folds onto a field line before it
  * ("Header without colon"), or a Content-Length that does not begin with a digit (negative
@@ -170,7 +150,7 @@ static bool field_line(uplink_resp *r, const char *p, size_t n)
     field_value(p, n, c, &v, &vn);
     if (name == 17 && strncasecmp(p, "transfer-encoding", 17) == 0) {
         r->te = true;
-        r->chunked = has_token(v, vn, "chunked", true);
+        r->chunked = hh_list_has(v, vn, "chunked", true);
     } else if (name == 14 && strncasecmp(p, "content-length", 14) == 0) {
         if (!vn || v[0] < '0' || v[0] > '9') return false; /* "Invalid Content-Length" */
         uint64_t len = 0;
@@ -184,7 +164,7 @@ static bool field_line(uplink_resp *r, const char *p, size_t n)
         else
             r->has_len = true, r->len = len;
     } else if (name == 10 && strncasecmp(p, "connection", 10) == 0) {
-        if (has_token(v, vn, "close", false)) r->close = true;
+        if (hh_list_has(v, vn, "close", false)) r->close = true;
     }
     return true;
 }
