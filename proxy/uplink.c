@@ -131,11 +131,35 @@ static void field_value(const char *p, size_t n, const char *c, const char **v, 
     *vn = (size_t)(e - s);
 }
 
+/* A Content-Length value v[0..vn): one length, or a comma-separated list of the same length
+ * (RFC 9112 §6.3: a list of equal valid values is that value). Anything else, or a length
+ * other than one an earlier field gave, sets bad_len. */
+static void length_list(uplink_resp *r, const char *v, size_t vn)
+{
+    const char *p = v, *e = v + vn;
+    while (p < e) {
+        uint64_t len = 0;
+        size_t digits = 0;
+        for (; p < e && *p >= '0' && *p <= '9' && digits < 19; p++, digits++)
+            len = len * 10 + (uint64_t)(*p - '0');
+        while (p < e && (*p == ' ' || *p == '\t'))
+            p++;
+        if (!digits || digits > 18 || (p < e && *p != ',') || (r->has_len && r->len != len)) {
+            r->bad_len = true;
+            return;
+        }
+        r->has_len = true, r->len = len;
+        if (p < e) p++; /* the comma */
+        while (p < e && (*p == ' ' || *p == '\t'))
+            p++;
+    }
+}
+
 /* A field line of a head: what framing and reuse need of it. False for a line libcurl 7.88
  * refuses (CURLE_WEIRD_SERVER_REPLY): no colon, unless it folds onto a field line before it
  * ("Header without colon"), or a Content-Length that does not begin with a digit (negative
- * or rubbish: "Invalid Content-Length"). Digits followed by more, or too many, are kept as
- * bad_len: libcurl reads a length from them, the worker reads to the close instead. */
+ * or rubbish: "Invalid Content-Length"). Any other invalid Content-Length, or two that
+ * differ, is kept as bad_len: the head's end fails on it (length_invalid). */
 static bool field_line(uplink_resp *r, const char *p, size_t n)
 {
     if ((p[0] == ' ' || p[0] == '\t') && r->fields) {
@@ -153,20 +177,21 @@ static bool field_line(uplink_resp *r, const char *p, size_t n)
         r->chunked = hh_list_has(v, vn, "chunked", true);
     } else if (name == 14 && strncasecmp(p, "content-length", 14) == 0) {
         if (!vn || v[0] < '0' || v[0] > '9') return false; /* "Invalid Content-Length" */
-        uint64_t len = 0;
-        bool ok = vn > 0 && vn <= 18;
-        for (size_t i = 0; ok && i < vn; i++) {
-            ok = v[i] >= '0' && v[i] <= '9';
-            len = len * 10 + (uint64_t)(v[i] - '0');
-        }
-        if (!ok || (r->has_len && r->len != len))
-            r->bad_len = true;
-        else
-            r->has_len = true, r->len = len;
+        length_list(r, v, vn);
     } else if (name == 10 && strncasecmp(p, "connection", 10) == 0) {
         if (hh_list_has(v, vn, "close", false)) r->close = true;
     }
     return true;
+}
+
+/* At the end of a head: true if its body's framing is invalid, which RFC 9112 §6.3 makes an
+ * unrecoverable error (a proxy closes the connection and answers 502): a final answer
+ * that has a body, no Transfer-Encoding, and an invalid Content-Length or two that differ.
+ * libcurl 7.88 would take a length from it; the relay refuses a client's the same way. */
+static bool length_invalid(const uplink_resp *r)
+{
+    bool bodiless = r->status < 200 || r->status == 204 || r->status == 304;
+    return r->bad_len && !r->te && !bodiless;
 }
 
 /* One complete line p[0..n) (with its LF): parsed, then handed to fn. Returns false with *rc
@@ -186,7 +211,7 @@ static bool take_line(uplink_resp *r, bool trailers, char *p, size_t n, uplink_l
         }
         r->started = true;
         *ends = false;
-    } else if (!trailers && !*ends && !field_line(r, p, n)) {
+    } else if (!trailers && ((!*ends && !field_line(r, p, n)) || (*ends && length_invalid(r)))) {
         *rc = CURLE_WEIRD_SERVER_REPLY;
         return false;
     }

@@ -49,14 +49,15 @@
 #include "proxy/num.h"
 #include "tests/bench/chunked.h"
 
-#define MAX_WATCH    16
-#define READ_BUF     65536
-#define MAX_LINE     (1 << 20)
-#define RETRY_NS     (50 * 1000000ULL)
-#define HIST_EXACT_BITS 17 /* exact to the microsecond below 131 ms: every TTFT at the bench's pace */
-#define HIST_LINEAR     (1u << HIST_EXACT_BITS)
-#define HIST_SUBBITS    9
-#define HIST_BINS       (HIST_LINEAR + (64 - HIST_EXACT_BITS) * (1 << HIST_SUBBITS))
+#define MAX_WATCH 16
+#define READ_BUF  65536
+#define MAX_LINE  (1 << 20)
+#define RETRY_NS  (50 * 1000000ULL)
+#define HIST_EXACT_BITS                                                                            \
+    17 /* exact to the microsecond below 131 ms: every TTFT at the bench's pace */
+#define HIST_LINEAR  (1u << HIST_EXACT_BITS)
+#define HIST_SUBBITS 9
+#define HIST_BINS    (HIST_LINEAR + (64 - HIST_EXACT_BITS) * (1 << HIST_SUBBITS))
 
 /* ---- latency histogram: exact below 131 ms, then 9 bits of mantissa (< 0.2 % error) ----
  * The exact range covers TTFT (the upstream's pace, 33 ms, plus the relay's part): with 9
