@@ -14,6 +14,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "guard/guard.h"
@@ -185,8 +186,6 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
  * verdicts are the same. */
 #define GUARD_GTAB_BITS     10
 #define GUARD_NCAND         8
-#define GUARD_MAX_DETECTORS 8
-#define GUARD_SUSPECTS      3 /* detectors with a suspect hook (guard.c checks) */
 #define GUARD_PROMPT_COUNTS 8
 #define GUARD_SHORT         9 /* pieces shorter than this (a token) go byte after byte */
 #define GUARD_RULE_STEP     64
@@ -265,34 +264,27 @@ typedef struct gcyc {
 typedef uint32_t gtri;
 
 struct guard {
+    /* The fields a token reads (guard.c, then the detectors that read every byte), from here
+     * to the repeat detector's candidates: with many streams each token finds its guard
+     * cold, and these take its first 4 cache lines of 64 bytes (guard_new aligns the guard
+     * to a line; they were spread over 9, then took 5, then 4 with two more lines for the
+     * list of detectors on and one for the count detector's state), the live candidates the
+     * next one or two. The assertion after the struct keeps them there. */
     const guard_params *p;
     lg_channel ch;
+    unsigned on; /* bit k: guard.c's table entry k is on (its passes, steps and hooks run) */
     uint64_t fed;
     bool finished;
     bool tripped;
     bool content_seen; /* a non-whitespace byte was fed (empty_answer) */
+    bool leaks_off;    /* leak (g_leak.c): guard_disable_leaks */
 
     /* History (guard.c): buf[i] is the byte at absolute offset base + i. */
     unsigned char *buf;
     uint64_t base;
     size_t blen, bcap; /* bytes held, bytes allocated (GUARD_BUF_FIRST .. GUARD_BUF) */
 
-    /* From the history above to the repeat detector's candidates below: the fields a token
-     * reads (guard.c, then the detectors that read every byte), together. With many streams
-     * each token finds its guard cold; up to the candidates they take its first 4 cache
-     * lines of 64 bytes (they were spread over 9, then took 5; guard_new aligns the guard
-     * to a line), the live candidates the next one or two. */
-
-    /* The suspect hooks of the detectors that are on, in table order (at most
-     * GUARD_SUSPECTS: leak, rules, repeat), and which are on (guard.c; the list of those on
-     * is at the end). The hooks themselves, not their detectors: one load fewer per call,
-     * and 40 bytes fewer in these lines than a slot per detector. */
-    size_t (*sus[GUARD_SUSPECTS])(const struct guard *g);
-    unsigned on; /* bit k: guard.c's table entry k is on (its short path reads it) */
-    unsigned char nsus;
-
     /* leak (g_leak.c); its tables are the params' */
-    bool leaks_off;      /* guard_disable_leaks */
     uint64_t leak_start; /* offset + 1 of the last byte that can start a token */
 
     /* g_text.c: the current segment (line or sentence) and its words. */
@@ -327,6 +319,15 @@ struct guard {
     unsigned char fch, open_ch;
     bool in_fence;
     unsigned open_len;
+
+    /* count (g_count.c): the text before the last number (its offset << 8 | its length + 1;
+     * 0: none), the offset where the count began and the end of the last number; the last
+     * number (at most DIGITS_MAX digits) and how many numbers in a row counted up. Here, not
+     * with the other per-line detectors: a stamp's number ends at every token. */
+    uint64_t cnt_gap, cnt_from, cnt_last_end;
+    uint32_t cnt_value;
+    unsigned cnt_run;
+
     gcand cand[GUARD_NCAND]; /* the live candidates, ncand of them */
 
     /* lines (g_lines.c): allocated at the first segment */
@@ -342,12 +343,6 @@ struct guard {
     uint64_t line_start;   /* g_text.c: the current line's first byte */
     struct gtemplate *tpl; /* template (g_template.c): its last lines and runs; NULL until
                               the first line */
-
-    /* count (g_count.c): the last number, the text before it (its offset << 8 | its length
-     * + 1; 0: none), the offset where the count began and the end of the last number; how
-     * many numbers in a row counted up. */
-    uint64_t cnt_value, cnt_gap, cnt_from, cnt_last_end;
-    unsigned cnt_run;
 
     struct gblock *blk; /* block (g_block.c): its ring of lines; NULL when off */
 
@@ -411,14 +406,11 @@ struct guard {
     unsigned prompt_nof;
     uint32_t prompt_number; /* the largest number in the prompt (g_count.c's slack) */
 
-    /* The detectors that are on, in table order (guard.c: feed_piece, finish, free). */
-    const struct guard_detector *det[GUARD_MAX_DETECTORS];
-    unsigned ndet;
-
     /* The verdict (guard.c); unit is allocated when it trips. */
     guard_verdict v;
     char *unit;
 };
+_Static_assert(offsetof(struct guard, cand) == 256, "a token's fields are 4 cache lines");
 
 /* ---- the detector interface ------------------------------------------------------------ */
 
