@@ -496,12 +496,13 @@ static void repeat_release(guard *g)
 static void repeat_reset(guard *g, const guard *old)
 {
     g->gtab = old->gtab;
-    if (old->base != 0 || old->blen > ((size_t)1 << GUARD_GTAB_BITS) / 4) {
+    const size_t held = (size_t)(old->fed - old->base);
+    if (old->base != 0 || held > ((size_t)1 << GUARD_GTAB_BITS) / 4) {
         memset(g->gtab, 0, ((size_t)1 << GUARD_GTAB_BITS) * sizeof(*g->gtab));
         return;
     }
     uint64_t gram = 0;
-    for (size_t i = 0; i < old->blen; i++) {
+    for (size_t i = 0; i < held; i++) {
         gram = gram << 8 | old->buf[i];
         g->gtab[guard_gram_slot(guard_gram_hash(gram))] = 0;
     }

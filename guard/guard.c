@@ -194,12 +194,11 @@ static void make_room(guard *g)
         unsigned char *grown = realloc(g->buf, cap);
         if (!grown) abort();
         g->buf = grown;
-        g->bcap = cap;
+        g->bcap = (uint32_t)cap;
         return;
     }
     memmove(g->buf, g->buf + (GUARD_BUF - GUARD_HISTORY), GUARD_HISTORY);
     g->base += GUARD_BUF - GUARD_HISTORY;
-    g->blen = GUARD_HISTORY;
 }
 
 /* Feeds a piece of GUARD_SHORT bytes or more that fits the history as it is. Each detector
@@ -213,8 +212,7 @@ static void make_room(guard *g)
 static bool feed_piece(guard *g, const unsigned char *s, size_t n)
 {
     const uint64_t fed0 = g->fed;
-    memcpy(g->buf + g->blen, s, n);
-    g->blen += n;
+    memcpy(g->buf + (fed0 - g->base), s, n);
     size_t lim = n; /* bytes every later pass still judges; a trip at lim when lim < n */
     /* One call site per detector, not one in a loop: each site then always calls the same
      * detector, which the branch predictor learns, where one site calling each detector in
@@ -237,7 +235,6 @@ static bool feed_piece(guard *g, const unsigned char *s, size_t n)
         return false;
     }
     g->fed = fed0 + lim + 1; /* the history ends where the verdict was taken */
-    g->blen = (size_t)(g->fed - g->base);
     return true;
 }
 
@@ -251,7 +248,7 @@ __attribute__((always_inline)) static inline size_t short_loop(guard *g, const u
                                                                size_t rules_at, bool leak,
                                                                bool repeat, bool text, bool words)
 {
-    unsigned char *h = g->buf + g->blen;
+    unsigned char *h = g->buf + (fed0 - g->base);
     uint64_t gram = g->gram; /* in a register: no step reads it */
     size_t i = 0;
     for (; i < n; i++) {
@@ -294,7 +291,6 @@ static bool feed_short(guard *g, const unsigned char *s, size_t n)
         guard_text_words(p)) {
         size_t i = short_loop(g, s, n, fed0, n, true, true, true, true);
         g->fed = fed0 + i + (i < n); /* on a trip the history ends where the verdict was taken */
-        g->blen = (size_t)(g->fed - g->base);
         return i < n;
     }
     const bool leak = (on & 1u << D_LEAK) && !g->leaks_off, repeat = on & 1u << D_REPEAT;
@@ -310,7 +306,6 @@ static bool feed_short(guard *g, const unsigned char *s, size_t n)
     if (i == m && budget_at < n && detectors[D_BUDGET]->pass(g, m, fed0) == budget_at)
         i = budget_at;
     g->fed = fed0 + i + (i < n); /* on a trip the history ends where the verdict was taken */
-    g->blen = (size_t)(g->fed - g->base);
     return i < n;
 }
 
@@ -323,8 +318,9 @@ static bool feed_bytes(guard *g, const unsigned char *s, size_t len)
     for (size_t i = 0; !g->content_seen && i < len; i++)
         g->content_seen = s[i] > ' ';
     while (len) {
-        if (g->blen == g->bcap) make_room(g);
-        size_t n = g->bcap - g->blen < len ? g->bcap - g->blen : len;
+        if (g->fed - g->base == g->bcap) make_room(g);
+        size_t room = g->bcap - (size_t)(g->fed - g->base);
+        size_t n = room < len ? room : len;
         if (n < GUARD_SHORT ? feed_short(g, s, n) : feed_piece(g, s, n)) return true;
         s += n;
         len -= n;
@@ -337,6 +333,7 @@ bool guard_feed(guard *g, const char *buf, size_t len)
     if (g->tripped || g->finished) return g->tripped;
     if (!g->p->enabled) {
         g->fed += len;
+        g->base = g->fed; /* the history holds none of them */
         return false;
     }
     return feed_bytes(g, (const unsigned char *)buf, len);

@@ -264,46 +264,46 @@ typedef struct gcyc {
 typedef uint32_t gtri;
 
 struct guard {
-    /* The fields a token reads (guard.c, then the detectors that read every byte), from here
-     * to the repeat detector's candidates: with many streams each token finds its guard
-     * cold, and these take its first 4 cache lines of 64 bytes (guard_new aligns the guard
-     * to a line; they were spread over 9, then took 5, then 4 with two more lines for the
-     * list of detectors on and one for the count detector's state), the live candidates the
-     * next one or two. The assertion after the struct keeps them there. */
+    /* With many streams each token finds its guard cold: every cache line it reads is a
+     * miss. guard_new aligns the guard to a line, and its fields are laid out by how often a
+     * token reads them, then by owner: the first 3 lines hold what every token reads (they
+     * were spread over 9, then took 5, then 4, and two more for the list of detectors on and
+     * one for the count detector's state), the 4th what some tokens read (a segment's or a
+     * line's first byte, a character of several bytes, a fence, a number of at most 9
+     * digits, a verdict), the candidates the next one or two, when there are any. The
+     * assertions after the struct keep them so. */
+
+    /* ---- lines 0-2: read by every token ---- */
+    /* guard.c: the history, buf[i] the byte at absolute offset base + i; it holds the fed -
+     * base bytes fed since base. */
     const guard_params *p;
-    lg_channel ch;
-    unsigned on; /* bit k: guard.c's table entry k is on (its passes, steps and hooks run) */
     uint64_t fed;
+    unsigned char *buf;
+    uint64_t base;
+    uint32_t bcap; /* bytes allocated (GUARD_BUF_FIRST .. GUARD_BUF) */
+    unsigned on;   /* bit k: guard.c's table entry k is on (its passes, steps and hooks run) */
     bool finished;
     bool tripped;
     bool content_seen; /* a non-whitespace byte was fed (empty_answer) */
-    bool leaks_off;    /* leak (g_leak.c): guard_disable_leaks */
-
-    /* History (guard.c): buf[i] is the byte at absolute offset base + i. */
-    unsigned char *buf;
-    uint64_t base;
-    size_t blen, bcap; /* bytes held, bytes allocated (GUARD_BUF_FIRST .. GUARD_BUF) */
 
     /* leak (g_leak.c); its tables are the params' */
+    bool leaks_off;      /* guard_disable_leaks */
     uint64_t leak_start; /* offset + 1 of the last byte that can start a token */
 
     /* g_text.c: the current segment (line or sentence) and its words. */
-    uint64_t seg_hash, seg_start;
-    uint32_t seg_len, seg_alpha, seg_code, seg_words,
-        seg_wide; /* non-space bytes, letters, code chars */
+    uint64_t seg_hash;
+    gword *sw; /* the segment's first words, up to GUARD_SEG_WORDS; grown on demand from 16:
+                  most segments are short */
+    uint64_t w_hash, w_start;
+    uint32_t seg_len, seg_alpha, seg_code, seg_words; /* non-space bytes, letters, code chars */
+    unsigned nsw, sw_cap;
+    uint32_t w_len;
+    unsigned cp_need; /* continuation bytes still expected */
     unsigned char seg_lastc;
-    bool seg_lead;     /* only digits so far: a list number, left out of the hash */
-    bool seg_numbered; /* the segment's first word is a number */
+    bool seg_lead; /* only digits so far: a list number, left out of the hash */
     bool seg_gap;
     unsigned char prev, prev2;
-    gword *sw;            /* the segment's first words, up to GUARD_SEG_WORDS; grown on */
-    unsigned nsw, sw_cap; /* demand from 16: most segments are short */
-    uint64_t w_hash, w_start;
-    uint32_t w_len;
-    bool w_alpha;      /* the word starts with a letter */
-    uint32_t cp;       /* code point being decoded */
-    unsigned cp_need;  /* continuation bytes still expected */
-    uint64_t cp_start; /* offset of its first byte */
+    bool w_alpha; /* the word starts with a letter */
 
     /* repeat (g_repeat.c) */
     uint64_t gram;
@@ -311,24 +311,38 @@ struct guard {
                        anchors; a stale or colliding entry is caught by the run measurement */
     uint32_t anchor_min, anchor_block; /* the anchors' lowest ranks (guard_gram_anchor) */
     unsigned ncand;
+    unsigned fstate; /* code fences (below): 0 leading spaces, 1 in a fence run, 2 rest of line */
+
+    /* count (g_count.c): the text before the last number (its offset << 8 | its length + 1;
+     * 0: none) and the end of the last number; how many numbers in a row counted up. In
+     * these lines: a stamp's number ends at every token. */
+    uint64_t cnt_gap, cnt_last_end;
+    unsigned cnt_run;
+
+    /* ---- line 3: read by some tokens ---- */
+    lg_channel ch; /* guard.c: for the verdict */
+
+    /* g_text.c: the current segment's first byte, its letters of several bytes, whether
+     * its first word is a number; the code point being decoded and its first byte. */
+    uint64_t seg_start;
+    uint32_t seg_wide;
+    bool seg_numbered;
+    uint32_t cp;
+    uint64_t cp_start;
 
     /* repeat (g_repeat.c): Markdown code fences (``` or ~~~ at the head of a line, ≤ 3
      * spaces in). */
-    unsigned fstate; /* 0 leading spaces, 1 in a fence run, 2 rest of line */
     unsigned fcol, frun;
     unsigned char fch, open_ch;
     bool in_fence;
     unsigned open_len;
 
-    /* count (g_count.c): the text before the last number (its offset << 8 | its length + 1;
-     * 0: none), the offset where the count began and the end of the last number; the last
-     * number (at most DIGITS_MAX digits) and how many numbers in a row counted up. Here, not
-     * with the other per-line detectors: a stamp's number ends at every token. */
-    uint64_t cnt_gap, cnt_from, cnt_last_end;
+    /* count (g_count.c): the offset where the count began, the last number (at most
+     * DIGITS_MAX digits; a longer one is not kept). */
+    uint64_t cnt_from;
     uint32_t cnt_value;
-    unsigned cnt_run;
 
-    gcand cand[GUARD_NCAND]; /* the live candidates, ncand of them */
+    _Alignas(64) gcand cand[GUARD_NCAND]; /* the live candidates, ncand of them */
 
     /* lines (g_lines.c): allocated at the first segment */
     gseg *segs;
@@ -410,7 +424,8 @@ struct guard {
     guard_verdict v;
     char *unit;
 };
-_Static_assert(offsetof(struct guard, cand) == 256, "a token's fields are 4 cache lines");
+_Static_assert(offsetof(struct guard, ch) <= 192, "what every token reads is 3 cache lines");
+_Static_assert(offsetof(struct guard, cand) == 256, "what some tokens read is the 4th");
 
 /* ---- the detector interface ------------------------------------------------------------ */
 
