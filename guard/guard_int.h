@@ -292,26 +292,19 @@ struct guard {
 
     /* g_text.c: the current segment (line or sentence) and its words. */
     uint64_t seg_hash;
-    gword *sw; /* the segment's first words, up to GUARD_SEG_WORDS; grown on demand from 16:
-                  most segments are short */
-    uint64_t w_hash, w_start;
+    gword *sw; /* the segment's first words, up to GUARD_SEG_WORDS; grown on demand from 16
+                  (most segments are short), on a cache line's boundary */
+    gword pw;  /* word nsw - 1 when nsw is odd: word_end writes sw's words in pairs */
+    gword w;   /* the current word: its hash so far, first byte, whether it starts with a
+                  letter */
     uint32_t seg_len, seg_alpha, seg_code, seg_words; /* non-space bytes, letters, code chars */
     unsigned nsw, sw_cap;
     uint32_t w_len;
-    unsigned cp_need; /* continuation bytes still expected */
+    unsigned char cp_need; /* continuation bytes still expected */
     unsigned char seg_lastc;
     bool seg_lead; /* only digits so far: a list number, left out of the hash */
     bool seg_gap;
     unsigned char prev, prev2;
-    bool w_alpha; /* the word starts with a letter */
-
-    /* repeat (g_repeat.c) */
-    uint64_t gram;
-    uint16_t *gtab; /* 8-gram hash -> low 16 bits of the offset + 1 of its last byte, at
-                       anchors; a stale or colliding entry is caught by the run measurement */
-    uint32_t anchor_min, anchor_block; /* the anchors' lowest ranks (guard_gram_anchor) */
-    unsigned ncand;
-    unsigned fstate; /* code fences (below): 0 leading spaces, 1 in a fence run, 2 rest of line */
 
     /* count (g_count.c): the text before the last number (its offset << 8 | its length + 1;
      * 0: none) and the end of the last number; how many numbers in a row counted up. In
@@ -319,28 +312,37 @@ struct guard {
     uint64_t cnt_gap, cnt_last_end;
     unsigned cnt_run;
 
+    /* repeat (g_repeat.c) */
+    uint32_t anchor_min, anchor_block; /* the anchors' lowest ranks (guard_gram_anchor) */
+    unsigned char ncand;
+    unsigned char fstate; /* code fences (below): 0 leading spaces, 1 in a fence run, 2 rest of
+                             line */
+    uint64_t gram;
+    uint16_t *gtab; /* 8-gram hash -> low 16 bits of the offset + 1 of its last byte, at
+                       anchors; a stale or colliding entry is caught by the run measurement */
+
     /* ---- line 3: read by some tokens ---- */
     lg_channel ch; /* guard.c: for the verdict */
 
-    /* g_text.c: the current segment's first byte, its letters of several bytes, whether
-     * its first word is a number; the code point being decoded and its first byte. */
-    uint64_t seg_start;
+    /* g_text.c: the current segment's letters of several bytes and first byte, the code
+     * point being decoded and its first byte, whether the segment's first word is a
+     * number. */
     uint32_t seg_wide;
-    bool seg_numbered;
+    uint64_t seg_start, cp_start;
     uint32_t cp;
-    uint64_t cp_start;
+    bool seg_numbered;
 
     /* repeat (g_repeat.c): Markdown code fences (``` or ~~~ at the head of a line, ≤ 3
      * spaces in). */
-    unsigned fcol, frun;
     unsigned char fch, open_ch;
     bool in_fence;
+    unsigned fcol, frun;
     unsigned open_len;
 
-    /* count (g_count.c): the offset where the count began, the last number (at most
-     * DIGITS_MAX digits; a longer one is not kept). */
-    uint64_t cnt_from;
+    /* count (g_count.c): the last number (at most DIGITS_MAX digits; a longer one is not
+     * kept), the offset where the count began. */
     uint32_t cnt_value;
+    uint64_t cnt_from;
 
     _Alignas(64) gcand cand[GUARD_NCAND]; /* the live candidates, ncand of them */
 
