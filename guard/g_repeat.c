@@ -241,29 +241,33 @@ static uint64_t run_back(const guard *g, uint32_t d, uint64_t from)
 }
 
 /* The 8 bytes ending at pos also end at pos - d, inside the history (the caller compared
- * them): tracks period d when a slot is free or holds a shorter run. The caller's list
- * holds the candidates live at pos, none of period d (guard_gram_period found d is no live
+ * them): tracks period d when a slot is free or holds a shorter run, unless the period breaks
+ * in the piece (which ends at `end`) before it could trip. The caller's list holds the
+ * candidates live at pos, none of period d (guard_gram_period found d is no live
  * candidate's, and guard_repeat_event dropped the others first). */
 static void cand_add(guard *g, uint64_t pos, uint32_t d, uint64_t end)
 {
     /* Measure the run by walking back from those 8 bytes: O(run), and a run only starts
      * being tracked once, so this is amortised O(1). */
-    uint64_t j = run_back(g, d, pos - 8);
+    gcand nc = {.start = run_back(g, d, pos - 8) + 1, .period = d};
+    nc.ready_at = cand_ready_at(&nc, g->p->repeat.base_need[d]);
+    nc.breaks = period_break(g, d, pos + 1, end);
+    /* A run that ends in the piece short of its threshold (ready_at, which judging only
+     * raises) could never trip: tracked, it would only be dropped at the piece's end, and
+     * with many paced streams its slot's line was a cache miss (a stamp's shared prefix
+     * with the one before is such a run at most events). A later anchor of the run finds it
+     * again, and so again not worth tracking. */
+    if (nc.breaks < end && nc.ready_at >= nc.breaks) return;
     unsigned slot = g->ncand;
     if (slot == GUARD_NCAND) { /* replace the shortest run, the latest start */
         slot = 0;
         for (unsigned i = 1; i < GUARD_NCAND; i++)
             if (g->cand[i].start > g->cand[slot].start) slot = i;
-        if (g->cand[slot].start <= j + 1) return;
+        if (g->cand[slot].start <= nc.start) return;
     } else {
         g->ncand++;
     }
-    gcand *c = &g->cand[slot];
-    c->start = j + 1;
-    c->period = d;
-    c->judged = false;
-    c->ready_at = cand_ready_at(c, g->p->repeat.base_need[d]);
-    c->breaks = period_break(g, d, pos + 1, end);
+    g->cand[slot] = nc;
 }
 
 /* guard_repeat_event (contract in g_short.h, whose step for one byte calls it too). */
