@@ -294,9 +294,10 @@ struct guard {
     uint64_t seg_hash;
     gword *sw; /* the segment's first words, up to GUARD_SEG_WORDS; grown on demand from 16
                   (most segments are short), on a cache line's boundary */
-    gword pw;  /* word nsw - 1 when nsw is odd: word_end writes sw's words in pairs */
     gword w;   /* the current word: its hash so far, first byte, whether it starts with a
-                  letter */
+                 letter */
+    gword pw;  /* right after w: word nsw - 1 when nsw is odd (word_end writes sw's words in
+                 pairs) */
     uint32_t seg_len, seg_alpha, seg_code, seg_words; /* non-space bytes, letters, code chars */
     unsigned nsw, sw_cap;
     uint32_t w_len;
@@ -428,6 +429,8 @@ struct guard {
 };
 _Static_assert(offsetof(struct guard, ch) <= 192, "what every token reads is 3 cache lines");
 _Static_assert(offsetof(struct guard, cand) == 256, "what some tokens read is the 4th");
+_Static_assert(offsetof(struct guard, pw) == offsetof(struct guard, w) + sizeof(gword),
+               "word_end writes w and pw as a pair");
 
 /* ---- the detector interface ------------------------------------------------------------ */
 
