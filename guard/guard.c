@@ -78,8 +78,9 @@ static void setup_detectors(guard *g, guard *old)
 
 guard *guard_new(const guard_params *p, lg_channel ch)
 {
-    /* On a cache line's boundary: the fields a token reads (guard_int.h) are then 4 lines,
-     * where malloc's 16-byte alignment made them 5 three times in four. */
+    /* On a cache line's boundary (struct guard's alignment): the fields every token reads
+     * (guard_int.h) are then 3 lines, where malloc's 16-byte alignment would make them 4
+     * three times in four. */
     guard *g = aligned_alloc(64, (sizeof(*g) + 63) & ~(size_t)63);
     if (!g) abort();
     memset(g, 0, sizeof(*g));
