@@ -93,7 +93,7 @@ bool guard_count_number(guard *g, uint64_t end, uint64_t now)
     g->cnt_run = counts ? g->cnt_run + 1 : 0;
     if (!counts) g->cnt_from = start;
     g->cnt_gap = gap ? gap_from << 8 | (start - gap_from + 1) : 0;
-    g->cnt_value = v;
+    g->cnt_value = (uint32_t)v; /* at most DIGITS_MAX digits */
     if (g->cnt_run < g->p->lines.count_run || g->prompt_number >= v) return false;
     guard_set_unit(g, gap_from, end);
     guard_trip(g, "count", g->cnt_from, now, g->cnt_run + 1);

@@ -241,29 +241,33 @@ static uint64_t run_back(const guard *g, uint32_t d, uint64_t from)
 }
 
 /* The 8 bytes ending at pos also end at pos - d, inside the history (the caller compared
- * them): tracks period d when a slot is free or holds a shorter run. The caller's list
- * holds the candidates live at pos, none of period d (guard_gram_period found d is no live
+ * them): tracks period d when a slot is free or holds a shorter run, unless the period breaks
+ * in the piece (which ends at `end`) before it could trip. The caller's list holds the
+ * candidates live at pos, none of period d (guard_gram_period found d is no live
  * candidate's, and guard_repeat_event dropped the others first). */
 static void cand_add(guard *g, uint64_t pos, uint32_t d, uint64_t end)
 {
     /* Measure the run by walking back from those 8 bytes: O(run), and a run only starts
      * being tracked once, so this is amortised O(1). */
-    uint64_t j = run_back(g, d, pos - 8);
+    gcand nc = {.start = run_back(g, d, pos - 8) + 1, .period = d};
+    nc.ready_at = cand_ready_at(&nc, g->p->repeat.base_need[d]);
+    nc.breaks = period_break(g, d, pos + 1, end);
+    /* A run that ends in the piece short of its threshold (ready_at, which judging only
+     * raises) could never trip: tracked, it would only be dropped at the piece's end, and
+     * with many paced streams its slot's line was a cache miss (a stamp's shared prefix
+     * with the one before is such a run at most events). A later anchor of the run finds it
+     * again, and so again not worth tracking. */
+    if (nc.breaks < end && nc.ready_at >= nc.breaks) return;
     unsigned slot = g->ncand;
     if (slot == GUARD_NCAND) { /* replace the shortest run, the latest start */
         slot = 0;
         for (unsigned i = 1; i < GUARD_NCAND; i++)
             if (g->cand[i].start > g->cand[slot].start) slot = i;
-        if (g->cand[slot].start <= j + 1) return;
+        if (g->cand[slot].start <= nc.start) return;
     } else {
         g->ncand++;
     }
-    gcand *c = &g->cand[slot];
-    c->start = j + 1;
-    c->period = d;
-    c->judged = false;
-    c->ready_at = cand_ready_at(c, g->p->repeat.base_need[d]);
-    c->breaks = period_break(g, d, pos + 1, end);
+    g->cand[slot] = nc;
 }
 
 /* guard_repeat_event (contract in g_short.h, whose step for one byte calls it too). */
@@ -422,6 +426,29 @@ static bool fence_toggles(const guard *g, unsigned char b)
     return !g->in_fence || (g->fch == g->open_ch && g->frun >= g->open_len);
 }
 
+/* The first '\n' in s[0..n), or NULL: memchr, but a span of at most 32 bytes (a token's
+ * rest of a line) is read without a byte past it. glibc's memchr reads 32 bytes at a time,
+ * and past a piece's end in the history they are a line no byte was written to yet: with
+ * many paced streams, a cache miss every fourth piece. */
+static inline const unsigned char *find_newline(const unsigned char *s, size_t n)
+{
+    if (n > 32) return memchr(s, '\n', n);
+#ifdef __SSE2__
+    if (n >= 16) { /* the first 16 bytes and the last 16, which overlap */
+        const __m128i nl = _mm_set1_epi8('\n');
+        unsigned a = (unsigned)_mm_movemask_epi8(
+            _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(const void *)s), nl));
+        if (a) return s + __builtin_ctz(a);
+        unsigned b = (unsigned)_mm_movemask_epi8(
+            _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(const void *)(s + n - 16)), nl));
+        return b ? s + n - 16 + __builtin_ctz(b) : NULL;
+    }
+#endif
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == '\n') return s + i;
+    return NULL;
+}
+
 /* Follows code fences over s[0..n) and returns how many of those bytes the next run takes:
  * all, or those before a byte (not the first) that opens or closes a fence. The repeat
  * detector thus reads one fence state for a whole run. */
@@ -429,7 +456,7 @@ static size_t fence_pass(guard *g, const unsigned char *s, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         if (g->fstate == 2) { /* the rest of a line: nothing happens before its end */
-            const unsigned char *nl = memchr(s + i, '\n', n - i);
+            const unsigned char *nl = find_newline(s + i, n - i);
             if (!nl) break;
             i = (size_t)(nl - s);
         }
@@ -473,12 +500,13 @@ static void repeat_release(guard *g)
 static void repeat_reset(guard *g, const guard *old)
 {
     g->gtab = old->gtab;
-    if (old->base != 0 || old->blen > ((size_t)1 << GUARD_GTAB_BITS) / 4) {
+    const size_t held = (size_t)(old->fed - old->base);
+    if (old->base != 0 || held > ((size_t)1 << GUARD_GTAB_BITS) / 4) {
         memset(g->gtab, 0, ((size_t)1 << GUARD_GTAB_BITS) * sizeof(*g->gtab));
         return;
     }
     uint64_t gram = 0;
-    for (size_t i = 0; i < old->blen; i++) {
+    for (size_t i = 0; i < held; i++) {
         gram = gram << 8 | old->buf[i];
         g->gtab[guard_gram_slot(guard_gram_hash(gram))] = 0;
     }

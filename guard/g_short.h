@@ -189,8 +189,8 @@ static inline void guard_text_run_start(guard *g, unsigned char c, uint64_t pos,
     if (words) {
         g->cp_need = 0;
         if (!g->w_len) {
-            g->w_start = pos;
-            g->w_alpha = c >= 'A';
+            g->w.start = pos;
+            g->w.alpha = c >= 'A';
         }
     }
 }
@@ -202,7 +202,7 @@ static inline void guard_text_alnum(guard *g, unsigned char c, unsigned cls, uin
 {
     if (!guard_alnum_class[g->prev]) guard_text_run_start(g, c, pos, words);
     if (words) {
-        g->w_hash = guard_fnv(g->w_hash, c | 0x20); /* lower case; digits have that bit */
+        g->w.hash = guard_fnv(g->w.hash, c | 0x20); /* lower case; digits have that bit */
         g->w_len++;
     }
     /* Digits opening the segment are left out of its hash: "7. X" is "8. X". With words

@@ -43,8 +43,9 @@ static const guard_detector *const detectors[NDET] = {
     [D_LEAK] = &guard_det_leak, [D_RULES] = &guard_det_rules,   [D_REPEAT] = &guard_det_repeat,
     [D_TEXT] = &guard_det_text, [D_BUDGET] = &guard_det_budget,
 };
-_Static_assert(NDET <= GUARD_MAX_DETECTORS, "guard.det holds every detector");
 _Static_assert(NDET <= 8 * sizeof(unsigned), "guard.on has a bit for every detector");
+/* The detectors with a suspect hook: guard_suspect has a call site for each. */
+#define SUSPECTS (1u << D_LEAK | 1u << D_RULES | 1u << D_REPEAT)
 
 void *guard_xcalloc(size_t n, size_t sz)
 {
@@ -62,12 +63,8 @@ static void setup_detectors(guard *g, guard *old)
     for (size_t k = 0; k < NDET; k++) {
         const guard_detector *d = detectors[k];
         if (d->on && !d->on(g->p)) continue;
+        if (!d->suspect != !(SUSPECTS & 1u << k)) abort(); /* SUSPECTS is out of date */
         g->on |= 1u << k;
-        g->det[g->ndet++] = d;
-        if (d->suspect) {
-            if (g->nsus == GUARD_SUSPECTS) abort(); /* a new one: raise GUARD_SUSPECTS */
-            g->sus[g->nsus++] = d->suspect;
-        }
         if (old && d->reset && (old->on & 1u << k)) {
             d->reset(g, old);
             kept |= 1u << k;
@@ -81,8 +78,9 @@ static void setup_detectors(guard *g, guard *old)
 
 guard *guard_new(const guard_params *p, lg_channel ch)
 {
-    /* On a cache line's boundary: the fields a token reads (guard_int.h) are then 4 lines,
-     * where malloc's 16-byte alignment made them 5 three times in four. */
+    /* On a cache line's boundary (struct guard's alignment): the fields every token reads
+     * (guard_int.h) are then 3 lines, where malloc's 16-byte alignment would make them 4
+     * three times in four. */
     guard *g = aligned_alloc(64, (sizeof(*g) + 63) & ~(size_t)63);
     if (!g) abort();
     memset(g, 0, sizeof(*g));
@@ -137,8 +135,8 @@ void guard_free(guard *g)
 {
     if (!g) return;
     g->store = NULL; /* it may be gone (guard_store_free) */
-    for (unsigned k = 0; k < g->ndet; k++)
-        if (g->det[k]->release) g->det[k]->release(g);
+    for (unsigned k = 0; k < NDET; k++)
+        if ((g->on & 1u << k) && detectors[k]->release) detectors[k]->release(g);
     guard_prompt_release(g);
     free(g->unit);
     free(g->buf);
@@ -197,12 +195,11 @@ static void make_room(guard *g)
         unsigned char *grown = realloc(g->buf, cap);
         if (!grown) abort();
         g->buf = grown;
-        g->bcap = cap;
+        g->bcap = (uint32_t)cap;
         return;
     }
     memmove(g->buf, g->buf + (GUARD_BUF - GUARD_HISTORY), GUARD_HISTORY);
     g->base += GUARD_BUF - GUARD_HISTORY;
-    g->blen = GUARD_HISTORY;
 }
 
 /* Feeds a piece of GUARD_SHORT bytes or more that fits the history as it is. Each detector
@@ -216,28 +213,29 @@ static void make_room(guard *g)
 static bool feed_piece(guard *g, const unsigned char *s, size_t n)
 {
     const uint64_t fed0 = g->fed;
-    memcpy(g->buf + g->blen, s, n);
-    g->blen += n;
+    memcpy(g->buf + (fed0 - g->base), s, n);
     size_t lim = n; /* bytes every later pass still judges; a trip at lim when lim < n */
-    /* One call site per place in the list, not one in a loop: each site then always calls the
-     * same detector, which the branch predictor learns, where one site calling each detector
-     * in turn missed its target at almost every call, a few times per token. */
+    /* One call site per detector, not one in a loop: each site then always calls the same
+     * detector, which the branch predictor learns, where one site calling each detector in
+     * turn missed its target at almost every call, a few times per token. Which are on is
+     * g->on, on a line every piece reads; the detectors are the program's table: a list of
+     * them in the guard was two lines of its own, two cache misses a piece with many paced
+     * streams. */
+    const unsigned on = g->on;
 #define PASS(k)                                                                                    \
-    if ((k) < g->ndet) lim = g->det[k]->pass(g, lim, fed0)
-    PASS(0);
-    PASS(1);
-    PASS(2);
-    PASS(3);
-    PASS(4);
-    PASS(5);
+    if (on & 1u << (k)) lim = detectors[k]->pass(g, lim, fed0)
+    PASS(D_LEAK);
+    PASS(D_RULES);
+    PASS(D_REPEAT);
+    PASS(D_TEXT);
+    PASS(D_BUDGET);
 #undef PASS
-    _Static_assert(NDET <= 6, "feed_piece has a call site for each detector");
+    _Static_assert(NDET == 5, "feed_piece has a call site for each detector");
     if (lim == n) {
         g->fed = fed0 + n;
         return false;
     }
     g->fed = fed0 + lim + 1; /* the history ends where the verdict was taken */
-    g->blen = (size_t)(g->fed - g->base);
     return true;
 }
 
@@ -251,7 +249,7 @@ __attribute__((always_inline)) static inline size_t short_loop(guard *g, const u
                                                                size_t rules_at, bool leak,
                                                                bool repeat, bool text, bool words)
 {
-    unsigned char *h = g->buf + g->blen;
+    unsigned char *h = g->buf + (fed0 - g->base);
     uint64_t gram = g->gram; /* in a register: no step reads it */
     size_t i = 0;
     for (; i < n; i++) {
@@ -294,7 +292,6 @@ static bool feed_short(guard *g, const unsigned char *s, size_t n)
         guard_text_words(p)) {
         size_t i = short_loop(g, s, n, fed0, n, true, true, true, true);
         g->fed = fed0 + i + (i < n); /* on a trip the history ends where the verdict was taken */
-        g->blen = (size_t)(g->fed - g->base);
         return i < n;
     }
     const bool leak = (on & 1u << D_LEAK) && !g->leaks_off, repeat = on & 1u << D_REPEAT;
@@ -310,7 +307,6 @@ static bool feed_short(guard *g, const unsigned char *s, size_t n)
     if (i == m && budget_at < n && detectors[D_BUDGET]->pass(g, m, fed0) == budget_at)
         i = budget_at;
     g->fed = fed0 + i + (i < n); /* on a trip the history ends where the verdict was taken */
-    g->blen = (size_t)(g->fed - g->base);
     return i < n;
 }
 
@@ -323,8 +319,9 @@ static bool feed_bytes(guard *g, const unsigned char *s, size_t len)
     for (size_t i = 0; !g->content_seen && i < len; i++)
         g->content_seen = s[i] > ' ';
     while (len) {
-        if (g->blen == g->bcap) make_room(g);
-        size_t n = g->bcap - g->blen < len ? g->bcap - g->blen : len;
+        if (g->fed - g->base == g->bcap) make_room(g);
+        size_t room = g->bcap - (size_t)(g->fed - g->base);
+        size_t n = room < len ? room : len;
         if (n < GUARD_SHORT ? feed_short(g, s, n) : feed_piece(g, s, n)) return true;
         s += n;
         len -= n;
@@ -337,6 +334,7 @@ bool guard_feed(guard *g, const char *buf, size_t len)
     if (g->tripped || g->finished) return g->tripped;
     if (!g->p->enabled) {
         g->fed += len;
+        g->base = g->fed; /* the history holds none of them */
         return false;
     }
     return feed_bytes(g, (const unsigned char *)buf, len);
@@ -349,8 +347,8 @@ bool guard_finish(guard *g)
         return g->tripped;
     }
     g->finished = true;
-    for (unsigned k = 0; k < g->ndet; k++)
-        if (g->det[k]->finish && g->det[k]->finish(g)) return true;
+    for (unsigned k = 0; k < NDET; k++)
+        if ((g->on & 1u << k) && detectors[k]->finish && detectors[k]->finish(g)) return true;
     return false;
 }
 
@@ -417,17 +415,18 @@ size_t guard_suspect(const guard *g)
     size_t s = 0;
     if (!g->p->enabled || fed == 0) return 0;
     if (g->tripped) return suspect_bounds(g, (size_t)(fed - g->v.loop_start));
-        /* One call site per place in the list, as in feed_piece. */
+        /* One call site per hook, as in feed_piece. */
 #define SUSPECT(k)                                                                                 \
-    if ((k) < g->nsus) {                                                                           \
-        size_t d = g->sus[k](g);                                                                   \
+    if (g->on & 1u << (k)) {                                                                       \
+        size_t d = detectors[k]->suspect(g);                                                       \
         if (d > s) s = d;                                                                          \
     }
-    SUSPECT(0);
-    SUSPECT(1);
-    SUSPECT(2);
+    SUSPECT(D_LEAK);
+    SUSPECT(D_RULES);
+    SUSPECT(D_REPEAT);
 #undef SUSPECT
-    _Static_assert(GUARD_SUSPECTS == 3, "guard_suspect has a call site for each hook");
+    _Static_assert(SUSPECTS == (1u << D_LEAK | 1u << D_RULES | 1u << D_REPEAT),
+                   "guard_suspect has a call site for each hook");
     /* An ASCII byte last, and nothing suspect or a release point on a character boundary
      * within the history and the cap, the common answers: no character to keep whole, no
      * boundary to move (what suspect_bounds would find). */

@@ -14,6 +14,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "guard/guard.h"
@@ -185,8 +186,6 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
  * verdicts are the same. */
 #define GUARD_GTAB_BITS     10
 #define GUARD_NCAND         8
-#define GUARD_MAX_DETECTORS 8
-#define GUARD_SUSPECTS      3 /* detectors with a suspect hook (guard.c checks) */
 #define GUARD_PROMPT_COUNTS 8
 #define GUARD_SHORT         9 /* pieces shorter than this (a token) go byte after byte */
 #define GUARD_RULE_STEP     64
@@ -265,69 +264,88 @@ typedef struct gcyc {
 typedef uint32_t gtri;
 
 struct guard {
+    /* With many streams each token finds its guard cold: every cache line it reads is a
+     * miss. guard_new aligns the guard to a line, and its fields are laid out by how often a
+     * token reads them, then by owner: the first 3 lines hold what every token reads (they
+     * were spread over 9, then took 5, then 4, and two more for the list of detectors on and
+     * one for the count detector's state), the 4th what some tokens read (a segment's or a
+     * line's first byte, a character of several bytes, a fence, a number of at most 9
+     * digits, a verdict), the candidates the next one or two, when there are any. The
+     * assertions after the struct keep them so. */
+
+    /* ---- lines 0-2: read by every token ---- */
+    /* guard.c: the history, buf[i] the byte at absolute offset base + i; it holds the fed -
+     * base bytes fed since base. */
     const guard_params *p;
-    lg_channel ch;
     uint64_t fed;
+    unsigned char *buf;
+    uint64_t base;
+    uint32_t bcap; /* bytes allocated (GUARD_BUF_FIRST .. GUARD_BUF) */
+    unsigned on;   /* bit k: guard.c's table entry k is on (its passes, steps and hooks run) */
     bool finished;
     bool tripped;
     bool content_seen; /* a non-whitespace byte was fed (empty_answer) */
-
-    /* History (guard.c): buf[i] is the byte at absolute offset base + i. */
-    unsigned char *buf;
-    uint64_t base;
-    size_t blen, bcap; /* bytes held, bytes allocated (GUARD_BUF_FIRST .. GUARD_BUF) */
-
-    /* From the history above to the repeat detector's candidates below: the fields a token
-     * reads (guard.c, then the detectors that read every byte), together. With many streams
-     * each token finds its guard cold; up to the candidates they take its first 4 cache
-     * lines of 64 bytes (they were spread over 9, then took 5; guard_new aligns the guard
-     * to a line), the live candidates the next one or two. */
-
-    /* The suspect hooks of the detectors that are on, in table order (at most
-     * GUARD_SUSPECTS: leak, rules, repeat), and which are on (guard.c; the list of those on
-     * is at the end). The hooks themselves, not their detectors: one load fewer per call,
-     * and 40 bytes fewer in these lines than a slot per detector. */
-    size_t (*sus[GUARD_SUSPECTS])(const struct guard *g);
-    unsigned on; /* bit k: guard.c's table entry k is on (its short path reads it) */
-    unsigned char nsus;
 
     /* leak (g_leak.c); its tables are the params' */
     bool leaks_off;      /* guard_disable_leaks */
     uint64_t leak_start; /* offset + 1 of the last byte that can start a token */
 
     /* g_text.c: the current segment (line or sentence) and its words. */
-    uint64_t seg_hash, seg_start;
-    uint32_t seg_len, seg_alpha, seg_code, seg_words,
-        seg_wide; /* non-space bytes, letters, code chars */
+    uint64_t seg_hash;
+    gword *sw; /* the segment's first words, up to GUARD_SEG_WORDS; grown on demand from 16
+                  (most segments are short), on a cache line's boundary */
+    gword w;   /* the current word: its hash so far, first byte, whether it starts with a
+                 letter */
+    gword pw;  /* right after w: word nsw - 1 when nsw is odd (word_end writes sw's words in
+                 pairs) */
+    uint32_t seg_len, seg_alpha, seg_code, seg_words; /* non-space bytes, letters, code chars */
+    unsigned nsw, sw_cap;
+    uint32_t w_len;
+    unsigned char cp_need; /* continuation bytes still expected */
     unsigned char seg_lastc;
-    bool seg_lead;     /* only digits so far: a list number, left out of the hash */
-    bool seg_numbered; /* the segment's first word is a number */
+    bool seg_lead; /* only digits so far: a list number, left out of the hash */
     bool seg_gap;
     unsigned char prev, prev2;
-    gword *sw;            /* the segment's first words, up to GUARD_SEG_WORDS; grown on */
-    unsigned nsw, sw_cap; /* demand from 16: most segments are short */
-    uint64_t w_hash, w_start;
-    uint32_t w_len;
-    bool w_alpha;      /* the word starts with a letter */
-    uint32_t cp;       /* code point being decoded */
-    unsigned cp_need;  /* continuation bytes still expected */
-    uint64_t cp_start; /* offset of its first byte */
+
+    /* count (g_count.c): the text before the last number (its offset << 8 | its length + 1;
+     * 0: none) and the end of the last number; how many numbers in a row counted up. In
+     * these lines: a stamp's number ends at every token. */
+    uint64_t cnt_gap, cnt_last_end;
+    unsigned cnt_run;
 
     /* repeat (g_repeat.c) */
+    uint32_t anchor_min, anchor_block; /* the anchors' lowest ranks (guard_gram_anchor) */
+    unsigned char ncand;
+    unsigned char fstate; /* code fences (below): 0 leading spaces, 1 in a fence run, 2 rest of
+                             line */
     uint64_t gram;
     uint16_t *gtab; /* 8-gram hash -> low 16 bits of the offset + 1 of its last byte, at
                        anchors; a stale or colliding entry is caught by the run measurement */
-    uint32_t anchor_min, anchor_block; /* the anchors' lowest ranks (guard_gram_anchor) */
-    unsigned ncand;
+
+    /* ---- line 3: read by some tokens ---- */
+    lg_channel ch; /* guard.c: for the verdict */
+
+    /* g_text.c: the current segment's letters of several bytes and first byte, the code
+     * point being decoded and its first byte, whether the segment's first word is a
+     * number. */
+    uint32_t seg_wide;
+    uint64_t seg_start, cp_start;
+    uint32_t cp;
+    bool seg_numbered;
 
     /* repeat (g_repeat.c): Markdown code fences (``` or ~~~ at the head of a line, ≤ 3
      * spaces in). */
-    unsigned fstate; /* 0 leading spaces, 1 in a fence run, 2 rest of line */
-    unsigned fcol, frun;
     unsigned char fch, open_ch;
     bool in_fence;
+    unsigned fcol, frun;
     unsigned open_len;
-    gcand cand[GUARD_NCAND]; /* the live candidates, ncand of them */
+
+    /* count (g_count.c): the last number (at most DIGITS_MAX digits; a longer one is not
+     * kept), the offset where the count began. */
+    uint32_t cnt_value;
+    uint64_t cnt_from;
+
+    _Alignas(64) gcand cand[GUARD_NCAND]; /* the live candidates, ncand of them */
 
     /* lines (g_lines.c): allocated at the first segment */
     gseg *segs;
@@ -342,12 +360,6 @@ struct guard {
     uint64_t line_start;   /* g_text.c: the current line's first byte */
     struct gtemplate *tpl; /* template (g_template.c): its last lines and runs; NULL until
                               the first line */
-
-    /* count (g_count.c): the last number, the text before it (its offset << 8 | its length
-     * + 1; 0: none), the offset where the count began and the end of the last number; how
-     * many numbers in a row counted up. */
-    uint64_t cnt_value, cnt_gap, cnt_from, cnt_last_end;
-    unsigned cnt_run;
 
     struct gblock *blk; /* block (g_block.c): its ring of lines; NULL when off */
 
@@ -411,14 +423,14 @@ struct guard {
     unsigned prompt_nof;
     uint32_t prompt_number; /* the largest number in the prompt (g_count.c's slack) */
 
-    /* The detectors that are on, in table order (guard.c: feed_piece, finish, free). */
-    const struct guard_detector *det[GUARD_MAX_DETECTORS];
-    unsigned ndet;
-
     /* The verdict (guard.c); unit is allocated when it trips. */
     guard_verdict v;
     char *unit;
 };
+_Static_assert(offsetof(struct guard, ch) <= 192, "what every token reads is 3 cache lines");
+_Static_assert(offsetof(struct guard, cand) == 256, "what some tokens read is the 4th");
+_Static_assert(offsetof(struct guard, pw) == offsetof(struct guard, w) + sizeof(gword),
+               "word_end writes w and pw as a pair");
 
 /* ---- the detector interface ------------------------------------------------------------ */
 
