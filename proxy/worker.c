@@ -2342,9 +2342,9 @@ static void requests_first(lg_worker *w, struct epoll_event *evs, int n)
  * count of events: an event costs from a few microseconds to tens (a token, a stream's end,
  * a request's start), and a count of 64 let a request wait ~1 ms behind a long batch
  * (tests/bench/HISTORY.md, issue 28, ttft3). Short batches (the usual case at a paced load)
- * never read the clock. The worker's own set still holds the shards'
- * sets (level-triggered): a set the daemon has emptied here is not reported by the next
- * epoll_wait, one with work left is. Returns the time of the last look. */
+ * never read the clock. The worker's own set still holds the shards' sets (level-triggered):
+ * a set the daemon has emptied here is not reported by the next epoll_wait, one with work
+ * left is. Returns the time of the last look. */
 static uint64_t requests_between(lg_worker *w, uint64_t looked)
 {
     uint64_t now = lg_now_ns();
