@@ -36,9 +36,10 @@
 
 enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT };
 
-#define TICK_NS        (250ull * 1000 * 1000)
-#define MAX_EVENTS     256
-#define REQUESTS_EVERY 64 /* events of a batch between two looks for client input */
+#define TICK_NS          (250ull * 1000 * 1000)
+#define MAX_EVENTS       256
+#define REQUESTS_WAIT_NS (100ull * 1000) /* longest a batch runs without a look for client input */
+#define CLOCK_EVERY      4 /* events of a batch between two reads of the clock for that look */
 
 /* A client socket the worker watches (fd map entry). The watch belongs to the connection,
  * not to a request: it is registered for the connection's first request and stays
@@ -2331,21 +2332,30 @@ static void requests_first(lg_worker *w, struct epoll_event *evs, int n)
     flush_all(w);
 }
 
-/* Client input that came during a long batch: every REQUESTS_EVERY events the worker looks
- * into the shards' sets (one zero-timeout epoll_wait of shards_epfd, which holds them and
- * nothing else) and runs the daemons whose set is readable, as requests_first does, so a
- * request that arrives mid-batch waits for at most that many token reads rather than for
- * the rest of the batch. Small batches (the usual case at a paced load) never look. The
- * worker's own set still holds the shards' sets (level-triggered): a set the daemon has
- * emptied here is not reported by the next epoll_wait, one with work left is. */
-static void requests_between(lg_worker *w)
+/* Client input that came during a long batch: once the batch has run REQUESTS_WAIT_NS since
+ * it began or since its last look (`looked`; the clock is read every CLOCK_EVERY events), the
+ * worker looks into the shards' sets (one zero-timeout epoll_wait of shards_epfd, which holds
+ * them and nothing else) and runs the daemons whose set is readable, as requests_first does,
+ * so a request that arrives mid-batch waits for at most about that long rather than for the
+ * rest of the batch (a keep-alive client sends its next request some 40 us after its last
+ * response ended, often while the batch that ended it still runs). The bound is a time, not a
+ * count of events: an event costs from a few microseconds to tens (a token, a stream's end,
+ * a request's start), and a count of 64 let a request wait ~1 ms behind a long batch
+ * (tests/bench/HISTORY.md, issue 28, ttft3). Short batches (the usual case at a paced load)
+ * never read the clock. The worker's own set still holds the shards' sets (level-triggered):
+ * a set the daemon has emptied here is not reported by the next epoll_wait, one with work
+ * left is. Returns the time of the last look. */
+static uint64_t requests_between(lg_worker *w, uint64_t looked)
 {
+    uint64_t now = lg_now_ns();
+    if (now - looked < REQUESTS_WAIT_NS) return looked;
     struct epoll_event evs[WORKER_SHARDS];
     int n = epoll_pwait(w->shards_epfd, evs, WORKER_SHARDS, 0, NULL);
     for (int i = 0; i < n; i++)
         shard_reported(w, evs[i].data.u32);
     run_pending(w);
     flush_all(w);
+    return now;
 }
 
 static void *worker_main(void *arg)
@@ -2390,8 +2400,9 @@ static void *worker_main(void *arg)
                 curl_unpark(w, (int)(uint32_t)evs[i].data.u64))
                 evs[i].data.u64 = 0;
         requests_first(w, evs, n);
+        uint64_t looked = w->now_ns; /* the batch's last look for client input */
         for (int i = 0; i < n; i++) {
-            if (i && i % REQUESTS_EVERY == 0) requests_between(w);
+            if (i && i % CLOCK_EVERY == 0) looked = requests_between(w, looked);
             uint64_t d = evs[i].data.u64;
             unsigned tag = (unsigned)(d >> 56);
             int fd = (int)(uint32_t)d;

@@ -1,6 +1,6 @@
 // Many paced streams on one worker, so that its batches run long: keep-alive clients send
 // their next request while the batch's token reads run (worker.c's requests_first and, past
-// REQUESTS_EVERY events, requests_between run the daemons between the reads), and other
+// REQUESTS_WAIT_NS into a batch, requests_between run the daemons between the reads), and other
 // clients hang up mid-stream meanwhile. Every stream that is read to its end is whole and
 // in order, each hung-up one ends, and loopguard stays healthy (no sanitizer report under
 // ASan+UBSan). Written in review of lg/ttft (ec5d673, ba4fbc8) and lg/pcpu (0f240dd).
