@@ -48,8 +48,8 @@
 #define RUN_TRIP      32
 
 typedef struct token_run {
-    uint32_t len;   /* of the last delta; 0: no run */
-    uint32_t count; /* consecutive deltas equal to it, the channel's last len * count bytes
+    uint32_t len;     /* of the last delta; 0: no run */
+    uint32_t count;   /* consecutive deltas equal to it, the channel's last len * count bytes
                        (a run's deltas are contiguous in the channel: ex_think_settle, which
                        moves text between channels, ends the runs) */
     uint64_t head[2]; /* the last delta as token_head packs it: whole when up to 16 bytes */
