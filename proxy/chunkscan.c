@@ -566,13 +566,14 @@ static bool accept(const char *data, size_t len, chunkscan_state *st, dl_delta *
     int with_text = 0, f = 0;
     for (int i = 0; i < F_COUNT; i++)
         if (v.text[i].n) with_text++, f = i;
-    if (with_text == 1) {
-        size_t head = (size_t)(v.tok[f] - data), tail = len - (size_t)(v.tok_end[f] - data);
+    size_t head = with_text == 1 ? (size_t)(v.tok[f] - data) : 0;
+    if (with_text == 1 && head <= UINT32_MAX) {
+        size_t tail = len - (size_t)(v.tok_end[f] - data);
         lg_buf_reset(&st->frame);
         lg_buf_append(&st->frame, data, head);
         lg_buf_append(&st->frame, v.tok_end[f], tail);
-        st->head = head;
-        st->field = f + 1;
+        st->head = (uint32_t)head;
+        st->field = (uint8_t)(f + 1);
         st->role = v.role.n > 0;
         st->frame_gen++;
         st->in_frame = true;
@@ -597,15 +598,22 @@ static bool framed(const char *data, size_t len, chunkscan_state *st, dl_delta *
     return true;
 }
 
+/* Empties the scratch buffer; an empty one is left untouched (its NUL is in place), so a
+ * reading with no escape touches none of its memory. */
+static void scratch_reset(chunkscan_state *st)
+{
+    if (st->scratch.len) lg_buf_reset(&st->scratch);
+}
+
 bool chunkscan(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
 {
     memset(out, 0, sizeof *out);
-    lg_buf_reset(&st->scratch);
+    scratch_reset(st);
     st->in_frame = false;
     if (framed(data, len, st, out)) return true;
-    lg_buf_reset(&st->scratch); /* each reading writes *out only when it accepts */
+    scratch_reset(st); /* each reading writes *out only when it accepts */
     if (resumed(data, len, st, out)) return true;
-    lg_buf_reset(&st->scratch);
+    scratch_reset(st);
     return scan_chunk(data, len, st, out);
 }
 

@@ -20,6 +20,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "proxy/buf.h"
 #include "proxy/dialect.h"
@@ -32,13 +33,14 @@
  * is read by two comparisons and a string scan instead of the walk. Zero-initialise
  * (CHUNKSCAN_INIT); chunkscan_free releases it. */
 typedef struct chunkscan_state {
-    /* What a framed reading touches, first (the exchange's layout note, exchange_int.h). */
+    /* What a framed reading touches, first and in 55 bytes (the exchange's layout note,
+     * exchange_int.h; a holder may put them on one cache line with 8 bytes of its own). */
     lg_buf frame;
-    lg_buf scratch;
-    size_t head; /* bytes of the frame before the text token */
-    int field;   /* 0: no frame; else which key holds the text (1 content, 2
-                    reasoning_content, 3 reasoning) */
-    bool role;   /* the framed chunk had a role */
+    lg_buf scratch; /* its memory is touched only by a reading that decodes an escape */
+    uint32_t head;  /* bytes of the frame before the text token */
+    uint8_t field;  /* 0: no frame; else which key holds the text (1 content, 2
+                       reasoning_content, 3 reasoning) */
+    bool role;      /* the framed chunk had a role */
     /* in_frame: the last chunk accepted is the current frame around one string (read by
      * the frame, or the walk that made it), so its tree differs from the frame's first
      * chunk's only in that string's value. frame_gen: the frame's identity, a new number
