@@ -31,7 +31,7 @@ typedef struct rebuilt {
 } rebuilt;
 
 /* The module's per-exchange state: its first line is all a framed token reads of it (`as`
- * and the scanner's first 55 bytes; exchange_int.h's layout note), 64-byte aligned
+ * and the scanner's first 44 bytes; exchange_int.h's layout note), 64-byte aligned
  * (chat_parse). */
 typedef struct chat_state {
     _Alignas(64) lg_assembler *as; /* whole responses */
@@ -45,8 +45,7 @@ typedef struct chat_state {
     void *block; /* the allocation the state was placed in */
 } chat_state;
 
-_Static_assert(offsetof(chat_state, scan.in_frame) < 64 &&
-                   offsetof(chat_state, scan.frame_gen) >= 64,
+_Static_assert(offsetof(chat_state, scan.in_frame) < 64,
                "a framed token reads one line of the chat state");
 
 static chat_state *CS(const exchange *ex)

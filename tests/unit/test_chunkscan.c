@@ -289,6 +289,94 @@ static void test_mutations_agree(void **state)
     assert_true(resumed_walks > 0);
 }
 
+/* An SGLang stream's chunk: its id and created time, and its content. */
+static void stream_chunk(char *out, size_t n, const char *id, long created, const char *text)
+{
+    snprintf(out, n,
+             "{\"id\":\"%s\",\"object\":\"chat.completion.chunk\",\"created\":%ld,"
+             "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":null,"
+             "\"content\":\"%s\"},\"logprobs\":null,\"finish_reason\":null,"
+             "\"matched_stop\":null}]}",
+             id, created, text);
+}
+
+/* Reads json with st and with a fresh state; both accept it with the same text. Returns
+ * whether st read it framed. */
+static bool framed_alike(chunkscan_state *st, const char *json)
+{
+    chunkscan_state fresh = CHUNKSCAN_INIT;
+    dl_delta a, b;
+    assert_true(chunkscan(json, strlen(json), st, &a));
+    bool was_framed = st->in_frame && !a.id;
+    assert_true(chunkscan(json, strlen(json), &fresh, &b));
+    assert_same_delta(&a, &b);
+    chunkscan_free(&fresh);
+    return was_framed;
+}
+
+/* The streams of a thread share one frame and keep only their first differing bytes (id,
+ * created); a chunk of another stream is walked, not framed, by a state whose own bytes
+ * differ from it; the frame outlives the state that made it. */
+static void test_frames_shared_by_streams(void **state)
+{
+    (void)state;
+    char c[512];
+    chunkscan_state a = CHUNKSCAN_INIT, b = CHUNKSCAN_INIT, d = CHUNKSCAN_INIT;
+    stream_chunk(c, sizeof c, "0123456789abcdef0123456789abcdef", 1796569629, "Hi");
+    assert_false(framed_alike(&a, c)); /* the walk that makes a's frame */
+    stream_chunk(c, sizeof c, "0123456789abcdef0123456789abcdef", 1796569629, "there");
+    assert_true(framed_alike(&a, c));
+    assert_int_equal(a.own, 0); /* the offered frame was a's own */
+
+    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569631, "Yo");
+    assert_false(framed_alike(&b, c));
+    assert_ptr_equal(b.shared, a.shared);
+    assert_true(b.own > 39 && b.own < 100); /* the id and the created time's last digit */
+    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569631, "x\\ny");
+    assert_true(framed_alike(&b, c));
+    /* a's chunk is not b's: b's own bytes differ from it */
+    stream_chunk(c, sizeof c, "0123456789abcdef0123456789abcdef", 1796569629, "there");
+    assert_false(framed_alike(&b, c));
+    assert_true(framed_alike(&a, c));
+    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569631, "Yo");
+    assert_false(framed_alike(&b, c)); /* the walk above made b's frame a's own bytes */
+    assert_true(framed_alike(&b, c));
+
+    /* The maker gone, b reads on. */
+    chunkscan_free(&a);
+    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569631, "on");
+    assert_true(framed_alike(&b, c));
+
+    /* A head that differs up to its model: shared. Past CHUNKSCAN_OWN_MAX, or of another
+     * length: a frame of its own. */
+    chunkscan_state e = CHUNKSCAN_INIT, f = CHUNKSCAN_INIT;
+#define SHAPE(model, key)                                                                          \
+    "{\"id\":\"fedcba9876543210fedcba9876543210\",\"object\":\"chat.completion.chunk\","           \
+    "\"created\":1796569631,\"model\":\"" model "\",\"choices\":[{\"index\":0,\"delta\":{\"" key   \
+    "\":null,\"content\":\"Hi\"},\"logprobs\":null,\"finish_reason\":null,\"matched_stop\":null}]" \
+    "}"
+    snprintf(c, sizeof c, "%s", SHAPE("n", "reasoning_content"));
+    assert_false(framed_alike(&e, c));
+    assert_ptr_equal(e.shared, b.shared);
+    assert_true(e.own > 100 && e.own <= CHUNKSCAN_OWN_MAX);
+    assert_true(framed_alike(&e, c));
+    snprintf(c, sizeof c, "%s", SHAPE("m", "reasoning_contenx"));
+#undef SHAPE
+    assert_false(framed_alike(&f, c));
+    assert_ptr_not_equal(f.shared, b.shared);
+    assert_int_equal(f.own, 0);
+    assert_true(framed_alike(&f, c));
+    stream_chunk(c, sizeof c, "0123", 1796569629, "Hi");
+    assert_false(framed_alike(&d, c));
+    assert_ptr_not_equal(d.shared, f.shared);
+    assert_int_equal(d.own, 0);
+    assert_true(framed_alike(&d, c));
+    chunkscan_free(&d);
+    chunkscan_free(&e);
+    chunkscan_free(&f);
+    chunkscan_free(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -299,6 +387,7 @@ int main(void)
         cmocka_unit_test(test_every_position_in_a_text),
         cmocka_unit_test(test_framed_chunks),
         cmocka_unit_test(test_mutations_agree),
+        cmocka_unit_test(test_frames_shared_by_streams),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
