@@ -504,6 +504,14 @@ static char *own_bytes(const chunkscan_state *st)
     return st->own_block + (-(uintptr_t)st->own_block & 63);
 }
 
+static bool same_word(const char *a, const char *b)
+{
+    uint64_t x, y;
+    memcpy(&x, a, sizeof x);
+    memcpy(&y, b, sizeof y);
+    return x == y;
+}
+
 /* The frame of a chunk data[0..head) "text" tail[0..tail) becomes st's: the thread's
  * offered frame when it has the same head and tail lengths and the same tail, and differs
  * in the head's first CHUNKSCAN_OWN_MAX bytes at most (which st then keeps as its own);
@@ -515,6 +523,8 @@ static void frame_take(chunkscan_state *st, const char *data, size_t head, const
     size_t own = head; /* past the last byte where the heads differ */
     bool shares = f && f->head == head && f->len == head + tail_len &&
                   memcmp(f->bytes + head, tail, tail_len) == 0;
+    while (shares && own >= 8 && same_word(f->bytes + own - 8, data + own - 8))
+        own -= 8; /* a word at a time, then bytes */
     while (shares && own && f->bytes[own - 1] == data[own - 1])
         own--;
     if (!shares || own > CHUNKSCAN_OWN_MAX) {
