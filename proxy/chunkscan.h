@@ -31,10 +31,12 @@
  * frames are the same bytes past their first few (chunkscan.c). */
 struct chunkscan_frame;
 
-/* The most bytes at a frame's start that a state keeps of its own (CHUNKSCAN_OWN_MAX, two
- * cache lines): the bytes where its frame differs from the frame its thread's streams
- * share, a stream's id and created time in the chunks of SGLang and vLLM. */
-#define CHUNKSCAN_OWN_MAX 128
+/* The most bytes at a frame's start that a state keeps of its own (CHUNKSCAN_OWN_MAX, one
+ * cache line): the bytes up to the last where its frame differs from the frame its
+ * thread's streams share, a stream's id in the chunks of SGLang and vLLM. A stream whose
+ * created time differs too (~98 bytes) makes a frame of its own, which the next streams
+ * started in the same second share. */
+#define CHUNKSCAN_OWN_MAX 64
 
 /* Per stream: the buffer escaped strings are decoded into, and the frame of the last chunk
  * with exactly one text value — its bytes before and after that value's token. The next

@@ -328,42 +328,61 @@ static void test_frames_shared_by_streams(void **state)
     assert_true(framed_alike(&a, c));
     assert_int_equal(a.own, 0); /* the offered frame was a's own */
 
-    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569631, "Yo");
+    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569629, "Yo");
     assert_false(framed_alike(&b, c));
     assert_ptr_equal(b.shared, a.shared);
-    assert_true(b.own > 39 && b.own < 100); /* the id and the created time's last digit */
-    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569631, "x\\ny");
+    assert_int_equal(b.own, 39); /* {"id":" and the id */
+    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569629, "x\\ny");
     assert_true(framed_alike(&b, c));
     /* a's chunk is not b's: b's own bytes differ from it */
     stream_chunk(c, sizeof c, "0123456789abcdef0123456789abcdef", 1796569629, "there");
     assert_false(framed_alike(&b, c));
     assert_true(framed_alike(&a, c));
-    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569631, "Yo");
+    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569629, "Yo");
     assert_false(framed_alike(&b, c)); /* the walk above made b's frame a's own bytes */
     assert_true(framed_alike(&b, c));
 
     /* The maker gone, b reads on. */
     chunkscan_free(&a);
-    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569631, "on");
+    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569629, "on");
     assert_true(framed_alike(&b, c));
 
-    /* A head that differs up to its model: shared. Past CHUNKSCAN_OWN_MAX, or of another
-     * length: a frame of its own. */
+    /* Another created time too: past CHUNKSCAN_OWN_MAX, a frame of its own, which a stream
+     * of the same second then shares. */
+    chunkscan_state g = CHUNKSCAN_INIT, h = CHUNKSCAN_INIT;
+    stream_chunk(c, sizeof c, "00112233445566778899aabbccddeeff", 1796569631, "Hi");
+    assert_false(framed_alike(&g, c));
+    assert_ptr_not_equal(g.shared, b.shared);
+    assert_int_equal(g.own, 0);
+    stream_chunk(c, sizeof c, "ffeeddccbbaa99887766554433221100", 1796569631, "Hi");
+    assert_false(framed_alike(&h, c));
+    assert_ptr_equal(h.shared, g.shared);
+    assert_int_equal(h.own, 39);
+    stream_chunk(c, sizeof c, "ffeeddccbbaa99887766554433221100", 1796569631, "yes");
+    assert_true(framed_alike(&h, c));
+    chunkscan_free(&g);
+    chunkscan_free(&h);
+
+    /* A model, a key that differs, or a head of another length: frames of their own. */
     chunkscan_state e = CHUNKSCAN_INIT, f = CHUNKSCAN_INIT;
+    stream_chunk(c, sizeof c, "0123456789abcdef0123456789abcdef", 1796569629, "Hi");
+    assert_false(framed_alike(&e, c)); /* the frame to differ from, offered */
 #define SHAPE(model, key)                                                                          \
-    "{\"id\":\"fedcba9876543210fedcba9876543210\",\"object\":\"chat.completion.chunk\","           \
-    "\"created\":1796569631,\"model\":\"" model "\",\"choices\":[{\"index\":0,\"delta\":{\"" key   \
+    "{\"id\":\"0123456789abcdef0123456789abcdef\",\"object\":\"chat.completion.chunk\","           \
+    "\"created\":1796569629,\"model\":\"" model "\",\"choices\":[{\"index\":0,\"delta\":{\"" key   \
     "\":null,\"content\":\"Hi\"},\"logprobs\":null,\"finish_reason\":null,\"matched_stop\":null}]" \
     "}"
     snprintf(c, sizeof c, "%s", SHAPE("n", "reasoning_content"));
-    assert_false(framed_alike(&e, c));
-    assert_ptr_equal(e.shared, b.shared);
-    assert_true(e.own > 100 && e.own <= CHUNKSCAN_OWN_MAX);
-    assert_true(framed_alike(&e, c));
+    assert_false(framed_alike(&f, c));
+    assert_ptr_not_equal(f.shared, e.shared);
+    assert_int_equal(f.own, 0);
+    assert_true(framed_alike(&f, c));
+    chunkscan_free(&f);
+    f = (chunkscan_state)CHUNKSCAN_INIT;
     snprintf(c, sizeof c, "%s", SHAPE("m", "reasoning_contenx"));
 #undef SHAPE
     assert_false(framed_alike(&f, c));
-    assert_ptr_not_equal(f.shared, b.shared);
+    assert_ptr_not_equal(f.shared, e.shared);
     assert_int_equal(f.own, 0);
     assert_true(framed_alike(&f, c));
     stream_chunk(c, sizeof c, "0123", 1796569629, "Hi");
