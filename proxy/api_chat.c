@@ -8,6 +8,7 @@
  * reasoning parser leaves <think> inline in content: ex_think_split (exchange_think.c)
  * moves it to the reasoning channel. A whole response is assembled from what was released
  * (assemble.h). */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,18 +30,23 @@ typedef struct rebuilt {
     lg_buf out;    /* the chunk being written */
 } rebuilt;
 
-/* The module's per-exchange state. */
+/* The module's per-exchange state: its first line is all a framed token reads of it (`as`
+ * and the scanner's first 44 bytes; exchange_int.h's layout note), 64-byte aligned
+ * (chat_parse). */
 typedef struct chat_state {
-    lg_assembler *as;     /* whole responses */
-    chunkscan_state scan; /* the fast path's buffers and the stream's chunk frame (what a
-                             token reads comes first: exchange_int.h's layout note) */
+    _Alignas(64) lg_assembler *as; /* whole responses */
+    chunkscan_state scan;          /* the fast path's buffers and the stream's chunk frame */
     /* The client stream's identity, from the first attempt's chunks. */
     char *c_id, *c_model;
     long long c_created;
     lg_buf done_raw;  /* the upstream's own [DONE] event */
     int inline_state; /* LG_REASONING_INLINE output: 0 nothing, 1 <think> open, 2 closed */
     rebuilt rb;
+    void *block; /* the allocation the state was placed in */
 } chat_state;
+
+_Static_assert(offsetof(chat_state, scan.in_frame) < 64,
+               "a framed token reads one line of the chat state");
 
 static chat_state *CS(const exchange *ex)
 {
@@ -360,7 +366,9 @@ static int chat_on_event(exchange *ex, const sse_event *ev)
 static int chat_parse(exchange *ex, const char *body, size_t len, rw_error *err)
 {
     if (rw_parse(body, len, ex->api == &api_chat, &ex->req, err) != 0) return -1;
-    chat_state *cs = lg_xcalloc(1, sizeof *cs);
+    void *block;
+    chat_state *cs = lg_xcalloc_lines(sizeof *cs, &block);
+    cs->block = block;
     ex->api_state = cs;
     if (!ex->req.client_stream) cs->as = asm_new(ex->req.chat);
     return 0;
@@ -460,7 +468,7 @@ static void chat_destroy(exchange *ex)
     chunkscan_free(&cs->scan);
     lg_buf_free(&cs->rb.around);
     lg_buf_free(&cs->rb.out);
-    lg_xfree(cs);
+    lg_xfree(cs->block);
     ex->api_state = NULL;
 }
 

@@ -20,25 +20,43 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "proxy/buf.h"
 #include "proxy/dialect.h"
 
 #define CHUNKSCAN_FINISH_MAX 32 /* a longer finish_reason is left to dl_parse */
 
+/* A frame's bytes (its head, then its tail), shared by the states of one thread whose
+ * frames are the same bytes past their first few (chunkscan.c). */
+struct chunkscan_frame;
+
+/* The most bytes at a frame's start that a state keeps of its own (CHUNKSCAN_OWN_MAX, one
+ * cache line): the bytes up to the last where its frame differs from the frame its
+ * thread's streams share, a stream's id in the chunks of SGLang and vLLM. A stream whose
+ * created time differs too (~98 bytes) makes a frame of its own, which the next streams
+ * started in the same second share. */
+#define CHUNKSCAN_OWN_MAX 64
+
 /* Per stream: the buffer escaped strings are decoded into, and the frame of the last chunk
  * with exactly one text value — its bytes before and after that value's token. The next
  * chunk that has the same bytes around a new string (a stream's chunks nearly always do)
- * is read by two comparisons and a string scan instead of the walk. Zero-initialise
- * (CHUNKSCAN_INIT); chunkscan_free releases it. */
+ * is read by comparisons and a string scan instead of the walk. The frame's bytes are its
+ * first `own` bytes, kept in `own_block`, and the rest of `shared`'s: a thread's streams
+ * (same model, same server) share one frame, which their tokens keep in cache, and each
+ * reads its own few bytes (0 when the frame is its own). Zero-initialise (CHUNKSCAN_INIT);
+ * chunkscan_free releases it, on the thread that read its chunks or after that thread
+ * ended (the shared frames are the thread's). */
 typedef struct chunkscan_state {
-    /* What a framed reading touches, first (the exchange's layout note, exchange_int.h). */
-    lg_buf frame;
-    lg_buf scratch;
-    size_t head; /* bytes of the frame before the text token */
-    int field;   /* 0: no frame; else which key holds the text (1 content, 2
-                    reasoning_content, 3 reasoning) */
-    bool role;   /* the framed chunk had a role */
+    /* What a framed reading touches, first and in 44 bytes (the exchange's layout note,
+     * exchange_int.h; a holder may put them on one cache line with 8 bytes of its own). */
+    struct chunkscan_frame *shared; /* NULL: no frame */
+    char *own_block; /* CHUNKSCAN_OWN_MAX bytes from its first 64-byte boundary (NULL: none) */
+    lg_buf scratch;  /* its memory is touched only by a reading that decodes an escape */
+    uint8_t own;     /* the frame's first bytes that are the state's own (in own_block) */
+    uint8_t field;   /* 0: no frame; else which key holds the text (1 content, 2
+                        reasoning_content, 3 reasoning) */
+    bool role;       /* the framed chunk had a role */
     /* in_frame: the last chunk accepted is the current frame around one string (read by
      * the frame, or the walk that made it), so its tree differs from the frame's first
      * chunk's only in that string's value. frame_gen: the frame's identity, a new number
@@ -62,7 +80,7 @@ typedef struct chunkscan_state {
 
 #define CHUNKSCAN_INIT                                                                             \
     {                                                                                              \
-        .frame = LG_BUF_INIT, .scratch = LG_BUF_INIT, .meta = LG_BUF_INIT, .lead = LG_BUF_INIT     \
+        .scratch = LG_BUF_INIT, .meta = LG_BUF_INIT, .lead = LG_BUF_INIT                           \
     }
 
 /* Scans data[0..len). On true, *out describes the chunk (kind DL_CHUNK, root NULL, no

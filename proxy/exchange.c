@@ -961,12 +961,10 @@ _Static_assert(sizeof(chan) == 128 && offsetof(chan, run.last) == 64, "a channel
 
 lg_req *exchange_new(lg_worker *w, struct MHD_Connection *conn, const lg_api *api)
 {
-    /* Aligned as its type asks (exchange_int.h's layout: whole cache lines), inside a block
-     * the worker's xalloc cache serves: glibc's aligned_alloc costs some 3,000 instructions
-     * a request more. */
-    char *block = lg_xmalloc(sizeof(exchange) + _Alignof(exchange) - 1);
-    exchange *ex = (exchange *)(block + (-(uintptr_t)block & (_Alignof(exchange) - 1)));
-    memset(ex, 0, sizeof *ex);
+    /* Aligned as its type asks (exchange_int.h's layout: whole cache lines). */
+    _Static_assert(_Alignof(exchange) == 64, "lg_xcalloc_lines' alignment");
+    void *block;
+    exchange *ex = lg_xcalloc_lines(sizeof *ex, &block);
     ex->block = block;
     worker_req_init(w, &ex->base, &exchange_ops, conn);
     ex->xfer = (lg_xfer){.done = on_done, .owner = ex, .body = ex_on_write};

@@ -107,24 +107,27 @@ static struct ex_trip_text *trip_text(exchange *ex)
     return ex->at.trip;
 }
 
-/* A delta's bytes as one word that tells two deltas of the same length of up to 8 bytes
- * apart (every byte is in it: overlapping reads), and a longer one's first 8 bytes. */
-static uint64_t token_head(const char *s, size_t n)
+/* A delta's bytes as two words that tell two deltas of the same length of up to 16 bytes
+ * apart (every byte is in them: overlapping reads), and a longer one's first and last 8
+ * bytes. */
+static void token_head(const char *s, size_t n, uint64_t w[2])
 {
-    uint64_t w;
     uint32_t a, b;
-    if (n >= sizeof w) {
-        memcpy(&w, s, sizeof w);
-        return w;
+    if (n >= 8) {
+        memcpy(&w[0], s, 8);
+        memcpy(&w[1], s + n - 8, 8);
+        return;
     }
+    w[1] = 0;
     if (n >= sizeof a) {
         memcpy(&a, s, sizeof a);
         memcpy(&b, s + n - sizeof b, sizeof b);
-        return (uint64_t)b << 32 | a;
+        w[0] = (uint64_t)b << 32 | a;
+        return;
     }
-    if (!n) return 0;
-    return (uint64_t)(unsigned char)s[0] | (uint64_t)(unsigned char)s[n / 2] << 8 |
-           (uint64_t)(unsigned char)s[n - 1] << 16;
+    w[0] = !n ? 0
+              : (uint64_t)(unsigned char)s[0] | (uint64_t)(unsigned char)s[n / 2] << 8 |
+                    (uint64_t)(unsigned char)s[n - 1] << 16;
 }
 
 /* Counts identical consecutive deltas; true when the run reaches RUN_TRIP (the verdict is
@@ -132,27 +135,29 @@ static uint64_t token_head(const char *s, size_t n)
 static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
 {
     token_run *r = &ex->at.ch[ch].run;
-    uint64_t at = ex->at.ch[ch].attempt_bytes - n;
     if (n > RUN_MAX_TOKEN) {
         r->len = r->count = 0;
         return false;
     }
-    uint64_t head = token_head(s, n);
-    if (r->len == n && r->head == head && (n <= 8 || memcmp(r->last, s, n) == 0)) {
+    uint64_t head[2];
+    token_head(s, n, head);
+    if (r->len == n && r->head[0] == head[0] && r->head[1] == head[1] &&
+        (n <= 16 || memcmp(r->last, s, n) == 0)) {
         r->count++;
     } else {
-        r->head = head;
-        if (n > 8) memcpy(r->last, s, n);
+        r->head[0] = head[0];
+        r->head[1] = head[1];
+        if (n > 16) memcpy(r->last, s, n);
         r->len = (uint32_t)n;
         r->count = 1;
-        r->start = at;
     }
     if (r->count < RUN_TRIP) return false;
     struct ex_trip_text *t = trip_text(ex);
+    uint64_t at = ex->at.ch[ch].attempt_bytes;
     ex->at.verdict = (guard_verdict){.detector = t->detector,
                                      .channel = ch,
-                                     .loop_start = r->start,
-                                     .at_byte = ex->at.ch[ch].attempt_bytes,
+                                     .loop_start = at - (uint64_t)r->count * n,
+                                     .at_byte = at,
                                      .unit = t->unit,
                                      .unit_len = n,
                                      .repeats = r->count};

@@ -48,16 +48,17 @@
 #define RUN_TRIP      32
 
 typedef struct token_run {
-    uint32_t len;             /* of the last delta; 0: no run */
-    uint32_t count;           /* consecutive deltas equal to it */
-    uint64_t start;           /* channel offset (this attempt) of the run's first delta */
-    uint64_t head;            /* the last delta as token_head packs it: whole when up to 8 bytes */
-    char last[RUN_MAX_TOKEN]; /* the whole last delta when it is longer than 8 bytes */
+    uint32_t len;     /* of the last delta; 0: no run */
+    uint32_t count;   /* consecutive deltas equal to it, the channel's last len * count bytes
+                       (a run's deltas are contiguous in the channel: ex_think_settle, which
+                       moves text between channels, ends the runs) */
+    uint64_t head[2]; /* the last delta as token_head packs it: whole when up to 16 bytes */
+    char last[RUN_MAX_TOKEN]; /* the whole last delta when it is longer than 16 bytes */
 } token_run;
 
 /* One channel of the current attempt: its guard (made when first needed) and the text fed
  * to it but not yet released. Everything but run.last fits the first 64 bytes, and a
- * delta of up to 8 bytes reads and writes only those. */
+ * delta of up to 16 bytes reads and writes only those. */
 typedef struct chan {
     guard *g;
     lg_buf held; /* fed to the guard, not yet released */

@@ -85,6 +85,8 @@ bool ex_think_settle(exchange *ex)
     lg_buf_append(&c->held, r->held.p, r->held.len);
     c->attempt_bytes += r->attempt_bytes;
     r->attempt_bytes = 0;
+    r->run.len = r->run.count = 0; /* a run is its channel's last bytes (token_run) */
+    c->run.len = c->run.count = 0;
     lg_buf_reset(rsent);
     lg_buf_reset(&r->held);
     return true;

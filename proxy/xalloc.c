@@ -190,6 +190,13 @@ void *lg_xcalloc(size_t n, size_t size)
     return p;
 }
 
+void *lg_xcalloc_lines(size_t n, void **block)
+{
+    char *b = lg_xmalloc(n + 63);
+    *block = b;
+    return memset(b + (-(uintptr_t)b & 63), 0, n);
+}
+
 void *lg_xrealloc(void *p, size_t size)
 {
     if (!p) return lg_xmalloc(size);

@@ -289,6 +289,113 @@ static void test_mutations_agree(void **state)
     assert_true(resumed_walks > 0);
 }
 
+/* An SGLang stream's chunk: its id and created time, and its content. */
+static void stream_chunk(char *out, size_t n, const char *id, long created, const char *text)
+{
+    snprintf(out, n,
+             "{\"id\":\"%s\",\"object\":\"chat.completion.chunk\",\"created\":%ld,"
+             "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":null,"
+             "\"content\":\"%s\"},\"logprobs\":null,\"finish_reason\":null,"
+             "\"matched_stop\":null}]}",
+             id, created, text);
+}
+
+/* Reads json with st and with a fresh state; both accept it with the same text. Returns
+ * whether st read it framed. */
+static bool framed_alike(chunkscan_state *st, const char *json)
+{
+    chunkscan_state fresh = CHUNKSCAN_INIT;
+    dl_delta a, b;
+    assert_true(chunkscan(json, strlen(json), st, &a));
+    bool was_framed = st->in_frame && !a.id;
+    assert_true(chunkscan(json, strlen(json), &fresh, &b));
+    assert_same_delta(&a, &b);
+    chunkscan_free(&fresh);
+    return was_framed;
+}
+
+/* The streams of a thread share one frame and keep only their first differing bytes (id,
+ * created); a chunk of another stream is walked, not framed, by a state whose own bytes
+ * differ from it; the frame outlives the state that made it. */
+static void test_frames_shared_by_streams(void **state)
+{
+    (void)state;
+    char c[512];
+    chunkscan_state a = CHUNKSCAN_INIT, b = CHUNKSCAN_INIT, d = CHUNKSCAN_INIT;
+    stream_chunk(c, sizeof c, "0123456789abcdef0123456789abcdef", 1796569629, "Hi");
+    assert_false(framed_alike(&a, c)); /* the walk that makes a's frame */
+    stream_chunk(c, sizeof c, "0123456789abcdef0123456789abcdef", 1796569629, "there");
+    assert_true(framed_alike(&a, c));
+    assert_int_equal(a.own, 0); /* the offered frame was a's own */
+
+    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569629, "Yo");
+    assert_false(framed_alike(&b, c));
+    assert_ptr_equal(b.shared, a.shared);
+    assert_int_equal(b.own, 39); /* {"id":" and the id */
+    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569629, "x\\ny");
+    assert_true(framed_alike(&b, c));
+    /* a's chunk is not b's: b's own bytes differ from it */
+    stream_chunk(c, sizeof c, "0123456789abcdef0123456789abcdef", 1796569629, "there");
+    assert_false(framed_alike(&b, c));
+    assert_true(framed_alike(&a, c));
+    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569629, "Yo");
+    assert_false(framed_alike(&b, c)); /* the walk above made b's frame a's own bytes */
+    assert_true(framed_alike(&b, c));
+
+    /* The maker gone, b reads on. */
+    chunkscan_free(&a);
+    stream_chunk(c, sizeof c, "fedcba9876543210fedcba9876543210", 1796569629, "on");
+    assert_true(framed_alike(&b, c));
+
+    /* Another created time too: past CHUNKSCAN_OWN_MAX, a frame of its own, which a stream
+     * of the same second then shares. */
+    chunkscan_state g = CHUNKSCAN_INIT, h = CHUNKSCAN_INIT;
+    stream_chunk(c, sizeof c, "00112233445566778899aabbccddeeff", 1796569631, "Hi");
+    assert_false(framed_alike(&g, c));
+    assert_ptr_not_equal(g.shared, b.shared);
+    assert_int_equal(g.own, 0);
+    stream_chunk(c, sizeof c, "ffeeddccbbaa99887766554433221100", 1796569631, "Hi");
+    assert_false(framed_alike(&h, c));
+    assert_ptr_equal(h.shared, g.shared);
+    assert_int_equal(h.own, 39);
+    stream_chunk(c, sizeof c, "ffeeddccbbaa99887766554433221100", 1796569631, "yes");
+    assert_true(framed_alike(&h, c));
+    chunkscan_free(&g);
+    chunkscan_free(&h);
+
+    /* A model, a key that differs, or a head of another length: frames of their own. */
+    chunkscan_state e = CHUNKSCAN_INIT, f = CHUNKSCAN_INIT;
+    stream_chunk(c, sizeof c, "0123456789abcdef0123456789abcdef", 1796569629, "Hi");
+    assert_false(framed_alike(&e, c)); /* the frame to differ from, offered */
+#define SHAPE(model, key)                                                                          \
+    "{\"id\":\"0123456789abcdef0123456789abcdef\",\"object\":\"chat.completion.chunk\","           \
+    "\"created\":1796569629,\"model\":\"" model "\",\"choices\":[{\"index\":0,\"delta\":{\"" key   \
+    "\":null,\"content\":\"Hi\"},\"logprobs\":null,\"finish_reason\":null,\"matched_stop\":null}]" \
+    "}"
+    snprintf(c, sizeof c, "%s", SHAPE("n", "reasoning_content"));
+    assert_false(framed_alike(&f, c));
+    assert_ptr_not_equal(f.shared, e.shared);
+    assert_int_equal(f.own, 0);
+    assert_true(framed_alike(&f, c));
+    chunkscan_free(&f);
+    f = (chunkscan_state)CHUNKSCAN_INIT;
+    snprintf(c, sizeof c, "%s", SHAPE("m", "reasoning_contenx"));
+#undef SHAPE
+    assert_false(framed_alike(&f, c));
+    assert_ptr_not_equal(f.shared, e.shared);
+    assert_int_equal(f.own, 0);
+    assert_true(framed_alike(&f, c));
+    stream_chunk(c, sizeof c, "0123", 1796569629, "Hi");
+    assert_false(framed_alike(&d, c));
+    assert_ptr_not_equal(d.shared, f.shared);
+    assert_int_equal(d.own, 0);
+    assert_true(framed_alike(&d, c));
+    chunkscan_free(&d);
+    chunkscan_free(&e);
+    chunkscan_free(&f);
+    chunkscan_free(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -299,6 +406,7 @@ int main(void)
         cmocka_unit_test(test_every_position_in_a_text),
         cmocka_unit_test(test_framed_chunks),
         cmocka_unit_test(test_mutations_agree),
+        cmocka_unit_test(test_frames_shared_by_streams),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
