@@ -243,8 +243,14 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     if (reshaped) rs = r.p, rn = r.len, cs = c.p, cn = c.len;
 
     bool text = rn || cn;
-    bool tripped =
-        ex_guard_text(ex, LG_CH_REASONING, rs, rn) || ex_guard_text(ex, LG_CH_CONTENT, cs, cn);
+    /* The usual token: one channel's text that nothing held before, released whole unless
+     * the guard holds some of it, and sent as the upstream's own bytes (or not streamed). */
+    bool direct = !held_before && !reshaped && !rn != !cn && !d->n_tools && !d->finish_reason &&
+                  (!ex->req.client_stream || raw_ok(ex, d, false));
+    bool tripped = direct ? ex_guard_text_release(ex, rn ? LG_CH_REASONING : LG_CH_CONTENT,
+                                                  rn ? rs : cs, rn ? rn : cn)
+                          : ex_guard_text(ex, LG_CH_REASONING, rs, rn) ||
+                                ex_guard_text(ex, LG_CH_CONTENT, cs, cn);
     for (size_t i = 0; !tripped && i < d->n_tools; i++) {
         tripped = ex_guard_text(ex, LG_CH_TOOL_ARGS, d->tools[i].args, d->tools[i].args_len);
         text |= d->tools[i].args_len > 0;

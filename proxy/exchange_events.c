@@ -83,16 +83,23 @@ void ex_release_run(exchange *ex, lg_channel ch, size_t n, lg_buf *into)
     lg_buf_consume(&c->held, n);
 }
 
-size_t ex_releasable_run(const exchange *ex, lg_channel ch)
+/* The trailing bytes of channel c that must stay held: what its guard suspects, or a run
+ * of identical tokens past its first copy, within the holdback cap. */
+static size_t hold_back(const exchange *ex, const chan *c)
 {
-    const chan *c = &ex->at.ch[ch];
     size_t suspect = c->g ? guard_suspect(c->g) : 0;
     /* a run of identical tokens past its first copy waits too */
     size_t run = c->g && c->run.count > 1 ? (size_t)(c->run.count - 1) * c->run.len : 0;
     if (run > suspect) suspect = run;
     /* The global cap (guard.holdback_max_bytes) bounds every channel's own cap. */
     size_t cap = cfg_of(ex)->guard.holdback_max_bytes;
-    if (suspect > cap) suspect = cap;
+    return suspect > cap ? cap : suspect;
+}
+
+size_t ex_releasable_run(const exchange *ex, lg_channel ch)
+{
+    const chan *c = &ex->at.ch[ch];
+    size_t suspect = hold_back(ex, c);
     return c->held.len > suspect ? c->held.len - suspect : 0;
 }
 
@@ -184,20 +191,34 @@ static guard *channel_guard(exchange *ex, lg_channel ch)
     return c->g;
 }
 
-/* Feeds one delta of channel ch to its guard and to the token-run check. Returns true when
- * either tripped; the verdict is then taken. */
-bool ex_guard_text_run(exchange *ex, lg_channel ch, const char *s, size_t n)
+/* Feeds one delta of channel ch to its guard and to the token-run check, without holding
+ * it. Returns true when either tripped; the verdict is then taken. */
+static bool guard_feed_run(exchange *ex, lg_channel ch, const char *s, size_t n)
 {
     chan *c = &ex->at.ch[ch];
     ex->at.fed |= (uint8_t)(1u << ch);
     c->attempt_bytes += n;
-    lg_buf_append(&c->held, s, n);
     if (!channel_guard(ex, ch)) return false;
     if (guard_feed(c->g, s, n)) {
         take_verdict(ex, c->g);
         return true;
     }
     return token_run_feed(ex, ch, s, n);
+}
+
+bool ex_guard_text_run(exchange *ex, lg_channel ch, const char *s, size_t n)
+{
+    lg_buf_append(&ex->at.ch[ch].held, s, n);
+    return guard_feed_run(ex, ch, s, n);
+}
+
+bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n)
+{
+    chan *c = &ex->at.ch[ch];
+    bool tripped = guard_feed_run(ex, ch, s, n);
+    /* a trip's delta is held: the incident's excerpt ends with it */
+    lg_buf_append(tripped || hold_back(ex, c) ? &c->held : &ex->cl.sent[ch], s, n);
+    return tripped;
 }
 
 /* Copies the tripped guard's verdict (its strings die with the guard). */

@@ -252,6 +252,13 @@ static inline bool ex_guard_text(exchange *ex, lg_channel ch, const char *s, siz
 {
     return n && ex_guard_text_run(ex, ch, s, n); /* a channel the event does not use: no call */
 }
+/* ex_guard_text for a delta that is released as soon as the guard clears it: channel ch
+ * holds nothing, the event has no other text and is not its generation's last, and its
+ * release needs no copy of the released text (the caller's checks). Fed as ex_guard_text
+ * feeds it; then a delta that neither the guard nor the token run holds a byte of goes
+ * straight to the client's sent text, as its release would move it, without passing
+ * through `held` (a cache line a token); else, or when it tripped, it is held. */
+bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n);
 /* True when channel ch may hold text or have attempt_bytes (ex_attempt.fed). */
 static inline bool ex_chan_fed(const exchange *ex, lg_channel ch)
 {
