@@ -62,6 +62,8 @@ typedef struct lg_api {
     /* One upstream SSE event of the current attempt. Returns 1 when a guard tripped (the
      * verdict is taken), else 0. */
     int (*on_event)(struct exchange *ex, const sse_event *ev);
+    /* Optional: the attempt's SSE parser's vouch (sse_parser_vouch; ud: the exchange). */
+    bool (*vouch)(void *ud, const char *data, size_t len);
     /* The generation ended cleanly (after every attempt): queue the stream's closing
      * events, or render the whole response into ex->cl.final_body. */
     void (*finish)(struct exchange *ex);

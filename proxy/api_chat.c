@@ -328,14 +328,30 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     return 0;
 }
 
+/* The fast path for a stream's first attempt (its first chunk, a walk, brings the stream's
+ * identity); whole responses and retries need the full tree (assembler, id rewriting). */
+static bool chat_fast(const exchange *ex)
+{
+    return ex->req.client_stream && ex->attempt == 1;
+}
+
+/* The delta of the chunk chat_vouch last read on this thread: its event is dispatched
+ * right after the vouch (sse_parser_vouch), and its handling feeds no other parser. */
+static _Thread_local dl_delta vouched;
+
+/* The SSE parser's vouch: a chunk in the stream's frame around a new string holds no CR or
+ * LF, and its delta is read here, once (chunkscan_frames). */
+static bool chat_vouch(void *ud, const char *data, size_t len)
+{
+    exchange *ex = ud;
+    return chat_fast(ex) && chunkscan_frames(data, len, &CS(ex)->scan, &vouched);
+}
+
 static int chat_on_event(exchange *ex, const sse_event *ev)
 {
+    if (ev->vouched) return on_chunk(ex, ev, &vouched);
     dl_delta d;
-    /* The fast path for a stream's first attempt (its first chunk, a walk, brings the
-     * stream's identity); whole responses and retries need the full tree (assembler, id
-     * rewriting). */
-    bool fast = ex->req.client_stream && ex->attempt == 1 &&
-                chunkscan(ev->data, ev->data_len, &CS(ex)->scan, &d);
+    bool fast = chat_fast(ex) && chunkscan(ev->data, ev->data_len, &CS(ex)->scan, &d);
     if (!fast) dl_parse(ev->data, ev->data_len, &d);
     int rc = 0;
     switch (d.kind) {
@@ -480,8 +496,8 @@ static void chat_destroy(exchange *ex)
 
 #define CHAT_HOOKS                                                                                 \
     .parse = chat_parse, .build = chat_build, .sampling = chat_sampling, .prompt = chat_prompt,    \
-    .attempt_begins = chat_attempt_begins, .on_event = chat_on_event, .finish = chat_finish,       \
-    .withheld = chat_withheld, .stream_error = chat_stream_error,                                  \
+    .attempt_begins = chat_attempt_begins, .on_event = chat_on_event, .vouch = chat_vouch,         \
+    .finish = chat_finish, .withheld = chat_withheld, .stream_error = chat_stream_error,           \
     .error_body = ex_openai_error_body, .destroy = chat_destroy, .can_continue = true,             \
     .takes_rid = true
 

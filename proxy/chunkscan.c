@@ -485,6 +485,7 @@ struct chunkscan_frame {
     unsigned refs; /* the states whose frame it is */
     uint32_t len;  /* of bytes[] */
     uint32_t head; /* bytes before the text token */
+    bool breaks;   /* bytes[] holds a CR or an LF (JSON whitespace) */
     char bytes[];  /* the head, then the tail */
 };
 
@@ -532,9 +533,16 @@ static bool same_own(const char *a, const char *b, size_t n)
     return memcmp(a, b, n) == 0;
 }
 
+/* s[0..n) holds a CR or an LF. */
+static bool has_break(const char *s, size_t n)
+{
+    return memchr(s, '\n', n) || memchr(s, '\r', n);
+}
+
 /* The frame of a chunk data[0..head) "text" tail[0..tail) becomes st's: the thread's
  * offered frame when it has the same head and tail lengths and the same tail, and differs
- * in the head's first CHUNKSCAN_OWN_MAX bytes at most (which st then keeps as its own);
+ * in the head's first CHUNKSCAN_OWN_MAX bytes at most, which hold no CR or LF (st then
+ * keeps them as its own, and the frame's `breaks` speaks for all of st's frame bytes);
  * else a new frame of st's alone, offered from now on. */
 static void frame_take(chunkscan_state *st, const char *data, size_t head, const char *tail,
                        size_t tail_len)
@@ -547,13 +555,14 @@ static void frame_take(chunkscan_state *st, const char *data, size_t head, const
         own -= 8; /* a word at a time, then bytes */
     while (shares && own && f->bytes[own - 1] == data[own - 1])
         own--;
-    if (!shares || own > CHUNKSCAN_OWN_MAX) {
+    if (!shares || own > CHUNKSCAN_OWN_MAX || has_break(data, own)) {
         f = lg_xmalloc(sizeof *f + head + tail_len);
         f->refs = 0;
         f->len = (uint32_t)(head + tail_len);
         f->head = (uint32_t)head;
         memcpy(f->bytes, data, head);
         memcpy(f->bytes + head, tail, tail_len);
+        f->breaks = has_break(f->bytes, f->len);
         offered = f;
         own = 0;
     }
@@ -669,24 +678,35 @@ static bool accept(const char *data, size_t len, chunkscan_state *st, dl_delta *
     return true;
 }
 
-/* The chunk is st's frame around one new string: its bytes before and after the text token
- * are those of the chunk the frame was taken from, so the walk would take every step it
- * took then and differ only in that string's value. */
-static bool framed(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
+/* data's bytes before and after its text token are those of the chunk st's frame was
+ * taken from (a framed reading's first test; read_frame is its second). */
+static bool frame_fits(const char *data, size_t len, const chunkscan_state *st)
 {
     if (!st->field) return false;
     const struct chunkscan_frame *f = st->shared;
     size_t own = st->own, head = f->head, tail = f->len - head;
-    if (len < f->len + 2 || (own && !same_own(data, own_bytes(st), own)) ||
-        memcmp(data + own, f->bytes + own, head - own) != 0 ||
-        memcmp(data + len - tail, f->bytes + head, tail) != 0)
-        return false;
+    return len >= f->len + 2 && (!own || same_own(data, own_bytes(st), own)) &&
+           memcmp(data + own, f->bytes + own, head - own) == 0 &&
+           memcmp(data + len - tail, f->bytes + head, tail) == 0;
+}
+
+/* The chunk, which frame_fits took, is st's frame around one new string: the walk would
+ * take every step it took on the frame's chunk and differ only in that string's value. */
+static bool read_frame(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
+{
+    size_t head = st->shared->head, tail = st->shared->len - head;
     scan c = {data + head, data + len - tail, &st->scratch, len, data + len};
     str text[F_COUNT] = {{0}};
     if (*c.p != '"' || !string(&c, &text[st->field - 1]) || c.p != c.end) return false;
     fill(out, st->role ? data : NULL, text);
     st->in_frame = true;
     return true;
+}
+
+/* The chunk is st's frame around one new string. */
+static bool framed(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
+{
+    return frame_fits(data, len, st) && read_frame(data, len, st, out);
 }
 
 /* Empties the scratch buffer; an empty one is left untouched (its NUL is in place), so a
@@ -706,6 +726,14 @@ bool chunkscan(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
     if (resumed(data, len, st, out)) return true;
     scratch_reset(st);
     return scan_chunk(data, len, st, out);
+}
+
+bool chunkscan_frames(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
+{
+    if (!frame_fits(data, len, st) || st->shared->breaks) return false;
+    memset(out, 0, sizeof *out);
+    scratch_reset(st);
+    return read_frame(data, len, st, out);
 }
 
 void chunkscan_free(chunkscan_state *st)

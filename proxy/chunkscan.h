@@ -90,6 +90,13 @@ typedef struct chunkscan_state {
  * chunk needs dl_parse. O(len), no allocation once the buffers have grown. */
 bool chunkscan(const char *data, size_t len, chunkscan_state *st, dl_delta *out);
 
+/* chunkscan's first reading alone, for an SSE parser's vouch (sse_parser_vouch): true when
+ * data is st's frame around one new JSON string, with *out and st as chunkscan leaves them
+ * (chunkscan need not be called); data then holds no CR or LF (the frame's bytes came from
+ * chunks that held none, and the string holds no control byte). False: *out is undefined,
+ * and st is as chunkscan finds it. */
+bool chunkscan_frames(const char *data, size_t len, chunkscan_state *st, dl_delta *out);
+
 void chunkscan_free(chunkscan_state *st);
 
 #endif

@@ -576,6 +576,7 @@ static void start_attempt(exchange *ex)
 
     ex->at.guarded = plan.guarded;
     sse_parser_init(&ex->at.sse, SSE_DEFAULT_MAX_EVENT, ex_on_event, ex);
+    sse_parser_vouch(&ex->at.sse, ex->api->vouch);
     if (cont && ex->think_inline && ex->cl.sent[LG_CH_CONTENT].len == 0)
         ex->at.think = think_new(true);
     ex->at.tokens = ex->at.tokens_after_trip = 0;

@@ -46,6 +46,11 @@ sse_parser *sse_parser_new(size_t max_event_bytes, sse_event_fn fn, void *ud)
     return p;
 }
 
+void sse_parser_vouch(sse_parser *p, sse_vouch_fn vouch)
+{
+    p->vouch = vouch;
+}
+
 void sse_parser_clear(sse_parser *p)
 {
     lg_buf_free(&p->in);
@@ -250,13 +255,17 @@ static int scan_lines(sse_parser *p, const char *s, size_t n)
 /* The usual input of an idle parser, exactly one event of one LF-ended data line and its
  * blank line ("data:…\n\n", no CR): dispatched as scan_lines would dispatch it, without
  * its line loop and reading only the parser's first line (idle says the rest is as a
- * dispatch leaves it, and stays so). False (nothing done) for anything else. */
+ * dispatch leaves it, and stays so). The value is searched for CR and LF unless the vouch
+ * proves it holds none ("data:" and the space hold none). False (nothing done) for
+ * anything else. */
 static bool one_event(const sse_parser *p, const char *buf, size_t len, int *rc)
 {
     if (len < 7 || len > p->max || buf[len - 1] != '\n' || buf[len - 2] != '\n' ||
-        memcmp(buf, "data:", 5) != 0 || memchr(buf, '\n', len - 2) || memchr(buf, '\r', len - 2))
+        memcmp(buf, "data:", 5) != 0)
         return false;
     size_t at = buf[5] == ' ' ? 6 : 5;
+    bool vouched = p->vouch && p->vouch(p->ud, buf + at, len - 2 - at);
+    if (!vouched && (memchr(buf, '\n', len - 2) || memchr(buf, '\r', len - 2))) return false;
     sse_event ev = {
         .data = buf + at,
         .data_len = len - 2 - at,
@@ -266,6 +275,7 @@ static bool one_event(const sse_parser *p, const char *buf, size_t len, int *rc)
         .retry = -1,
         .raw = buf,
         .raw_len = len,
+        .vouched = vouched,
     };
     *rc = p->fn(p->ud, &ev);
     return true;

@@ -52,28 +52,33 @@ typedef struct sse_event {
     long retry;      /* the retry field of this event's lines, -1 when absent */
     const char *raw; /* the exact upstream bytes of this event (see above) */
     size_t raw_len;
+    bool vouched; /* the parser's vouch (sse_parser_vouch) accepted data, just before */
 } sse_event;
 
 /* Called once per dispatched event. Nonzero stops feeding: sse_parser_feed returns it. */
 typedef int (*sse_event_fn)(void *ud, const sse_event *ev);
 
+/* An owner's proof that data[0..len) holds neither CR nor LF (sse_parser_vouch). */
+typedef bool (*sse_vouch_fn)(void *ud, const char *data, size_t len);
+
 /* The parser's state: its fields are sse.c's alone. It is declared here so that an owner
  * can hold a parser inside its own state (sse_parser_init / sse_parser_clear), placed on
  * whole cache lines: at a decode pace every line a token touches is a cache miss, and a
  * read of one whole event (the usual read) touches only the first line (`idle`'s path),
- * when the parser starts a 64-byte line. 176 bytes, no holes. */
+ * when the parser starts a 64-byte line. 184 bytes, one byte of padding (after has_id). */
 typedef struct sse_parser {
     /* What an idle parser's one-event read touches. */
     sse_event_fn fn;
     void *ud;
     size_t max;
-    lg_buf id;        /* the last event ID (persists across events) */
-    bool idle;        /* between events with nothing pending: all below is settled (sse.c) */
-    bool bom_checked; /* the leading BOM question is settled */
-    bool skip_lf;     /* the last line ended in a CR at the end of input: an LF next pairs */
-    bool dead;        /* SSE_ERR_TOO_BIG was returned */
-    bool crlf;        /* the last CR seen ended a CR LF pair (assumed before any CR) */
-    bool deferred;    /* a blank line's CR ends the input; waiting for a possible LF */
+    lg_buf id;          /* the last event ID (persists across events) */
+    sse_vouch_fn vouch; /* NULL: none (sse_parser_vouch) */
+    bool idle;          /* between events with nothing pending: all below is settled (sse.c) */
+    bool bom_checked;   /* the leading BOM question is settled */
+    bool skip_lf;       /* the last line ended in a CR at the end of input: an LF next pairs */
+    bool dead;          /* SSE_ERR_TOO_BIG was returned */
+    bool crlf;          /* the last CR seen ended a CR LF pair (assumed before any CR) */
+    bool deferred;      /* a blank line's CR ends the input; waiting for a possible LF */
     bool has_id;
     /* The pending event and the bytes being parsed (sse.c's header note). */
     lg_buf in;
@@ -92,6 +97,14 @@ sse_parser *sse_parser_new(size_t max_event_bytes, sse_event_fn fn, void *ud);
  * A zeroed parser that was never initialised may be given to sse_parser_finish (nothing
  * is dispatched) and to sse_parser_clear. */
 void sse_parser_init(sse_parser *p, size_t max_event_bytes, sse_event_fn fn, void *ud);
+/* Sets (or with NULL clears) the parser's vouch: an idle parser reading one whole event of
+ * one data line calls it (with its ud) on that line's value before searching the read for
+ * CR and LF; true must mean the value holds neither (it is then not searched, and the
+ * event is dispatched with `vouched` set, next, so its callback may use what the vouch
+ * learned). The value may be no event's data (the read may hold more lines): a vouch that
+ * says false must have had no effect the callbacks could see. */
+void sse_parser_vouch(sse_parser *p, sse_vouch_fn vouch);
+
 /* Frees what an initialised parser holds and zeroes it. */
 void sse_parser_clear(sse_parser *p);
 

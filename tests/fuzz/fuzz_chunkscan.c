@@ -2,7 +2,9 @@
  * parser reads the same fields from the same bytes (usage aside, see chunkscan.h); and a
  * state framed by an earlier chunk reads a chunk as a fresh state does (id, model and
  * created aside, which only a walk reports). The input is two chunks split at its first
- * newline: the first primes a state, the second is scanned by both. */
+ * newline: the first primes a state, the second is scanned by both (the primed one first
+ * by chunkscan_frames, which reads it as chunkscan would when it takes it, and takes it
+ * only when it holds no CR or LF). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +38,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     dl_delta fast, framed, full;
     if (nl) (void)chunkscan(s, first, &primed, &framed);
     bool ok = chunkscan(s + off, size - off, &fresh, &fast);
-    if (chunkscan(s + off, size - off, &primed, &framed) != ok || (ok && !same(&fast, &framed)))
+    bool frames = chunkscan_frames(s + off, size - off, &primed, &framed);
+    if (frames && (memchr(s + off, '\n', size - off) || memchr(s + off, '\r', size - off))) abort();
+    if ((frames || chunkscan(s + off, size - off, &primed, &framed)) != ok ||
+        (ok && !same(&fast, &framed)))
         abort();
     dl_parse(s + off, size - off, &full);
     if (ok && (full.kind != DL_CHUNK || full.choice_index != 0 || fast.usage ||

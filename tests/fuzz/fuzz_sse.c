@@ -8,7 +8,9 @@
  *     is fed whole and when it is fed in pieces chosen by the input's first bytes with a
  *     callback that stops the feed every few events (and the feeder resuming it);
  *  3. under a tiny event limit the parser either succeeds with property 1 or reports
- *     SSE_ERR_TOO_BIG, and stays dead afterwards. */
+ *     SSE_ERR_TOO_BIG, and stays dead afterwards;
+ *  4. the pieces are fed to a parser with a vouch (one that searches, as the parser would):
+ *     the same events, and only data without CR or LF dispatched vouched. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,11 +24,19 @@ typedef struct run {
     lg_buf raws;
     unsigned stop_every; /* the callback stops the feed every this many events (0: never) */
     unsigned n;
+    bool vouch; /* the parser has vouch_searches */
 } run;
+
+static bool vouch_searches(void *ud, const char *data, size_t len)
+{
+    (void)ud;
+    return !memchr(data, '\n', len) && !memchr(data, '\r', len);
+}
 
 static int on_event(void *ud, const sse_event *ev)
 {
     run *r = ud;
+    if (ev->vouched && (!r->vouch || !vouch_searches(NULL, ev->data, ev->data_len))) abort();
     lg_buf_printf(&r->fields, "%zu:%zu:%zu:%d:%ld|", ev->data_len, ev->event_len, ev->id_len,
                   ev->has_id, ev->retry);
     lg_buf_append(&r->fields, ev->data, ev->data_len);
@@ -40,6 +50,7 @@ static int on_event(void *ud, const sse_event *ev)
 static int feed(const uint8_t *data, size_t len, fuzz_cuts *cuts, size_t max, run *r)
 {
     sse_parser *p = sse_parser_new(max, on_event, r);
+    if (r->vouch) sse_parser_vouch(p, vouch_searches);
     size_t at = 0;
     int rc = 0;
     while (at < len && rc == 0) {
@@ -71,7 +82,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_cuts cuts;
     if (!fuzz_cuts_take(&data, &size, &cuts, 17)) return 0;
 
-    run whole = {0}, split = {.stop_every = 1 + (size % 3)}, tiny = {0};
+    run whole = {0}, split = {.stop_every = 1 + (size % 3), .vouch = true}, tiny = {0};
     if (feed(data, size, NULL, 0, &whole) != 0) abort();
     if (feed(data, size, &cuts, 0, &split) != 0) abort();
     if (whole.fields.len != split.fields.len ||

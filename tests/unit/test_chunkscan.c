@@ -45,6 +45,7 @@ static void assert_same_meta(const dl_delta *a, const dl_delta *b)
 }
 
 static unsigned resumed_walks; /* chunks read after a lead of their own bytes (agrees) */
+static unsigned vouched;       /* chunks the primed state's chunkscan_frames took (agrees) */
 
 /* Returns whether chunkscan accepted `json`; when it did, asserts that every field the
  * exchange reads equals dl_parse's view of the same bytes. A state framed by `primer`
@@ -67,7 +68,11 @@ static bool agrees(const char *json)
     }
     assert_true(chunkscan(primer, strlen(primer), &primed, &framed));
     assert_int_equal(primed.field, 1);
-    assert_int_equal(chunkscan(json, strlen(json), &primed, &framed), ok);
+    /* What chunkscan_frames takes holds no CR or LF, and it reads it as chunkscan would. */
+    bool frames = chunkscan_frames(json, strlen(json), &primed, &framed);
+    if (frames) assert_null(strpbrk(json, "\r\n"));
+    vouched += frames;
+    assert_int_equal(frames || chunkscan(json, strlen(json), &primed, &framed), ok);
     if (ok) assert_same_delta(&framed, &fast);
     if (ok) {
         assert_true(chunkscan(json, strlen(json), &self, &again));
@@ -249,6 +254,9 @@ static void test_framed_chunks(void **state)
         "\"a\x01\"",
         "\"a\"  ",
         " \"a\"",
+        "\"a\nb\"",
+        "\"a\rb\"",
+        "\"a\"\n",
         "\"",
         "\"a",
         "7",
@@ -263,6 +271,50 @@ static void test_framed_chunks(void **state)
         framed_ok += agrees(json);
     }
     assert_true(framed_ok >= 4);
+    assert_true(vouched >= 4);
+}
+
+/* A frame holding a CR or an LF (JSON whitespace) vouches for nothing, though it frames. */
+static void test_frame_with_line_breaks(void **state)
+{
+    (void)state;
+    static const char *const heads[] = {
+        "{\"id\":\"ab\",\n\"choices\":[{\"index\":0,\"delta\":{\"content\":\"",
+        "{\"id\":\"ab\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"",
+    };
+    static const char *const tails[] = {"\"}}]}", "\"}}]}\r"};
+    for (size_t i = 0; i < sizeof heads / sizeof *heads; i++) {
+        chunkscan_state st = CHUNKSCAN_INIT;
+        char c[256];
+        dl_delta d;
+        snprintf(c, sizeof c, "%sHi%s", heads[i], tails[i]);
+        assert_true(chunkscan(c, strlen(c), &st, &d));
+        snprintf(c, sizeof c, "%sthere%s", heads[i], tails[i]);
+        assert_false(chunkscan_frames(c, strlen(c), &st, &d));
+        assert_true(chunkscan(c, strlen(c), &st, &d));
+        assert_true(st.in_frame);
+        chunkscan_free(&st);
+    }
+    /* A stream whose own bytes (where its head differs from the offered frame's) hold an
+     * LF shares no frame: it makes one of its own, which vouches for nothing. */
+    chunkscan_state a = CHUNKSCAN_INIT, b = CHUNKSCAN_INIT;
+    char c[256];
+    dl_delta d;
+    snprintf(c, sizeof c, "%sHi%s", "{\"id\":\"abc\",\"choices\":[{\"delta\":{\"content\":\"",
+             tails[0]);
+    assert_true(chunkscan(c, strlen(c), &a, &d));
+    snprintf(c, sizeof c, "%sthere%s", "{\"id\":\"abc\",\"choices\":[{\"delta\":{\"content\":\"",
+             tails[0]);
+    assert_true(chunkscan_frames(c, strlen(c), &a, &d));
+    snprintf(c, sizeof c, "%sHi%s", "{\"id\":\"ab\",\n\"choices\":[{\"delta\":{\"content\":\"",
+             tails[0]);
+    assert_true(chunkscan(c, strlen(c), &b, &d));
+    assert_ptr_not_equal(b.shared, a.shared);
+    snprintf(c, sizeof c, "%sthere%s", "{\"id\":\"ab\",\n\"choices\":[{\"delta\":{\"content\":\"",
+             tails[0]);
+    assert_false(chunkscan_frames(c, strlen(c), &b, &d));
+    chunkscan_free(&a);
+    chunkscan_free(&b);
 }
 
 /* Random byte edits of accepted chunks: whatever the scanner still accepts, it agrees. */
@@ -407,6 +459,7 @@ int main(void)
         cmocka_unit_test(test_framed_chunks),
         cmocka_unit_test(test_mutations_agree),
         cmocka_unit_test(test_frames_shared_by_streams),
+        cmocka_unit_test(test_frame_with_line_breaks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -348,6 +348,57 @@ static void test_one_event_reads(void **state)
     collect_free(&c);
 }
 
+/* A vouch that searches as the parser would, and counts what it was asked. */
+static int vouch_asked;
+static bool vouch_no_break(void *ud, const char *data, size_t len)
+{
+    (void)ud;
+    vouch_asked++;
+    return !memchr(data, '\n', len) && !memchr(data, '\r', len);
+}
+
+static int vouched_events;
+static int on_vouched_event(void *ud, const sse_event *ev)
+{
+    vouched_events += ev->vouched;
+    return on_event(ud, ev);
+}
+
+/* With a vouch, an idle parser's one-event reads are asked about and dispatched vouched;
+ * every other read is parsed as without one, the same events with the same raws. */
+static void test_vouch(void **state)
+{
+    (void)state;
+    static const char *const reads[] = {
+        "data: a\n\n",
+        "data: b\n\ndata: c\n\n",
+        "data: d\r\n\r\n",
+        "data: e\nf: g\n\n",
+        "data:h\n\n",
+        "data: i",
+        "\n\n",
+        "data: j\n\n",
+    };
+    collect with = {0}, without = {0};
+    sse_parser *p = sse_parser_new(0, on_vouched_event, &with);
+    sse_parser *q = sse_parser_new(0, on_event, &without);
+    sse_parser_vouch(p, vouch_no_break);
+    for (size_t i = 0; i < sizeof reads / sizeof *reads; i++) {
+        assert_int_equal(sse_parser_feed(p, reads[i], strlen(reads[i])), 0);
+        assert_int_equal(sse_parser_feed(q, reads[i], strlen(reads[i])), 0);
+    }
+    assert_string_equal(with.log.p, without.log.p);
+    assert_string_equal(with.raws.p, without.raws.p);
+    assert_int_equal(with.n, 8);
+    /* Not a (the first read settles the BOM), d (CR LF), "i" nor its end. */
+    assert_int_equal(vouch_asked, 4);    /* b+c, e+g, h, j */
+    assert_int_equal(vouched_events, 2); /* h, j */
+    sse_parser_free(p);
+    sse_parser_free(q);
+    collect_free(&with);
+    collect_free(&without);
+}
+
 /* Data may contain NUL bytes; data_len counts them. */
 static void test_nul_in_data(void **state)
 {
@@ -377,6 +428,7 @@ int main(void)
         cmocka_unit_test(test_in_place_path),
         cmocka_unit_test(test_one_event_reads),
         cmocka_unit_test(test_nul_in_data),
+        cmocka_unit_test(test_vouch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
