@@ -57,8 +57,7 @@ static int reject(hh_verdict *v, int status, const char *message, const char *co
     return status;
 }
 
-/* Content-Length = 1*DIGIT (RFC 9110 §8.6); at most 18 digits so it fits a long long. */
-static bool parse_length(const char *s, size_t n, long long *out)
+bool hh_parse_length(const char *s, size_t n, long long *out)
 {
     if (n == 0 || n > 18) return false;
     long long x = 0;
@@ -139,7 +138,7 @@ int hh_check(const hh_request *req, hh_verdict *v)
             hosts++;
         } else if (name_is(f, "Content-Length")) {
             if (++lengths > 1) return reject(v, 400, "more than one Content-Length", "bad_framing");
-            if (!parse_length(f->value, f->value_len, &v->content_length))
+            if (!hh_parse_length(f->value, f->value_len, &v->content_length))
                 return reject(v, 400, "malformed Content-Length", "bad_framing");
         } else if (name_is(f, "Transfer-Encoding")) {
             te_fields++;

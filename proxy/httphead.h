@@ -58,6 +58,9 @@ bool hh_query_piece_ok(const char *s, size_t n);
  * `tok`, compared without case and without the white space around elements: as its last
  * non-empty element when `last` (a Transfer-Encoding's final coding), else as any. */
 bool hh_list_has(const char *v, size_t n, const char *tok, bool last);
+/* A Content-Length value s[0..n): 1*DIGIT (RFC 9110 §8.6), at most 18 digits so that it fits
+ * a long long. True with *out set, else false. */
+bool hh_parse_length(const char *s, size_t n, long long *out);
 
 /* Normalises an origin-form path (RFC 3986 §6.2.2): percent-encoded unreserved characters
  * are decoded ("%2e" -> ".", "%69" -> "i") so the upstream's router and ours see the same

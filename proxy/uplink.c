@@ -132,26 +132,27 @@ static void field_value(const char *p, size_t n, const char *c, const char **v, 
 }
 
 /* A Content-Length value v[0..vn): one length, or a comma-separated list of the same length
- * (RFC 9112 §6.3: a list of equal valid values is that value). Anything else, or a length
- * other than one an earlier field gave, sets bad_len. */
+ * (RFC 9112 §6.3: a list of equal valid values is that value; an empty element may end it).
+ * Anything else, or a length other than one an earlier field gave, sets bad_len. */
 static void length_list(uplink_resp *r, const char *v, size_t vn)
 {
     const char *p = v, *e = v + vn;
-    while (p < e) {
-        uint64_t len = 0;
-        size_t digits = 0;
-        for (; p < e && *p >= '0' && *p <= '9' && digits < 19; p++, digits++)
-            len = len * 10 + (uint64_t)(*p - '0');
-        while (p < e && (*p == ' ' || *p == '\t'))
-            p++;
-        if (!digits || digits > 18 || (p < e && *p != ',') || (r->has_len && r->len != len)) {
+    for (;;) {
+        const char *q = memchr(p, ',', (size_t)(e - p)), *s = p, *t = q ? q : e;
+        while (s < t && (*s == ' ' || *s == '\t'))
+            s++;
+        while (t > s && (t[-1] == ' ' || t[-1] == '\t'))
+            t--;
+        long long len = 0;
+        if (s == t ? q != NULL
+                   : !hh_parse_length(s, (size_t)(t - s), &len) ||
+                         (r->has_len && r->len != (uint64_t)len)) {
             r->bad_len = true;
             return;
         }
-        r->has_len = true, r->len = len;
-        if (p < e) p++; /* the comma */
-        while (p < e && (*p == ' ' || *p == '\t'))
-            p++;
+        if (s < t) r->has_len = true, r->len = (uint64_t)len;
+        if (!q) return;
+        p = q + 1;
     }
 }
 
