@@ -250,6 +250,13 @@ static void cand_add(guard *g, uint64_t pos, uint32_t d, uint64_t end)
     /* Measure the run by walking back from those 8 bytes: O(run), and a run only starts
      * being tracked once, so this is amortised O(1). */
     gcand nc = {.start = run_back(g, d, pos - 8) + 1, .period = d};
+    unsigned slot = g->ncand;
+    if (slot == GUARD_NCAND) { /* replace the shortest run, the latest start */
+        slot = 0;
+        for (unsigned i = 1; i < GUARD_NCAND; i++)
+            if (g->cand[i].start > g->cand[slot].start) slot = i;
+        if (g->cand[slot].start <= nc.start) return;
+    }
     nc.ready_at = cand_ready_at(&nc, g->p->repeat.base_need[d]);
     nc.breaks = period_break(g, d, pos + 1, end);
     /* A run that ends in the piece short of its threshold (ready_at, which judging only
@@ -258,15 +265,7 @@ static void cand_add(guard *g, uint64_t pos, uint32_t d, uint64_t end)
      * with the one before is such a run at most events). A later anchor of the run finds it
      * again, and so again not worth tracking. */
     if (nc.breaks < end && nc.ready_at >= nc.breaks) return;
-    unsigned slot = g->ncand;
-    if (slot == GUARD_NCAND) { /* replace the shortest run, the latest start */
-        slot = 0;
-        for (unsigned i = 1; i < GUARD_NCAND; i++)
-            if (g->cand[i].start > g->cand[slot].start) slot = i;
-        if (g->cand[slot].start <= nc.start) return;
-    } else {
-        g->ncand++;
-    }
+    if (slot == g->ncand) g->ncand++;
     g->cand[slot] = nc;
 }
 
