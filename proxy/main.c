@@ -2,7 +2,7 @@
  *
  * The main thread parses the configuration (defaults < file < LOOPGUARD_* environment <
  * flags), raises the file-descriptor limit, probes the upstreams, starts one worker per core
- * on a shared SO_REUSEPORT port, and then only handles signals: SIGTERM/SIGINT stop
+ * on one listening socket they share (listener.h), and then only handles signals: SIGTERM/SIGINT stop
  * accepting and let streams finish up to shutdown_grace_ms before they are ended
  * well-formed; SIGHUP reopens the incident log (logrotate). `loopguard scan` runs the guard
  * over files instead (see scan.c). */
@@ -175,15 +175,6 @@ static void raise_nofile(unsigned want)
     }
 }
 
-static int bound_port(int fd)
-{
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) return -1;
-    if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    return ntohs(((struct sockaddr_in *)&ss)->sin_port);
-}
-
 static bool all_joined(lg_server *srv, bool *joined)
 {
     bool all = true;
@@ -200,12 +191,10 @@ static int start_admin(lg_server *srv, char *err, size_t errlen)
     char *host;
     int port;
     if (config_split_hostport(srv->cfg->admin.listen, &host, &port, err, errlen) != 0) return -1;
-    int fd = -1;
-    if (port == 0 || worker_address_free(host, port, err, errlen) == 0)
-        fd = worker_listen_socket(host, port, err, errlen);
+    srv->admin_listener = listener_open(host, port, err, errlen);
     free(host);
-    if (fd < 0) return -1;
-    srv->admin = worker_new(srv, (int)srv->n_workers, &fd, 1, err, errlen);
+    if (!srv->admin_listener) return -1;
+    srv->admin = worker_new(srv, (int)srv->n_workers, srv->admin_listener, 1, err, errlen);
     if (!srv->admin) return -1;
     srv->admin->admin_only = true;
     if (worker_start(srv->admin) != 0) {
@@ -305,26 +294,12 @@ int main(int argc, char **argv)
 
     int rc = 1;
     size_t started = 0;
-    /* Port 0 asks the kernel for one; every later socket then binds the same port. The
-     * workers share the port through SO_REUSEPORT, which would as gladly share it with
-     * another process's SO_REUSEPORT listener (an old loopguard still running): the
-     * address must be free first. */
-    int port = srv.port = cfg->listen_port;
-    if (port != 0 && worker_address_free(cfg->listen_host, port, err, sizeof err) != 0) goto out;
+    /* One listening socket that every worker accepts on (listener.h). */
+    srv.listener = listener_open(cfg->listen_host, cfg->listen_port, err, sizeof err);
+    if (!srv.listener) goto out;
+    srv.port = srv.listener->port;
     for (size_t i = 0; i < srv.n_workers; i++) {
-        int fds[WORKER_SHARDS];
-        size_t n = 0;
-        for (; n < WORKER_SHARDS; n++) {
-            fds[n] = worker_listen_socket(cfg->listen_host, port, err, sizeof err);
-            if (fds[n] < 0) break;
-            if (port == 0) port = srv.port = bound_port(fds[n]);
-        }
-        if (n < WORKER_SHARDS) {
-            while (n > 0)
-                close(fds[--n]);
-            goto out;
-        }
-        srv.workers[i] = worker_new(&srv, (int)i, fds, n, err, sizeof err);
+        srv.workers[i] = worker_new(&srv, (int)i, srv.listener, WORKER_SHARDS, err, sizeof err);
         if (!srv.workers[i]) goto out;
     }
     if (cfg->admin.listen && start_admin(&srv, err, sizeof err) != 0) goto out;
@@ -363,6 +338,8 @@ out:
     for (size_t i = 0; i < srv.n_workers; i++)
         worker_free(srv.workers[i]);
     free(srv.workers);
+    listener_free(srv.listener);
+    listener_free(srv.admin_listener);
     pool_free(srv.pool);
     series_free(srv.series);
     incident_log_close(srv.incidents);

@@ -34,12 +34,13 @@
 #include "proxy/upread.h"
 #include "proxy/xalloc.h"
 
-enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT };
+enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT, TAG_LISTEN };
 
 #define TICK_NS          (250ull * 1000 * 1000)
 #define MAX_EVENTS       256
 #define REQUESTS_WAIT_NS (100ull * 1000) /* longest a batch runs without a look for client input */
 #define CLOCK_EVERY      4 /* events of a batch between two reads of the clock for that look */
+#define ACCEPT_BATCH     64 /* connections taken per listener event at most (accept_clients) */
 
 /* A client socket the worker watches (fd map entry). The watch belongs to the connection,
  * not to a request: it is registered for the connection's first request and stays
@@ -81,60 +82,6 @@ uint64_t lg_now_ns(void)
     struct timespec ts;
     real_clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* A socket bound to host:port, non-blocking, SO_REUSEADDR, and SO_REUSEPORT when `shared`.
- * Returns it, or -1 with err ("listen HOST:PORT: why"). */
-static int bound_socket(const char *host, int port, bool shared, char *err, size_t errlen)
-{
-    struct addrinfo hints = {.ai_family = AF_UNSPEC,
-                             .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
-    struct addrinfo *res = NULL;
-    char portstr[16];
-    int fd = -1, one = 1;
-
-    snprintf(portstr, sizeof portstr, "%d", port);
-    int rc = getaddrinfo(host, portstr, &hints, &res);
-    if (rc != 0) {
-        snprintf(err, errlen, "listen %s:%d: %s", host, port, gai_strerror(rc));
-        return -1;
-    }
-    fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        (shared && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) ||
-        bind(fd, res->ai_addr, res->ai_addrlen) != 0) {
-        if (errno == EADDRINUSE)
-            snprintf(err, errlen,
-                     "listen %s:%d: address already in use: another process (another "
-                     "loopguard?) listens there; stop it or choose another port",
-                     host, port);
-        else
-            snprintf(err, errlen, "listen %s:%d: %s", host, port, strerror(errno));
-        if (fd >= 0) close(fd);
-        fd = -1;
-    }
-    freeaddrinfo(res);
-    return fd;
-}
-
-int worker_address_free(const char *host, int port, char *err, size_t errlen)
-{
-    int fd = bound_socket(host, port, false, err, errlen);
-    if (fd < 0) return -1;
-    close(fd);
-    return 0;
-}
-
-int worker_listen_socket(const char *host, int port, char *err, size_t errlen)
-{
-    int fd = bound_socket(host, port, true, err, errlen);
-    if (fd >= 0 && listen(fd, 4096) != 0) {
-        snprintf(err, errlen, "listen %s:%d: %s", host, port, strerror(errno));
-        close(fd);
-        fd = -1;
-    }
-    return fd;
 }
 
 static int ep_ctl(lg_worker *w, int op, int fd, uint32_t events, uint64_t data)
@@ -843,7 +790,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     list_push(&w->graveyard, r);
 }
 
-/* libmicrohttpd's connection notification: edge.c's bookkeeping, and the fd map forgets a
+/* libmicrohttpd's connection notification: the worker's count of its connections
+ * (accept_clients), edge.c's bookkeeping, and the fd map forgets a
  * connection's socket when it closes (libmicrohttpd closes it right after this call, which
  * takes it out of the epoll set) and when a new one starts on its number. The daemons run
  * between the events of a batch (worker_main), so an event of the batch may still name a
@@ -853,6 +801,8 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
                           enum MHD_ConnectionNotificationCode code)
 {
     lg_worker *w = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) w->clients++;
+    else if (code == MHD_CONNECTION_NOTIFY_CLOSED) w->clients--;
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci && ci->connect_fd >= 0 && (size_t)ci->connect_fd < w->fdmap_len) {
@@ -2307,6 +2257,74 @@ static void shard_reported(lg_worker *w, size_t s)
     w->mhd_dirty = true;
 }
 
+/* ---- accepting clients (listener.h) --------------------------------------------------- */
+
+/* Starts or stops watching the listener: EPOLLEXCLUSIVE, so that a new connection wakes one
+ * waiting worker, the first to have registered when it waits (listener.h). */
+static void watch_listener(lg_worker *w, bool on)
+{
+    if (w->accepting == on) return;
+    int fd = w->listener->fd;
+    if (on ? ep_ctl(w, EPOLL_CTL_ADD, fd, EPOLLIN | EPOLLEXCLUSIVE, ev_pack(TAG_LISTEN, 0, fd))
+           : epoll_ctl(w->epfd, EPOLL_CTL_DEL, fd, NULL)) {
+        perror("loopguard: epoll_ctl (listener)");
+        return;
+    }
+    w->accepting = on;
+}
+
+/* Takes up to ACCEPT_BATCH connections waiting on the listener (what is left wakes a worker
+ * again: the watch is level-triggered), each for the next shard in turn. MHD_add_connection
+ * applies edge_accept (the per-address cap) and the shard's limit, and closes a socket it
+ * refuses. At the worker's own limit (max_connections over the workers), and when the
+ * process is out of descriptors or memory, the worker stops watching the listener until a
+ * tick finds it under the limit again (watch_again): meanwhile the kernel holds new
+ * connections in its backlog, as nginx and HAProxy leave them there at worker_connections
+ * or maxconn, and another worker may take them. */
+static void accept_clients(lg_worker *w)
+{
+    for (int i = 0; i < ACCEPT_BATCH; i++) {
+        if (w->clients >= w->max_clients) {
+            watch_listener(w, false);
+            return;
+        }
+        struct sockaddr_storage sa;
+        socklen_t len = sizeof sa;
+        int fd = accept4(w->listener->fd, (struct sockaddr *)&sa, &len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                perror("loopguard: accept");
+                watch_listener(w, false);
+            }
+            return;
+        }
+        lg_shard *s = &w->shards[w->next_shard];
+        w->next_shard = (w->next_shard + 1) % w->n_shards;
+        if (MHD_add_connection(s->mhd, fd, (struct sockaddr *)&sa, len) == MHD_YES) {
+            s->ready = true; /* its first read, if the request is there already */
+            w->mhd_dirty = true;
+        }
+    }
+}
+
+/* At the tick: a worker that stopped watching the listener (accept_clients) starts again
+ * once it is under its limit, unless it drains. */
+static void watch_again(lg_worker *w)
+{
+    if (!w->accepting && !w->left && w->clients < w->max_clients) watch_listener(w, true);
+}
+
+/* At a drain: the worker accepts no more, and leaves the listener (the last closes it). */
+static void stop_accepting(lg_worker *w)
+{
+    if (w->left) return;
+    watch_listener(w, false);
+    w->left = true;
+    listener_leave(w->listener);
+}
+
 /* A batch's client input runs before its upstream reads. The daemons' events (TAG_MHD: new
  * connections, new requests, a keep-alive client's next request) mark their shards ready and
  * are taken out of the batch (tag 0: no event); the daemons then run, with libcurl's "now"
@@ -2363,7 +2381,7 @@ static void *worker_main(void *arg)
     lg_worker *w = arg;
     struct epoll_event evs[MAX_EVENTS];
     uint64_t next_tick = lg_now_ns() + TICK_NS;
-    bool quiesced = false, shut = false;
+    bool shut = false;
     uint64_t stop_at = 0;
     curl_fd_state = w->curl_fds;
     curl_fd_len = w->fdmap_len;
@@ -2413,6 +2431,9 @@ static void *worker_main(void *arg)
                     perror("loopguard: timerfd read");
                 w->curl_deadline_ms = 0; /* fired: the next announcement must re-arm */
                 w->curl_due = true;      /* run_pending calls libcurl */
+                break;
+            case TAG_LISTEN:
+                accept_clients(w);
                 break;
             case TAG_WAKE:
                 if (read(w->wake_fd, &buf, sizeof buf) < 0 && errno != EAGAIN)
@@ -2475,6 +2496,7 @@ static void *worker_main(void *arg)
             next_tick = w->now_ns + TICK_NS;
             tick_all(w);
             edge_tick(w);
+            watch_again(w);
             ready_all(w); /* libmicrohttpd's timeouts, see above */
             run_pending(w);
         }
@@ -2482,13 +2504,7 @@ static void *worker_main(void *arg)
         flush_all(w); /* before the dead are freed: nothing on the list may outlive them */
         bury_the_dead(w);
 
-        if (atomic_load(&w->srv->draining) && !quiesced) {
-            for (size_t i = 0; i < w->n_shards; i++) {
-                MHD_socket ls = MHD_quiesce_daemon(w->shards[i].mhd);
-                if (ls != MHD_INVALID_SOCKET) close(ls);
-            }
-            quiesced = true;
-        }
+        if (atomic_load(&w->srv->draining)) stop_accepting(w);
         if (atomic_load(&w->srv->stopping) && !shut) {
             shut = true;
             stop_at = w->now_ns + 2000000000ull;
@@ -2498,7 +2514,7 @@ static void *worker_main(void *arg)
             run_mhd(w);
         }
         /* Pending aborts still matter at shutdown: they free GPUs. */
-        if (quiesced && ((w->n_live == 0 && !w->detached) || (shut && w->now_ns > stop_at))) break;
+        if (w->left && ((w->n_live == 0 && !w->detached) || (shut && w->now_ns > stop_at))) break;
     }
     resume_all(w);
     /* The connections left (idle between requests, or accepted with no request yet) close
@@ -2510,21 +2526,21 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* Starts the daemon of shard i on `fd` (taken over by the daemon, closed here on failure). */
-static int shard_start(lg_worker *w, size_t i, int fd, unsigned limit, char *err, size_t errlen)
+/* Starts the daemon of shard i, which takes the connections accept_clients gives it. */
+static int shard_start(lg_worker *w, size_t i, char *err, size_t errlen)
 {
     const lg_config *cfg = w->srv->cfg;
     lg_shard *s = &w->shards[i];
+    /* A shard may hold all of the worker's connections: accept_clients keeps the limit. */
     s->mhd = MHD_start_daemon(
-        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_SUPPRESS_DATE_NO_CLOCK | MHD_USE_TURBO,
-        0, edge_accept, w, on_access, w, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, w, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
-        w, MHD_OPTION_URI_LOG_CALLBACK, edge_uri, w, MHD_OPTION_CONNECTION_LIMIT, limit,
-        MHD_OPTION_CONNECTION_TIMEOUT, cfg->client_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        cfg->max_header_bytes, MHD_OPTION_UNESCAPE_CALLBACK, http_keep_escaped, NULL,
-        MHD_OPTION_END);
+        MHD_USE_EPOLL | MHD_USE_NO_LISTEN_SOCKET | MHD_ALLOW_SUSPEND_RESUME |
+            MHD_USE_SUPPRESS_DATE_NO_CLOCK | MHD_USE_TURBO,
+        0, edge_accept, w, on_access, w, MHD_OPTION_NOTIFY_COMPLETED, on_completed, w,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, w, MHD_OPTION_URI_LOG_CALLBACK, edge_uri, w,
+        MHD_OPTION_CONNECTION_LIMIT, w->max_clients, MHD_OPTION_CONNECTION_TIMEOUT,
+        cfg->client_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, cfg->max_header_bytes,
+        MHD_OPTION_UNESCAPE_CALLBACK, http_keep_escaped, NULL, MHD_OPTION_END);
     if (!s->mhd) {
-        close(fd);
         snprintf(err, errlen, "worker %d: libmicrohttpd failed to start", w->id);
         return -1;
     }
@@ -2540,11 +2556,10 @@ static int shard_start(lg_worker *w, size_t i, int fd, unsigned limit, char *err
     return 0;
 }
 
-lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char *err,
+lg_worker *worker_new(lg_server *srv, int id, lg_listener *ls, size_t n_shards, char *err,
                       size_t errlen)
 {
     const lg_config *cfg = srv->cfg;
-    size_t taken = 0; /* fds[0..taken) are the shards' or closed */
     lg_worker *w = lg_xcalloc(1, sizeof *w);
     w->srv = srv;
     w->id = id;
@@ -2568,14 +2583,12 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
         goto fail;
     }
 
-    /* The connection limit is spread evenly over every daemon of every worker. */
+    /* The connection limit is spread evenly over the workers: one that reaches its share
+     * leaves the next connections to the others (accept_clients). */
     unsigned limit = cfg->max_connections / (unsigned)srv->n_workers;
-    unsigned per_shard = limit / (unsigned)n_fds;
-    while (taken < n_fds) {
-        taken++;
-        if (shard_start(w, taken - 1, fds[taken - 1], per_shard ? per_shard : 1u, err, errlen) != 0)
-            goto fail;
-    }
+    w->max_clients = limit ? limit : 1u;
+    for (size_t i = 0; i < n_shards; i++)
+        if (shard_start(w, i, err, errlen) != 0) goto fail;
 
     w->proxy_env = proxy_env_set();
     w->multi = curl_multi_init();
@@ -2588,7 +2601,7 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
     curl_multi_setopt(w->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
     curl_multi_setopt(w->multi, CURLMOPT_TIMERDATA, w);
     /* Keep-alive pool to the upstreams: one connection per concurrent stream. */
-    curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, (long)(limit ? limit : 1024));
+    curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, (long)w->max_clients);
 
     if (ep_ctl(w, EPOLL_CTL_ADD, w->curl_timerfd, EPOLLIN,
                ev_pack(TAG_CURL_TIMER, 0, w->curl_timerfd)) ||
@@ -2596,10 +2609,16 @@ lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char
         snprintf(err, errlen, "worker %d: epoll_ctl: %s", id, strerror(errno));
         goto fail;
     }
+    /* The workers register in order: the first is the one a connection wakes first. */
+    w->listener = ls;
+    watch_listener(w, true);
+    if (!w->accepting) {
+        snprintf(err, errlen, "worker %d: epoll_ctl: %s", id, strerror(errno));
+        goto fail;
+    }
+    listener_join(ls);
     return w;
 fail:
-    while (taken < n_fds)
-        close(fds[taken++]);
     worker_free(w);
     return NULL;
 }

@@ -1,9 +1,10 @@
 /* worker.h — the per-thread event loop that every client request lives on.
  *
  * A worker owns one epoll instance, a few libmicrohttpd daemons ("shards") in external-epoll
- * mode, each on its own SO_REUSEPORT listening socket (the kernel spreads connections over
- * all of them), and one libcurl multi handle driven by curl_multi_socket_action from the
- * same loop (a timerfd carries curl's timer). A request stays on the worker that accepted it from
+ * mode without a listening socket of their own, and one libcurl multi handle driven by
+ * curl_multi_socket_action from the same loop (a timerfd carries curl's timer). The workers
+ * share one listening socket (listener.h): a worker accepts a connection itself and hands it
+ * to its shards in turn. A request stays on the worker that accepted it from
  * accept to completion, so nothing on the hot path takes a lock: curl pause/unpause and
  * MHD_resume_connection always run on the owning thread.
  *
@@ -46,6 +47,7 @@
 #include "config/config.h"
 #include "proxy/buf.h"
 #include "proxy/incident.h"
+#include "proxy/listener.h"
 #include "proxy/metrics.h"
 #include "proxy/upbody.h"
 #include "proxy/uplink.h"
@@ -80,6 +82,8 @@ typedef struct lg_server {
     lg_worker **workers;
     size_t n_workers;
     lg_worker *admin;     /* the separate admin listener's worker (admin.listen), or NULL */
+    lg_listener *listener;       /* `listen`, which the workers share */
+    lg_listener *admin_listener; /* admin.listen's, or NULL */
     int port;             /* the bound listening port */
     atomic_bool draining; /* SIGTERM: stop accepting, let streams finish */
     atomic_bool stopping; /* past the drain deadline: end everything */
@@ -213,6 +217,12 @@ struct lg_worker {
     int wake_fd;    /* eventfd: main thread pokes it on drain/stop */
     lg_shard shards[WORKER_SHARDS];
     size_t n_shards;
+    size_t next_shard;     /* the shard the next accepted connection goes to */
+    lg_listener *listener; /* the socket it accepts on (the server's) */
+    bool accepting;        /* the listener is in the epoll set (worker.c, accept_clients) */
+    bool left;             /* draining: left the listener for good */
+    unsigned clients;      /* its client connections (libmicrohttpd's, open) */
+    unsigned max_clients;  /* its share of max_connections: it accepts no more past it */
     CURLM *multi;
     lg_metrics *metrics;
     struct lg_fdslot *fdmap; /* indexed by client fd */
@@ -294,19 +304,11 @@ static inline uint64_t req_now(const lg_req *r)
     return r->w->now_ns;
 }
 
-/* Creates the listening socket bound to cfg->listen_host:port (port 0 = pick). Returns the
- * socket, or -1 with err. Each worker calls it with the same port (SO_REUSEPORT). */
-int worker_listen_socket(const char *host, int port, char *err, size_t errlen);
-
-/* Whether host:port is free for this process: binds it once without SO_REUSEPORT and lets
- * it go. A listener of any other process on the address, a loopguard's SO_REUSEPORT sockets
- * included, makes it fail with EADDRINUSE, where worker_listen_socket() would silently
- * share the port with it. Returns 0, or -1 with err naming the address and the cause. */
-int worker_address_free(const char *host, int port, char *err, size_t errlen);
-
-/* Creates a worker with one shard per listening socket in fds[0..n_fds) (1 to
- * WORKER_SHARDS, all taken over: closed on failure too). Returns NULL with err on failure. */
-lg_worker *worker_new(lg_server *srv, int id, const int *fds, size_t n_fds, char *err,
+/* Creates a worker with n_shards daemons (1 to WORKER_SHARDS) that accepts on `ls` (joined
+ * here, left at a drain; ls stays the caller's and must outlive the worker). Workers created
+ * first are woken first for a new connection (listener.h). Returns NULL with err on
+ * failure. */
+lg_worker *worker_new(lg_server *srv, int id, lg_listener *ls, size_t n_shards, char *err,
                       size_t errlen);
 int worker_start(lg_worker *w);
 /* Wakes the worker so that it notices srv->draining / srv->stopping. Thread-safe. */
