@@ -23,9 +23,9 @@
 #include <stddef.h>
 
 typedef struct lg_listener {
-    int fd;             /* -1 once closed */
-    int port;           /* the bound port (the one the kernel picked for port 0) */
-    atomic_uint users;  /* workers that joined and have not left */
+    int fd;            /* -1 once closed */
+    int port;          /* the bound port (the one the kernel picked for port 0) */
+    atomic_uint users; /* workers that joined and have not left */
 } lg_listener;
 
 /* Binds host:port (port 0: the kernel picks one) non-blocking with SO_REUSEADDR and listens.

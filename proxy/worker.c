@@ -39,7 +39,7 @@ enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT, TAG_LIS
 #define TICK_NS          (250ull * 1000 * 1000)
 #define MAX_EVENTS       256
 #define REQUESTS_WAIT_NS (100ull * 1000) /* longest a batch runs without a look for client input */
-#define CLOCK_EVERY      4 /* events of a batch between two reads of the clock for that look */
+#define CLOCK_EVERY      4  /* events of a batch between two reads of the clock for that look */
 #define ACCEPT_BATCH     64 /* connections taken per listener event at most (accept_clients) */
 
 /* A client socket the worker watches (fd map entry). The watch belongs to the connection,
@@ -801,8 +801,10 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
                           enum MHD_ConnectionNotificationCode code)
 {
     lg_worker *w = cls;
-    if (code == MHD_CONNECTION_NOTIFY_STARTED) w->clients++;
-    else if (code == MHD_CONNECTION_NOTIFY_CLOSED) w->clients--;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED)
+        w->clients++;
+    else if (code == MHD_CONNECTION_NOTIFY_CLOSED)
+        w->clients--;
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci && ci->connect_fd >= 0 && (size_t)ci->connect_fd < w->fdmap_len) {
@@ -2290,8 +2292,8 @@ static void accept_clients(lg_worker *w)
         }
         struct sockaddr_storage sa;
         socklen_t len = sizeof sa;
-        int fd = accept4(w->listener->fd, (struct sockaddr *)&sa, &len,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd =
+            accept4(w->listener->fd, (struct sockaddr *)&sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK) {

@@ -81,12 +81,12 @@ typedef struct lg_server {
     lg_pool *pool;
     lg_worker **workers;
     size_t n_workers;
-    lg_worker *admin;     /* the separate admin listener's worker (admin.listen), or NULL */
+    lg_worker *admin;            /* the separate admin listener's worker (admin.listen), or NULL */
     lg_listener *listener;       /* `listen`, which the workers share */
     lg_listener *admin_listener; /* admin.listen's, or NULL */
-    int port;             /* the bound listening port */
-    atomic_bool draining; /* SIGTERM: stop accepting, let streams finish */
-    atomic_bool stopping; /* past the drain deadline: end everything */
+    int port;                    /* the bound listening port */
+    atomic_bool draining;        /* SIGTERM: stop accepting, let streams finish */
+    atomic_bool stopping;        /* past the drain deadline: end everything */
     atomic_uint_fast64_t next_id;
     uint64_t started_ns;
 } lg_server;
