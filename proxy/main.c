@@ -194,7 +194,7 @@ static int start_admin(lg_server *srv, char *err, size_t errlen)
     srv->admin_listener = listener_open(host, port, err, errlen);
     free(host);
     if (!srv->admin_listener) return -1;
-    srv->admin = worker_new(srv, (int)srv->n_workers, srv->admin_listener, 1, err, errlen);
+    srv->admin = worker_new(srv, (int)srv->n_workers, srv->admin_listener, NULL, 1, err, errlen);
     if (!srv->admin) return -1;
     srv->admin->admin_only = true;
     if (worker_start(srv->admin) != 0) {
@@ -299,7 +299,8 @@ int main(int argc, char **argv)
     if (!srv.listener) goto out;
     srv.port = srv.listener->port;
     for (size_t i = 0; i < srv.n_workers; i++) {
-        srv.workers[i] = worker_new(&srv, (int)i, srv.listener, WORKER_SHARDS, err, sizeof err);
+        srv.workers[i] = worker_new(&srv, (int)i, srv.listener, i ? srv.workers[i - 1] : NULL,
+                                    WORKER_SHARDS, err, sizeof err);
         if (!srv.workers[i]) goto out;
     }
     if (cfg->admin.listen && start_admin(&srv, err, sizeof err) != 0) goto out;

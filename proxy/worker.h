@@ -221,8 +221,11 @@ struct lg_worker {
     lg_listener *listener; /* the socket it accepts on (the server's) */
     bool accepting;        /* the listener is in the epoll set (worker.c, accept_clients) */
     bool left;             /* draining: left the listener for good */
-    unsigned clients;      /* its client connections (libmicrohttpd's, open) */
-    unsigned max_clients;  /* its share of max_connections: it accepts no more past it */
+    lg_worker *before;     /* takes new connections before this one (worker.c, spill) */
+    atomic_bool full;      /* at its limit, or busy past SPILL_PERMILLE over the last tick */
+    uint64_t tick_cpu_ns, tick_wall_ns; /* its thread's CPU time, and the time, at the tick */
+    unsigned clients;                   /* its client connections (libmicrohttpd's, open) */
+    unsigned max_clients; /* its share of max_connections: it accepts no more past it */
     CURLM *multi;
     lg_metrics *metrics;
     struct lg_fdslot *fdmap; /* indexed by client fd */
@@ -305,11 +308,12 @@ static inline uint64_t req_now(const lg_req *r)
 }
 
 /* Creates a worker with n_shards daemons (1 to WORKER_SHARDS) that accepts on `ls` (joined
- * here, left at a drain; ls stays the caller's and must outlive the worker). Workers created
- * first are woken first for a new connection (listener.h). Returns NULL with err on
+ * here, left at a drain; ls stays the caller's and must outlive the worker). `before` is the
+ * worker created before it on ls, which takes new connections before it does (worker.c,
+ * spill), or NULL for the first; it must outlive this one's thread. Returns NULL with err on
  * failure. */
-lg_worker *worker_new(lg_server *srv, int id, lg_listener *ls, size_t n_shards, char *err,
-                      size_t errlen);
+lg_worker *worker_new(lg_server *srv, int id, lg_listener *ls, lg_worker *before, size_t n_shards,
+                      char *err, size_t errlen);
 int worker_start(lg_worker *w);
 /* Wakes the worker so that it notices srv->draining / srv->stopping. Thread-safe. */
 void worker_wake(lg_worker *w);

@@ -534,6 +534,55 @@ describe('connection limits (8)', () => {
     });
 });
 
+// A connection that sent one keep-alive request: resolves with the socket, still open, and
+// the status of the answer's head, or 0 when none came within `ms`.
+function kept(port, ms) {
+    return new Promise((resolve) => {
+        const s = net.connect(port, '127.0.0.1');
+        let out = '';
+        const t = setTimeout(() => resolve({ s, status: 0 }), ms);
+        s.on('error', () => {});
+        s.on('data', (d) => {
+            out += d.toString('latin1');
+            const m = /^HTTP\/1\.1 (\d{3})/.exec(out);
+            if (m && out.includes('\r\n\r\n')) {
+                clearTimeout(t);
+                resolve({ s, status: Number(m[1]) });
+            }
+        });
+        s.write('GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n');
+    });
+}
+
+// Each worker holds its share of max_connections (here 1 each). The first worker takes new
+// connections until it is full, the next one from its next tick (worker.c, spill); past the
+// limit a connection waits in the kernel's backlog, as at nginx's worker_connections or
+// HAProxy's maxconn, and is served once a connection closes.
+describe('max_connections over the workers', () => {
+    let fake, lg;
+    before(async () => {
+        fake = await startFake({ kind: 'openai' });
+        lg = await startLoopguard({ upstream: fake.url, kind: 'openai', config: { workers: 2, max_connections: 2 } });
+    });
+    after(() => cleanup(() => lg?.stop(), () => fake?.stop()));
+
+    it('a connection past the limit waits until one closes, and is served then', T, async () => {
+        const a = await kept(lg.port, 5000 * SLACK);
+        assert.equal(a.status, 200, 'the first connection is served');
+        const b = await kept(lg.port, 5000 * SLACK);
+        assert.equal(b.status, 200, 'so is the second, by the second worker once the first is full');
+        let third = null;
+        const c = kept(lg.port, 60000 * SLACK).then((r) => (third = r));
+        await sleep(1500 * SLACK);
+        assert.equal(third, null, 'a third waits: both workers hold their share');
+        a.s.destroy();
+        await c;
+        assert.equal(third.status, 200, 'and is served once a connection closed');
+        b.s.destroy();
+        third.s.destroy();
+    });
+});
+
 // IPv6: a host commonly owns a whole /64, so the cap counts per /64 (edge_addr_key; its unit
 // test covers distinct addresses of one /64). ::1 is one /64 with itself. An IPv4 client of
 // an IPv6 socket arrives as ::ffff:a.b.c.d and is counted per IPv4 address, not as the one
