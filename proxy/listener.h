@@ -1,16 +1,14 @@
 /* listener.h — a listening socket and the workers that accept on it.
  *
  * One socket per address (`listen`, and `admin.listen` when set), shared by the workers that
- * serve it. Each worker watches it in its own epoll set with EPOLLEXCLUSIVE and accepts for
- * itself (worker.c, accept_clients), as nginx's workers do: a new connection wakes one worker
- * that waits in epoll_wait, and the kernel tries the waiters in the order they registered,
- * passing over the busy ones. So connections go to the first worker while it has idle time,
- * and to the next ones as it fills: at a light load one worker serves most streams and each
- * of its wake-ups serves more events (at 1,000 paced streams on two cores one worker spent
- * 10.1 µs of CPU per event against 13.3 for two evenly loaded ones, tests/bench/HISTORY.md),
- * and a heavy load still spreads over every worker. SO_REUSEPORT sockets, one per worker,
- * split connections evenly by a hash whatever the load, and would as gladly share the port
- * with another process's listener; a plain socket is refused an address in use.
+ * serve it. A worker accepts for itself (worker.c, accept_clients) while it watches the socket
+ * in its own epoll set, with EPOLLEXCLUSIVE as nginx's workers do: a new connection wakes
+ * one watching worker that waits in epoll_wait. Which workers watch is worker.c's spill: the
+ * first always, a later one only while those before it are full, so a light load stays on
+ * one worker, whose wake-ups each serve more events, and a growing one spreads. SO_REUSEPORT
+ * sockets, one per worker, would split connections evenly by a hash whatever the load (and
+ * as gladly share the port with another process's listener; a plain socket is refused an
+ * address in use).
  *
  * Ownership: the listener owns its socket. A worker that accepts on it joins it once
  * (listener_join) and leaves it once when it stops accepting for good, at a drain
