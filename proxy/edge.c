@@ -142,8 +142,9 @@ static edge_conn *edge_of(struct MHD_Connection *conn)
 /* The worker this thread runs, set at its first connection: libmicrohttpd runs on its
  * worker's thread only (external epoll loop), so a recv of a client socket there finds
  * the connection in that worker's w->edge_by_fd without a lock. Connections still open
- * when the worker stops are closed by worker_free on the main thread after the join
- * (their CLOSED notification then names the worker by its cls). The table is freed when
+ * when the worker stops are closed by stop_shards at the end of its thread (a worker that
+ * never ran: by worker_free on the main thread; their CLOSED notification names the worker
+ * by its cls either way). The table is freed when
  * its last connection closes. */
 static _Thread_local lg_worker *tl_worker;
 

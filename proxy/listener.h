@@ -1,14 +1,14 @@
 /* listener.h — a listening socket and the workers that accept on it.
  *
  * One socket per address (`listen`, and `admin.listen` when set), shared by the workers that
- * serve it. A worker accepts for itself (worker.c, accept_clients) while it watches the socket
- * in its own epoll set, with EPOLLEXCLUSIVE as nginx's workers do: a new connection wakes
- * one watching worker that waits in epoll_wait. Which workers watch is worker.c's spill: the
- * first always, a later one only while those before it are full, so a light load stays on
- * one worker, whose wake-ups each serve more events, and a growing one spreads. SO_REUSEPORT
- * sockets, one per worker, would split connections evenly by a hash whatever the load (and
- * as gladly share the port with another process's listener; a plain socket is refused an
- * address in use).
+ * serve it. A worker accepts for itself (worker.c, accept_clients) while it watches the
+ * socket in its own epoll set, with EPOLLEXCLUSIVE as nginx's workers do: a new connection
+ * wakes one (rarely more) of the watching workers that wait in epoll_wait. Which workers
+ * watch is worker.c's spill: the first always, a later one only while those before it are
+ * full, so a light load stays on one worker, whose wake-ups each serve more events, and a
+ * growing one spreads. SO_REUSEPORT sockets, one per worker, would split connections evenly
+ * by a hash whatever the load (and as gladly share the port with another process's
+ * listener; a plain socket is refused an address in use).
  *
  * Ownership: the listener owns its socket. A worker that accepts on it joins it once
  * (listener_join) and leaves it once when it stops accepting for good, at a drain
@@ -21,7 +21,7 @@
 #include <stddef.h>
 
 typedef struct lg_listener {
-    int fd;            /* -1 once closed */
+    int fd;            /* -1 once closed (workers keep their own copy: worker_new) */
     int port;          /* the bound port (the one the kernel picked for port 0) */
     atomic_uint users; /* workers that joined and have not left */
 } lg_listener;

@@ -2263,40 +2263,64 @@ static void shard_reported(lg_worker *w, size_t s)
 /* ---- accepting clients (listener.h) --------------------------------------------------- */
 
 /* Starts or stops watching the listener: EPOLLEXCLUSIVE, so that a new connection wakes one
- * waiting worker, the first to have registered when it waits (listener.h). */
+ * (rarely more) of the workers waiting in epoll_wait (listener.h). A watch that cannot be
+ * taken out counts as out: the socket leaves the set when the last worker closes it. */
 static void watch_listener(lg_worker *w, bool on)
 {
     if (w->accepting == on) return;
-    int fd = w->listener->fd;
+    int fd = w->listen_fd;
     if (on ? ep_ctl(w, EPOLL_CTL_ADD, fd, EPOLLIN | EPOLLEXCLUSIVE, ev_pack(TAG_LISTEN, 0, fd))
            : epoll_ctl(w->epfd, EPOLL_CTL_DEL, fd, NULL)) {
         perror("loopguard: epoll_ctl (listener)");
-        return;
+        if (on) return;
     }
     w->accepting = on;
+}
+
+/* accept4's errors that are a connection's, not the listener's: Linux passes a new
+ * connection's pending network error to accept (accept(2)), and the next one may be fine. */
+static bool accept_retry(int err)
+{
+    switch (err) {
+    case EINTR:
+    case ECONNABORTED:
+    case EPROTO:
+    case ENETDOWN:
+    case ENOPROTOOPT:
+    case EHOSTDOWN:
+    case ENONET:
+    case EHOSTUNREACH:
+    case EOPNOTSUPP:
+    case ENETUNREACH:
+        return true;
+    default:
+        return false;
+    }
 }
 
 /* Takes up to ACCEPT_BATCH connections waiting on the listener (what is left wakes a worker
  * again: the watch is level-triggered), each for the next shard in turn. MHD_add_connection
  * applies edge_accept (the per-address cap) and the shard's limit, and closes a socket it
- * refuses. At the worker's own limit (max_connections over the workers), and when the
- * process is out of descriptors or memory, the worker stops watching the listener until a
- * tick finds it under the limit again (spill): meanwhile the kernel holds new
- * connections in its backlog, as nginx and HAProxy leave them there at worker_connections
- * or maxconn, and another worker may take them. */
+ * refuses. At the worker's own limit (max_connections over the workers) the worker is full
+ * at once (the next worker watches from its tick: spill) and stops watching the listener
+ * until a tick finds it under the limit again; meanwhile the kernel holds new connections in
+ * its backlog, as nginx and HAProxy leave them there at worker_connections or maxconn. Out
+ * of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM: the process's, not the
+ * worker's), it stops watching until its next tick, and says so each time, as nginx pauses
+ * its accepts and logs. */
 static void accept_clients(lg_worker *w)
 {
     for (int i = 0; i < ACCEPT_BATCH; i++) {
         if (w->clients >= w->max_clients) {
+            atomic_store_explicit(&w->full, true, memory_order_relaxed);
             watch_listener(w, false);
             return;
         }
         struct sockaddr_storage sa;
         socklen_t len = sizeof sa;
-        int fd =
-            accept4(w->listener->fd, (struct sockaddr *)&sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept4(w->listen_fd, (struct sockaddr *)&sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (accept_retry(errno)) continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK) {
                 perror("loopguard: accept");
                 watch_listener(w, false);
@@ -2543,6 +2567,7 @@ static void *worker_main(void *arg)
         /* Pending aborts still matter at shutdown: they free GPUs. */
         if (w->left && ((w->n_live == 0 && !w->detached) || (shut && w->now_ns > stop_at))) break;
     }
+    stop_accepting(w); /* (left already, unless epoll_wait failed) */
     resume_all(w);
     /* The connections left (idle between requests, or accepted with no request yet) close
      * now, as nginx closes idle connections at a graceful stop: a request sent on one after
@@ -2639,6 +2664,7 @@ lg_worker *worker_new(lg_server *srv, int id, lg_listener *ls, lg_worker *before
     /* The first worker watches the listener from the start, the others once it is full
      * (spill); those watching are woken in the order they registered. */
     w->listener = ls;
+    w->listen_fd = ls->fd;
     w->before = before;
     if (!before) {
         watch_listener(w, true);

@@ -219,6 +219,7 @@ struct lg_worker {
     size_t n_shards;
     size_t next_shard;     /* the shard the next accepted connection goes to */
     lg_listener *listener; /* the socket it accepts on (the server's) */
+    int listen_fd;         /* its socket, read here only: the last worker to leave closes it */
     bool accepting;        /* the listener is in the epoll set (worker.c, accept_clients) */
     bool left;             /* draining: left the listener for good */
     lg_worker *before;     /* takes new connections before this one (worker.c, spill) */

@@ -1,6 +1,6 @@
 // The operator's side: what a person starting, configuring and watching loopguard sees.
 // One instance per address (a second loopguard, or any other listener, on the same
-// address is refused with a message, whatever SO_REUSEPORT would allow), --version and a
+// address is refused with a message: loopguard's one listening socket has no SO_REUSEPORT), --version and a
 // complete --help, scan's command-line errors, configuration errors reported all at once
 // with the key or variable that was probably meant, and upstream failures that name their
 // cause and the upstream, to the client and at once on stderr, and the access log.
