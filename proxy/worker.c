@@ -41,7 +41,7 @@ enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT, TAG_LIS
 #define REQUESTS_WAIT_NS (100ull * 1000) /* longest a batch runs without a look for client input */
 #define CLOCK_EVERY      4   /* events of a batch between two reads of the clock for that look */
 #define ACCEPT_BATCH     64  /* connections taken per listener event at most (accept_clients) */
-#define SPILL_PERMILLE   500 /* a worker past this share of a core over a tick is full (spill) */
+#define SPILL_PERMILLE   500 /* busy past this share of a tick: full (spill_measure) */
 
 /* A client socket the worker watches (fd map entry). The watch belongs to the connection,
  * not to a request: it is registered for the connection's first request and stays
@@ -2277,6 +2277,47 @@ static void watch_listener(lg_worker *w, bool on)
     w->accepting = on;
 }
 
+/* Whether the worker watches the listener: worker 0 always (under its limit, until a
+ * drain), a later worker only while every worker before it is full (spill_measure). */
+static void spill_watch(lg_worker *w)
+{
+    bool watch = !w->left && w->clients < w->max_clients;
+    for (const lg_worker *b = w->before; watch && b; b = b->before)
+        watch = atomic_load_explicit(&b->full, memory_order_relaxed);
+    watch_listener(w, watch);
+}
+
+/* A worker is full when it holds its share of max_connections, or was busy (out of
+ * epoll_wait: working, or ready and waiting for a core) more than SPILL_PERMILLE of the last
+ * tick, or took a whole ACCEPT_BATCH at once (a burst of connections: spill_burst). Measured
+ * at each tick; the next worker then watches the listener too. So new connections stay on
+ * the first workers while they have room and spill over to the next as the load grows. A
+ * worker's wake-ups then each serve more events: at 1,000 paced streams on two cores one
+ * worker spent 10.1 µs of CPU per event against 13.3 for two evenly loaded ones, as the fake
+ * upstream and the load generator share the cores (tests/bench/HISTORY.md). Connections stay
+ * where they were accepted: a load that grows on connections already open stays on their
+ * workers. */
+static void spill_measure(lg_worker *w)
+{
+    uint64_t wall = w->now_ns - w->tick_ns;
+    bool busy = w->busy_ns * 1000 > wall * SPILL_PERMILLE;
+    w->busy_ns = 0;
+    w->tick_ns = w->now_ns;
+    bool full = busy || w->clients >= w->max_clients;
+    atomic_store_explicit(&w->full, full, memory_order_relaxed);
+    spill_watch(w);
+}
+
+/* A burst: connections came faster than the worker took them (a whole ACCEPT_BATCH was
+ * waiting). It is full until its next tick, and the next worker is woken to watch the
+ * listener now rather than at its own tick, so that a thousand connections opened at once
+ * do not all land on the first worker. */
+static void spill_burst(lg_worker *w)
+{
+    atomic_store_explicit(&w->full, true, memory_order_relaxed);
+    if (w->after) worker_wake(w->after);
+}
+
 /* accept4's errors that are a connection's, not the listener's: Linux passes a new
  * connection's pending network error to accept (accept(2)), and the next one may be fine. */
 static bool accept_retry(int err)
@@ -2301,9 +2342,9 @@ static bool accept_retry(int err)
 /* Takes up to ACCEPT_BATCH connections waiting on the listener (what is left wakes a worker
  * again: the watch is level-triggered), each for the next shard in turn. MHD_add_connection
  * applies edge_accept (the per-address cap) and the shard's limit, and closes a socket it
- * refuses. At the worker's own limit (max_connections over the workers) the worker is full
- * at once (the next worker watches from its tick: spill) and stops watching the listener
- * until a tick finds it under the limit again; meanwhile the kernel holds new connections in
+ * refuses. A whole batch taken is a burst (spill_burst). At the worker's own limit
+ * (max_connections over the workers) it is full at once, as in a burst, and stops watching
+ * the listener until a tick finds it under the limit again; meanwhile the kernel holds new connections in
  * its backlog, as nginx and HAProxy leave them there at worker_connections or maxconn. Out
  * of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM: the process's, not the
  * worker's), it stops watching until its next tick, and says so each time, as nginx pauses
@@ -2312,7 +2353,7 @@ static void accept_clients(lg_worker *w)
 {
     for (int i = 0; i < ACCEPT_BATCH; i++) {
         if (w->clients >= w->max_clients) {
-            atomic_store_explicit(&w->full, true, memory_order_relaxed);
+            spill_burst(w);
             watch_listener(w, false);
             return;
         }
@@ -2334,37 +2375,7 @@ static void accept_clients(lg_worker *w)
             w->mhd_dirty = true;
         }
     }
-}
-
-/* This thread's CPU time (user and system), in ns. */
-static uint64_t thread_cpu_ns(void)
-{
-    struct timespec ts;
-    real_clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* At the tick: whether the worker watches the listener until the next one. Worker 0 always
- * does (under its limit, until a drain); a later worker only while every worker before it
- * is full: at its connection limit, or busy more than SPILL_PERMILLE of the last tick (its
- * thread's CPU time over the tick's wall time). So new connections stay on the first workers
- * while they have room and spill over to the next as the load grows. A worker's wake-ups
- * then each serve more events: at 1,000 paced streams on two cores one worker spent 10.1 µs
- * of CPU per event against 13.3 for two evenly loaded ones, as the fake upstream and the
- * load generator share the cores (tests/bench/HISTORY.md). Connections stay where they were
- * accepted: a load that grows on connections already open stays on their workers. */
-static void spill(lg_worker *w)
-{
-    uint64_t cpu = thread_cpu_ns(), wall = w->now_ns - w->tick_wall_ns;
-    bool at_limit = w->clients >= w->max_clients;
-    bool busy = (cpu - w->tick_cpu_ns) * 1000 > wall * SPILL_PERMILLE;
-    w->tick_cpu_ns = cpu;
-    w->tick_wall_ns = w->now_ns;
-    atomic_store_explicit(&w->full, at_limit || busy, memory_order_relaxed);
-    bool watch = !w->left && !at_limit;
-    for (const lg_worker *b = w->before; watch && b; b = b->before)
-        watch = atomic_load_explicit(&b->full, memory_order_relaxed);
-    watch_listener(w, watch);
+    spill_burst(w);
 }
 
 /* At a drain: the worker accepts no more, and leaves the listener (the last closes it). */
@@ -2453,7 +2464,8 @@ static void *worker_main(void *arg)
             if (wait_ms < (uint64_t)timeout) timeout = (int)wait_ms;
         }
         if (w->curl_due || w->mhd_dirty || w->flush_head || w->body_due.len)
-            timeout = 0; /* work left or due now: do not block */
+            timeout = 0;                       /* work left or due now: do not block */
+        w->busy_ns += lg_now_ns() - w->now_ns; /* since the last epoll_wait returned */
         int n = epoll_wait(w->epfd, evs, MAX_EVENTS, timeout);
         if (n < 0 && errno != EINTR) {
             perror("loopguard: epoll_wait");
@@ -2486,9 +2498,10 @@ static void *worker_main(void *arg)
             case TAG_LISTEN:
                 accept_clients(w);
                 break;
-            case TAG_WAKE:
+            case TAG_WAKE: /* a drain, a stop, or the worker before is full (spill_burst) */
                 if (read(w->wake_fd, &buf, sizeof buf) < 0 && errno != EAGAIN)
                     perror("loopguard: eventfd read");
+                spill_watch(w);
                 break;
             case TAG_CURL_SOCK: {
                 if (curl_unpark(w, fd)) break; /* parked since the batch began */
@@ -2547,7 +2560,7 @@ static void *worker_main(void *arg)
             next_tick = w->now_ns + TICK_NS;
             tick_all(w);
             edge_tick(w);
-            spill(w);
+            spill_measure(w);
             ready_all(w); /* libmicrohttpd's timeouts, see above */
             run_pending(w);
         }
@@ -2662,10 +2675,11 @@ lg_worker *worker_new(lg_server *srv, int id, lg_listener *ls, lg_worker *before
         goto fail;
     }
     /* The first worker watches the listener from the start, the others once it is full
-     * (spill); those watching are woken in the order they registered. */
+     * (spill_measure); those watching are woken in the order they registered. */
     w->listener = ls;
     w->listen_fd = ls->fd;
     w->before = before;
+    if (before) before->after = w;
     if (!before) {
         watch_listener(w, true);
         if (!w->accepting) {

@@ -222,11 +222,13 @@ struct lg_worker {
     int listen_fd;         /* its socket, read here only: the last worker to leave closes it */
     bool accepting;        /* the listener is in the epoll set (worker.c, accept_clients) */
     bool left;             /* draining: left the listener for good */
-    lg_worker *before;     /* takes new connections before this one (worker.c, spill) */
-    atomic_bool full;      /* at its limit, or busy past SPILL_PERMILLE over the last tick */
-    uint64_t tick_cpu_ns, tick_wall_ns; /* its thread's CPU time, and the time, at the tick */
-    unsigned clients;                   /* its client connections (libmicrohttpd's, open) */
-    unsigned max_clients; /* its share of max_connections: it accepts no more past it */
+    lg_worker *before;     /* takes new connections before this one (worker.c, spill_watch) */
+    lg_worker *after;      /* takes them after this one; NULL: the last */
+    atomic_bool full;      /* the next worker may take connections (spill_measure) */
+    uint64_t busy_ns;      /* out of epoll_wait since the tick */
+    uint64_t tick_ns;      /* when the tick measured it */
+    unsigned clients;      /* its client connections (libmicrohttpd's, open) */
+    unsigned max_clients;  /* its share of max_connections: it accepts no more past it */
     CURLM *multi;
     lg_metrics *metrics;
     struct lg_fdslot *fdmap; /* indexed by client fd */
@@ -311,7 +313,7 @@ static inline uint64_t req_now(const lg_req *r)
 /* Creates a worker with n_shards daemons (1 to WORKER_SHARDS) that accepts on `ls` (joined
  * here, left at a drain; ls stays the caller's and must outlive the worker). `before` is the
  * worker created before it on ls, which takes new connections before it does (worker.c,
- * spill), or NULL for the first; it must outlive this one's thread. Returns NULL with err on
+ * spill_watch), or NULL for the first; it must outlive this one's thread. Returns NULL with err on
  * failure. */
 lg_worker *worker_new(lg_server *srv, int id, lg_listener *ls, lg_worker *before, size_t n_shards,
                       char *err, size_t errlen);

@@ -555,7 +555,7 @@ function kept(port, ms) {
 }
 
 // Each worker holds its share of max_connections (here 1 each). The first worker takes new
-// connections until it is full, the next one from its next tick (worker.c, spill); past the
+// connections until it is full, the next one from then on (worker.c, spill_measure); past the
 // limit a connection waits in the kernel's backlog, as at nginx's worker_connections or
 // HAProxy's maxconn, and is served once a connection closes.
 describe('max_connections over the workers', () => {
