@@ -225,8 +225,8 @@ struct lg_worker {
     lg_worker *before;     /* takes new connections before this one (worker.c, spill_watch) */
     lg_worker *after;      /* takes them after this one; NULL: the last */
     atomic_bool full;      /* the next worker may take connections (spill_measure) */
-    uint64_t busy_ns;      /* out of epoll_wait since the tick */
-    uint64_t tick_ns;      /* when the tick measured it */
+    uint64_t tick_cpu_ns;  /* its thread's CPU time at the last tick (spill_measure) */
+    uint64_t tick_ns;      /* and the time of that tick */
     unsigned clients;      /* its client connections (libmicrohttpd's, open) */
     unsigned max_clients;  /* its share of max_connections: it accepts no more past it */
     CURLM *multi;
