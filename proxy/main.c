@@ -2,10 +2,10 @@
  *
  * The main thread parses the configuration (defaults < file < LOOPGUARD_* environment <
  * flags), raises the file-descriptor limit, probes the upstreams, starts one worker per core
- * on one listening socket they share (listener.h), and then only handles signals: SIGTERM/SIGINT stop
- * accepting and let streams finish up to shutdown_grace_ms before they are ended
- * well-formed; SIGHUP reopens the incident log (logrotate). `loopguard scan` runs the guard
- * over files instead (see scan.c). */
+ * on one listening socket they share (listener.h), and then only handles signals:
+ * SIGTERM/SIGINT stop accepting and let streams finish up to shutdown_grace_ms before they
+ * are ended well-formed; SIGHUP reopens the incident log (logrotate). `loopguard scan` runs
+ * the guard over files instead (see scan.c). */
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>

@@ -2354,11 +2354,11 @@ static bool accept_retry(int err)
  * applies edge_accept (the per-address cap) and the shard's limit, and closes a socket it
  * refuses. A whole batch taken is a burst (spill_burst). At the worker's own limit
  * (max_connections over the workers) it is full at once, as in a burst, and stops watching
- * the listener until a tick finds it under the limit again; meanwhile the kernel holds new connections in
- * its backlog, as nginx and HAProxy leave them there at worker_connections or maxconn. Out
- * of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM: the process's, not the
- * worker's), it stops watching until its next tick, and says so each time, as nginx pauses
- * its accepts and logs. */
+ * the listener until a tick finds it under the limit again; meanwhile the kernel holds new
+ * connections in its backlog, as nginx and HAProxy leave them there at worker_connections or
+ * maxconn. Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM: the process's, not
+ * the worker's), it stops watching until its next tick, and says so each time, as nginx
+ * pauses its accepts and logs. */
 static void accept_clients(lg_worker *w)
 {
     for (int i = 0; i < ACCEPT_BATCH; i++) {
