@@ -26,7 +26,10 @@ table (the one README quotes) and writes bench.json:
                       the same per request in the req<N> run (2-token requests, no pacing)
   syscalls_per_saturated_event
                       system calls per event in the best saturation run (the run whose CPU
-                      cpu_s_per_M_chunks is); each saturation load has its own in "saturation"
+                      cpu_s_per_M_chunks is); each saturation load has its own in "saturation",
+                      beside upstream_core_share (the fake upstream's CPU over the window, in
+                      cores: at ~1.0 the fake, not the target, bounded events/s) and
+                      loadgen_cpu_us_per_event
   vs_nginx            each of these, and the added latency and TTFT, against nginx's in the
                       same run (ratios; system calls per event as a difference), and under
                       "saturation" and "paced" the same per load (events/s, CPU and system
@@ -183,6 +186,16 @@ def runq_share(rec):
     return round(wait / (wait + run), 3)
 
 
+def upstream_core(rec):
+    """The fake upstream's CPU over the measured window, in cores (it has one thread): at
+    about 1.0 the fake, not the target, set the run's events/s. None for direct (whose
+    target is the fake) and when the fake's CPU was not watched."""
+    v = rec.get("upstream_cpu_s")
+    if not v or v < 0 or not rec.get("duration_s"):
+        return None
+    return round(v / rec["duration_s"], 2)
+
+
 def per_event(rec, key, scale=1.0):
     """rec[key] per event of one run (key: target_cpu_s or target_syscalls); None when the
     figure is missing, the target was lost or nothing was relayed."""
@@ -268,6 +281,8 @@ def figures(runs, errors):
         fig["saturation"] = {str(n): {"streams": n, "events_per_s": round(r["events_per_s"]),
                                       "cpu_s_per_M": cpu_per_m(r),
                                       "syscalls_per_event": per_event(r, "target_syscalls"),
+                                      "upstream_core_share": upstream_core(r),
+                                      "loadgen_cpu_us_per_event": per_event(r, "loadgen_cpu_s", 1e6),
                                       "passes": r.get("passes"),
                                       "errors": r["errors"]}
                              for n, r in sorted(sat.items())}
@@ -486,12 +501,17 @@ def cost_table(figs, lo):
         cells = [show(x.get(key), sat.get(n, {}).get(vs_key)) for n, x in f["saturation"].items()]
         return " / ".join(cells) if cells else "–"
 
+    def drivers(x):
+        """The fake upstream's cores and the load generator's CPU per event of one load."""
+        return f"{fmt(x.get('upstream_core_share'))}; {fmt(x.get('loadgen_cpu_us_per_event'))}"
+
     sat_ns = sorted({int(n) for f in figs.values() for n in f["saturation"]})
     loads = " / ".join(f"@{n}" for n in sat_ns)
     lines = ["", f"| target | CPU µs / paced event @{lo} | system calls / paced event @{lo} | "
              f"CPU µs / saturated event {loads} | system calls / saturated event {loads} | "
+             f"fake upstream's cores; loadgen µs / event, saturated {loads} | "
              "CPU µs / request | system calls / request |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for t, f in figs.items():
         vs = f.get("vs_nginx", {})
         lines.append(
@@ -499,6 +519,7 @@ def cost_table(figs, lo):
             f" | {with_diff(f.get('syscalls_per_paced_event'), vs.get('syscalls_per_paced_event_minus'))}"
             f" | {per_load(f, vs, 'cpu_s_per_M', 'cpu_per_event', with_ratio)}"
             f" | {per_load(f, vs, 'syscalls_per_event', 'syscalls_per_event_minus', with_diff)}"
+            f" | {' / '.join(drivers(x) for x in f['saturation'].values()) or '–'}"
             f" | {with_ratio(f.get('cpu_us_per_request'), vs.get('cpu_per_request'))}"
             f" | {with_ratio(f.get('syscalls_per_request'), vs.get('syscalls_per_request'))} |")
     lines.append("")
@@ -507,7 +528,11 @@ def cost_table(figs, lo):
                  "requests on 10 unpaced streams; the saturated columns list each saturation "
                  "load (CPU µs per event is the CPU s / M events of the main table). System "
                  "calls are perf's count of raw_syscalls:sys_enter for the target's processes "
-                 "over the measured window.")
+                 "over the measured window. The fake upstream has one thread: where it used "
+                 "about 1.0 core, it bounded that load's events/s, and the ratio to nginx "
+                 "tells how much each target slowed the fake rather than what the target "
+                 "could relay. The load generator's CPU per event depends on how the target "
+                 "packs events into writes.")
     return lines
 
 
