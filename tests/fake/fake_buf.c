@@ -26,26 +26,39 @@ void fbuf_reserve(fbuf *b, size_t extra)
     b->cap = cap;
 }
 
+/* "00" "01" ... "99": two digits a division. */
+static const char pairs[] = "0001020304050607080910111213141516171819"
+                            "2021222324252627282930313233343536373839"
+                            "4041424344454647484950515253545556575859"
+                            "6061626364656667686970717273747576777879"
+                            "8081828384858687888990919293949596979899";
+
+/* Writes the two digits of v < 100 at out. */
+static void put2(char *out, uint32_t v)
+{
+    memcpy(out, pairs + 2 * v, 2);
+}
+
 size_t fake_dec_u64(char *out, uint64_t v)
 {
-    /* Two digits a division (a stamp has fourteen): "00" "01" ... "99". */
-    static const char pairs[] = "0001020304050607080910111213141516171819"
-                                "2021222324252627282930313233343536373839"
-                                "4041424344454647484950515253545556575859"
-                                "6061626364656667686970717273747576777879"
-                                "8081828384858687888990919293949596979899";
     char tmp[20]; /* UINT64_MAX has 20 digits */
     size_t i = sizeof tmp;
-    for (; v >= 100; v /= 100) {
-        i -= 2;
-        memcpy(tmp + i, pairs + 2 * (v % 100), 2);
+    /* The low eight digits in 32-bit pieces that do not wait on each other (a stamp has
+     * fourteen: one 64-bit division, not seven in a chain). */
+    while (v >= 100000000) {
+        uint32_t lo = (uint32_t)(v % 100000000), hi4 = lo / 10000, lo4 = lo % 10000;
+        v /= 100000000;
+        i -= 8;
+        put2(tmp + i, hi4 / 100), put2(tmp + i + 2, hi4 % 100);
+        put2(tmp + i + 4, lo4 / 100), put2(tmp + i + 6, lo4 % 100);
     }
-    if (v >= 10) {
-        i -= 2;
-        memcpy(tmp + i, pairs + 2 * v, 2);
-    } else {
-        tmp[--i] = (char)('0' + v);
-    }
+    uint32_t w = (uint32_t)v; /* < 100000000 */
+    for (; w >= 100; w /= 100)
+        put2(tmp + (i -= 2), w % 100);
+    if (w >= 10)
+        put2(tmp + (i -= 2), w);
+    else
+        tmp[--i] = (char)('0' + w);
     memcpy(out, tmp + i, sizeof tmp - i);
     return sizeof tmp - i;
 }
