@@ -61,7 +61,8 @@ def norm(b):
     """b with what differs between two runs of one build replaced by placeholders."""
     b = re.sub(rb'date: [^\r]*\r\n', b'date: D\r\n', b)
     b = re.sub(rb'"created(_at)?":\d+', rb'"created\1":T', b)
-    b = re.sub(rb'w\d{12,}', b'wN', b)
+    b = re.sub(rb'w\d{12,}', b'wN', b)  # the chunk sizes stay: same width unless the clock
+    # passes a power of ten between the two runs
     b = re.sub(rb'"e2e_latency":\d+\.\d{6}', b'"e2e_latency":L', b)
     b = re.sub(rb'"(at_ms|ms)":\d+\.\d{3}', rb'"\1":M', b)
     ids = {}
@@ -78,7 +79,7 @@ def both(ports, method, path, body=None, headers=(), label=''):
     stats['bytes'] += len(a) + len(b)
     if path == '/_fake/records':
         stats['records'] += len(a) + len(b)
-    if path == '/_fake/records':  # times of varying width: the length with them
+        # times of varying width: the length varies with them
         a, b = (re.sub(rb'content-length: \d+', b'content-length: CL', x) for x in (a, b))
     if norm(a) != norm(b):
         stats['diffs'] += 1
