@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void fbuf_reserve(fbuf *b, size_t extra)
+void fbuf_reserve(fbuf *b, size_t extra)
 {
     if (b->len + extra + 1 <= b->cap) return;
     size_t cap = b->cap ? b->cap : 256;
@@ -26,17 +26,63 @@ static void fbuf_reserve(fbuf *b, size_t extra)
     b->cap = cap;
 }
 
-void fbuf_put(fbuf *b, const void *s, size_t n)
+/* "00" "01" ... "99": two digits a division. */
+static const char pairs[] = "0001020304050607080910111213141516171819"
+                            "2021222324252627282930313233343536373839"
+                            "4041424344454647484950515253545556575859"
+                            "6061626364656667686970717273747576777879"
+                            "8081828384858687888990919293949596979899";
+
+/* Writes the two digits of v < 100 at out. */
+static void put2(char *out, uint32_t v)
 {
-    fbuf_reserve(b, n);
-    if (n) memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
+    memcpy(out, pairs + 2 * v, 2);
 }
 
-void fbuf_puts(fbuf *b, const char *s)
+size_t fake_dec_u64(char *out, uint64_t v)
 {
-    fbuf_put(b, s, strlen(s));
+    char tmp[20]; /* UINT64_MAX has 20 digits */
+    size_t i = sizeof tmp;
+    /* The low eight digits in 32-bit pieces that do not wait on each other (a stamp has
+     * fourteen: one 64-bit division, not seven in a chain). */
+    while (v >= 100000000) {
+        uint32_t lo = (uint32_t)(v % 100000000), hi4 = lo / 10000, lo4 = lo % 10000;
+        v /= 100000000;
+        i -= 8;
+        put2(tmp + i, hi4 / 100), put2(tmp + i + 2, hi4 % 100);
+        put2(tmp + i + 4, lo4 / 100), put2(tmp + i + 6, lo4 % 100);
+    }
+    uint32_t w = (uint32_t)v; /* < 100000000 */
+    for (; w >= 100; w /= 100)
+        put2(tmp + (i -= 2), w % 100);
+    if (w >= 10)
+        put2(tmp + (i -= 2), w);
+    else
+        tmp[--i] = (char)('0' + w);
+    memcpy(out, tmp + i, sizeof tmp - i);
+    return sizeof tmp - i;
+}
+
+void fbuf_put_long(fbuf *b, long v)
+{
+    char d[21];
+    size_t n = 0;
+    if (v < 0) d[n++] = '-';
+    /* the magnitude as unsigned: -LONG_MIN does not fit a long */
+    n += fake_dec_u64(d + n, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);
+    fbuf_put(b, d, n);
+}
+
+void fbuf_put_hex(fbuf *b, size_t v)
+{
+    static const char hex[] = "0123456789abcdef";
+    char tmp[2 * sizeof v];
+    size_t i = sizeof tmp;
+    do {
+        tmp[--i] = hex[v & 15];
+        v >>= 4;
+    } while (v);
+    fbuf_put(b, tmp + i, sizeof tmp - i);
 }
 
 void fbuf_printf(fbuf *b, const char *fmt, ...)
@@ -88,72 +134,86 @@ size_t fake_utf8_len(const unsigned char *s, size_t n, unsigned *cp)
     return len;
 }
 
+/* 1: the byte stands for itself inside a JSON string (printable ASCII and DEL, but '"'
+ * and '\\'); 0: a control character to escape, or a byte of a UTF-8 sequence. */
+static const unsigned char plain[256] = {
+    [0x20] = 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* '"' */
+    [0x30] = 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    [0x40] = 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    [0x50] = 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, /* '\\' */
+    [0x60] = 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    [0x70] = 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+};
+
+/* Appends the escaped form of the character at u (n > 0 bytes left, u[0] not plain) and
+ * returns how many bytes of u it stood for. */
+static size_t put_escaped(fbuf *b, const unsigned char *u, size_t n, bool ascii)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned c = u[0];
+    char esc[12];
+    if (c == '"' || c == '\\') {
+        esc[0] = '\\', esc[1] = (char)c;
+        fbuf_put(b, esc, 2);
+        return 1;
+    }
+    if (c < 0x20) {
+        const char *named = c == '\n'   ? "\\n"
+                            : c == '\r' ? "\\r"
+                            : c == '\t' ? "\\t"
+                            : c == '\b' ? "\\b"
+                            : c == '\f' ? "\\f"
+                                        : NULL;
+        if (named) {
+            fbuf_put(b, named, 2);
+        } else {
+            memcpy(esc, "\\u00", 4);
+            esc[4] = hex[c >> 4], esc[5] = hex[c & 15];
+            fbuf_put(b, esc, 6);
+        }
+        return 1;
+    }
+    unsigned cp;
+    size_t len = fake_utf8_len(u, n, &cp);
+    bool bad = len == 0;
+    if (bad) cp = 0xFFFD, len = 1;
+    if (ascii) {
+        unsigned units[2] = {cp, 0};
+        int nu = 1;
+        if (cp >= 0x10000) {
+            units[0] = 0xD800 + ((cp - 0x10000) >> 10);
+            units[1] = 0xDC00 + ((cp - 0x10000) & 0x3FF);
+            nu = 2;
+        }
+        for (int k = 0; k < nu; k++) {
+            snprintf(esc, sizeof esc, "\\u%04x", units[k]);
+            fbuf_put(b, esc, 6);
+        }
+    } else if (bad) {
+        fbuf_put(b, "\xEF\xBF\xBD", 3);
+    } else {
+        fbuf_put(b, u, len);
+    }
+    return len;
+}
+
 void fbuf_json_str(fbuf *b, const char *s, size_t n, bool ascii)
 {
     if (!s) {
         fbuf_put(b, "null", 4);
         return;
     }
-    static const char hex[] = "0123456789abcdef";
     const unsigned char *u = (const unsigned char *)s;
-    fbuf_reserve(b, n + 2);
-    b->p[b->len++] = '"';
+    fbuf_put(b, "\"", 1);
     size_t i = 0;
     while (i < n) {
-        /* Fast path: a run of plain printable ASCII is copied in one go. */
+        /* A run of plain bytes is copied in one go, then one escaped character. */
         size_t j = i;
-        while (j < n && u[j] >= 0x20 && u[j] < 0x80 && u[j] != '"' && u[j] != '\\')
+        while (j < n && plain[u[j]])
             j++;
-        if (j > i) {
-            fbuf_put(b, s + i, j - i);
-            i = j;
-            continue;
-        }
-        unsigned c = u[i];
-        char esc[12];
-        if (c == '"' || c == '\\') {
-            esc[0] = '\\', esc[1] = (char)c;
-            fbuf_put(b, esc, 2);
-            i++;
-        } else if (c < 0x20) {
-            const char *named = c == '\n'   ? "\\n"
-                                : c == '\r' ? "\\r"
-                                : c == '\t' ? "\\t"
-                                : c == '\b' ? "\\b"
-                                : c == '\f' ? "\\f"
-                                            : NULL;
-            if (named) {
-                fbuf_put(b, named, 2);
-            } else {
-                memcpy(esc, "\\u00", 4);
-                esc[4] = hex[c >> 4], esc[5] = hex[c & 15];
-                fbuf_put(b, esc, 6);
-            }
-            i++;
-        } else {
-            unsigned cp;
-            size_t len = fake_utf8_len(u + i, n - i, &cp);
-            bool bad = len == 0;
-            if (bad) cp = 0xFFFD, len = 1;
-            if (ascii) {
-                unsigned units[2] = {cp, 0};
-                int nu = 1;
-                if (cp >= 0x10000) {
-                    units[0] = 0xD800 + ((cp - 0x10000) >> 10);
-                    units[1] = 0xDC00 + ((cp - 0x10000) & 0x3FF);
-                    nu = 2;
-                }
-                for (int k = 0; k < nu; k++) {
-                    snprintf(esc, sizeof esc, "\\u%04x", units[k]);
-                    fbuf_put(b, esc, 6);
-                }
-            } else if (bad) {
-                fbuf_put(b, "\xEF\xBF\xBD", 3);
-            } else {
-                fbuf_put(b, s + i, len);
-            }
-            i += len;
-        }
+        fbuf_put(b, s + i, j - i);
+        if (j < n) j += put_escaped(b, u + j, n - j, ascii);
+        i = j;
     }
     fbuf_put(b, "\"", 1);
 }

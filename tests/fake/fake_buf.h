@@ -9,6 +9,8 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 typedef struct fbuf {
     char *p;    /* bytes; NUL-terminated whenever len < cap (always after a put) */
@@ -16,11 +18,28 @@ typedef struct fbuf {
     size_t cap; /* bytes allocated */
 } fbuf;
 
-/* Appends n bytes. Aborts the process on out-of-memory: the fake is a test tool and a
- * half-written event would only hide the real failure. */
-void fbuf_put(fbuf *b, const void *s, size_t n);
-void fbuf_puts(fbuf *b, const char *s);
-/* printf-style append. */
+/* Makes room for extra more bytes and the NUL. Aborts the process on out-of-memory: the
+ * fake is a test tool and a half-written event would only hide the real failure. */
+void fbuf_reserve(fbuf *b, size_t extra);
+/* Appends n bytes (s may be NULL when n is 0). Inline, as is fbuf_puts (whose strlen of a
+ * literal then folds to a constant): a streamed token's event is some twenty pieces. */
+static inline void fbuf_put(fbuf *b, const void *s, size_t n)
+{
+    if (b->cap - b->len <= n) fbuf_reserve(b, n); /* cap 0 (no storage) always reserves */
+    if (n) memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+static inline void fbuf_puts(fbuf *b, const char *s)
+{
+    fbuf_put(b, s, strlen(s));
+}
+/* Appends v in decimal, as printf's %ld writes it. */
+void fbuf_put_long(fbuf *b, long v);
+/* Appends v in lower-case hex without a prefix, as printf's %zx writes it (chunk sizes). */
+void fbuf_put_hex(fbuf *b, size_t v);
+/* printf-style append: for the cold paths (heads, records, whole bodies); the per-token
+ * path appends with the functions above. */
 void fbuf_printf(fbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends s[0..n) as a quoted JSON string. Escapes '"', '\\' and control characters the
  * way Python's json and pydantic do (\n \r \t \b \f, else \u00XX). ascii: also escape
@@ -32,6 +51,9 @@ void fbuf_consume(fbuf *b, size_t n);
 void fbuf_reset(fbuf *b);
 /* Frees the storage; the struct is left empty and reusable. fbuf_free(NULL) is a no-op. */
 void fbuf_free(fbuf *b);
+
+/* Writes v in decimal at out (room for 20 digits; no NUL) and returns the digit count. */
+size_t fake_dec_u64(char *out, uint64_t v);
 
 /* Length in bytes of the UTF-8 sequence starting at s (at most n bytes available), or 0
  * when the bytes there are not valid UTF-8. */

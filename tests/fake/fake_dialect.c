@@ -65,12 +65,37 @@ static void put_cstr(fbuf *b, const char *s)
     fbuf_json_str(b, s, s ? strlen(s) : 0, false);
 }
 
+/* key, then json: JSON text the caller already has (matched_stop, stop_reason). */
+static void json_field(fbuf *b, const char *key, const char *json)
+{
+    fbuf_puts(b, key);
+    fbuf_puts(b, json);
+}
+
 static void head(fbuf *b, const fake_ctx *c, const char *object)
 {
     fbuf_puts(b, "{\"id\":");
     put_cstr(b, c->id);
-    fbuf_printf(b, ",\"object\":\"%s\",\"created\":%ld,\"model\":", object, c->created);
+    fbuf_puts(b, ",\"object\":\"");
+    fbuf_puts(b, object);
+    fbuf_puts(b, "\",\"created\":");
+    fbuf_put_long(b, c->created);
+    fbuf_puts(b, ",\"model\":");
     put_cstr(b, c->model);
+}
+
+void fake_render_chunk_head(fbuf *b, const fake_ctx *c)
+{
+    head(b, c, c->ep == FAKE_EP_COMPLETION ? "text_completion" : "chat.completion.chunk");
+}
+
+/* The head of a streamed chunk: the cached copy when the caller made one. */
+static void chunk_head(fbuf *b, const fake_ctx *c)
+{
+    if (c->head)
+        fbuf_put(b, c->head, c->head_len);
+    else
+        fake_render_chunk_head(b, c);
 }
 
 /* The tool-call entry of a delta, pydantic (SGLang) or exclude_unset (vLLM/OpenAI). */
@@ -81,7 +106,9 @@ static void tool_delta(fbuf *b, const fake_ctx *c, const fake_delta *d)
     if (pyd) {
         fbuf_puts(b, "\"id\":");
         put_cstr(b, d->tool_name ? d->tool_id : NULL);
-        fbuf_printf(b, ",\"index\":%d,\"type\":\"function\",\"function\":{\"name\":", d->tool);
+        fbuf_puts(b, ",\"index\":");
+        fbuf_put_long(b, d->tool);
+        fbuf_puts(b, ",\"type\":\"function\",\"function\":{\"name\":");
         put_cstr(b, d->tool_name);
         fbuf_puts(b, ",\"arguments\":");
         put_str(b, d->tool_name ? "" : d->args, d->tool_name ? 0 : d->an);
@@ -91,11 +118,15 @@ static void tool_delta(fbuf *b, const fake_ctx *c, const fake_delta *d)
     if (d->tool_name) {
         fbuf_puts(b, "\"id\":");
         put_cstr(b, d->tool_id);
-        fbuf_printf(b, ",\"type\":\"function\",\"index\":%d,\"function\":{\"name\":", d->tool);
+        fbuf_puts(b, ",\"type\":\"function\",\"index\":");
+        fbuf_put_long(b, d->tool);
+        fbuf_puts(b, ",\"function\":{\"name\":");
         put_cstr(b, d->tool_name);
         fbuf_puts(b, ",\"arguments\":\"\"}}]");
     } else {
-        fbuf_printf(b, "\"index\":%d,\"function\":{\"arguments\":", d->tool);
+        fbuf_puts(b, "\"index\":");
+        fbuf_put_long(b, d->tool);
+        fbuf_puts(b, ",\"function\":{\"arguments\":");
         put_str(b, d->args, d->an);
         fbuf_puts(b, "}}]");
     }
@@ -147,17 +178,20 @@ static void delta_unset(fbuf *b, const fake_ctx *c, const fake_delta *d)
         sep = ",";
     }
     if (d->reasoning && (c->d == FAKE_D_VLLM || c->d == FAKE_D_VLLM_BOTH)) {
-        fbuf_printf(b, "%s\"reasoning\":", sep);
+        fbuf_puts(b, sep);
+        fbuf_puts(b, "\"reasoning\":");
         put_str(b, d->reasoning, d->rn);
         sep = ",";
     }
     if (d->reasoning && (c->d == FAKE_D_VLLM_OLD || c->d == FAKE_D_VLLM_BOTH)) {
-        fbuf_printf(b, "%s\"reasoning_content\":", sep);
+        fbuf_puts(b, sep);
+        fbuf_puts(b, "\"reasoning_content\":");
         put_str(b, d->reasoning, d->rn);
         sep = ",";
     }
     if (d->tool >= 0) {
-        fbuf_printf(b, "%s\"tool_calls\":", sep);
+        fbuf_puts(b, sep);
+        fbuf_puts(b, "\"tool_calls\":");
         tool_delta(b, c, d);
     }
     fbuf_puts(b, "}");
@@ -169,7 +203,7 @@ static void chat_chunk(fbuf *b, const fake_ctx *c, const fake_delta *d)
     bool sg = fake_dialect_is_sglang(c->d);
     bool pyd = c->d == FAKE_D_SGLANG_PYDANTIC || c->d == FAKE_D_SGLANG_OLD ||
                (c->d == FAKE_D_SGLANG && d->tool >= 0);
-    head(b, c, "chat.completion.chunk");
+    chunk_head(b, c);
     fbuf_puts(b, ",\"choices\":[{\"index\":0,\"delta\":");
     if (pyd)
         delta_pydantic(b, c, d);
@@ -182,9 +216,8 @@ static void chat_chunk(fbuf *b, const fake_ctx *c, const fake_delta *d)
         put_cstr(b, d->finish);
     else
         fbuf_puts(b, c->d == FAKE_D_SGLANG_OLD && d->role ? "\"\"" : "null");
-    if (sg) fbuf_printf(b, ",\"matched_stop\":%s", d->finish ? d->matched_stop : "null");
-    if (fake_dialect_is_vllm(c->d) && d->finish)
-        fbuf_printf(b, ",\"stop_reason\":%s", d->stop_reason);
+    if (sg) json_field(b, ",\"matched_stop\":", d->finish ? d->matched_stop : "null");
+    if (fake_dialect_is_vllm(c->d) && d->finish) json_field(b, ",\"stop_reason\":", d->stop_reason);
     fbuf_puts(b, "}]");
     if (pyd) fbuf_puts(b, ",\"usage\":null");
     fbuf_puts(b, "}");
@@ -192,15 +225,15 @@ static void chat_chunk(fbuf *b, const fake_ctx *c, const fake_delta *d)
 
 static void completion_chunk(fbuf *b, const fake_ctx *c, const fake_delta *d)
 {
-    head(b, c, "text_completion");
+    chunk_head(b, c);
     fbuf_puts(b, ",\"choices\":[{\"index\":0,\"text\":");
     put_str(b, d->content ? d->content : "", d->content ? d->cn : 0);
     fbuf_puts(b, ",\"logprobs\":null,\"finish_reason\":");
     put_cstr(b, d->finish);
     if (fake_dialect_is_sglang(c->d))
-        fbuf_printf(b, ",\"matched_stop\":%s", d->finish ? d->matched_stop : "null");
+        json_field(b, ",\"matched_stop\":", d->finish ? d->matched_stop : "null");
     if (fake_dialect_is_vllm(c->d))
-        fbuf_printf(b, ",\"stop_reason\":%s", d->finish ? d->stop_reason : "null");
+        json_field(b, ",\"stop_reason\":", d->finish ? d->stop_reason : "null");
     fbuf_puts(b, "}]");
     if (fake_dialect_is_sglang(c->d) || fake_dialect_is_vllm(c->d)) fbuf_puts(b, ",\"usage\":null");
     fbuf_puts(b, "}");
@@ -232,7 +265,7 @@ static void usage_obj(fbuf *b, fake_dialect d, const fake_usage *u)
 
 void fake_render_usage_chunk(fbuf *b, const fake_ctx *c, const fake_usage *u)
 {
-    head(b, c, c->ep == FAKE_EP_COMPLETION ? "text_completion" : "chat.completion.chunk");
+    chunk_head(b, c);
     fbuf_puts(b, ",\"choices\":[],\"usage\":");
     usage_obj(b, c->d, u);
     fbuf_puts(b, "}");
@@ -321,8 +354,8 @@ void fake_render_whole(fbuf *b, const fake_ctx *c, const fake_whole *w)
     }
     fbuf_puts(b, ",\"logprobs\":null,\"finish_reason\":");
     put_cstr(b, w->finish);
-    if (fake_dialect_is_sglang(c->d)) fbuf_printf(b, ",\"matched_stop\":%s", w->matched_stop);
-    if (fake_dialect_is_vllm(c->d)) fbuf_printf(b, ",\"stop_reason\":%s", w->stop_reason);
+    if (fake_dialect_is_sglang(c->d)) json_field(b, ",\"matched_stop\":", w->matched_stop);
+    if (fake_dialect_is_vllm(c->d)) json_field(b, ",\"stop_reason\":", w->stop_reason);
     fbuf_puts(b, "}],\"usage\":");
     usage_obj(b, c->d, &w->usage);
     if (fake_dialect_is_sglang(c->d)) fbuf_puts(b, ",\"metadata\":null");
@@ -336,8 +369,10 @@ void fake_render_generate(fbuf *b, const fake_ctx *c, const fbuf *text, size_t f
     fbuf_puts(b, "{\"text\":");
     put_str(b, text->p ? text->p + from : "", text->len - from);
     fbuf_puts(b, ",\"output_ids\":[");
-    for (long i = ids_from; i < ids_to; i++)
-        fbuf_printf(b, i > ids_from ? ",%ld" : "%ld", 1000 + i);
+    for (long i = ids_from; i < ids_to; i++) {
+        if (i > ids_from) fbuf_puts(b, ",");
+        fbuf_put_long(b, 1000 + i);
+    }
     fbuf_puts(b, "],\"meta_info\":{\"id\":");
     put_cstr(b, c->id);
     fbuf_puts(b, ",\"finish_reason\":");
@@ -349,10 +384,11 @@ void fake_render_generate(fbuf *b, const fake_ctx *c, const fbuf *text, size_t f
         fbuf_printf(b, "{\"type\":\"length\",\"length\":%ld}", length_cap);
     else
         fbuf_printf(b, "{\"type\":\"%s\"}", finish);
-    fbuf_printf(b,
-                ",\"prompt_tokens\":%ld,\"completion_tokens\":%ld,\"cached_tokens\":0,"
-                "\"e2e_latency\":%.6f}",
-                u->prompt, u->completion, latency_s);
-    if (index >= 0) fbuf_printf(b, ",\"index\":%d", index);
+    fbuf_puts(b, ",\"prompt_tokens\":");
+    fbuf_put_long(b, u->prompt);
+    fbuf_puts(b, ",\"completion_tokens\":");
+    fbuf_put_long(b, u->completion);
+    fbuf_printf(b, ",\"cached_tokens\":0,\"e2e_latency\":%.6f}", latency_s);
+    if (index >= 0) fbuf_puts(b, ",\"index\":"), fbuf_put_long(b, index);
     fbuf_puts(b, "}");
 }

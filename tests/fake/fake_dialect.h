@@ -40,13 +40,17 @@ bool fake_dialect_is_vllm(fake_dialect d);
  * sglang, sglang-pydantic, openai, inline) rather than on the last token's delta. */
 bool fake_dialect_separate_finish(fake_dialect d, fake_endpoint ep);
 
-/* What every chunk of one response shares. Strings are borrowed. */
+/* What every chunk of one response shares. Strings are borrowed. head: the chunk head
+ * (fake_render_chunk_head's bytes) when the caller keeps a copy, which spares rendering it
+ * again in every chunk; NULL: rendered each time. */
 typedef struct fake_ctx {
     fake_dialect d;
     fake_endpoint ep;
     const char *id;
     const char *model;
     long created;
+    const char *head;
+    size_t head_len;
 } fake_ctx;
 
 /* One delta. Unused text pointers are NULL. */
@@ -70,6 +74,10 @@ typedef struct fake_usage {
     long prompt, completion, reasoning;
 } fake_usage;
 
+/* What every streamed chunk and usage chunk of c starts with:
+ * {"id":…,"object":"chat.completion.chunk" (text_completion on /v1/completions),
+ * "created":…,"model":… */
+void fake_render_chunk_head(fbuf *b, const fake_ctx *c);
 /* One streamed chunk (chat.completion.chunk or text_completion; /generate is rendered by
  * fake_render_generate). */
 void fake_render_chunk(fbuf *b, const fake_ctx *c, const fake_delta *d);

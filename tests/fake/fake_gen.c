@@ -18,6 +18,7 @@ static void gen_free(gen *g)
     free(g->rid);
     free(g->model);
     fbuf_free(&g->ev);
+    fbuf_free(&g->head);
     fbuf_free(&g->reasoning);
     fbuf_free(&g->content);
     for (size_t i = 0; i < g->ntools; i++) {
@@ -117,7 +118,10 @@ gen *gen_new(server *s, conn *c, const cJSON *body, fake_endpoint ep, int ri)
     else
         snprintf(g->id, sizeof g->id, "%s-%.80s", ep == FAKE_EP_CHAT ? "chatcmpl" : "cmpl",
                  cJSON_IsString(reqid) && fake_dialect_is_vllm(d) ? reqid->valuestring : hex);
-    g->ctx = (fake_ctx){d, ep, g->id, g->model, (long)time(NULL)};
+    g->ctx = (fake_ctx){.d = d, .ep = ep, .id = g->id, .model = g->model, .created = time(NULL)};
+    fake_render_chunk_head(&g->head, &g->ctx);
+    g->ctx.head = g->head.p;
+    g->ctx.head_len = g->head.len;
 
     g->stream = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(body, "stream"));
     g->usage = g->stream && ep != FAKE_EP_GENERATE &&
@@ -308,9 +312,11 @@ static void emit_generate(server *s, conn *c, const char *finish)
     put_event(c, g->ev.p, g->ev.len);
 }
 
-/* Appends token t's text to the whole-response buffers. */
+/* Appends token t's text to the whole-response buffers, which only a whole response and
+ * /generate's events read (a stream elsewhere sends each token as it goes). */
 static void accumulate(gen *g, const fake_token *t)
 {
+    if (g->stream && g->ctx.ep != FAKE_EP_GENERATE) return;
     switch (t->ch) {
     case FAKE_CH_REASONING:
         fbuf_put(&g->reasoning, t->p, t->n);
@@ -683,7 +689,9 @@ void gen_pump(server *s, conn *c)
             schedule(s, c, fake_now_ns()); /* let other streams run */
             break;
         }
-        uint64_t now = fake_now_ns();
+        /* Every phase but an unpaced stream's tokens times something: read the clock
+         * for those only (--stamp reads it for each stamp itself). */
+        uint64_t now = g->phase == PH_TOKENS && !g->pace_ns ? 0 : fake_now_ns();
         bool alive = true, stop = false;
         if (g->aborted) g->wake = 0; /* an abort cuts first_byte and slow_start waits short */
         switch (g->phase) {

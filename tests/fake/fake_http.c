@@ -89,7 +89,8 @@ void respond_error(server *s, conn *c, int status, const char *type, const char 
 /* Frames one SSE event (data: JSON\n\n) as one HTTP chunk. */
 void put_event(conn *c, const char *data, size_t n)
 {
-    fbuf_printf(&c->out, "%zx\r\ndata: ", n + 8);
+    fbuf_put_hex(&c->out, n + 8);
+    fbuf_puts(&c->out, "\r\ndata: ");
     fbuf_put(&c->out, data, n);
     fbuf_put(&c->out, "\n\n\r\n", 4);
 }

@@ -65,6 +65,7 @@ typedef struct gen {
     const fake_resp *r;
     int resp_index;
     fake_ctx ctx;
+    fbuf head; /* the chunk head ctx.head points into */
     char id[96];
     char *rid;   /* body.rid, owned; NULL when absent */
     char *model; /* owned */

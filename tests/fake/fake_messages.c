@@ -7,7 +7,10 @@
 void fake_msg_event(fbuf *out, const char *name, const char *json, size_t n)
 {
     size_t len = strlen("event: ") + strlen(name) + strlen("\ndata: ") + n + 2;
-    fbuf_printf(out, "%zx\r\nevent: %s\ndata: ", len, name);
+    fbuf_put_hex(out, len);
+    fbuf_puts(out, "\r\nevent: ");
+    fbuf_puts(out, name);
+    fbuf_puts(out, "\ndata: ");
     fbuf_put(out, json, n);
     fbuf_put(out, "\n\n\r\n", 4);
 }
@@ -80,9 +83,13 @@ void fake_msg_token(fbuf *out, fbuf *b, fake_msg *m, fake_blk k, const char *tex
     static const char *const type[] = {"", "thinking_delta", "text_delta", "input_json_delta"};
     static const char *const key[] = {"", "thinking", "text", "partial_json"};
     fbuf_reset(b);
-    fbuf_printf(b,
-                "{\"type\":\"content_block_delta\",\"index\":%d,\"delta\":{\"type\":\"%s\",\"%s\":",
-                m->index, type[k], key[k]);
+    fbuf_puts(b, "{\"type\":\"content_block_delta\",\"index\":");
+    fbuf_put_long(b, m->index);
+    fbuf_puts(b, ",\"delta\":{\"type\":\"");
+    fbuf_puts(b, type[k]);
+    fbuf_puts(b, "\",\"");
+    fbuf_puts(b, key[k]);
+    fbuf_puts(b, "\":");
     fbuf_json_str(b, text, n, false);
     fbuf_puts(b, "}}");
     fake_msg_event(out, "content_block_delta", b->p, b->len);

@@ -16,7 +16,10 @@ static void str(fbuf *b, const char *s)
 static void ev_begin(fbuf *b, fake_rsp *r, const char *type)
 {
     fbuf_reset(b);
-    fbuf_printf(b, "{\"type\":\"%s\",\"sequence_number\":%ld", type, r->seq++);
+    fbuf_puts(b, "{\"type\":\"");
+    fbuf_puts(b, type);
+    fbuf_puts(b, "\",\"sequence_number\":");
+    fbuf_put_long(b, r->seq++);
 }
 
 static void ev_send(fbuf *out, fbuf *b, const char *type)
@@ -197,7 +200,10 @@ void fake_resp_token(fbuf *out, fbuf *b, fake_rsp *r, fake_item k, const char *t
                        : k == FAKE_ITEM_MESSAGE ? "response.output_text.delta"
                                                 : "response.function_call_arguments.delta";
     ev_begin(b, r, type);
-    fbuf_printf(b, ",\"item_id\":\"%s\",\"output_index\":%d", r->item_id, r->index);
+    fbuf_puts(b, ",\"item_id\":\"");
+    fbuf_puts(b, r->item_id);
+    fbuf_puts(b, "\",\"output_index\":");
+    fbuf_put_long(b, r->index);
     if (k != FAKE_ITEM_CALL) fbuf_puts(b, ",\"content_index\":0");
     fbuf_puts(b, ",\"delta\":");
     fbuf_json_str(b, text, n, false);

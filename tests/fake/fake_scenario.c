@@ -695,11 +695,11 @@ static bool seg_next(fake_plan *pl, const fake_seg *g, const char **p, size_t *n
         *n = strlen(t->valuestring);
         return true;
     }
-    case FAKE_SEG_STAMP:
+    case FAKE_SEG_STAMP: /* no text yet: fake_plan_next stamps the token as it returns it */
         if (g->times >= 0 && pl->idx >= g->times) return false;
         pl->idx++;
-        *n = (size_t)snprintf(pl->tmp, sizeof pl->tmp, "w%llu ", (unsigned long long)fake_now_ns());
-        *p = pl->tmp;
+        *p = NULL;
+        *n = 0;
         return true;
     case FAKE_SEG_VARIED: {
         if (g->times >= 0 && pl->idx >= g->times) return false;
@@ -717,6 +717,16 @@ static bool seg_next(fake_plan *pl, const fake_seg *g, const char **p, size_t *n
     }
     }
     return false;
+}
+
+/* Makes t the stamp "w<CLOCK_MONOTONIC ns> ", in the plan's scratch. */
+static void stamp(fake_plan *pl, fake_token *t)
+{
+    pl->tmp[0] = 'w';
+    size_t n = 1 + fake_dec_u64(pl->tmp + 1, fake_now_ns());
+    pl->tmp[n++] = ' ';
+    t->p = pl->tmp;
+    t->n = n;
 }
 
 bool fake_plan_next(fake_plan *pl, fake_token *t)
@@ -748,11 +758,11 @@ bool fake_plan_next(fake_plan *pl, fake_token *t)
                 t->tool = pt->tool;
                 t->last_of_part = pl->left == 0;
                 t->reasoning = pt->segs == &pl->r->reasoning;
-                if (pl->stamp && pt->ch == FAKE_CH_CONTENT && pt->segs == &pl->r->content) {
-                    t->n = (size_t)snprintf(pl->tmp, sizeof pl->tmp, "w%llu ",
-                                            (unsigned long long)fake_now_ns());
-                    t->p = pl->tmp;
-                }
+                /* A stamp segment's token, and with --stamp every content token: the
+                 * clock read once, now, as the token leaves the plan. */
+                if (!t->p ||
+                    (pl->stamp && pt->ch == FAKE_CH_CONTENT && pt->segs == &pl->r->content))
+                    stamp(pl, t);
                 return true;
             }
         }

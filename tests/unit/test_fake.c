@@ -76,6 +76,37 @@ static void test_json_escaping(void **state)
     fbuf_free(NULL);
 }
 
+/* The per-token number writers write what printf's %ld, %zx and %llu would. */
+static void test_numbers_as_printf(void **state)
+{
+    (void)state;
+    static const long longs[] = {0, 7, -7, 99, 100, -1000, 1234567890123L, LONG_MAX, LONG_MIN};
+    static const size_t sizes[] = {0, 9, 10, 0xff, 0x1000, SIZE_MAX};
+    /* around the 8-digit pieces, inner zeros, a stamp's fourteen digits, the widest */
+    static const uint64_t u64s[] = {0, 9, 100, 99999999, 100000000, 12345678901234ULL, UINT64_MAX};
+    char want[32], got[32];
+    fbuf b = {0};
+    for (size_t i = 0; i < sizeof longs / sizeof longs[0]; i++) {
+        fbuf_reset(&b);
+        fbuf_put_long(&b, longs[i]);
+        snprintf(want, sizeof want, "%ld", longs[i]);
+        assert_string_equal(b.p, want);
+    }
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        fbuf_reset(&b);
+        fbuf_put_hex(&b, sizes[i]);
+        snprintf(want, sizeof want, "%zx", sizes[i]);
+        assert_string_equal(b.p, want);
+    }
+    for (size_t i = 0; i < sizeof u64s / sizeof u64s[0]; i++) {
+        size_t n = fake_dec_u64(got, u64s[i]);
+        got[n] = '\0';
+        snprintf(want, sizeof want, "%llu", (unsigned long long)u64s[i]);
+        assert_string_equal(got, want);
+    }
+    fbuf_free(&b);
+}
+
 /* ---- tokenisation and plans ---- */
 
 static void test_words_keep_whitespace_with_the_word(void **state)
@@ -271,11 +302,19 @@ static void test_parse_errors_name_the_problem(void **state)
 
 /* ---- dialect bytes ---- */
 
+/* One chunk; rendered again with the head cached, as the generator renders it, it must
+ * not change by a byte. */
 static char *chunk(fake_dialect d, fake_endpoint ep, const fake_delta *dl)
 {
-    fake_ctx c = {d, ep, "ID", "M", 7};
-    fbuf b = {0};
+    fake_ctx c = {.d = d, .ep = ep, .id = "ID", .model = "M", .created = 7};
+    fbuf b = {0}, head = {0}, cached = {0};
     fake_render_chunk(&b, &c, dl);
+    fake_render_chunk_head(&head, &c);
+    c.head = head.p, c.head_len = head.len;
+    fake_render_chunk(&cached, &c, dl);
+    assert_string_equal(cached.p, b.p);
+    fbuf_free(&head);
+    fbuf_free(&cached);
     return b.p;
 }
 
@@ -380,7 +419,7 @@ static void test_errors_usage_and_completions(void **state)
                         "{\"object\":\"error\",\"message\":\"m\",\"type\":\"T\",\"param\":null,"
                         "\"code\":503}");
     fbuf_reset(&b);
-    fake_ctx c = {FAKE_D_SGLANG, FAKE_EP_CHAT, "ID", "M", 7};
+    fake_ctx c = {.d = FAKE_D_SGLANG, .ep = FAKE_EP_CHAT, .id = "ID", .model = "M", .created = 7};
     fake_usage u = {10, 5, 2};
     fake_render_usage_chunk(&b, &c, &u);
     assert_string_equal(b.p, HEAD "\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"total_tokens\":"
@@ -432,6 +471,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_escaping),
+        cmocka_unit_test(test_numbers_as_printf),
         cmocka_unit_test(test_words_keep_whitespace_with_the_word),
         cmocka_unit_test(test_chars_and_bytes_never_split_utf8),
         cmocka_unit_test(test_cap_cuts_and_counts),
