@@ -26,6 +26,8 @@ void fbuf_reserve(fbuf *b, size_t extra)
     b->cap = cap;
 }
 
+const char fake_hex_digits[16] = "0123456789abcdef";
+
 /* "00" "01" ... "99": two digits a division. */
 static const char pairs[] = "0001020304050607080910111213141516171819"
                             "2021222324252627282930313233343536373839"
@@ -75,11 +77,10 @@ void fbuf_put_long(fbuf *b, long v)
 
 void fbuf_put_hex(fbuf *b, size_t v)
 {
-    static const char hex[] = "0123456789abcdef";
     char tmp[2 * sizeof v];
     size_t i = sizeof tmp;
     do {
-        tmp[--i] = hex[v & 15];
+        tmp[--i] = fake_hex_digits[v & 15];
         v >>= 4;
     } while (v);
     fbuf_put(b, tmp + i, sizeof tmp - i);
@@ -149,7 +150,6 @@ static const unsigned char plain[256] = {
  * returns how many bytes of u it stood for. */
 static size_t put_escaped(fbuf *b, const unsigned char *u, size_t n, bool ascii)
 {
-    static const char hex[] = "0123456789abcdef";
     unsigned c = u[0];
     char esc[12];
     if (c == '"' || c == '\\') {
@@ -168,7 +168,7 @@ static size_t put_escaped(fbuf *b, const unsigned char *u, size_t n, bool ascii)
             fbuf_put(b, named, 2);
         } else {
             memcpy(esc, "\\u00", 4);
-            esc[4] = hex[c >> 4], esc[5] = hex[c & 15];
+            esc[4] = fake_hex_digits[c >> 4], esc[5] = fake_hex_digits[c & 15];
             fbuf_put(b, esc, 6);
         }
         return 1;

@@ -52,6 +52,8 @@ void fbuf_reset(fbuf *b);
 /* Frees the storage; the struct is left empty and reusable. fbuf_free(NULL) is a no-op. */
 void fbuf_free(fbuf *b);
 
+/* "0123456789abcdef" (no NUL): chunk sizes, \u escapes, random ids. */
+extern const char fake_hex_digits[16];
 /* Writes v in decimal at out (room for 20 digits; no NUL) and returns the digit count. */
 size_t fake_dec_u64(char *out, uint64_t v);
 
