@@ -739,6 +739,7 @@ static enum MHD_Result queue_final(exchange *ex)
     MHD_add_response_header(resp, "Content-Type",
                             ex->cl.final_ctype ? ex->cl.final_ctype : "application/json");
     add_loopguard_headers(ex, resp);
+    if (worker_shed(ex->base.w)) MHD_add_response_header(resp, "Connection", "close");
     ex->cl.queued = true;
     metrics_request(req_metrics(&ex->base), ex->api->endpoint, ex->cl.final_status);
     enum MHD_Result rc = MHD_queue_response(ex->base.conn, (unsigned)ex->cl.final_status, resp);
@@ -770,6 +771,7 @@ static enum MHD_Result queue_stream(exchange *ex)
         http_head_drop_fields(&ex->at.head); /* the response holds its own copies */
     } else
         MHD_add_response_header(resp, "Content-Type", "text/event-stream; charset=utf-8");
+    if (worker_shed(ex->base.w)) MHD_add_response_header(resp, "Connection", "close");
     ex->cl.queued = true;
     ex->cl.last_out_ns = req_now(&ex->base);
     metrics_request(req_metrics(&ex->base), ex->api->endpoint, 200);

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "proxy/admin.h"
+#include "proxy/balance.h"
 #include "proxy/edge.h"
 #include "proxy/http.h"
 #include "proxy/route.h"
@@ -39,9 +40,8 @@ enum { TAG_MHD = 1, TAG_CURL_TIMER, TAG_WAKE, TAG_CURL_SOCK, TAG_CLIENT, TAG_LIS
 #define TICK_NS          (250ull * 1000 * 1000)
 #define MAX_EVENTS       256
 #define REQUESTS_WAIT_NS (100ull * 1000) /* longest a batch runs without a look for client input */
-#define CLOCK_EVERY      4   /* events of a batch between two reads of the clock for that look */
-#define ACCEPT_BATCH     64  /* connections taken per listener event at most (accept_clients) */
-#define SPILL_PERMILLE   500 /* a core's share over a tick past which a worker is full */
+#define CLOCK_EVERY      4  /* events of a batch between two reads of the clock for that look */
+#define ACCEPT_BATCH     64 /* connections taken per listener event at most (accept_clients) */
 
 /* A client socket the worker watches (fd map entry). The watch belongs to the connection,
  * not to a request: it is registered for the connection's first request and stays
@@ -2286,10 +2286,11 @@ static void watch_listener(lg_worker *w, bool on)
 }
 
 /* Whether the worker watches the listener: worker 0 always (under its limit, until a
- * drain), a later worker only while every worker before it is full (spill_measure). */
+ * drain, while it does not shed), a later worker only while every worker before it is full
+ * (spill_measure). */
 static void spill_watch(lg_worker *w)
 {
-    bool watch = !w->left && w->clients < w->max_clients;
+    bool watch = !w->left && w->clients < w->max_clients && !w->shedding;
     for (const lg_worker *b = w->before; watch && b; b = b->before)
         watch = atomic_load_explicit(&b->full, memory_order_relaxed);
     watch_listener(w, watch);
@@ -2303,26 +2304,48 @@ static uint64_t thread_cpu_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* A worker is full when it holds its share of max_connections, or its thread used more than
- * SPILL_PERMILLE of a core over the last tick, or it took a whole ACCEPT_BATCH at once (a
- * burst of connections: spill_burst). Measured at each tick; the next worker then watches
- * the listener too. So new connections stay on the first workers while they have room and
- * spill over to the next as the load grows. A worker's wake-ups then each serve more events:
- * at 1,000 paced streams on two cores one worker spent 10.1 µs of CPU per event against 13.3
- * for two evenly loaded ones, as the fake upstream and the load generator share the cores
- * (tests/bench/HISTORY.md). The measure is the worker's own work, not the time it was out of
- * epoll_wait: that counts the waits for a core that other processes cause (an inference
- * server's own threads), which another worker on the same cores would not shorten.
- * Connections stay where they were accepted: a load that grows on connections already open
- * stays on their workers. */
+/* Whether the worker sheds connections over the next tick, and how many (balance.h): the
+ * other workers' shares are read as they published them at their own last ticks. */
+static void shed_measure(lg_worker *w, unsigned permille)
+{
+    const lg_worker *first = w;
+    while (first->before)
+        first = first->before;
+    unsigned least = permille; /* over the workers that take connections (not full) */
+    for (const lg_worker *o = first; o; o = o->after)
+        if (o != w && !atomic_load_explicit(&o->full, memory_order_relaxed)) {
+            unsigned p = atomic_load_explicit(&o->permille, memory_order_relaxed);
+            if (p < least) least = p;
+        }
+    w->shed = balance_shed(w->clients, permille, w->share_before, least);
+    w->shedding = w->shed > 0;
+    w->share_before = permille;
+    if (w->shedding && w->after) worker_wake(w->after); /* to watch the listener now */
+}
+
+bool worker_shed(lg_worker *w)
+{
+    if (!w->shed) return false;
+    w->shed--;
+    return true;
+}
+
+/* Measured at each tick: whether the worker is full (balance.h), so that the next worker
+ * watches the listener too, and whether it sheds. The measure is the worker's own work, not
+ * the time it was out of epoll_wait: that counts the waits for a core that other processes
+ * cause (an inference server's own threads), which another worker on the same cores would
+ * not shorten. A whole ACCEPT_BATCH taken at once makes it full until its next tick too
+ * (spill_burst). */
 static void spill_measure(lg_worker *w)
 {
     uint64_t cpu = thread_cpu_ns(), wall = w->now_ns - w->tick_ns;
-    bool busy = (cpu - w->tick_cpu_ns) * 1000 > wall * SPILL_PERMILLE;
+    unsigned permille = wall ? (unsigned)((cpu - w->tick_cpu_ns) * 1000 / wall) : 0;
     w->tick_cpu_ns = cpu;
     w->tick_ns = w->now_ns;
-    bool full = busy || w->clients >= w->max_clients;
+    atomic_store_explicit(&w->permille, permille, memory_order_relaxed);
+    bool full = balance_full(permille, w->clients, w->max_clients);
     atomic_store_explicit(&w->full, full, memory_order_relaxed);
+    shed_measure(w, permille);
     spill_watch(w);
 }
 

@@ -229,6 +229,10 @@ struct lg_worker {
     uint64_t tick_ns;      /* and the time of that tick */
     unsigned clients;      /* its client connections (libmicrohttpd's, open) */
     unsigned max_clients;  /* its share of max_connections: it accepts no more past it */
+    atomic_uint permille;  /* the share of a core it used over the last tick (spill_measure) */
+    unsigned shed;         /* connections it still closes after their response (worker_shed) */
+    bool shedding;         /* it sheds: the listener is left to the others until its next tick */
+    unsigned share_before; /* its share over the tick before the last (shed_measure) */
     CURLM *multi;
     lg_metrics *metrics;
     struct lg_fdslot *fdmap; /* indexed by client fd */
@@ -329,6 +333,10 @@ void worker_suspend(lg_req *r);
 /* Resumes the MHD connection (direct writes end; output queued for a direct write is
  * written first, and a pending tail sent first). */
 void worker_resume(lg_req *r);
+/* Whether the response about to be queued on worker w closes its connection (its head then
+ * says "Connection: close"): the worker sheds connections to a less busy one (worker.c,
+ * shed_measure). Counts the connection as shed. */
+bool worker_shed(lg_worker *w);
 /* From the content reader, which then returns 0: suspends the connection and arms direct
  * writes. libmicrohttpd asks for body data only with its write buffer empty (after it sent
  * the response head, and after it sent all the reader gave it), so the worker may write
