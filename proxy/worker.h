@@ -14,7 +14,10 @@
  * the number of streams and took 10.8 % of the CPU at 1,000 paced streams. Spreading a
  * worker's clients over WORKER_SHARDS daemons divides each walk by as much; only the shards
  * that have a resume or a ready socket run in an iteration, and every shard at each tick
- * (libmicrohttpd's own timeouts are whole seconds).
+ * (libmicrohttpd's own timeouts are whole seconds). With direct writes (below) a stream
+ * resumes at its end, and at 1,000 saturated streams (~60 a shard with 8) the walk still took
+ * 3.7-4.0 % of loopguard's samples; with 32 shards 2.4-2.6 %, and paced streams and memory as
+ * before (tests/bench/HISTORY.md).
  *
  * Direct writes: between tokens a stream's connection is suspended with libmicrohttpd's
  * write buffer empty, and libmicrohttpd does not touch a suspended socket. Resuming it for
@@ -58,7 +61,7 @@ typedef struct lg_shard lg_shard;
 typedef struct lg_pool lg_pool;
 
 /* libmicrohttpd daemons per worker (see above). */
-#define WORKER_SHARDS 8
+#define WORKER_SHARDS 32
 
 /* libcurl easy handles a worker keeps for reuse (worker_easy_get). */
 #define WORKER_SPARE_EASY 64
