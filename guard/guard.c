@@ -93,8 +93,7 @@ guard *guard_new(const guard_params *p, lg_channel ch)
     return g;
 }
 
-/* Buffers a reset guard keeps up to this size (history, prompt): a spare guard stays small
- * and a long answer's 16 KiB history goes back to the allocator. */
+/* The prompt buffer a reset guard keeps up to this size: a spare guard's prompt stays small. */
 #define GUARD_KEEP_MAX 4096
 
 void guard_reset(guard *g, const guard_params *p, lg_channel ch)
@@ -103,17 +102,14 @@ void guard_reset(guard *g, const guard_params *p, lg_channel ch)
     memset(g, 0, sizeof(*g));
     g->p = p;
     g->ch = ch;
-    /* A history of another capacity grows and slides at the same offsets (make_room): it
+    /* The history is kept whatever its size: a guard reused for answer after answer (a
+     * worker's spares) would otherwise grow it anew in each, and growing a history to an
+     * answer's 8 KiB copied 21 KiB through the allocator, the guard's largest cost per
+     * event at saturation (tests/bench/HISTORY.md, gbyte). A spare holds at most GUARD_BUF.
+     * A history of another capacity grows and slides at the same offsets (make_room): it
      * slides only once full at GUARD_BUF, whatever size it started from. */
-    if (old.bcap <= GUARD_KEEP_MAX) {
-        g->buf = old.buf;
-        g->bcap = old.bcap;
-    } else {
-        free(old.buf);
-        g->bcap = GUARD_BUF_FIRST;
-        g->buf = malloc(g->bcap);
-        if (!g->buf) abort();
-    }
+    g->buf = old.buf;
+    g->bcap = old.bcap;
     if (old.prompt_cap <= GUARD_KEEP_MAX) {
         g->prompt = old.prompt;
         g->prompt_cap = old.prompt_cap;
