@@ -317,12 +317,12 @@ TEXT_STEP static inline size_t alnum_run(guard *g, const unsigned char *s, size_
         const uint32_t c = guard_alnum_class[b];
         if (!c) break;
         sum += c;
-        if (words) { /* the segment takes the word's hash when it ends (word_end) */
-            wh ^= b | 0x20; /* lower case; digits have that bit already */
-            wh *= 0x100000001B3ull; /* guard_fnv */
-        } else {
+        /* With words, the segment takes the word's hash when it ends (word_end); lower
+         * case (digits have that bit already). */
+        if (words)
+            wh = guard_fnv(wh, (unsigned char)(b | 0x20));
+        else
             sh = guard_fnv(sh, (unsigned char)b);
-        }
     }
     j = (size_t)(p - s);
     const uint32_t letters = sum - (uint32_t)(j - from);
