@@ -293,7 +293,13 @@ bool guard_cycle_segment(guard *g, unsigned nw, uint64_t start, uint64_t end, un
     unsigned quiet = text ? 0 : g->cyc_quiet + (g->cyc_quiet <= w);
     g->cyc_quiet = quiet;
     if (quiet > w) return false;
-    if (!g->cyc) cycle_alloc(g);
+    if (!g->cyc) {
+        /* The ring's first segment has no copy before it, which every replay needs (a mixed
+         * one of mix_window 1 too: no third copy); at the text's end (guard_finish) none
+         * follows, and the ring is not made. */
+        if (g->finished) return false;
+        cycle_alloc(g);
+    }
     unsigned m = g->cyc_mask;
     uint32_t exact, masked;
     unsigned num_word;

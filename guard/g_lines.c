@@ -35,7 +35,13 @@ bool guard_lines_segment(guard *g, uint64_t h, uint64_t start, uint64_t end, boo
                          bool prose, bool plain, bool in_row, uint64_t now)
 {
     const guard_params *p = g->p;
-    if (!g->segs) lines_alloc(g);
+    if (!g->segs) {
+        /* The text's first segment: no copy of it is in a window, so it trips nothing. At
+         * the text's end (guard_finish: a 2-token answer, a text without a line's or a
+         * sentence's end) no segment follows it either, and the window is not made. */
+        if (g->finished) return false;
+        lines_alloc(g);
+    }
     unsigned w = p->lines.window, m = g->seg_mask;
     uint64_t occ[64], n = g->nsegs;
     unsigned nocc = 0, need = p->lines.min_repeats - 1;

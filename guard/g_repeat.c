@@ -323,18 +323,19 @@ static size_t repeat_run(guard *g, const unsigned char *s, size_t lim, uint64_t 
                 amin = ablock;
                 ablock = UINT32_MAX;
             }
-            size_t k = 0;
-#pragma GCC unroll 8
-            for (; k < len; k++) {
-                gram = gram << 8 | s[i + k];
+            /* One pointer, not an index and an offset. */
+            const unsigned char *p = s + i, *const e = p + len;
+            for (; p < e; p++) {
+                gram = gram << 8 | *p;
                 const uint64_t hash = guard_gram_hash(gram);
                 const uint32_t r = guard_gram_rank(hash);
                 ablock = r < ablock ? r : ablock;
                 if (r <= amin) {
                     amin = r;
-                    if ((d = guard_gram_period(g, gtab, gram, hash, pos + k))) break;
+                    if ((d = guard_gram_period(g, gtab, gram, hash, fed0 + (size_t)(p - s)))) break;
                 }
             }
+            const size_t k = (size_t)(p - (s + i));
             i += k;
             if (!d) continue;
             pos += k; /* a new period: the rest of the block byte after byte */

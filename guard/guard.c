@@ -93,8 +93,7 @@ guard *guard_new(const guard_params *p, lg_channel ch)
     return g;
 }
 
-/* Buffers a reset guard keeps up to this size (history, prompt): a spare guard stays small
- * and a long answer's 16 KiB history goes back to the allocator. */
+/* The prompt buffer a reset guard keeps up to this size: a spare guard's prompt stays small. */
 #define GUARD_KEEP_MAX 4096
 
 void guard_reset(guard *g, const guard_params *p, lg_channel ch)
@@ -103,17 +102,13 @@ void guard_reset(guard *g, const guard_params *p, lg_channel ch)
     memset(g, 0, sizeof(*g));
     g->p = p;
     g->ch = ch;
-    /* A history of another capacity grows and slides at the same offsets (make_room): it
+    /* The history is kept whatever its size: a guard reused for answer after answer (a
+     * worker's spares) would otherwise grow it anew in each (make_room), through the
+     * allocator and a copy of what it holds. A spare holds at most GUARD_BUF.
+     * A history of another capacity grows and slides at the same offsets (make_room): it
      * slides only once full at GUARD_BUF, whatever size it started from. */
-    if (old.bcap <= GUARD_KEEP_MAX) {
-        g->buf = old.buf;
-        g->bcap = old.bcap;
-    } else {
-        free(old.buf);
-        g->bcap = GUARD_BUF_FIRST;
-        g->buf = malloc(g->bcap);
-        if (!g->buf) abort();
-    }
+    g->buf = old.buf;
+    g->bcap = old.bcap;
     if (old.prompt_cap <= GUARD_KEEP_MAX) {
         g->prompt = old.prompt;
         g->prompt_cap = old.prompt_cap;
@@ -184,14 +179,17 @@ void guard_trip(guard *g, const char *detector, uint64_t loop_start, uint64_t at
 
 /* ---- feeding ----------------------------------------------------------------------- */
 
-/* Makes room for more bytes when the history is full: grows a history below GUARD_BUF by
- * half (an answer of n bytes holds at most 1.5 n, where doubling held up to 2 n), slides a
- * full one down to its last GUARD_HISTORY bytes. Either way g->buf may move; nothing keeps a
- * pointer into it across a call. */
+/* Makes room for more bytes when the history is full: doubles a history below GUARD_BUF
+ * (an answer of n bytes holds at most 2 n), slides a full one down to its last
+ * GUARD_HISTORY bytes. Either way g->buf may move; nothing keeps a pointer into it across a
+ * call. Growing by half (1.5 n at most) took six reallocations to an 8 KiB answer, which
+ * copied 21 KiB: with many saturated streams, whose guards are mostly new ones, a sixth of
+ * the cache lines the guard touched per event; doubling takes three and copies 7 KiB
+ * (tests/bench/HISTORY.md, gbyte). A paced answer of the bench (960 bytes) never grows it. */
 static void make_room(guard *g)
 {
     if (g->bcap < GUARD_BUF) {
-        size_t cap = g->bcap + g->bcap / 2 < GUARD_BUF ? g->bcap + g->bcap / 2 : GUARD_BUF;
+        size_t cap = g->bcap * 2 < GUARD_BUF ? g->bcap * 2 : GUARD_BUF;
         unsigned char *grown = realloc(g->buf, cap);
         if (!grown) abort();
         g->buf = grown;

@@ -103,7 +103,7 @@ const guard_params *guard_params_of(const guard *g);
 lg_channel guard_channel(const guard *g);
 
 /* Returns g to the state guard_new(p, ch) makes, keeping memory it can reuse (itself, its
- * 8-gram table, its history and prompt buffers up to 4 KiB): given the same calls, a reset
+ * 8-gram table, its history, its prompt buffer up to 4 KiB): given the same calls, a reset
  * guard returns, trips, reports and holds back exactly as a new one would. p may be other
  * params than g's; g's old params must still be valid during the call. The old verdict's
  * strings die with the call. For a caller that keeps guards for reuse (a worker's spares). */

@@ -176,7 +176,7 @@ uint32_t guard_need_for(uint32_t period, double repeats, uint32_t min_bytes);
 
 #define GUARD_BUF (2 * GUARD_HISTORY) /* linear history, slid down by half when full */
 #define GUARD_BUF_FIRST                                                                            \
-    1024 /* the history starts this small and grows by half up to GUARD_BUF:                       \
+    1024 /* the history starts this small and doubles up to GUARD_BUF:                             \
             most answers are short, and memory per stream counts */
 /* The 8-gram table has 2^10 slots, 2 KiB. 2^12 cost 4 KiB more per guard than 2^11 for 139
  * bytes less of loop shown to clients over the 1,800 loops of the recall corpus (22 loops,
