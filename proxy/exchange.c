@@ -192,6 +192,8 @@ static void attempt_reset(exchange *ex)
         worker_guard_put(ex->base.w, ex->at.ch[c].g);
         lg_buf_free(&ex->at.ch[c].held);
     }
+    lg_buf_free(&ex->at.burst.text);
+    lg_buf_free(&ex->at.burst.toks);
     http_head_clear(&ex->at.head);
     lg_buf_free(&ex->at.errbody);
     lg_buf_free(&ex->at.aborts);
@@ -686,6 +688,15 @@ void ex_out_raw(exchange *ex, const char *s, size_t n)
     if (!ex->cl.first_out_ns) ex->cl.first_out_ns = ex->cl.out_since_ns;
     ex->cl.lent = s;
     ex->cl.lent_len = n;
+}
+
+void ex_out_retract(exchange *ex, size_t mark)
+{
+    if (ex->cl.lent_len) { /* a lent event is all that is queued (ex_out_raw) */
+        if (!mark) ex->cl.lent_len = 0;
+        return;
+    }
+    lg_fifo_cut(&ex->cl.out, mark);
 }
 
 void ex_out_keep(exchange *ex)

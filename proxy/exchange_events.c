@@ -212,9 +212,85 @@ bool ex_guard_text_run(exchange *ex, lg_channel ch, const char *s, size_t n)
     return guard_feed_run(ex, ch, s, n);
 }
 
-bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n)
+/* ---- bursts: the guard fed once per body callback (exchange_int.h) ----------------- */
+
+/* Channel ch's delta s[0..n) joins the burst (opened for ch when none is). */
+static bool burst_join(exchange *ex, lg_channel ch, const char *s, size_t n)
+{
+    struct ex_burst *b = &ex->at.burst;
+    if (!ex->at.in_burst) {
+        ex->at.in_burst = true;
+        b->ch = ch;
+        b->first_out_ns = ex->cl.first_out_ns;
+        lg_buf_reset(&b->text);
+        lg_buf_reset(&b->toks);
+    }
+    ex->at.fed |= (uint8_t)(1u << ch);
+    ex->at.ch[ch].attempt_bytes += n;
+    lg_buf_append(&b->text, s, n);
+    ex_burst_tok t = {.end = b->text.len, .mark = ex_out_mark(ex)};
+    lg_buf_append(&b->toks, &t, sizeof t);
+    /* A token run trips at this token: the burst ends with it (a guard's trip in it first) */
+    return token_run_feed(ex, ch, s, n) && ex_burst_end(ex);
+}
+
+/* The burst's tokens from k on are not released: their events are taken back, their text
+ * up to byte `end` of the burst's is held. */
+static void burst_hold(exchange *ex, const ex_burst_tok *tok, size_t k, size_t end)
+{
+    struct ex_burst *b = &ex->at.burst;
+    ex_out_retract(ex, tok[k].mark);
+    if (!k) ex->cl.first_out_ns = b->first_out_ns;
+    size_t from = k ? tok[k - 1].end : 0;
+    lg_buf_append(&ex->at.ch[b->ch].held, b->text.p + from, end - from);
+}
+
+bool ex_burst_end(exchange *ex)
+{
+    struct ex_burst *b = &ex->at.burst;
+    chan *c = &ex->at.ch[b->ch];
+    const ex_burst_tok *tok = (const ex_burst_tok *)(void *)b->toks.p;
+    size_t ntok = b->toks.len / sizeof *tok, k = 0;
+    ex->at.in_burst = false;
+    uint64_t fed0 = guard_bytes(c->g);
+    /* The tripping token: the guard's history ends with the byte it decided at; a token run
+     * trips at the last token (burst_join). */
+    size_t at = b->text.len;
+    if (guard_feed(c->g, b->text.p, b->text.len)) {
+        take_verdict(ex, c->g);
+        at = (size_t)(guard_bytes(c->g) - fed0);
+    }
+    if (ex->at.trip_pending) {
+        while (tok[k].end < at)
+            k++;
+        /* The tokens after it: counted as tokens already, but not reached by per-token
+         * feeding (their parse would have stopped at the trip). A token run's trip comes
+         * inside its token's callback, which counts that token only after this returns:
+         * then tok[k] is not yet counted and the count comes out the same. */
+        uint64_t after = ntok - k - 1;
+        ex->at.tokens -= after;
+        ex->at.tokens_after_trip += after;
+        c->attempt_bytes -= b->text.len - tok[k].end;
+        burst_hold(ex, tok, 0, tok[k].end);
+        return true;
+    }
+    size_t hold = hold_back(ex, c);
+    size_t clear = b->text.len > hold ? b->text.len - hold : 0;
+    while (k < ntok && tok[k].end <= clear)
+        k++;
+    size_t released = k ? tok[k - 1].end : 0;
+    lg_buf_append(&ex->cl.sent[b->ch], b->text.p, released);
+    if (k < ntok) burst_hold(ex, tok, k, b->text.len);
+    return false;
+}
+
+bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n,
+                           const sse_event *ev)
 {
     chan *c = &ex->at.ch[ch];
+    if (ex->at.in_burst || (ex->at.read_end && ev->raw + ev->raw_len != ex->at.read_end &&
+                            channel_guard(ex, ch)))
+        return burst_join(ex, ch, s, n);
     bool tripped = guard_feed_run(ex, ch, s, n);
     /* a trip's delta is held: the incident's excerpt ends with it */
     lg_buf_append(tripped || hold_back(ex, c) ? &c->held : &ex->cl.sent[ch], s, n);
@@ -317,6 +393,8 @@ size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
     }
     /* A slow client: stop reading the upstream until the output drains. */
     if (lg_fifo_len(&ex->cl.out) >= EX_OUT_HIGH) {
+        /* `out` drains before the rest of the read is parsed: the burst ends first */
+        if (ex->at.in_burst && ex_burst_end(ex)) return 0; /* on_done finishes the trip */
         ex->at.up_paused = true;
         return CURL_WRITEFUNC_PAUSE;
     }
@@ -327,7 +405,12 @@ size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
     if (left > len && !lg_fifo_len(&ex->cl.out) && ex->req.client_stream)
         lg_buf_reserve(&ex->cl.out.b, left);
     ex->cl.may_lend = left == len; /* the data dies with the read: see ex_out_raw */
+    /* The end of the worker's read (data + left is in its buffer), or of libcurl's data. */
+    ex->at.read_end = data + (left > len ? left : len);
     int rc = sse_parser_feed(&ex->at.sse, data, len);
+    ex->at.read_end = NULL;
+    /* A burst ends with the read, or with a parse that failed; a trip shows below. */
+    if (ex->at.in_burst && (left <= len || rc)) ex_burst_end(ex);
     ex->cl.may_lend = false;
     ex_out_settle(ex);
     if (rc == SSE_ERR_TOO_BIG) {

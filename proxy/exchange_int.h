@@ -93,6 +93,11 @@ typedef struct ex_attempt {
     bool guarded;
     bool think_hindsight; /* whole response: reasoning until proven otherwise */
     bool think_explicit;  /* the content opened with <think> itself */
+    bool in_burst;        /* a burst is open (`burst` below) */
+    /* During a body callback (ex_on_write, else NULL): the end of the worker's read that
+     * its data is part of, or of the data when libcurl calls; an event whose raw bytes end
+     * there is the read's last. */
+    const char *read_end;
     http_head head;
     /* The upstream's event stream: its first line is all a one-event read touches. */
     _Alignas(64) sse_parser sse;
@@ -122,7 +127,23 @@ typedef struct ex_attempt {
      * has them and no record took them yet. */
     rw_opts sampling_opts;
     bool sampling;
+    /* The open burst (exchange_events.c): the usual tokens of one channel from one body
+     * callback's data, their deltas appended here while their events went on as usual, the
+     * channel's guard not yet fed them. Its buffers live as long as the attempt. */
+    struct ex_burst {
+        lg_channel ch;
+        uint64_t first_out_ns; /* ex_client's before the burst's first token */
+        lg_buf text;           /* the tokens' deltas, in order */
+        lg_buf toks;           /* an ex_burst_tok for each token, in order */
+    } burst;
 } ex_attempt;
+
+/* A token of a burst: where its delta ends in the burst's text, and the client output queued
+ * before its event (ex_out_mark). */
+typedef struct ex_burst_tok {
+    size_t end;
+    size_t mark;
+} ex_burst_tok;
 
 /* The client side: lives from the request to its destroy. */
 typedef struct ex_client {
@@ -242,6 +263,15 @@ void ex_out_raw(exchange *ex, const char *s, size_t n);
 /* The end of such a body callback: the lent event, if any, is written now (worker_write_now)
  * or else copied into `out` for the flush. */
 void ex_out_settle(exchange *ex);
+/* The client output queued and not yet written (the lent event included): a mark for
+ * ex_out_retract. */
+static inline size_t ex_out_mark(const exchange *ex)
+{
+    return lg_fifo_len(&ex->cl.out) + ex->cl.lent_len;
+}
+/* Takes back the client output queued after `mark` (ex_out_mark in the same body callback:
+ * nothing was written since). */
+void ex_out_retract(exchange *ex, size_t mark);
 /* Queues one `data: json` event for a streaming client. */
 void ex_out_event(exchange *ex, const char *json);
 /* Feeds one delta of channel ch to its guard (made when first needed) and to the
@@ -253,12 +283,48 @@ static inline bool ex_guard_text(exchange *ex, lg_channel ch, const char *s, siz
     return n && ex_guard_text_run(ex, ch, s, n); /* a channel the event does not use: no call */
 }
 /* ex_guard_text for a delta that is released as soon as the guard clears it: channel ch
- * holds nothing, the event has no other text and is not its generation's last, and its
- * release needs no copy of the released text (the caller's checks). Fed as ex_guard_text
- * feeds it; then a delta that neither the guard nor the token run holds a byte of goes
- * straight to the client's sent text, as its release would move it, without passing
- * through `held` (a cache line a token); else, or when it tripped, it is held. */
-bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n);
+ * holds nothing, the event `ev` has no other text and is not its generation's last, and its
+ * release needs no copy of the released text (the caller's checks); the caller then queues
+ * ev's own bytes for the client unless this returns true.
+ *
+ * The event a worker's read ends with (a paced stream's one event a read), or one outside
+ * a body callback, is fed as ex_guard_text feeds it; then a delta that neither the guard
+ * nor the token run holds a byte of goes straight to the client's sent text, as its release
+ * would move it, without passing through `held` (a cache line a token); else, or when it
+ * tripped, it is held.
+ *
+ * One that more of the read follows (a saturated stream's read brings dozens), or that a
+ * burst is open for, joins the burst of channel ch (a guarded one): the token-run check
+ * sees it now, the guard sees the burst's text at once when the burst ends (ex_burst_end),
+ * where what is held is decided for the whole burst. A burst lives within one worker read
+ * (its body callbacks, one per chunk): ex_on_write ends it with the read, and while it is
+ * open every event that does not join it ends it first (the API module's duty). */
+bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n,
+                           const sse_event *ev);
+/* Ends the open burst: its channel's guard is fed the burst's text in one call and judges
+ * it as the tokens one by one would have been judged (guard.h: the verdict does not depend
+ * on the chunking). The client output of the burst's tokens is already queued (nothing of
+ * it is written before the body callback ends: ex_out_settle), and is taken back from the
+ * first token whose delta holds a byte that is not cleared:
+ * - no trip: the tokens whose deltas end before the bytes the guard or the token run holds
+ *   (hold_back after the burst's last token) are released (their text to `sent`); the
+ *   others' events are taken back and their text held, to be released as the following
+ *   events release held text. So a burst holds whole tokens, and never less than feeding
+ *   them one by one would hold at the burst's end.
+ * - a trip (the guard's, or the token run's at the burst's last token): no event of the
+ *   burst reaches the client; the text up to the tripping token's is held (the incident's
+ *   excerpt ends with it), the tokens after it count as tokens_after_trip, not tokens,
+ *   and its verdict is the one feeding the tokens one by one would have given.
+ * Returns true on a trip (the verdict is taken and trip_pending set). */
+bool ex_burst_end(exchange *ex);
+/* Ends the open burst, if any, before an event that does not join it. True when it tripped:
+ * the event is then one after the trip (counted so), and on_event returns 1. */
+static inline bool ex_burst_stop(exchange *ex)
+{
+    if (!ex->at.in_burst || !ex_burst_end(ex)) return false;
+    ex->at.tokens_after_trip++;
+    return true;
+}
 /* True when channel ch may hold text or have attempt_bytes (ex_attempt.fed). */
 static inline bool ex_chan_fed(const exchange *ex, lg_channel ch)
 {
