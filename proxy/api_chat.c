@@ -201,7 +201,8 @@ static bool raw_ok(const exchange *ex, const dl_delta *d, bool held_before)
  * one channel's text, no tool call, not its generation's last, and sent as the upstream's
  * own bytes (or not streamed); else -1. With nothing held before it and no split it goes
  * out as it came (on_chunk's `direct`). */
-static int usual_channel(const exchange *ex, const dl_delta *d)
+__attribute__((always_inline)) static inline int usual_channel(const exchange *ex,
+                                                               const dl_delta *d)
 {
     if (!d->reasoning_len == !d->content_len || d->n_tools || d->finish_reason ||
         (ex->req.client_stream && !raw_ok(ex, d, false)))
@@ -212,8 +213,9 @@ static int usual_channel(const exchange *ex, const dl_delta *d)
 static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
 {
     /* An open burst takes the usual tokens of its channel; any other chunk ends it first. */
-    if (ex->at.in_burst && (!d->n_choices || d->choice_index ||
-                            usual_channel(ex, d) != (int)ex->at.burst.ch) && ex_burst_stop(ex))
+    if (ex->at.in_burst &&
+        (!d->n_choices || d->choice_index || usual_channel(ex, d) != (int)ex->at.burst.ch) &&
+        ex_burst_stop(ex))
         return 1;
     remember_meta(ex, d);
     if (CS(ex)->as) asm_meta(CS(ex)->as, d);

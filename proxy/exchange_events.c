@@ -85,7 +85,7 @@ void ex_release_run(exchange *ex, lg_channel ch, size_t n, lg_buf *into)
 
 /* The trailing bytes of channel c that must stay held: what its guard suspects, or a run
  * of identical tokens past its first copy, within the holdback cap. */
-static size_t hold_back(const exchange *ex, const chan *c)
+__attribute__((always_inline)) static inline size_t hold_back(const exchange *ex, const chan *c)
 {
     size_t suspect = c->g ? guard_suspect(c->g) : 0;
     /* a run of identical tokens past its first copy waits too */
@@ -117,7 +117,7 @@ static struct ex_trip_text *trip_text(exchange *ex)
 /* A delta's bytes as two words that tell two deltas of the same length of up to 16 bytes
  * apart (every byte is in them: overlapping reads), and a longer one's first and last 8
  * bytes. */
-static void token_head(const char *s, size_t n, uint64_t w[2])
+__attribute__((always_inline)) static inline void token_head(const char *s, size_t n, uint64_t w[2])
 {
     uint32_t a, b;
     if (n >= 8) {
@@ -137,14 +137,14 @@ static void token_head(const char *s, size_t n, uint64_t w[2])
                     (uint64_t)(unsigned char)s[n - 1] << 16;
 }
 
-/* Counts identical consecutive deltas; true when the run reaches RUN_TRIP (the verdict is
- * then set). */
-static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
+/* Counts delta s[0..n) into run r: r->count is then the number of identical consecutive
+ * deltas it ends. */
+__attribute__((always_inline)) static inline void token_run_count(token_run *r, const char *s,
+                                                                  size_t n)
 {
-    token_run *r = &ex->at.ch[ch].run;
     if (n > RUN_MAX_TOKEN) {
         r->len = r->count = 0;
-        return false;
+        return;
     }
     uint64_t head[2];
     token_head(s, n, head);
@@ -158,6 +158,15 @@ static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
         r->len = (uint32_t)n;
         r->count = 1;
     }
+}
+
+/* Counts identical consecutive deltas; true when the run reaches RUN_TRIP (the verdict is
+ * then set). Inlined, as hold_back is, into a paced token's path (and into a burst's). */
+__attribute__((always_inline)) static inline bool token_run_feed(exchange *ex, lg_channel ch,
+                                                                 const char *s, size_t n)
+{
+    token_run *r = &ex->at.ch[ch].run;
+    token_run_count(r, s, n);
     if (r->count < RUN_TRIP) return false;
     struct ex_trip_text *t = trip_text(ex);
     uint64_t at = ex->at.ch[ch].attempt_bytes;
@@ -177,6 +186,16 @@ static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
 
 static void take_verdict(exchange *ex, const guard *g);
 
+/* A guard of the exchange's for channel ch under params gp, fed nothing yet (the worker's
+ * spare: give it back with worker_guard_put). */
+static guard *guard_for(exchange *ex, const guard_params *gp, lg_channel ch)
+{
+    guard *g = worker_guard_get(ex->base.w, gp, ch);
+    guard_set_prompt_json(g, ex->req.root); /* what the request asks for earns slack */
+    if (!ex->api->templated) guard_disable_leaks(g);
+    return g;
+}
+
 /* The guard of channel ch, made when first needed (most streams use one or two channels, a
  * guard is 7–33 KiB); NULL when this attempt or channel is unguarded. */
 static guard *channel_guard(exchange *ex, lg_channel ch)
@@ -185,9 +204,7 @@ static guard *channel_guard(exchange *ex, lg_channel ch)
     if (c->g || !ex->at.guarded) return c->g;
     const guard_params *gp = config_guard_params(cfg_of(ex), ex->rule, ch);
     if (!gp || !guard_params_enabled(gp)) return NULL;
-    c->g = worker_guard_get(ex->base.w, gp, ch);
-    guard_set_prompt_json(c->g, ex->req.root); /* what the request asks for earns slack */
-    if (!ex->api->templated) guard_disable_leaks(c->g);
+    c->g = guard_for(ex, gp, ch);
     return c->g;
 }
 
@@ -214,14 +231,17 @@ bool ex_guard_text_run(exchange *ex, lg_channel ch, const char *s, size_t n)
 
 /* ---- bursts: the guard fed once per body callback (exchange_int.h) ----------------- */
 
-/* Channel ch's delta s[0..n) joins the burst (opened for ch when none is). */
-static bool burst_join(exchange *ex, lg_channel ch, const char *s, size_t n)
+/* Channel ch's delta s[0..n) joins the burst (opened for ch when none is). Out of a paced
+ * token's path. */
+__attribute__((noinline)) static bool burst_join(exchange *ex, lg_channel ch, const char *s,
+                                                 size_t n)
 {
     struct ex_burst *b = &ex->at.burst;
     if (!ex->at.in_burst) {
         ex->at.in_burst = true;
         b->ch = ch;
         b->first_out_ns = ex->cl.first_out_ns;
+        b->run0 = ex->at.ch[ch].run;
         lg_buf_reset(&b->text);
         lg_buf_reset(&b->toks);
     }
@@ -243,6 +263,33 @@ static void burst_hold(exchange *ex, const ex_burst_tok *tok, size_t k, size_t e
     if (!k) ex->cl.first_out_ns = b->first_out_ns;
     size_t from = k ? tok[k - 1].end : 0;
     lg_buf_append(&ex->at.ch[b->ch].held, b->text.p + from, end - from);
+}
+
+/* A trip at the burst's token k: how many of its first tokens feeding them one by one would
+ * have released whole before it (what hold_back cleared after each). Found by a replay: a
+ * spare guard of the channel fed the text the channel's guard had before the burst (the
+ * first attempt's, the only one with bursts: its sent text), then the tokens one by one, and
+ * the token run as it was. 0 when the replay cannot stand for the guard (it has another
+ * number of bytes). Only on a trip. */
+static size_t burst_cleared(exchange *ex, const ex_burst_tok *tok, size_t k, uint64_t fed0)
+{
+    struct ex_burst *b = &ex->at.burst;
+    const lg_buf *sent = &ex->cl.sent[b->ch];
+    chan r = {.g = guard_for(ex, guard_params_of(ex->at.ch[b->ch].g), b->ch), .run = b->run0};
+    size_t released = 0;
+    if (!guard_feed(r.g, sent->p, sent->len) && guard_bytes(r.g) == fed0) {
+        for (size_t i = 0, from = 0; i < k; from = tok[i++].end) {
+            if (guard_feed(r.g, b->text.p + from, tok[i].end - from)) break;
+            token_run_count(&r.run, b->text.p + from, tok[i].end - from);
+            size_t hold = hold_back(ex, &r);
+            if (hold < tok[i].end && tok[i].end - hold > released) released = tok[i].end - hold;
+        }
+    }
+    worker_guard_put(ex->base.w, r.g);
+    size_t n = 0;
+    while (n < k && tok[n].end <= released)
+        n++;
+    return n;
 }
 
 bool ex_burst_end(exchange *ex)
@@ -271,7 +318,9 @@ bool ex_burst_end(exchange *ex)
         ex->at.tokens -= after;
         ex->at.tokens_after_trip += after;
         c->attempt_bytes -= b->text.len - tok[k].end;
-        burst_hold(ex, tok, 0, tok[k].end);
+        size_t n = burst_cleared(ex, tok, k, fed0);
+        lg_buf_append(&ex->cl.sent[b->ch], b->text.p, n ? tok[n - 1].end : 0);
+        burst_hold(ex, tok, n, tok[k].end);
         return true;
     }
     size_t hold = hold_back(ex, c);
@@ -288,8 +337,8 @@ bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n,
                            const sse_event *ev)
 {
     chan *c = &ex->at.ch[ch];
-    if (ex->at.in_burst || (ex->at.read_end && ev->raw + ev->raw_len != ex->at.read_end &&
-                            channel_guard(ex, ch)))
+    if (ex->at.in_burst ||
+        (ex->at.read_end && ev->raw + ev->raw_len != ex->at.read_end && channel_guard(ex, ch)))
         return burst_join(ex, ch, s, n);
     bool tripped = guard_feed_run(ex, ch, s, n);
     /* a trip's delta is held: the incident's excerpt ends with it */

@@ -133,6 +133,7 @@ typedef struct ex_attempt {
     struct ex_burst {
         lg_channel ch;
         uint64_t first_out_ns; /* ex_client's before the burst's first token */
+        token_run run0;        /* the channel's before the burst's first token */
         lg_buf text;           /* the tokens' deltas, in order */
         lg_buf toks;           /* an ex_burst_tok for each token, in order */
     } burst;
@@ -304,17 +305,20 @@ bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n,
 /* Ends the open burst: its channel's guard is fed the burst's text in one call and judges
  * it as the tokens one by one would have been judged (guard.h: the verdict does not depend
  * on the chunking). The client output of the burst's tokens is already queued (nothing of
- * it is written before the body callback ends: ex_out_settle), and is taken back from the
- * first token whose delta holds a byte that is not cleared:
+ * the worker's read is written before its last body callback ends: ex_out_settle), and is
+ * taken back from the first token whose delta holds a byte that is not released:
  * - no trip: the tokens whose deltas end before the bytes the guard or the token run holds
- *   (hold_back after the burst's last token) are released (their text to `sent`); the
+ *   after the burst's last token (hold_back) are released (their text to `sent`); the
  *   others' events are taken back and their text held, to be released as the following
  *   events release held text. So a burst holds whole tokens, and never less than feeding
- *   them one by one would hold at the burst's end.
- * - a trip (the guard's, or the token run's at the burst's last token): no event of the
- *   burst reaches the client; the text up to the tripping token's is held (the incident's
- *   excerpt ends with it), the tokens after it count as tokens_after_trip, not tokens,
- *   and its verdict is the one feeding the tokens one by one would have given.
+ *   them one by one would hold at the burst's end (bytes held meanwhile and released
+ *   within the read reach the client with the read either way).
+ * - a trip (the guard's, or the token run's at the burst's last token): the tokens before
+ *   the tripping one that feeding them one by one would have released whole stay (a replay
+ *   finds them: burst_cleared); the events of the others are taken back. The text from
+ *   the first of those through the tripping token is held (the incident's excerpt ends
+ *   with it); the tokens after it count as tokens_after_trip, not as tokens; the verdict is
+ *   the one feeding the tokens one by one gives.
  * Returns true on a trip (the verdict is taken and trip_pending set). */
 bool ex_burst_end(exchange *ex);
 /* Ends the open burst, if any, before an event that does not join it. True when it tripped:

@@ -643,6 +643,95 @@ describe('operator controls: X-Loopguard: off and per-model guard override', () 
     });
 });
 
+/* ---- a burst: the guard judges a worker read's tokens at once -------------------- */
+
+// A saturated upstream's read brings dozens of tokens of a stream; loopguard feeds the guard
+// their text at once at the read's end (a burst) and decides what to hold for the whole read.
+// Each plan sends `before_` in the first read (libcurl's, token by token), stalls, then sends
+// the rest at pace 0, as one write that the worker's next read takes whole.
+describe('a burst: a worker read\'s tokens judged at once', () => {
+    const before_ = 'Primes have no divisors but one and themselves. Small cases come first. ';
+    const clean = 'Trial division checks candidates up to the square root of the number. ';
+    const unit = 'The function returns True if the number is prime. ';
+    // The fake's default tokenisation: a word with the whitespace after it.
+    const words = (text) => text.match(/\S+\s*/g);
+    let fake, lg;
+    before(async () => {
+        fake = await startFake({ kind: 'sglang', scenario: { dialect: 'sglang', responses: [{ content: ['x'] }] } });
+        lg = await startLoopguard({ upstream: fake.url, kind: 'sglang' });
+    });
+    after(() => cleanup(() => lg?.stop(), () => fake?.stop()));
+
+    test('a trip inside a burst: the client gets what token by token would release, verdict and counts alike', T, async () => {
+        const answer = 'Here is the function:\n\n```python\ndef is_prime(n):\n    return n > 1 and all(n % i for i in range(2, n))\n```';
+        await fake.setScenario({
+            dialect: 'sglang',
+            pace_ms: 0,
+            responses: [
+                { match: { continue: false }, content: [before_, clean, { repeat: unit, times: -1 }], fault: { kind: 'stall', at_token: words(before_).length, ms: 300 } },
+                { content: [answer] },
+            ],
+        });
+        await fake.reset();
+        const res = await ask(lg, seedBody(), { stream: true });
+        assert.equal(res.status, 200, res.text.slice(0, 500));
+        const up = await settledUpstream(fake, 2);
+        const [a1, a2] = up.chats;
+        // What the client had when the loop was cut is the retry's continuation: the first read's
+        // text and the burst's clean sentence (tokens the guard cleared one by one), and at
+        // most a copy of the loop's unit before its second made the tail periodic.
+        const last = a2.body.messages.at(-1);
+        assert.equal(last.role, 'assistant');
+        assert.ok(last.content.startsWith(before_ + clean), `the clean text before the loop reached the client: ${JSON.stringify(last.content)}`);
+        assert.ok(maxRun(last.content, unit) <= 1, `at most the loop's first copy (${JSON.stringify(last.content)})`);
+        assert.equal(res.content, last.content + answer, 'then the retry\'s answer');
+        assertClientCounters(res, true, 2, 1);
+        const inc = (await incidents(lg.url)).find((i) => i.attempts?.[0]?.rid === a1.rid);
+        const i1 = inc.attempts[0];
+        assert.equal(i1.channel, 'content');
+        assert.ok((unit + unit).includes(i1.unit), `the loop's unit (${JSON.stringify(i1.unit)})`);
+        // The verdict's bytes are the channel's, as fed one token at a time: the loop starts after
+        // the clean text, and the trip comes within the loop.
+        const text = before_ + clean + unit.repeat(40);
+        assert.ok(i1.loop_start >= before_.length + clean.length - unit.length && i1.loop_start <= before_.length + clean.length + unit.length, `loop_start ${i1.loop_start}`);
+        assert.ok(i1.at_byte > i1.loop_start && i1.at_byte <= text.length, `at_byte ${i1.at_byte}`);
+        // tokens: those up to the one the guard tripped in (the byte at_byte - 1), as per token.
+        let end = 0, n = 0;
+        for (const w of words(text)) {
+            if (end >= i1.at_byte) break;
+            end += w.length;
+            n++;
+        }
+        assert.equal(i1.tokens, n, 'tokens read up to the tripping one');
+        // The read went on past the tripping token: its tokens were judged at once (token by
+        // token the parse stops at the trip, and the read's later chunks are never counted).
+        assert.ok(i1.tokens_after_trip > 0, `tokens read after the trip (${i1.tokens_after_trip})`);
+        assert.ok(i1.tokens + i1.tokens_after_trip <= up.gens.get(a1.rid).tokens_sent, 'no token counted twice');
+        // The excerpt: the released tail, then the held text up to the tripping token.
+        assert.ok(inc.excerpt.endsWith(text.slice(0, end).slice(-40)), `excerpt ${JSON.stringify(inc.excerpt)}`);
+        assert.ok((before_ + clean + inc.excerpt).includes(last.content.slice(-40)), 'the excerpt goes on from what the client had');
+    });
+
+    test('a burst that ends held: its held tokens are taken back, then released once, in order', T, async () => {
+        // Two copies of a sentence end the burst: when the generation's last event ends it, the
+        // guard holds the second copy (a loop may be starting); the tokens holding it are taken
+        // back from the client's output and come with the last event, released.
+        const twice = 'The number seven is prime. The number seven is prime.';
+        await fake.setScenario({
+            dialect: 'sglang',
+            pace_ms: 0,
+            responses: [{ content: [before_, clean, twice], fault: { kind: 'stall', at_token: words(before_).length, ms: 300 } }],
+        });
+        await fake.reset();
+        const res = await ask(lg, seedBody(), { stream: true });
+        assert.equal(res.status, 200, res.text.slice(0, 500));
+        assert.equal(res.content, before_ + clean + twice, 'every byte once, in order');
+        assert.equal(res.finish, 'stop');
+        const fin = res.chunks.find((c) => c.choices?.[0]?.finish_reason);
+        assert.match(fin.choices[0].delta.content || '', /seven is prime\.$/, 'the held copy comes with the last event');
+    });
+});
+
 /* ---- holdback: clean text is not delayed ----------------------------------------- */
 
 // Streams `body` from `url` and returns [{t, data}] per SSE event with its arrival time.
