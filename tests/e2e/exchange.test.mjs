@@ -713,9 +713,11 @@ describe('a burst: a worker read\'s tokens judged at once', () => {
     });
 
     test('a burst that ends held: its held tokens are taken back, then released once, in order', T, async () => {
-        // Two copies of a sentence end the burst: when the generation's last event ends it, the
-        // guard holds the second copy (a loop may be starting); the tokens holding it are taken
-        // back from the client's output and come with the last event, released.
+        // Two copies of a sentence end the burst. When the generation's last event ends it, the
+        // guard suspects the tail (a period of the sentence: a loop may be starting); the burst's
+        // tokens from the first suspect byte on are taken back from the client's output and come
+        // with the last event, released. Token by token those bytes went out one by one before
+        // the second copy made them suspect, and only the last token came with the last event.
         const twice = 'The number seven is prime. The number seven is prime.';
         await fake.setScenario({
             dialect: 'sglang',
@@ -728,7 +730,7 @@ describe('a burst: a worker read\'s tokens judged at once', () => {
         assert.equal(res.content, before_ + clean + twice, 'every byte once, in order');
         assert.equal(res.finish, 'stop');
         const fin = res.chunks.find((c) => c.choices?.[0]?.finish_reason);
-        assert.match(fin.choices[0].delta.content || '', /seven is prime\.$/, 'the held copy comes with the last event');
+        assert.match(fin.choices[0].delta.content || '', /The number seven is prime\.$/, 'the held tail comes with the last event');
     });
 });
 
