@@ -231,13 +231,26 @@ bool ex_guard_text_run(exchange *ex, lg_channel ch, const char *s, size_t n)
 
 /* ---- bursts: the guard fed once per body callback (exchange_int.h) ----------------- */
 
-/* Channel ch's delta s[0..n) joins the burst (opened for ch when none is). Out of a paced
- * token's path. */
+/* ex_guard_text_release's delta fed and released at once. */
+__attribute__((always_inline)) static inline bool release_now(exchange *ex, lg_channel ch,
+                                                              const char *s, size_t n)
+{
+    chan *c = &ex->at.ch[ch];
+    bool tripped = guard_feed_run(ex, ch, s, n);
+    /* a trip's delta is held: the incident's excerpt ends with it */
+    lg_buf_append(tripped || hold_back(ex, c) ? &c->held : &ex->cl.sent[ch], s, n);
+    return tripped;
+}
+
+/* Channel ch's delta s[0..n) joins the burst (opened for ch when none is; an unguarded
+ * channel's is released at once: its bursts would save nothing). Out of a paced token's
+ * path. */
 __attribute__((noinline)) static bool burst_join(exchange *ex, lg_channel ch, const char *s,
                                                  size_t n)
 {
     struct ex_burst *b = &ex->at.burst;
     if (!ex->at.in_burst) {
+        if (!channel_guard(ex, ch)) return release_now(ex, ch, s, n);
         ex->at.in_burst = true;
         b->ch = ch;
         b->first_out_ns = ex->cl.first_out_ns;
@@ -336,14 +349,9 @@ bool ex_burst_end(exchange *ex)
 bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n,
                            const sse_event *ev)
 {
-    chan *c = &ex->at.ch[ch];
-    if (ex->at.in_burst ||
-        (ex->at.read_end && ev->raw + ev->raw_len != ex->at.read_end && channel_guard(ex, ch)))
+    if (ex->at.in_burst || (ex->at.read_end && ev->raw + ev->raw_len != ex->at.read_end))
         return burst_join(ex, ch, s, n);
-    bool tripped = guard_feed_run(ex, ch, s, n);
-    /* a trip's delta is held: the incident's excerpt ends with it */
-    lg_buf_append(tripped || hold_back(ex, c) ? &c->held : &ex->cl.sent[ch], s, n);
-    return tripped;
+    return release_now(ex, ch, s, n);
 }
 
 /* Copies the tripped guard's verdict (its strings die with the guard). */
