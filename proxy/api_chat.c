@@ -265,7 +265,7 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
      * the guard holds some of it, and sent as the upstream's own bytes (or not streamed). */
     bool direct = !held_before && !reshaped && usual_channel(ex, d) >= 0;
     bool tripped = direct ? ex_guard_text_release(ex, rn ? LG_CH_REASONING : LG_CH_CONTENT,
-                                                  rn ? rs : cs, rn ? rn : cn, ev)
+                                                  rn ? rs : cs, rn ? rn : cn)
                           : ex_guard_text(ex, LG_CH_REASONING, rs, rn) ||
                                 ex_guard_text(ex, LG_CH_CONTENT, cs, cn);
     for (size_t i = 0; !tripped && i < d->n_tools; i++) {

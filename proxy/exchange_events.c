@@ -346,11 +346,9 @@ bool ex_burst_end(exchange *ex)
     return false;
 }
 
-bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n,
-                           const sse_event *ev)
+bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n)
 {
-    if (ex->at.in_burst || (ex->at.read_end && ev->raw + ev->raw_len != ex->at.read_end))
-        return burst_join(ex, ch, s, n);
+    if (ex->at.in_burst || ex->at.read_on) return burst_join(ex, ch, s, n);
     return release_now(ex, ch, s, n);
 }
 
@@ -462,12 +460,11 @@ size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
     if (left > len && !lg_fifo_len(&ex->cl.out) && ex->req.client_stream)
         lg_buf_reserve(&ex->cl.out.b, left);
     ex->cl.may_lend = left == len; /* the data dies with the read: see ex_out_raw */
-    /* The end of the worker's read (data + left is in its buffer), or of libcurl's data. */
-    ex->at.read_end = data + (left > len ? left : len);
+    ex->at.read_on = left > len;
     int rc = sse_parser_feed(&ex->at.sse, data, len);
-    ex->at.read_end = NULL;
     /* A burst ends with the read, or with a parse that failed; a trip shows below. */
-    if (ex->at.in_burst && (left <= len || rc)) ex_burst_end(ex);
+    if (ex->at.in_burst && (!ex->at.read_on || rc)) ex_burst_end(ex);
+    ex->at.read_on = false;
     ex->cl.may_lend = false;
     ex_out_settle(ex);
     if (rc == SSE_ERR_TOO_BIG) {

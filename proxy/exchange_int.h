@@ -94,10 +94,7 @@ typedef struct ex_attempt {
     bool think_hindsight; /* whole response: reasoning until proven otherwise */
     bool think_explicit;  /* the content opened with <think> itself */
     bool in_burst;        /* a burst is open (`burst` below) */
-    /* During a body callback (ex_on_write, else NULL): the end of the worker's read that
-     * its data is part of, or of the data when libcurl calls; an event whose raw bytes end
-     * there is the read's last. */
-    const char *read_end;
+    bool read_on;         /* in a body callback: more of the worker's read follows its data */
     http_head head;
     /* The upstream's event stream: its first line is all a one-event read touches. */
     _Alignas(64) sse_parser sse;
@@ -284,24 +281,23 @@ static inline bool ex_guard_text(exchange *ex, lg_channel ch, const char *s, siz
     return n && ex_guard_text_run(ex, ch, s, n); /* a channel the event does not use: no call */
 }
 /* ex_guard_text for a delta that is released as soon as the guard clears it: channel ch
- * holds nothing, the event `ev` has no other text and is not its generation's last, and its
+ * holds nothing, the event has no other text and is not its generation's last, and its
  * release needs no copy of the released text (the caller's checks); the caller then queues
- * ev's own bytes for the client unless this returns true.
+ * the event's own bytes for the client unless this returns true.
  *
- * The event a worker's read ends with (a paced stream's one event a read), or one outside
- * a body callback, is fed as ex_guard_text feeds it; then a delta that neither the guard
- * nor the token run holds a byte of goes straight to the client's sent text, as its release
- * would move it, without passing through `held` (a cache line a token); else, or when it
- * tripped, it is held.
+ * The event of a worker's read's last chunk (a paced stream's one event a read) that no
+ * burst is open for, or one libcurl reads, is fed as ex_guard_text feeds it; then a delta
+ * that neither the guard nor the token run holds a byte of goes straight to the client's
+ * sent text, as its release would move it, without passing through `held` (a cache line a
+ * token); else, or when it tripped, it is held.
  *
- * One that more of the read follows (a saturated stream's read brings dozens), or that a
- * burst is open for, joins the burst of channel ch (a guarded one): the token-run check
- * sees it now, the guard sees the burst's text at once when the burst ends (ex_burst_end),
- * where what is held is decided for the whole burst. A burst lives within one worker read
- * (its body callbacks, one per chunk): ex_on_write ends it with the read, and while it is
- * open every event that does not join it ends it first (the API module's duty). */
-bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n,
-                           const sse_event *ev);
+ * One that more chunks of the read follow (a saturated stream's read brings dozens, a
+ * chunk an event), or that a burst is open for, joins the burst of channel ch (a guarded
+ * one): the token-run check sees it now, the guard sees the burst's text at once when the
+ * burst ends (ex_burst_end), where what is held is decided for the whole burst. A burst
+ * lives within one worker read: ex_on_write ends it with the read's last chunk, and while
+ * it is open every event that does not join it ends it first (the API module's duty). */
+bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n);
 /* Ends the open burst: its channel's guard is fed the burst's text in one call and judges
  * it as the tokens one by one would have been judged (guard.h: the verdict does not depend
  * on the chunking). The client output of the burst's tokens is already queued (nothing of
