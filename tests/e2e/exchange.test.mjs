@@ -712,6 +712,37 @@ describe('a burst: a worker read\'s tokens judged at once', () => {
         assert.ok((before_ + clean + inc.excerpt).includes(last.content.slice(-40)), 'the excerpt goes on from what the client had');
     });
 
+    test('the token run trips inside a burst: it ends there, with what token by token would release', T, async () => {
+        const answer = 'Done.';
+        await fake.setScenario({
+            dialect: 'sglang',
+            pace_ms: 0,
+            responses: [
+                { match: { continue: false }, content: [before_, clean, { repeat: '!', times: -1 }], fault: { kind: 'stall', at_token: words(before_).length, ms: 300 } },
+                { content: [answer] },
+            ],
+        });
+        await fake.reset();
+        const res = await ask(lg, seedBody(), { stream: true });
+        assert.equal(res.status, 200, res.text.slice(0, 500));
+        const up = await settledUpstream(fake, 2);
+        const [a1, a2] = up.chats;
+        const last = a2.body.messages.at(-1);
+        // The run's first "!" is released (nothing repeats yet), every later one held.
+        assert.match(last.content, /^[^!]*!?$/, `at most the first "!" reached the client: ${JSON.stringify(last.content)}`);
+        assert.ok(last.content.startsWith(before_ + clean), `the clean text before the run reached the client: ${JSON.stringify(last.content)}`);
+        assert.equal(res.content, last.content + answer);
+        const inc = (await incidents(lg.url)).find((i) => i.attempts?.[0]?.rid === a1.rid);
+        const i1 = inc.attempts[0];
+        assert.equal(i1.detector, 'token_repeat');
+        assert.equal(i1.unit, '!');
+        assert.equal(i1.repeats, 32);
+        const pre = (before_ + clean).length;
+        assert.equal(i1.at_byte, pre + 32, 'at the 32nd "!"');
+        assert.equal(i1.loop_start, pre);
+        assert.equal(i1.tokens, words(before_ + clean).length + 32, 'tokens up to the 32nd "!"');
+    });
+
     test('a burst that ends held: its held tokens are taken back, then released once, in order', T, async () => {
         // Two copies of a sentence end the burst. When the generation's last event ends it, the
         // guard suspects the tail (a period of the sentence: a loop may be starting); the burst's
