@@ -11,6 +11,11 @@
  * channel could still become part of a loop (guard_suspect); only those are held,
  * everything before them is released at once.
  *
+ * Bursts: a saturated stream's worker read brings dozens of tokens, a chunk each. Its usual
+ * tokens join a burst (exchange_int.h: ex_guard_text_release, ex_burst_end): their events go
+ * on as usual, the guard is fed their text in one call at the read's end, and what is held
+ * is decided there, for the whole burst, taking back the events it does not release.
+ *
  * Trip: the SSE callback cannot tear down the libcurl transfer it runs inside, so it marks
  * the trip and makes the write callback fail; the transfer's completion (exchange.c's
  * on_done) then closes it and starts the next attempt. */
@@ -229,7 +234,7 @@ bool ex_guard_text_run(exchange *ex, lg_channel ch, const char *s, size_t n)
     return guard_feed_run(ex, ch, s, n);
 }
 
-/* ---- bursts: the guard fed once per body callback (exchange_int.h) ----------------- */
+/* ---- bursts: the guard fed once per worker read (exchange_int.h) ------------------- */
 
 /* ex_guard_text_release's delta fed and released at once. */
 __attribute__((always_inline)) static inline bool release_now(exchange *ex, lg_channel ch,

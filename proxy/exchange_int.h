@@ -124,9 +124,9 @@ typedef struct ex_attempt {
      * has them and no record took them yet. */
     rw_opts sampling_opts;
     bool sampling;
-    /* The open burst (exchange_events.c): the usual tokens of one channel from one body
-     * callback's data, their deltas appended here while their events went on as usual, the
-     * channel's guard not yet fed them. Its buffers live as long as the attempt. */
+    /* The open burst (exchange_events.c): usual tokens of one channel from one worker read,
+     * their deltas appended here while their events went on as usual, the channel's guard
+     * not yet fed them. Its buffers live as long as the attempt. */
     struct ex_burst {
         lg_channel ch;
         uint64_t first_out_ns; /* ex_client's before the burst's first token */
@@ -267,8 +267,8 @@ static inline size_t ex_out_mark(const exchange *ex)
 {
     return lg_fifo_len(&ex->cl.out) + ex->cl.lent_len;
 }
-/* Takes back the client output queued after `mark` (ex_out_mark in the same body callback:
- * nothing was written since). */
+/* Takes back the client output queued after `mark` (ex_out_mark in the same worker read:
+ * nothing of it is written before its last body callback ends). */
 void ex_out_retract(exchange *ex, size_t mark);
 /* Queues one `data: json` event for a streaming client. */
 void ex_out_event(exchange *ex, const char *json);
