@@ -425,6 +425,9 @@ static void on_done(lg_xfer *x, CURLcode rc)
     size_t replica = ex->replica;
     bool sglang = pool_kind(req_pool(&ex->base), replica) == LG_UPSTREAM_SGLANG;
     stop_transfer(ex);
+    /* A read that ended the body (or broke its framing) after a burst's tokens: the burst
+     * ends before anything else is written (a trip shows below). */
+    if (ex->at.in_burst) ex_burst_end(ex);
     /* An event whose last line ended in a bare CR at the very end is complete now (it may
      * still trip the guard). */
     if (rc == CURLE_OK && !ex->at.trip_pending && ex->phase == PHASE_RUNNING &&

@@ -94,7 +94,7 @@ typedef struct ex_attempt {
     bool think_hindsight; /* whole response: reasoning until proven otherwise */
     bool think_explicit;  /* the content opened with <think> itself */
     bool in_burst;        /* a burst is open (`burst` below) */
-    bool read_on;         /* in a body callback: more of the worker's read follows its data */
+    bool read_on;         /* in a body callback: another one follows in the worker's read */
     http_head head;
     /* The upstream's event stream: its first line is all a one-event read touches. */
     _Alignas(64) sse_parser sse;
