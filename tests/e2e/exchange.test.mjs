@@ -21,6 +21,7 @@ import http from 'node:http';
 import { performance } from 'node:perf_hooks';
 import {
     startFake,
+    startRawUpstream,
     startLoopguard,
     request,
     chat,
@@ -36,6 +37,7 @@ import {
     cleanup,
     underValgrind,
     isSlowBuild,
+    sleep,
     DEADLINE,
 } from './lib.mjs';
 
@@ -763,6 +765,40 @@ describe('a burst: a worker read\'s tokens judged at once', () => {
         const fin = res.chunks.find((c) => c.choices?.[0]?.finish_reason);
         assert.match(fin.choices[0].delta.content || '', /The number seven is prime\.$/, 'the held tail comes with the last event');
     });
+});
+
+// A burst ends with its worker read, also when the read ends between chunks (after a
+// chunk's data, inside the next size line): what is written when the read ends must have been
+// judged. A raw upstream sends the head and a first token, then in one write seven clean
+// tokens, five "!" tokens (the token run holds all but the first: a loop may be starting) and
+// the first digit of the next chunk's size line, then, 400 ms later, the rest.
+test('a burst ends with its read, when the read ends inside a chunk size line', T, async () => {
+    const ev = (content, finish = null) =>
+        `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta: content === null ? {} : { content }, finish_reason: finish }] })}\n\n`;
+    const chunk = (e) => `${Buffer.byteLength(e).toString(16)}\r\n${e}\r\n`;
+    const clean = ['Seven ', 'is ', 'a ', 'prime, ', 'and ', 'so ', 'is '];
+    const rest = chunk(ev(' eleven.')) + chunk(ev(null, 'stop')) + chunk('data: [DONE]\n\n') + '0\r\n\r\n';
+    let sentAt = 0;
+    const up = await startRawUpstream(async (c) => {
+        c.write('HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n' + chunk(ev('First, ')));
+        await sleep(200);
+        c.write([...clean, '!', '!', '!', '!', '!'].map((t) => chunk(ev(t))).join('') + rest[0]);
+        sentAt = performance.now();
+        await sleep(400);
+        c.write(rest.slice(1));
+    });
+    const lg = await startLoopguard({ upstream: up.url, kind: 'vllm', config: { workers: 1 } });
+    try {
+        const t0 = performance.now();
+        const events = await timedStream(lg.url + '/v1/chat/completions', { model: 'm', messages: [{ role: 'user', content: 'Name two primes.' }], stream: true });
+        const text = (evs) => evs.filter((e) => e.data !== '[DONE]').map((e) => JSON.parse(e.data).choices?.[0]?.delta?.content ?? '').join('');
+        // What the client had in the middle of the pause: the clean tokens and the first "!".
+        const mid = events.filter((e) => t0 + e.t < sentAt + 200);
+        assert.equal(text(mid), 'First, ' + clean.join('') + '!', 'the token run held during the pause');
+        assert.equal(text(events), 'First, ' + clean.join('') + '!!!!! eleven.', 'then released, every byte once');
+    } finally {
+        await cleanup(() => lg.stop(), () => up.stop());
+    }
 });
 
 /* ---- holdback: clean text is not delayed ----------------------------------------- */
