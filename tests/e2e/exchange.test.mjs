@@ -664,13 +664,16 @@ describe('a burst: a worker read\'s tokens judged at once', () => {
     });
     after(() => cleanup(() => lg?.stop(), () => fake?.stop()));
 
-    test('a trip inside a burst: the client gets what token by token would release, verdict and counts alike', T, async () => {
-        const answer = 'Here is the function:\n\n```python\ndef is_prime(n):\n    return n > 1 and all(n % i for i in range(2, n))\n```';
+    // Attempt 1 sends `before_`, stalls, then `clean` and `loop` (cut by the guard) in a burst;
+    // attempt 2 sends `answer`. Checks that the client got what it had at the cut (the retry's
+    // continuation: `before_`, the burst's clean sentence, what the guard cleared of the loop)
+    // and then the answer; returns that text and the first attempt's record.
+    async function tripInBurst(loop, answer) {
         await fake.setScenario({
             dialect: 'sglang',
             pace_ms: 0,
             responses: [
-                { match: { continue: false }, content: [before_, clean, { repeat: unit, times: -1 }], fault: { kind: 'stall', at_token: words(before_).length, ms: 300 } },
+                { match: { continue: false }, content: [before_, clean, loop], fault: { kind: 'stall', at_token: words(before_).length, ms: 300 } },
                 { content: [answer] },
             ],
         });
@@ -679,17 +682,21 @@ describe('a burst: a worker read\'s tokens judged at once', () => {
         assert.equal(res.status, 200, res.text.slice(0, 500));
         const up = await settledUpstream(fake, 2);
         const [a1, a2] = up.chats;
-        // What the client had when the loop was cut is the retry's continuation: the first read's
-        // text and the burst's clean sentence (tokens the guard cleared one by one), and at
-        // most a copy of the loop's unit before its second made the tail periodic.
-        const last = a2.body.messages.at(-1);
-        assert.equal(last.role, 'assistant');
-        assert.ok(last.content.startsWith(before_ + clean), `the clean text before the loop reached the client: ${JSON.stringify(last.content)}`);
-        assert.ok(maxRun(last.content, unit) <= 1, `at most the loop's first copy (${JSON.stringify(last.content)})`);
-        assert.equal(res.content, last.content + answer, 'then the retry\'s answer');
+        const had = a2.body.messages.at(-1);
+        assert.equal(had.role, 'assistant');
+        assert.ok(had.content.startsWith(before_ + clean), `the clean text before the loop reached the client: ${JSON.stringify(had.content)}`);
+        assert.equal(res.content, had.content + answer, 'then the retry\'s answer');
         assertClientCounters(res, true, 2, 1);
         const inc = (await incidents(lg.url)).find((i) => i.attempts?.[0]?.rid === a1.rid);
-        const i1 = inc.attempts[0];
+        return { had: had.content, inc, i1: inc.attempts[0], sent: up.gens.get(a1.rid).tokens_sent };
+    }
+
+    test('a trip inside a burst: the client gets what token by token would release, verdict and counts alike', T, async () => {
+        const answer = 'Here is the function:\n\n```python\ndef is_prime(n):\n    return n > 1 and all(n % i for i in range(2, n))\n```';
+        const { had, inc, i1, sent } = await tripInBurst({ repeat: unit, times: -1 }, answer);
+        // At most a copy of the loop's unit reached the client before its second made the tail
+        // periodic.
+        assert.ok(maxRun(had, unit) <= 1, `at most the loop's first copy (${JSON.stringify(had)})`);
         assert.equal(i1.channel, 'content');
         assert.ok((unit + unit).includes(i1.unit), `the loop's unit (${JSON.stringify(i1.unit)})`);
         // The verdict's bytes are the channel's, as fed one token at a time: the loop starts after
@@ -708,34 +715,16 @@ describe('a burst: a worker read\'s tokens judged at once', () => {
         // The read went on past the tripping token: its tokens were judged at once (token by
         // token the parse stops at the trip, and the read's later chunks are never counted).
         assert.ok(i1.tokens_after_trip > 0, `tokens read after the trip (${i1.tokens_after_trip})`);
-        assert.ok(i1.tokens + i1.tokens_after_trip <= up.gens.get(a1.rid).tokens_sent, 'no token counted twice');
+        assert.ok(i1.tokens + i1.tokens_after_trip <= sent, 'no token counted twice');
         // The excerpt: the released tail, then the held text up to the tripping token.
         assert.ok(inc.excerpt.endsWith(text.slice(0, end).slice(-40)), `excerpt ${JSON.stringify(inc.excerpt)}`);
-        assert.ok((before_ + clean + inc.excerpt).includes(last.content.slice(-40)), 'the excerpt goes on from what the client had');
+        assert.ok((before_ + clean + inc.excerpt).includes(had.slice(-40)), 'the excerpt goes on from what the client had');
     });
 
     test('the token run trips inside a burst: it ends there, with what token by token would release', T, async () => {
-        const answer = 'Done.';
-        await fake.setScenario({
-            dialect: 'sglang',
-            pace_ms: 0,
-            responses: [
-                { match: { continue: false }, content: [before_, clean, { repeat: '!', times: -1 }], fault: { kind: 'stall', at_token: words(before_).length, ms: 300 } },
-                { content: [answer] },
-            ],
-        });
-        await fake.reset();
-        const res = await ask(lg, seedBody(), { stream: true });
-        assert.equal(res.status, 200, res.text.slice(0, 500));
-        const up = await settledUpstream(fake, 2);
-        const [a1, a2] = up.chats;
-        const last = a2.body.messages.at(-1);
+        const { had, i1 } = await tripInBurst({ repeat: '!', times: -1 }, 'Done.');
         // The run's first "!" is released (nothing repeats yet), every later one held.
-        assert.match(last.content, /^[^!]*!?$/, `at most the first "!" reached the client: ${JSON.stringify(last.content)}`);
-        assert.ok(last.content.startsWith(before_ + clean), `the clean text before the run reached the client: ${JSON.stringify(last.content)}`);
-        assert.equal(res.content, last.content + answer);
-        const inc = (await incidents(lg.url)).find((i) => i.attempts?.[0]?.rid === a1.rid);
-        const i1 = inc.attempts[0];
+        assert.match(had, /^[^!]*!?$/, `at most the first "!" reached the client: ${JSON.stringify(had)}`);
         assert.equal(i1.detector, 'token_repeat');
         assert.equal(i1.unit, '!');
         assert.equal(i1.repeats, 32);
@@ -747,10 +736,9 @@ describe('a burst: a worker read\'s tokens judged at once', () => {
 
     test('a burst that ends held: its held tokens are taken back, then released once, in order', T, async () => {
         // Two copies of a sentence end the burst. When the generation's last event ends it, the
-        // guard suspects the tail (a period of the sentence: a loop may be starting); the burst's
-        // tokens from the first suspect byte on are taken back from the client's output and come
-        // with the last event, released. Token by token those bytes went out one by one before
-        // the second copy made them suspect, and only the last token came with the last event.
+        // guard holds a tail (a loop may be starting): the burst's tokens from its first held
+        // byte on are taken back from the client's output and come with the last event,
+        // released. (Fed token by token, main 27bb611 sent only the last token with it.)
         const twice = 'The number seven is prime. The number seven is prime.';
         await fake.setScenario({
             dialect: 'sglang',
