@@ -197,8 +197,26 @@ static bool raw_ok(const exchange *ex, const dl_delta *d, bool held_before)
     }
 }
 
+/* The channel of chunk d of choice 0 when it is the usual token, as the upstream sent it:
+ * one channel's text, no tool call, not its generation's last, and sent as the upstream's
+ * own bytes (or not streamed); else -1. With nothing held before it and no split it goes
+ * out as it came (on_chunk's `direct`). */
+__attribute__((always_inline)) static inline int usual_channel(const exchange *ex,
+                                                               const dl_delta *d)
+{
+    if (!d->reasoning_len == !d->content_len || d->n_tools || d->finish_reason ||
+        (ex->req.client_stream && !raw_ok(ex, d, false)))
+        return -1;
+    return d->reasoning_len ? LG_CH_REASONING : LG_CH_CONTENT;
+}
+
 static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
 {
+    /* An open burst takes the usual tokens of its channel; any other chunk ends it first. */
+    if (ex->at.in_burst &&
+        (!d->n_choices || d->choice_index || usual_channel(ex, d) != (int)ex->at.burst.ch) &&
+        ex_burst_stop(ex))
+        return 1;
     remember_meta(ex, d);
     if (CS(ex)->as) asm_meta(CS(ex)->as, d);
     if (d->n_choices == 0) {
@@ -245,8 +263,7 @@ static int on_chunk(exchange *ex, const sse_event *ev, dl_delta *d)
     bool text = rn || cn;
     /* The usual token: one channel's text that nothing held before, released whole unless
      * the guard holds some of it, and sent as the upstream's own bytes (or not streamed). */
-    bool direct = !held_before && !reshaped && !rn != !cn && !d->n_tools && !d->finish_reason &&
-                  (!ex->req.client_stream || raw_ok(ex, d, false));
+    bool direct = !held_before && !reshaped && usual_channel(ex, d) >= 0;
     bool tripped = direct ? ex_guard_text_release(ex, rn ? LG_CH_REASONING : LG_CH_CONTENT,
                                                   rn ? rs : cs, rn ? rn : cn)
                           : ex_guard_text(ex, LG_CH_REASONING, rs, rn) ||
@@ -354,6 +371,10 @@ static int chat_on_event(exchange *ex, const sse_event *ev)
     bool fast = chat_fast(ex) && chunkscan(ev->data, ev->data_len, &CS(ex)->scan, &d);
     if (!fast) dl_parse(ev->data, ev->data_len, &d);
     int rc = 0;
+    if (d.kind != DL_CHUNK && ex_burst_stop(ex)) { /* the burst tripped before this event */
+        if (!fast) dl_delta_clear(&d);
+        return 1;
+    }
     switch (d.kind) {
     case DL_DONE:
         ex->at.saw_done = true;

@@ -104,6 +104,11 @@ static inline const char *lg_fifo_peek(const lg_fifo *f, size_t *n)
 }
 /* Drops the first n bytes (n <= lg_fifo_len). */
 void lg_fifo_drop(lg_fifo *f, size_t n);
+/* Takes back the bytes queued after the first `keep` (keep <= lg_fifo_len). */
+static inline void lg_fifo_cut(lg_fifo *f, size_t keep)
+{
+    f->b.len = f->off + keep;
+}
 /* Moves up to `max` bytes from the front of the queue into dst; returns how many. */
 size_t lg_fifo_take(lg_fifo *f, void *dst, size_t max);
 /* Frees the memory and leaves an empty queue. */

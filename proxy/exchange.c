@@ -192,6 +192,8 @@ static void attempt_reset(exchange *ex)
         worker_guard_put(ex->base.w, ex->at.ch[c].g);
         lg_buf_free(&ex->at.ch[c].held);
     }
+    lg_buf_free(&ex->at.burst.text);
+    lg_buf_free(&ex->at.burst.toks);
     http_head_clear(&ex->at.head);
     lg_buf_free(&ex->at.errbody);
     lg_buf_free(&ex->at.aborts);
@@ -423,6 +425,9 @@ static void on_done(lg_xfer *x, CURLcode rc)
     size_t replica = ex->replica;
     bool sglang = pool_kind(req_pool(&ex->base), replica) == LG_UPSTREAM_SGLANG;
     stop_transfer(ex);
+    /* A read that ended the body (or broke its framing) after a burst's tokens: the burst
+     * ends before anything else is written (a trip shows below). */
+    if (ex->at.in_burst) ex_burst_end(ex);
     /* An event whose last line ended in a bare CR at the very end is complete now (it may
      * still trip the guard). */
     if (rc == CURLE_OK && !ex->at.trip_pending && ex->phase == PHASE_RUNNING &&
@@ -686,6 +691,15 @@ void ex_out_raw(exchange *ex, const char *s, size_t n)
     if (!ex->cl.first_out_ns) ex->cl.first_out_ns = ex->cl.out_since_ns;
     ex->cl.lent = s;
     ex->cl.lent_len = n;
+}
+
+void ex_out_retract(exchange *ex, size_t mark)
+{
+    if (ex->cl.lent_len) { /* a lent event is all that is queued (ex_out_raw) */
+        if (!mark) ex->cl.lent_len = 0;
+        return;
+    }
+    lg_fifo_cut(&ex->cl.out, mark);
 }
 
 void ex_out_keep(exchange *ex)

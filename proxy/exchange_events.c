@@ -11,6 +11,11 @@
  * channel could still become part of a loop (guard_suspect); only those are held,
  * everything before them is released at once.
  *
+ * Bursts: a saturated stream's worker read brings dozens of tokens, a chunk each. Its usual
+ * tokens join a burst (exchange_int.h: ex_guard_text_release, ex_burst_end): their events go
+ * on as usual, the guard is fed their text in one call at the read's end, and what is held
+ * is decided there, for the whole burst, taking back the events it does not release.
+ *
  * Trip: the SSE callback cannot tear down the libcurl transfer it runs inside, so it marks
  * the trip and makes the write callback fail; the transfer's completion (exchange.c's
  * on_done) then closes it and starts the next attempt. */
@@ -85,7 +90,7 @@ void ex_release_run(exchange *ex, lg_channel ch, size_t n, lg_buf *into)
 
 /* The trailing bytes of channel c that must stay held: what its guard suspects, or a run
  * of identical tokens past its first copy, within the holdback cap. */
-static size_t hold_back(const exchange *ex, const chan *c)
+__attribute__((always_inline)) static inline size_t hold_back(const exchange *ex, const chan *c)
 {
     size_t suspect = c->g ? guard_suspect(c->g) : 0;
     /* a run of identical tokens past its first copy waits too */
@@ -117,7 +122,7 @@ static struct ex_trip_text *trip_text(exchange *ex)
 /* A delta's bytes as two words that tell two deltas of the same length of up to 16 bytes
  * apart (every byte is in them: overlapping reads), and a longer one's first and last 8
  * bytes. */
-static void token_head(const char *s, size_t n, uint64_t w[2])
+__attribute__((always_inline)) static inline void token_head(const char *s, size_t n, uint64_t w[2])
 {
     uint32_t a, b;
     if (n >= 8) {
@@ -137,14 +142,14 @@ static void token_head(const char *s, size_t n, uint64_t w[2])
                     (uint64_t)(unsigned char)s[n - 1] << 16;
 }
 
-/* Counts identical consecutive deltas; true when the run reaches RUN_TRIP (the verdict is
- * then set). */
-static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
+/* Counts delta s[0..n) into run r: r->count is then the number of identical consecutive
+ * deltas it ends. */
+__attribute__((always_inline)) static inline void token_run_count(token_run *r, const char *s,
+                                                                  size_t n)
 {
-    token_run *r = &ex->at.ch[ch].run;
     if (n > RUN_MAX_TOKEN) {
         r->len = r->count = 0;
-        return false;
+        return;
     }
     uint64_t head[2];
     token_head(s, n, head);
@@ -158,6 +163,15 @@ static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
         r->len = (uint32_t)n;
         r->count = 1;
     }
+}
+
+/* Counts identical consecutive deltas; true when the run reaches RUN_TRIP (the verdict is
+ * then set). Inlined, as hold_back is, into a paced token's path (and into a burst's). */
+__attribute__((always_inline)) static inline bool token_run_feed(exchange *ex, lg_channel ch,
+                                                                 const char *s, size_t n)
+{
+    token_run *r = &ex->at.ch[ch].run;
+    token_run_count(r, s, n);
     if (r->count < RUN_TRIP) return false;
     struct ex_trip_text *t = trip_text(ex);
     uint64_t at = ex->at.ch[ch].attempt_bytes;
@@ -177,6 +191,16 @@ static bool token_run_feed(exchange *ex, lg_channel ch, const char *s, size_t n)
 
 static void take_verdict(exchange *ex, const guard *g);
 
+/* A guard of the exchange's for channel ch under params gp, fed nothing yet (the worker's
+ * spare: give it back with worker_guard_put). */
+static guard *guard_for(exchange *ex, const guard_params *gp, lg_channel ch)
+{
+    guard *g = worker_guard_get(ex->base.w, gp, ch);
+    guard_set_prompt_json(g, ex->req.root); /* what the request asks for earns slack */
+    if (!ex->api->templated) guard_disable_leaks(g);
+    return g;
+}
+
 /* The guard of channel ch, made when first needed (most streams use one or two channels, a
  * guard is 7–33 KiB); NULL when this attempt or channel is unguarded. */
 static guard *channel_guard(exchange *ex, lg_channel ch)
@@ -185,9 +209,7 @@ static guard *channel_guard(exchange *ex, lg_channel ch)
     if (c->g || !ex->at.guarded) return c->g;
     const guard_params *gp = config_guard_params(cfg_of(ex), ex->rule, ch);
     if (!gp || !guard_params_enabled(gp)) return NULL;
-    c->g = worker_guard_get(ex->base.w, gp, ch);
-    guard_set_prompt_json(c->g, ex->req.root); /* what the request asks for earns slack */
-    if (!ex->api->templated) guard_disable_leaks(c->g);
+    c->g = guard_for(ex, gp, ch);
     return c->g;
 }
 
@@ -212,13 +234,127 @@ bool ex_guard_text_run(exchange *ex, lg_channel ch, const char *s, size_t n)
     return guard_feed_run(ex, ch, s, n);
 }
 
-bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n)
+/* ---- bursts: the guard fed once per worker read (exchange_int.h) ------------------- */
+
+/* ex_guard_text_release's delta fed and released at once. */
+__attribute__((always_inline)) static inline bool release_now(exchange *ex, lg_channel ch,
+                                                              const char *s, size_t n)
 {
     chan *c = &ex->at.ch[ch];
     bool tripped = guard_feed_run(ex, ch, s, n);
     /* a trip's delta is held: the incident's excerpt ends with it */
     lg_buf_append(tripped || hold_back(ex, c) ? &c->held : &ex->cl.sent[ch], s, n);
     return tripped;
+}
+
+/* Channel ch's delta s[0..n) joins the burst (opened for ch when none is; an unguarded
+ * channel's is released at once: its bursts would save nothing). Out of a paced token's
+ * path. */
+__attribute__((noinline)) static bool burst_join(exchange *ex, lg_channel ch, const char *s,
+                                                 size_t n)
+{
+    struct ex_burst *b = &ex->at.burst;
+    if (!ex->at.in_burst) {
+        if (!channel_guard(ex, ch)) return release_now(ex, ch, s, n);
+        ex->at.in_burst = true;
+        b->ch = ch;
+        b->first_out_ns = ex->cl.first_out_ns;
+        b->run0 = ex->at.ch[ch].run;
+        lg_buf_reset(&b->text);
+        lg_buf_reset(&b->toks);
+    }
+    ex->at.fed |= (uint8_t)(1u << ch);
+    ex->at.ch[ch].attempt_bytes += n;
+    lg_buf_append(&b->text, s, n);
+    ex_burst_tok t = {.end = b->text.len, .mark = ex_out_mark(ex)};
+    lg_buf_append(&b->toks, &t, sizeof t);
+    /* A token run trips at this token: the burst ends with it (a guard's trip in it first) */
+    return token_run_feed(ex, ch, s, n) && ex_burst_end(ex);
+}
+
+/* The burst's tokens from k on are not released: their events are taken back, their text
+ * up to byte `end` of the burst's is held. */
+static void burst_hold(exchange *ex, const ex_burst_tok *tok, size_t k, size_t end)
+{
+    struct ex_burst *b = &ex->at.burst;
+    ex_out_retract(ex, tok[k].mark);
+    if (!k) ex->cl.first_out_ns = b->first_out_ns;
+    size_t from = k ? tok[k - 1].end : 0;
+    lg_buf_append(&ex->at.ch[b->ch].held, b->text.p + from, end - from);
+}
+
+/* A trip at the burst's token k: how many of its first tokens feeding them one by one would
+ * have released whole before it (what hold_back cleared after each). Found by a replay: a
+ * spare guard of the channel fed the text the channel's guard had before the burst (the
+ * first attempt's, the only one with bursts: its sent text), then the tokens one by one, and
+ * the token run as it was. 0 when the replay cannot stand for the guard (it has another
+ * number of bytes). Only on a trip. */
+static size_t burst_cleared(exchange *ex, const ex_burst_tok *tok, size_t k, uint64_t fed0)
+{
+    struct ex_burst *b = &ex->at.burst;
+    const lg_buf *sent = &ex->cl.sent[b->ch];
+    chan r = {.g = guard_for(ex, guard_params_of(ex->at.ch[b->ch].g), b->ch), .run = b->run0};
+    size_t released = 0;
+    if (!guard_feed(r.g, sent->p, sent->len) && guard_bytes(r.g) == fed0) {
+        for (size_t i = 0, from = 0; i < k; from = tok[i++].end) {
+            if (guard_feed(r.g, b->text.p + from, tok[i].end - from)) break;
+            token_run_count(&r.run, b->text.p + from, tok[i].end - from);
+            size_t hold = hold_back(ex, &r);
+            if (hold < tok[i].end && tok[i].end - hold > released) released = tok[i].end - hold;
+        }
+    }
+    worker_guard_put(ex->base.w, r.g);
+    size_t n = 0;
+    while (n < k && tok[n].end <= released)
+        n++;
+    return n;
+}
+
+bool ex_burst_end(exchange *ex)
+{
+    struct ex_burst *b = &ex->at.burst;
+    chan *c = &ex->at.ch[b->ch];
+    const ex_burst_tok *tok = (const ex_burst_tok *)(void *)b->toks.p;
+    size_t ntok = b->toks.len / sizeof *tok, k = 0;
+    ex->at.in_burst = false;
+    uint64_t fed0 = guard_bytes(c->g);
+    /* The tripping token: the guard's history ends with the byte it decided at; a token run
+     * trips at the last token (burst_join). */
+    size_t at = b->text.len;
+    if (guard_feed(c->g, b->text.p, b->text.len)) {
+        take_verdict(ex, c->g);
+        at = (size_t)(guard_bytes(c->g) - fed0);
+    }
+    if (ex->at.trip_pending) {
+        while (tok[k].end < at)
+            k++;
+        /* The tokens after it: counted as tokens already, but not reached by per-token
+         * feeding (their parse would have stopped at the trip). A token run's trip comes
+         * inside its token's callback, which counts that token only after this returns:
+         * then tok[k] is not yet counted and the count comes out the same. */
+        uint64_t after = ntok - k - 1;
+        ex->at.tokens -= after;
+        ex->at.tokens_after_trip += after;
+        c->attempt_bytes -= b->text.len - tok[k].end;
+        size_t n = burst_cleared(ex, tok, k, fed0);
+        lg_buf_append(&ex->cl.sent[b->ch], b->text.p, n ? tok[n - 1].end : 0);
+        burst_hold(ex, tok, n, tok[k].end);
+        return true;
+    }
+    size_t hold = hold_back(ex, c);
+    size_t clear = b->text.len > hold ? b->text.len - hold : 0;
+    while (k < ntok && tok[k].end <= clear)
+        k++;
+    size_t released = k ? tok[k - 1].end : 0;
+    lg_buf_append(&ex->cl.sent[b->ch], b->text.p, released);
+    if (k < ntok) burst_hold(ex, tok, k, b->text.len);
+    return false;
+}
+
+bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n)
+{
+    if (ex->at.in_burst || ex->at.read_on) return burst_join(ex, ch, s, n);
+    return release_now(ex, ch, s, n);
 }
 
 /* Copies the tripped guard's verdict (its strings die with the guard). */
@@ -300,6 +436,37 @@ size_t ex_on_header(char *line, size_t size, size_t n, void *ud)
     return size * n;
 }
 
+/* True when c is a hex digit other than 0. */
+static inline bool hex_nonzero(unsigned char c)
+{
+    return (unsigned)(c - '1') < 9 || (unsigned)((c | 0x20) - 'a') < 6;
+}
+
+/* True when the bytes of the worker's read after a chunk's data, p[0..n), certainly bring
+ * another body callback in this read (upbody.h's framing): the data's line end, a whole size
+ * line that does not start with 0 (the terminal chunk's may), and a byte of its data. In
+ * doubt, false: a burst must not outlive its read, whose output is written when it ends. */
+static bool more_data_follows(const char *p, size_t n)
+{
+    /* The usual: CR LF, a size line's first digit, and its LF in the 8 bytes after it (up to
+     * 6 more digits and a CR): the lowest zero byte of w ^ LFs (little-endian: the first
+     * byte is the lowest). */
+    if (n > 12 && p[0] == '\r' && p[1] == '\n' && hex_nonzero((unsigned char)p[2])) {
+        uint64_t w;
+        memcpy(&w, p + 3, 8);
+        w ^= 0x0a0a0a0a0a0a0a0aull;
+        uint64_t z = (w - 0x0101010101010101ull) & ~w & 0x8080808080808080ull;
+        if (z) return true; /* the LF is at most p[10], a data byte at p[11] or later */
+    }
+    size_t i = 0;
+    while (i < n && p[i] == '\r')
+        i++;
+    if (i + 1 >= n || p[i] != '\n' || !hex_nonzero((unsigned char)p[i + 1])) return false;
+    for (i += 2; i < n && p[i] != '\n'; i++)
+        ;
+    return i + 1 < n;
+}
+
 size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
 {
     exchange *ex = ud;
@@ -317,6 +484,8 @@ size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
     }
     /* A slow client: stop reading the upstream until the output drains. */
     if (lg_fifo_len(&ex->cl.out) >= EX_OUT_HIGH) {
+        /* `out` drains before the rest of the read is parsed: the burst ends first */
+        if (ex->at.in_burst && ex_burst_end(ex)) return 0; /* on_done finishes the trip */
         ex->at.up_paused = true;
         return CURL_WRITEFUNC_PAUSE;
     }
@@ -327,7 +496,11 @@ size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
     if (left > len && !lg_fifo_len(&ex->cl.out) && ex->req.client_stream)
         lg_buf_reserve(&ex->cl.out.b, left);
     ex->cl.may_lend = left == len; /* the data dies with the read: see ex_out_raw */
+    ex->at.read_on = left > len && more_data_follows(data + len, left - len);
     int rc = sse_parser_feed(&ex->at.sse, data, len);
+    /* A burst ends with the read, or with a parse that failed; a trip shows below. */
+    if (ex->at.in_burst && (!ex->at.read_on || rc)) ex_burst_end(ex);
+    ex->at.read_on = false;
     ex->cl.may_lend = false;
     ex_out_settle(ex);
     if (rc == SSE_ERR_TOO_BIG) {

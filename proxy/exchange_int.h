@@ -93,6 +93,8 @@ typedef struct ex_attempt {
     bool guarded;
     bool think_hindsight; /* whole response: reasoning until proven otherwise */
     bool think_explicit;  /* the content opened with <think> itself */
+    bool in_burst;        /* a burst is open (`burst` below) */
+    bool read_on;         /* in a body callback: another one follows in the worker's read */
     http_head head;
     /* The upstream's event stream: its first line is all a one-event read touches. */
     _Alignas(64) sse_parser sse;
@@ -122,7 +124,24 @@ typedef struct ex_attempt {
      * has them and no record took them yet. */
     rw_opts sampling_opts;
     bool sampling;
+    /* The open burst (exchange_events.c): usual tokens of one channel from one worker read,
+     * their deltas appended here while their events went on as usual, the channel's guard
+     * not yet fed them. Its buffers live as long as the attempt. */
+    struct ex_burst {
+        lg_channel ch;
+        uint64_t first_out_ns; /* ex_client's before the burst's first token */
+        token_run run0;        /* the channel's before the burst's first token */
+        lg_buf text;           /* the tokens' deltas, in order */
+        lg_buf toks;           /* an ex_burst_tok for each token, in order */
+    } burst;
 } ex_attempt;
+
+/* A token of a burst: where its delta ends in the burst's text, and the client output queued
+ * before its event (ex_out_mark). */
+typedef struct ex_burst_tok {
+    size_t end;
+    size_t mark;
+} ex_burst_tok;
 
 /* The client side: lives from the request to its destroy. */
 typedef struct ex_client {
@@ -242,6 +261,15 @@ void ex_out_raw(exchange *ex, const char *s, size_t n);
 /* The end of such a body callback: the lent event, if any, is written now (worker_write_now)
  * or else copied into `out` for the flush. */
 void ex_out_settle(exchange *ex);
+/* The client output queued and not yet written (the lent event included): a mark for
+ * ex_out_retract. */
+static inline size_t ex_out_mark(const exchange *ex)
+{
+    return lg_fifo_len(&ex->cl.out) + ex->cl.lent_len;
+}
+/* Takes back the client output queued after `mark` (ex_out_mark in the same worker read:
+ * nothing of it is written before its last body callback ends). */
+void ex_out_retract(exchange *ex, size_t mark);
 /* Queues one `data: json` event for a streaming client. */
 void ex_out_event(exchange *ex, const char *json);
 /* Feeds one delta of channel ch to its guard (made when first needed) and to the
@@ -254,11 +282,49 @@ static inline bool ex_guard_text(exchange *ex, lg_channel ch, const char *s, siz
 }
 /* ex_guard_text for a delta that is released as soon as the guard clears it: channel ch
  * holds nothing, the event has no other text and is not its generation's last, and its
- * release needs no copy of the released text (the caller's checks). Fed as ex_guard_text
- * feeds it; then a delta that neither the guard nor the token run holds a byte of goes
- * straight to the client's sent text, as its release would move it, without passing
- * through `held` (a cache line a token); else, or when it tripped, it is held. */
+ * release needs no copy of the released text (the caller's checks); the caller then queues
+ * the event's own bytes for the client unless this returns true.
+ *
+ * The event of a worker's read's last chunk (a paced stream's one event a read) that no
+ * burst is open for, or one libcurl reads, is fed as ex_guard_text feeds it; then a delta
+ * that neither the guard nor the token run holds a byte of goes straight to the client's
+ * sent text, as its release would move it, without passing through `held` (a cache line a
+ * token); else, or when it tripped, it is held.
+ *
+ * One that more chunks of the read follow (a saturated stream's read brings dozens, a
+ * chunk an event), or that a burst is open for, joins the burst of channel ch (a guarded
+ * one): the token-run check sees it now, the guard sees the burst's text at once when the
+ * burst ends (ex_burst_end), where what is held is decided for the whole burst. A burst
+ * lives within one worker read: ex_on_write ends it with the read's last chunk, and while
+ * it is open every event that does not join it ends it first (the API module's duty). */
 bool ex_guard_text_release(exchange *ex, lg_channel ch, const char *s, size_t n);
+/* Ends the open burst: its channel's guard is fed the burst's text in one call and judges
+ * it as the tokens one by one would have been judged (guard.h: the verdict does not depend
+ * on the chunking). The client output of the burst's tokens is already queued (nothing of
+ * the worker's read is written before its last body callback ends: ex_out_settle), and is
+ * taken back from the first token whose delta holds a byte that is not released:
+ * - no trip: the tokens whose deltas end before the bytes the guard or the token run holds
+ *   after the burst's last token (hold_back) are released (their text to `sent`); the
+ *   others' events are taken back and their text held, to be released as the following
+ *   events release held text. So a burst holds whole tokens, and never less than feeding
+ *   them one by one would hold at the burst's end (bytes held meanwhile and released
+ *   within the read reach the client with the read either way).
+ * - a trip (the guard's, or the token run's at the burst's last token): the tokens before
+ *   the tripping one that feeding them one by one would have released whole stay (a replay
+ *   finds them: burst_cleared); the events of the others are taken back. The text from
+ *   the first of those through the tripping token is held (the incident's excerpt ends
+ *   with it); the tokens after it count as tokens_after_trip, not as tokens; the verdict is
+ *   the one feeding the tokens one by one gives.
+ * Returns true on a trip (the verdict is taken and trip_pending set). */
+bool ex_burst_end(exchange *ex);
+/* Ends the open burst, if any, before an event that does not join it. True when it tripped:
+ * the event is then one after the trip (counted so), and on_event returns 1. */
+static inline bool ex_burst_stop(exchange *ex)
+{
+    if (!ex->at.in_burst || !ex_burst_end(ex)) return false;
+    ex->at.tokens_after_trip++;
+    return true;
+}
 /* True when channel ch may hold text or have attempt_bytes (ex_attempt.fed). */
 static inline bool ex_chan_fed(const exchange *ex, lg_channel ch)
 {

@@ -21,6 +21,7 @@ import http from 'node:http';
 import { performance } from 'node:perf_hooks';
 import {
     startFake,
+    startRawUpstream,
     startLoopguard,
     request,
     chat,
@@ -36,6 +37,7 @@ import {
     cleanup,
     underValgrind,
     isSlowBuild,
+    sleep,
     DEADLINE,
 } from './lib.mjs';
 
@@ -641,6 +643,150 @@ describe('operator controls: X-Loopguard: off and per-model guard override', () 
         assert.match(res.content, /def is_prime/, 'other models are still guarded');
         assert.equal((await fake.requests('/v1/chat/completions')).length, 2);
     });
+});
+
+/* ---- a burst: the guard judges a worker read's tokens at once -------------------- */
+
+// A saturated upstream's read brings dozens of tokens of a stream; loopguard feeds the guard
+// their text at once at the read's end (a burst) and decides what to hold for the whole read.
+// Each plan sends `before_` in the first read (libcurl's, token by token), stalls, then sends
+// the rest at pace 0, as one write that the worker's next read takes whole.
+describe('a burst: a worker read\'s tokens judged at once', () => {
+    const before_ = 'Primes have no divisors but one and themselves. Small cases come first. ';
+    const clean = 'Trial division checks candidates up to the square root of the number. ';
+    const unit = 'The function returns True if the number is prime. ';
+    // The fake's default tokenisation: a word with the whitespace after it.
+    const words = (text) => text.match(/\S+\s*/g);
+    let fake, lg;
+    before(async () => {
+        fake = await startFake({ kind: 'sglang', scenario: { dialect: 'sglang', responses: [{ content: ['x'] }] } });
+        lg = await startLoopguard({ upstream: fake.url, kind: 'sglang' });
+    });
+    after(() => cleanup(() => lg?.stop(), () => fake?.stop()));
+
+    // Attempt 1 sends `before_`, stalls, then `clean` and `loop` (cut by the guard) in a burst;
+    // attempt 2 sends `answer`. Checks that the client got what it had at the cut (the retry's
+    // continuation: `before_`, the burst's clean sentence, what the guard cleared of the loop)
+    // and then the answer; returns that text and the first attempt's record.
+    async function tripInBurst(loop, answer) {
+        await fake.setScenario({
+            dialect: 'sglang',
+            pace_ms: 0,
+            responses: [
+                { match: { continue: false }, content: [before_, clean, loop], fault: { kind: 'stall', at_token: words(before_).length, ms: 300 } },
+                { content: [answer] },
+            ],
+        });
+        await fake.reset();
+        const res = await ask(lg, seedBody(), { stream: true });
+        assert.equal(res.status, 200, res.text.slice(0, 500));
+        const up = await settledUpstream(fake, 2);
+        const [a1, a2] = up.chats;
+        const had = a2.body.messages.at(-1);
+        assert.equal(had.role, 'assistant');
+        assert.ok(had.content.startsWith(before_ + clean), `the clean text before the loop reached the client: ${JSON.stringify(had.content)}`);
+        assert.equal(res.content, had.content + answer, 'then the retry\'s answer');
+        assertClientCounters(res, true, 2, 1);
+        const inc = (await incidents(lg.url)).find((i) => i.attempts?.[0]?.rid === a1.rid);
+        return { had: had.content, inc, i1: inc.attempts[0], sent: up.gens.get(a1.rid).tokens_sent };
+    }
+
+    test('a trip inside a burst: the client gets what token by token would release, verdict and counts alike', T, async () => {
+        const answer = 'Here is the function:\n\n```python\ndef is_prime(n):\n    return n > 1 and all(n % i for i in range(2, n))\n```';
+        const { had, inc, i1, sent } = await tripInBurst({ repeat: unit, times: -1 }, answer);
+        // At most a copy of the loop's unit reached the client before its second made the tail
+        // periodic.
+        assert.ok(maxRun(had, unit) <= 1, `at most the loop's first copy (${JSON.stringify(had)})`);
+        assert.equal(i1.channel, 'content');
+        assert.ok((unit + unit).includes(i1.unit), `the loop's unit (${JSON.stringify(i1.unit)})`);
+        // The verdict's bytes are the channel's, as fed one token at a time: the loop starts after
+        // the clean text, and the trip comes within the loop.
+        const text = before_ + clean + unit.repeat(40);
+        assert.ok(i1.loop_start >= before_.length + clean.length - unit.length && i1.loop_start <= before_.length + clean.length + unit.length, `loop_start ${i1.loop_start}`);
+        assert.ok(i1.at_byte > i1.loop_start && i1.at_byte <= text.length, `at_byte ${i1.at_byte}`);
+        // tokens: those up to the one the guard tripped in (the byte at_byte - 1), as per token.
+        let end = 0, n = 0;
+        for (const w of words(text)) {
+            if (end >= i1.at_byte) break;
+            end += w.length;
+            n++;
+        }
+        assert.equal(i1.tokens, n, 'tokens read up to the tripping one');
+        // The read went on past the tripping token: its tokens were judged at once (token by
+        // token the parse stops at the trip, and the read's later chunks are never counted).
+        assert.ok(i1.tokens_after_trip > 0, `tokens read after the trip (${i1.tokens_after_trip})`);
+        assert.ok(i1.tokens + i1.tokens_after_trip <= sent, 'no token counted twice');
+        // The excerpt: the released tail, then the held text up to the tripping token.
+        assert.ok(inc.excerpt.endsWith(text.slice(0, end).slice(-40)), `excerpt ${JSON.stringify(inc.excerpt)}`);
+        assert.ok((before_ + clean + inc.excerpt).includes(had.slice(-40)), 'the excerpt goes on from what the client had');
+    });
+
+    test('the token run trips inside a burst: it ends there, with what token by token would release', T, async () => {
+        const { had, i1 } = await tripInBurst({ repeat: '!', times: -1 }, 'Done.');
+        // The run's first "!" is released (nothing repeats yet), every later one held.
+        assert.match(had, /^[^!]*!?$/, `at most the first "!" reached the client: ${JSON.stringify(had)}`);
+        assert.equal(i1.detector, 'token_repeat');
+        assert.equal(i1.unit, '!');
+        assert.equal(i1.repeats, 32);
+        const pre = (before_ + clean).length;
+        assert.equal(i1.at_byte, pre + 32, 'at the 32nd "!"');
+        assert.equal(i1.loop_start, pre);
+        assert.equal(i1.tokens, words(before_ + clean).length + 32, 'tokens up to the 32nd "!"');
+    });
+
+    test('a burst that ends held: its held tokens are taken back, then released once, in order', T, async () => {
+        // Two copies of a sentence end the burst. When the generation's last event ends it, the
+        // guard holds a tail (a loop may be starting): the burst's tokens from its first held
+        // byte on are taken back from the client's output and come with the last event,
+        // released. (Fed token by token, main 27bb611 sent only the last token with it.)
+        const twice = 'The number seven is prime. The number seven is prime.';
+        await fake.setScenario({
+            dialect: 'sglang',
+            pace_ms: 0,
+            responses: [{ content: [before_, clean, twice], fault: { kind: 'stall', at_token: words(before_).length, ms: 300 } }],
+        });
+        await fake.reset();
+        const res = await ask(lg, seedBody(), { stream: true });
+        assert.equal(res.status, 200, res.text.slice(0, 500));
+        assert.equal(res.content, before_ + clean + twice, 'every byte once, in order');
+        assert.equal(res.finish, 'stop');
+        const fin = res.chunks.find((c) => c.choices?.[0]?.finish_reason);
+        assert.match(fin.choices[0].delta.content || '', /The number seven is prime\.$/, 'the held tail comes with the last event');
+    });
+});
+
+// A burst ends with its worker read, also when the read ends between chunks (after a
+// chunk's data, inside the next size line): what is written when the read ends must have been
+// judged. A raw upstream sends the head and a first token, then in one write seven clean
+// tokens, five "!" tokens (the token run holds all but the first: a loop may be starting) and
+// the first digit of the next chunk's size line, then, 400 ms later, the rest.
+test('a burst ends with its read, when the read ends inside a chunk size line', T, async () => {
+    const ev = (content, finish = null) =>
+        `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta: content === null ? {} : { content }, finish_reason: finish }] })}\n\n`;
+    const chunk = (e) => `${Buffer.byteLength(e).toString(16)}\r\n${e}\r\n`;
+    const clean = ['Seven ', 'is ', 'a ', 'prime, ', 'and ', 'so ', 'is '];
+    const rest = chunk(ev(' eleven.')) + chunk(ev(null, 'stop')) + chunk('data: [DONE]\n\n') + '0\r\n\r\n';
+    let sentAt = 0;
+    const up = await startRawUpstream(async (c) => {
+        c.write('HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n' + chunk(ev('First, ')));
+        await sleep(200);
+        c.write([...clean, '!', '!', '!', '!', '!'].map((t) => chunk(ev(t))).join('') + rest[0]);
+        sentAt = performance.now();
+        await sleep(400);
+        c.write(rest.slice(1));
+    });
+    const lg = await startLoopguard({ upstream: up.url, kind: 'vllm', config: { workers: 1 } });
+    try {
+        const t0 = performance.now();
+        const events = await timedStream(lg.url + '/v1/chat/completions', { model: 'm', messages: [{ role: 'user', content: 'Name two primes.' }], stream: true });
+        const text = (evs) => evs.filter((e) => e.data !== '[DONE]').map((e) => JSON.parse(e.data).choices?.[0]?.delta?.content ?? '').join('');
+        // What the client had in the middle of the pause: the clean tokens and the first "!".
+        const mid = events.filter((e) => t0 + e.t < sentAt + 200);
+        assert.equal(text(mid), 'First, ' + clean.join('') + '!', 'the token run held during the pause');
+        assert.equal(text(events), 'First, ' + clean.join('') + '!!!!! eleven.', 'then released, every byte once');
+    } finally {
+        await cleanup(() => lg.stop(), () => up.stop());
+    }
 });
 
 /* ---- holdback: clean text is not delayed ----------------------------------------- */
