@@ -690,15 +690,48 @@ static bool frame_fits(const char *data, size_t len, const chunkscan_state *st)
            memcmp(data + len - tail, f->bytes + head, tail) == 0;
 }
 
+/* *out, whole, for a framed chunk: the frame's one text key (st->field) holding t. What
+ * fill writes for a view with that one text, and zeros elsewhere, written in one go rather
+ * than after a memset of the whole delta. */
+static void framed_delta(dl_delta *out, const chunkscan_state *st, const char *data, str t)
+{
+    const char *s = t.n ? t.s : NULL;
+    bool content = st->field == F_CONTENT + 1;
+    unsigned keys = !t.n || content         ? 0
+                    : st->field == F_RC + 1 ? DL_KEY_REASONING_CONTENT
+                                            : DL_KEY_REASONING;
+    *out = (dl_delta){
+        .kind = DL_CHUNK,
+        .chat = true,
+        .n_choices = 1,
+        .role = st->role ? data : NULL,
+        .content = content ? s : NULL,
+        .content_len = content ? t.n : 0,
+        .reasoning = content ? NULL : s,
+        .reasoning_len = content ? 0 : t.n,
+        .reasoning_keys = keys,
+    };
+}
+
 /* The chunk, which frame_fits took, is st's frame around one new string: the walk would
- * take every step it took on the frame's chunk and differ only in that string's value. */
+ * take every step it took on the frame's chunk and differ only in that string's value.
+ * The usual string, without escapes, is one plain run from its opening quote to the quote
+ * that ends the token (what string() would find, without the scan it sets up); any other
+ * goes through string(). */
 static bool read_frame(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
 {
     size_t head = st->shared->head, tail = st->shared->len - head;
-    scan c = {data + head, data + len - tail, &st->scratch, len, data + len};
-    str text[F_COUNT] = {{0}};
-    if (*c.p != '"' || !string(&c, &text[st->field - 1]) || c.p != c.end) return false;
-    fill(out, st->role ? data : NULL, text);
+    const char *open = data + head, *end = data + len - tail; /* the token: [open, end) */
+    if (*open != '"') return false;
+    str t;
+    const char *stop = plain_run(open + 1, end, data + len);
+    if (stop == end - 1 && *stop == '"') {
+        t = (str){open + 1, (size_t)(stop - open - 1), false};
+    } else {
+        scan c = {open, end, &st->scratch, len, data + len};
+        if (!string(&c, &t) || c.p != c.end) return false;
+    }
+    framed_delta(out, st, data, t);
     st->in_frame = true;
     return true;
 }
@@ -731,9 +764,8 @@ bool chunkscan(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
 bool chunkscan_frames(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
 {
     if (!frame_fits(data, len, st) || st->shared->breaks) return false;
-    memset(out, 0, sizeof *out);
     scratch_reset(st);
-    return read_frame(data, len, st, out);
+    return read_frame(data, len, st, out); /* which writes all of *out when it accepts */
 }
 
 void chunkscan_free(chunkscan_state *st)
