@@ -529,7 +529,7 @@ static void unqueue_release(lg_req *r)
  * streams that was ~5 faults a request (0.01 an event) and a sixth of loopguard's system
  * time per event. So the pool pages of a request that came back to back are kept resident
  * until it ends, for up to WORKER_POOLS_KEPT requests of a worker: the bound caps what many
- * paced streams keep (at 5,000 streams on 2 workers at most 3.3 KiB a stream more). A
+ * paced streams keep (at 5,000 streams on 2 workers at most 3.4 KiB a stream more). A
  * connection's first request, or one after a pause, gives them back as before. */
 static void queue_range(lg_req *r, uintptr_t lo, uintptr_t hi)
 {
