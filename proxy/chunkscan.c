@@ -690,27 +690,41 @@ static bool frame_fits(const char *data, size_t len, const chunkscan_state *st)
            memcmp(data + len - tail, f->bytes + head, tail) == 0;
 }
 
-/* *out, whole, for a framed chunk: the frame's one text key (st->field) holding t. What
- * fill writes for a view with that one text, and zeros elsewhere, written in one go rather
- * than after a memset of the whole delta. */
+/* *out, whole, for a framed chunk: the frame's one text key (st->field) holding t, as fill
+ * writes it for a view with that one text, and zeros elsewhere. Field by field: zeroing
+ * the delta first (memset, or a compound literal) compiles to a `rep stos`, whose stores
+ * the event's next reads of the delta (on_chunk's) wait for, at every saturated event. */
 static void framed_delta(dl_delta *out, const chunkscan_state *st, const char *data, str t)
 {
+    _Static_assert(sizeof(dl_delta) == 184, "every field of dl_delta is written below");
     const char *s = t.n ? t.s : NULL;
     bool content = st->field == F_CONTENT + 1;
-    unsigned keys = !t.n || content         ? 0
-                    : st->field == F_RC + 1 ? DL_KEY_REASONING_CONTENT
-                                            : DL_KEY_REASONING;
-    *out = (dl_delta){
-        .kind = DL_CHUNK,
-        .chat = true,
-        .n_choices = 1,
-        .role = st->role ? data : NULL,
-        .content = content ? s : NULL,
-        .content_len = content ? t.n : 0,
-        .reasoning = content ? NULL : s,
-        .reasoning_len = content ? 0 : t.n,
-        .reasoning_keys = keys,
-    };
+    out->kind = DL_CHUNK;
+    out->root = NULL;
+    out->choice_index = 0;
+    out->n_choices = 1;
+    out->role = st->role ? data : NULL;
+    out->reasoning = content ? NULL : s;
+    out->reasoning_len = content ? 0 : t.n;
+    out->reasoning_keys = !t.n || content         ? 0
+                          : st->field == F_RC + 1 ? DL_KEY_REASONING_CONTENT
+                                                  : DL_KEY_REASONING;
+    out->content = content ? s : NULL;
+    out->content_len = content ? t.n : 0;
+    out->tools = NULL;
+    out->n_tools = 0;
+    out->finish_reason = NULL;
+    out->usage = NULL;
+    out->error_message = NULL;
+    out->error_type = NULL;
+    out->error_code = 0;
+    out->id = NULL;
+    out->model = NULL;
+    out->created = 0;
+    out->has_created = false;
+    out->chat = true;
+    out->choice = NULL;
+    out->own_text = NULL;
 }
 
 /* The chunk, which frame_fits took, is st's frame around one new string: the walk would
