@@ -691,40 +691,19 @@ static bool frame_fits(const char *data, size_t len, const chunkscan_state *st)
 }
 
 /* *out, whole, for a framed chunk: the frame's one text key (st->field) holding t, as fill
- * writes it for a view with that one text, and zeros elsewhere. Field by field: zeroing
- * the delta first (memset, or a compound literal) compiles to a `rep stos`, whose stores
- * the event's next reads of the delta (on_chunk's) wait for, at every saturated event. */
+ * writes it, and zeros elsewhere. Not zeroed first: a memset of the delta (or a compound
+ * literal) compiles to a `rep stos`, whose stores the event's next reads of the delta
+ * (on_chunk's) wait for, at every saturated event. */
 static void framed_delta(dl_delta *out, const chunkscan_state *st, const char *data, str t)
 {
-    _Static_assert(sizeof(dl_delta) == 184, "every field of dl_delta is written below");
-    const char *s = t.n ? t.s : NULL;
-    bool content = st->field == F_CONTENT + 1;
-    out->kind = DL_CHUNK;
-    out->root = NULL;
-    out->choice_index = 0;
-    out->n_choices = 1;
-    out->role = st->role ? data : NULL;
-    out->reasoning = content ? NULL : s;
-    out->reasoning_len = content ? 0 : t.n;
-    out->reasoning_keys = !t.n || content         ? 0
-                          : st->field == F_RC + 1 ? DL_KEY_REASONING_CONTENT
-                                                  : DL_KEY_REASONING;
-    out->content = content ? s : NULL;
-    out->content_len = content ? t.n : 0;
-    out->tools = NULL;
-    out->n_tools = 0;
-    out->finish_reason = NULL;
-    out->usage = NULL;
-    out->error_message = NULL;
-    out->error_type = NULL;
-    out->error_code = 0;
-    out->id = NULL;
-    out->model = NULL;
-    out->created = 0;
-    out->has_created = false;
-    out->chat = true;
-    out->choice = NULL;
-    out->own_text = NULL;
+    _Static_assert(sizeof(dl_delta) == 184, "every field of dl_delta is written here or by fill");
+    str text[F_COUNT] = {{0}};
+    text[st->field - 1] = t;
+    out->root = out->usage = out->choice = NULL;
+    out->finish_reason = out->error_message = out->error_type = out->id = out->model = NULL;
+    out->tools = NULL, out->n_tools = 0, out->own_text = NULL, out->created = 0;
+    out->choice_index = out->error_code = 0, out->has_created = false;
+    fill(out, st->role ? data : NULL, text);
 }
 
 /* The chunk, which frame_fits took, is st's frame around one new string: the walk would
