@@ -11,8 +11,10 @@
 #include "proxy/xalloc.h"
 
 /* The calling thread's spare blocks (see lg_buf_cache_begin): class k holds blocks of
- * exactly 64 << k bytes, the capacities lg_buf_reserve gives a buffer grown from empty. */
-#define CACHE_CLASSES 6 /* 64 .. 2048 bytes */
+ * exactly 64 << k bytes, the capacities lg_buf_reserve gives a buffer grown from empty, at
+ * most cache_keep(k) of them. */
+#define CACHE_CLASSES 10 /* 64 .. 32768 bytes */
+#define CACHE_SMALL   6  /* 64 .. 2048: LG_BUF_CACHE_KEEP each; larger: LG_BUF_CACHE_KEEP_BIG */
 typedef struct buf_cache {
     bool on;
     unsigned n[CACHE_CLASSES];
@@ -30,11 +32,16 @@ static int cache_class(size_t cap)
     return -1;
 }
 
+static unsigned cache_keep(int k)
+{
+    return k < CACHE_SMALL ? LG_BUF_CACHE_KEEP : LG_BUF_CACHE_KEEP_BIG;
+}
+
 /* Takes ownership of block p of `cap` bytes: kept as a spare, or freed. */
 static void cache_put(char *p, size_t cap)
 {
     int k = cache_class(cap);
-    if (k >= 0 && cache.n[k] < LG_BUF_CACHE_KEEP)
+    if (k >= 0 && cache.n[k] < cache_keep(k))
         cache.blk[k][cache.n[k]++] = p;
     else
         free(p);

@@ -690,15 +690,41 @@ static bool frame_fits(const char *data, size_t len, const chunkscan_state *st)
            memcmp(data + len - tail, f->bytes + head, tail) == 0;
 }
 
+/* *out, whole, for a framed chunk: the frame's one text key (st->field) holding t, as fill
+ * writes it, and zeros elsewhere. Not zeroed first: a memset of the delta (or a compound
+ * literal) compiles to a `rep stos`, whose stores the event's next reads of the delta
+ * (on_chunk's) wait for, at every saturated event. */
+static void framed_delta(dl_delta *out, const chunkscan_state *st, const char *data, str t)
+{
+    _Static_assert(sizeof(dl_delta) == 184, "every field of dl_delta is written here or by fill");
+    str text[F_COUNT] = {{0}};
+    text[st->field - 1] = t;
+    out->root = out->usage = out->choice = NULL;
+    out->finish_reason = out->error_message = out->error_type = out->id = out->model = NULL;
+    out->tools = NULL, out->n_tools = 0, out->own_text = NULL, out->created = 0;
+    out->choice_index = out->error_code = 0, out->has_created = false;
+    fill(out, st->role ? data : NULL, text);
+}
+
 /* The chunk, which frame_fits took, is st's frame around one new string: the walk would
- * take every step it took on the frame's chunk and differ only in that string's value. */
+ * take every step it took on the frame's chunk and differ only in that string's value.
+ * The usual string, without escapes, is one plain run from its opening quote to the quote
+ * that ends the token (what string() would find, without the scan it sets up); any other
+ * goes through string(). */
 static bool read_frame(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
 {
     size_t head = st->shared->head, tail = st->shared->len - head;
-    scan c = {data + head, data + len - tail, &st->scratch, len, data + len};
-    str text[F_COUNT] = {{0}};
-    if (*c.p != '"' || !string(&c, &text[st->field - 1]) || c.p != c.end) return false;
-    fill(out, st->role ? data : NULL, text);
+    const char *open = data + head, *end = data + len - tail; /* the token: [open, end) */
+    if (*open != '"') return false;
+    str t;
+    const char *stop = plain_run(open + 1, end, data + len);
+    if (stop == end - 1 && *stop == '"') {
+        t = (str){open + 1, (size_t)(stop - open - 1), false};
+    } else {
+        scan c = {open, end, &st->scratch, len, data + len};
+        if (!string(&c, &t) || c.p != c.end) return false;
+    }
+    framed_delta(out, st, data, t);
     st->in_frame = true;
     return true;
 }
@@ -731,9 +757,8 @@ bool chunkscan(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
 bool chunkscan_frames(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
 {
     if (!frame_fits(data, len, st) || st->shared->breaks) return false;
-    memset(out, 0, sizeof *out);
     scratch_reset(st);
-    return read_frame(data, len, st, out);
+    return read_frame(data, len, st, out); /* which writes all of *out when it accepts */
 }
 
 void chunkscan_free(chunkscan_state *st)

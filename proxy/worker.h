@@ -72,6 +72,11 @@ typedef struct lg_pool lg_pool;
 /* Pool ranges a worker gives back to the kernel in one call at most (worker.c). */
 #define WORKER_RELEASES 64
 
+/* Requests whose pool pages a worker keeps resident rather than give back (worker.c,
+ * queue_range): at most this many connection pools (max_header_bytes each, 16 KiB by
+ * default: 8 MiB). */
+#define WORKER_POOLS_KEPT 512
+
 /* Parsed upstream URLs a worker keeps (worker_upstream_url): replicas times API paths. */
 #define WORKER_URLS 32
 
@@ -129,7 +134,8 @@ struct lg_req {
     bool direct;       /* suspended with MHD's buffer drained: we may write the socket */
     bool resume_due;   /* resume MHD once the tail or the queued output is sent */
     bool flush_queued; /* on the worker's flush list */
-    bool pages_queued; /* its pool's pages wait in the worker's releases (worker.c) */
+    uint8_t pages;     /* its pool's pages: 0, waiting in the worker's releases or kept
+                          resident (worker.c, queue_range) */
     bool unchunked;    /* not HTTP/1.1: libmicrohttpd sends the body without chunks, so
                           it is never written directly (worker_go_direct) */
     lg_fifo tail;      /* the unsent rest of a directly written chunk (owned by the worker) */
@@ -265,6 +271,7 @@ struct lg_worker {
     } releases[WORKER_RELEASES]; /* pool pages that go back together (worker.c) */
     size_t n_releases;
     uint64_t releases_since; /* when the oldest of them was queued */
+    unsigned pools_kept;     /* its live requests whose pool pages are kept */
     struct lg_url {
         char *url;
         CURLU *parsed;

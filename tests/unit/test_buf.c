@@ -165,14 +165,15 @@ static void test_cache_no_carry_over(void **state)
     lg_buf_cache_end();
 }
 
-/* The cache keeps at most LG_BUF_CACHE_KEEP blocks of a size and none larger than 2 KiB;
- * the rest go back to the allocator (ASan's leak check sees any block lost), and a thread
- * after lg_buf_cache_end frees as before. */
+/* The cache keeps at most LG_BUF_CACHE_KEEP blocks of a size up to 2 KiB, at most
+ * LG_BUF_CACHE_KEEP_BIG of a size up to 32 KiB, and none larger; the rest go back to the
+ * allocator (ASan's leak check sees any block lost), and a thread after lg_buf_cache_end
+ * frees as before. A kept large block serves the next buffer that grows to its size. */
 static void test_cache_bounded(void **state)
 {
     (void)state;
-    enum { N = LG_BUF_CACHE_KEEP + 4 };
-    lg_buf bufs[N], big = LG_BUF_INIT;
+    enum { N = LG_BUF_CACHE_KEEP + 4, NB = LG_BUF_CACHE_KEEP_BIG + 2 };
+    lg_buf bufs[N], bursts[NB], big = LG_BUF_INIT;
     lg_buf_cache_begin();
     for (int i = 0; i < N; i++) {
         bufs[i] = (lg_buf)LG_BUF_INIT;
@@ -180,8 +181,21 @@ static void test_cache_bounded(void **state)
     }
     for (int i = 0; i < N; i++)
         lg_buf_free(&bufs[i]);
-    lg_buf_reserve(&big, 3000); /* 4 KiB: never from nor into the cache */
-    assert_int_equal(big.cap, 4096);
+    for (int i = 0; i < NB; i++) {
+        bursts[i] = (lg_buf)LG_BUF_INIT;
+        lg_buf_reserve(&bursts[i], 9000); /* 16 KiB */
+        assert_int_equal(bursts[i].cap, 16384);
+    }
+    char *kept = bursts[LG_BUF_CACHE_KEEP_BIG - 1].p; /* the last one the cache took */
+    for (int i = 0; i < NB; i++)
+        lg_buf_free(&bursts[i]);
+    lg_buf_append_str(&big, "x");
+    lg_buf_reserve(&big, 10000); /* grows to 16 KiB: the block kept last */
+    assert_ptr_equal(big.p, kept);
+    assert_string_equal(big.p, "x");
+    lg_buf_free(&big);
+    lg_buf_reserve(&big, 40000); /* 64 KiB: never from nor into the cache */
+    assert_int_equal(big.cap, 65536);
     lg_buf_free(&big);
     lg_buf_cache_end();
     lg_buf_append_str(&big, "after"); /* no cache: an ordinary buffer */
