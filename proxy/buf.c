@@ -13,7 +13,7 @@
 /* The calling thread's spare blocks (see lg_buf_cache_begin): class k holds blocks of
  * exactly 64 << k bytes, the capacities lg_buf_reserve gives a buffer grown from empty, at
  * most cache_keep(k) of them. */
-#define CACHE_CLASSES 10 /* 64 .. 32768 bytes */
+#define CACHE_CLASSES 12 /* 64 .. 131072 bytes */
 #define CACHE_SMALL   6  /* 64 .. 2048: LG_BUF_CACHE_KEEP each; larger: LG_BUF_CACHE_KEEP_BIG */
 typedef struct buf_cache {
     bool on;

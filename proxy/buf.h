@@ -61,17 +61,17 @@ char *lg_buf_steal(lg_buf *b);
 void lg_buf_free(lg_buf *b);
 
 /* A thread's spare buffer memory. Between lg_buf_cache_begin and lg_buf_cache_end, the
- * calling thread keeps the blocks of up to 32 KiB that its buffers give up (lg_buf_free,
+ * calling thread keeps the blocks of up to 128 KiB that its buffers give up (lg_buf_free,
  * lg_fifo_free, the old block of a buffer that grows) and hands them to the next buffers
  * that start or grow on it, instead of freeing them and asking the allocator again: a
  * worker's requests each make and drop a dozen small buffers, and at saturation each
- * upstream read of a stream grows its output queue to the read's size (4-32 KiB) and drops
- * it once written, a malloc and a free a read. A block is given only to a buffer that would
- * have got a block of that very size from the allocator (the capacities are the ones growth
- * from empty gives), so a live buffer holds no more memory than without the cache; a
- * thread keeps at most LG_BUF_CACHE_KEEP blocks of each size up to 2 KiB (about 64 KiB in
- * all) and LG_BUF_CACHE_KEEP_BIG of each larger size (120 KiB), whatever the number of
- * streams. A block comes as an empty buffer (its first byte the NUL); like memory from
+ * upstream read of a stream grows its output queue to the read's size (up to 128 KiB) and
+ * drops it once written, a malloc and a free a read. A block is given only to a buffer
+ * that would have got a block of that very size from the allocator (the capacities are the
+ * ones growth from empty gives), so a live buffer holds no more memory than without the
+ * cache; a thread keeps at most LG_BUF_CACHE_KEEP blocks of each size up to 2 KiB (about
+ * 64 KiB in all) and LG_BUF_CACHE_KEEP_BIG of each larger size (504 KiB), whatever the
+ * number of streams. A block comes as an empty buffer (its first byte the NUL); like memory from
  * malloc, it holds its last user's bytes past that, which no lg_buf function reads.
  * Threads that never begin a cache free as before. */
 #define LG_BUF_CACHE_KEEP     16
