@@ -29,6 +29,7 @@ import {
     sseData,
     assembleDeltas,
     incidents,
+    jsonLines,
     metrics,
     metricValue,
     waitFor,
@@ -158,10 +159,7 @@ async function settledUpstream(fake, nChats) {
 async function findIncident(lg, file, rid) {
     const inc = await waitFor(async () => (await incidents(lg.url)).find((i) => i.attempts?.[0]?.rid === rid));
     if (file) {
-        const line = await waitFor(() => {
-            const text = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : '';
-            return text.split('\n').filter(Boolean).map((l) => JSON.parse(l)).find((i) => i.attempts?.[0]?.rid === rid);
-        });
+        const line = await waitFor(() => jsonLines(file).find((i) => i.attempts?.[0]?.rid === rid));
         assert.deepEqual(line, inc, 'the incident file and /loopguard/incidents hold the same record');
     }
     return inc;

@@ -494,6 +494,13 @@ export function normIds(text) {
     return text.replace(/"id":"[^"]*"/g, '"id":"ID"').replace(/"created":\d+/g, '"created":0');
 }
 
+// The records of a JSON Lines file written by loopguard (incidents, access log): whole lines
+// only, as a reader polling it may read a write(2) half done (seen under valgrind).
+export function jsonLines(file) {
+    const text = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : '';
+    return text.slice(0, text.lastIndexOf('\n') + 1).split('\n').filter(Boolean).map((l) => JSON.parse(l));
+}
+
 export async function incidents(base) {
     const r = await request(base + '/loopguard/incidents');
     assert.equal(r.status, 200, `GET /loopguard/incidents: ${r.text}`);

@@ -25,6 +25,7 @@ import {
     sseJSON,
     assembleDeltas,
     incidents,
+    jsonLines,
     metrics,
     metricValue,
     waitFor,
@@ -227,7 +228,6 @@ describe('SIGTERM', () => {
 
 describe('incident log', () => {
     const seed = () => ({ ...SEED_BODY, stream: true });
-    const lines = (f) => (fs.existsSync(f) ? fs.readFileSync(f, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l)) : []);
 
     test('SIGHUP reopens the log: after a rename the next incident lands in a new file at the same path', T, async () => {
         const file = path.join(tmpDir, 'incidents.jsonl');
@@ -236,7 +236,7 @@ describe('incident log', () => {
         try {
             const r1 = await request(lg.url + '/v1/chat/completions', { method: 'POST', body: seed() });
             assert.equal(r1.status, 200);
-            const [first] = await waitFor(() => lines(file).length === 1 && lines(file));
+            const [first] = await waitFor(() => jsonLines(file).length === 1 && jsonLines(file));
             assert.equal(first.outcome, 'recovered');
 
             fs.renameSync(file, file + '.1'); // logrotate's default (no copytruncate)
@@ -247,11 +247,11 @@ describe('incident log', () => {
             await fake.reset();
             const r2 = await request(lg.url + '/v1/chat/completions', { method: 'POST', body: seed() });
             assert.equal(r2.status, 200);
-            const [second] = await waitFor(() => lines(file).length === 1 && lines(file));
+            const [second] = await waitFor(() => jsonLines(file).length === 1 && jsonLines(file));
             assert.notEqual(second.id, first.id);
             const rid2 = (await fake.requests('/v1/chat/completions'))[0].rid;
             assert.equal(second.attempts[0].rid, rid2, 'the new file holds the new incident');
-            assert.deepEqual(lines(file + '.1').map((i) => i.id), [first.id], 'the rotated file kept the old one, and only it');
+            assert.deepEqual(jsonLines(file + '.1').map((i) => i.id), [first.id], 'the rotated file kept the old one, and only it');
             assert.deepEqual((await incidents(lg.url)).map((i) => i.id).sort(), [first.id, second.id].sort(), 'nothing lost');
             assert.equal(lg.proc.exitCode, null, 'SIGHUP does not stop loopguard');
         } finally {
