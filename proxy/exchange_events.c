@@ -25,6 +25,7 @@
 #include <strings.h>
 
 #include "proxy/exchange_int.h"
+#include "proxy/upbody.h"
 #include "proxy/xalloc.h"
 
 #define EX_ERRBODY_MAX (1 << 20) /* an upstream's error body kept for the client */
@@ -436,37 +437,6 @@ size_t ex_on_header(char *line, size_t size, size_t n, void *ud)
     return size * n;
 }
 
-/* True when c is a hex digit other than 0. */
-static inline bool hex_nonzero(unsigned char c)
-{
-    return (unsigned)(c - '1') < 9 || (unsigned)((c | 0x20) - 'a') < 6;
-}
-
-/* True when the bytes of the worker's read after a chunk's data, p[0..n), certainly bring
- * another body callback in this read (upbody.h's framing): the data's line end, a whole size
- * line that does not start with 0 (the terminal chunk's may), and a byte of its data. In
- * doubt, false: a burst must not outlive its read, whose output is written when it ends. */
-static bool more_data_follows(const char *p, size_t n)
-{
-    /* The usual: CR LF, a size line's first digit, and its LF in the 8 bytes after it (up to
-     * 6 more digits and a CR): the lowest zero byte of w ^ LFs (little-endian: the first
-     * byte is the lowest). */
-    if (n > 12 && p[0] == '\r' && p[1] == '\n' && hex_nonzero((unsigned char)p[2])) {
-        uint64_t w;
-        memcpy(&w, p + 3, 8);
-        w ^= 0x0a0a0a0a0a0a0a0aull;
-        uint64_t z = (w - 0x0101010101010101ull) & ~w & 0x8080808080808080ull;
-        if (z) return true; /* the LF is at most p[10], a data byte at p[11] or later */
-    }
-    size_t i = 0;
-    while (i < n && p[i] == '\r')
-        i++;
-    if (i + 1 >= n || p[i] != '\n' || !hex_nonzero((unsigned char)p[i + 1])) return false;
-    for (i += 2; i < n && p[i] != '\n'; i++)
-        ;
-    return i + 1 < n;
-}
-
 size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
 {
     exchange *ex = ud;
@@ -496,7 +466,7 @@ size_t ex_on_write(char *data, size_t size, size_t n, void *ud)
     if (left > len && !lg_fifo_len(&ex->cl.out) && ex->req.client_stream)
         lg_buf_reserve(&ex->cl.out.b, left);
     ex->cl.may_lend = left == len; /* the data dies with the read: see ex_out_raw */
-    ex->at.read_on = left > len && more_data_follows(data + len, left - len);
+    ex->at.read_on = left > len && upbody_data_follows(data + len, left - len);
     int rc = sse_parser_feed(&ex->at.sse, data, len);
     /* A burst ends with the read, or with a parse that failed; a trip shows below. */
     if (ex->at.in_burst && (!ex->at.read_on || rc)) ex_burst_end(ex);

@@ -1,6 +1,8 @@
 /* upbody.c — see upbody.h. */
 #include "proxy/upbody.h"
 
+#include <string.h>
+
 size_t upbody_head_end(upbody_head *h, const char *p, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -163,4 +165,25 @@ void upbody_unread(upbody *d, size_t len)
 bool upbody_ended(const upbody *d)
 {
     return d->state == S_END;
+}
+
+bool upbody_data_follows(const char *p, size_t n)
+{
+    /* The usual: CR LF, a size line's first digit, and its LF in the 8 bytes after it (up to
+     * 6 more digits and a CR): the lowest zero byte of w ^ LFs (little-endian: the first
+     * byte is the lowest). */
+    if (n > 12 && p[0] == '\r' && p[1] == '\n' && hex_value(p[2]) > 0) {
+        uint64_t w;
+        memcpy(&w, p + 3, 8);
+        w ^= 0x0a0a0a0a0a0a0a0aull;
+        uint64_t z = (w - 0x0101010101010101ull) & ~w & 0x8080808080808080ull;
+        if (z) return true; /* the LF is at most p[10], a data byte at p[11] or later */
+    }
+    size_t i = 0;
+    while (i < n && p[i] == '\r')
+        i++;
+    if (i + 1 >= n || p[i] != '\n' || hex_value(p[i + 1]) <= 0) return false;
+    for (i += 2; i < n && p[i] != '\n'; i++)
+        ;
+    return i + 1 < n;
 }

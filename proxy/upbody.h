@@ -58,4 +58,10 @@ void upbody_unread(upbody *d, size_t len);
 /* The terminal chunk's size line was consumed: what follows is the trailer section. */
 bool upbody_ended(const upbody *d);
 
+/* True when p[0..n), the bytes of a read after a chunk's data, certainly hold another chunk's
+ * data: the data's line end, a whole size line that does not start with 0 (the terminal
+ * chunk's may), and a byte of its data. In doubt, false (the exchange's bursts of tokens
+ * must not outlive the read: exchange_int.h). */
+bool upbody_data_follows(const char *p, size_t n);
+
 #endif
