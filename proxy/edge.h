@@ -20,7 +20,8 @@
 
 #include "proxy/worker.h"
 
-/* Per-connection state (libmicrohttpd's socket context). Owned by the worker's list. */
+/* Per-connection state (libmicrohttpd's socket context), freed at the connection's close
+ * notification. */
 typedef struct edge_conn edge_conn;
 
 /* libmicrohttpd accept policy: refuses a connection from an address (an IPv6 /64, see
@@ -59,7 +60,7 @@ int edge_admit(lg_worker *w, struct MHD_Connection *conn, const char *url, const
                const char *version, char **path, enum MHD_Result *rc);
 
 /* A later access-handler call: `upload_size` body bytes arrived (0: the body is complete). */
-void edge_body(struct MHD_Connection *conn, size_t upload_size);
+void edge_body(lg_worker *w, struct MHD_Connection *conn, size_t upload_size);
 
 /* The request on `conn` completed; the connection may carry another one. */
 void edge_request_done(lg_worker *w, struct MHD_Connection *conn);

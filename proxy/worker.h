@@ -254,8 +254,9 @@ struct lg_worker {
     uintptr_t *mhd_conns; /* per fd: a client socket's registration in its shard's set */
     CURL **unwatched;     /* transfers whose socket epoll refused, to be failed */
     size_t n_unwatched;
-    lg_req live;      /* sentinel of the circular list of live requests */
-    lg_req graveyard; /* sentinel: retired, destroyed at the end of the iteration */
+    lg_req live;       /* sentinel of the circular list of live requests */
+    lg_req *tick_next; /* the next live request the tick's round checks (&live: no round) */
+    lg_req graveyard;  /* sentinel: retired, destroyed at the end of the iteration */
     size_t n_live;
     struct lg_detached *detached;   /* pending fire-and-forget transfers */
     CURL *spare[WORKER_SPARE_EASY]; /* easy handles kept for the next transfers */
@@ -284,7 +285,7 @@ struct lg_worker {
     size_t n_idle;
     bool mhd_dirty;                  /* some shard is ready: run MHD again this iteration */
     lg_req *flush_head, *flush_tail; /* requests with output for a direct write */
-    struct edge_conn *edge_conns;    /* every client connection's limits (edge.c) */
+    struct edge_conn *edge_conns;    /* the connections edge_tick times (edge.c) */
     struct edge_conn **edge_by_fd;   /* the same by socket, for edge_received (edge.c) */
     size_t edge_by_fd_cap, edge_by_fd_used;
     uint64_t now_ns; /* cached loop time */

@@ -503,6 +503,36 @@ describe('connection limits (8)', () => {
         for (const k of sent) assert.ok(k < head.length, `the server closed a trickling head after ${k} of ${head.length} bytes`);
     });
 
+    // The tick times only the connections waiting on their client (edge.c, clock_start): a
+    // connection goes back on that list when its request completes, and its next head is
+    // timed from then (client_timeout_s of idling allowed first).
+    it("a kept-alive connection's next head is cut at client_timeout_s + limits.header_timeout_ms", T, async () => {
+        const lg2 = await startLoopguard({ upstream: fake.url, kind: 'openai', config: { client_timeout_s: 1, limits } });
+        try {
+            const { s, status } = await kept(lg2.port, 5000 * SLACK);
+            assert.equal(status, 200, 'the first request on the connection is served');
+            const head = `GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ${'a'.repeat(400)}\r\n\r\n`;
+            const t0 = performance.now();
+            const sent = await new Promise((resolve) => {
+                let i = 0;
+                const stop = () => {
+                    clearInterval(timer);
+                    s.destroy();
+                    resolve(i);
+                };
+                // A byte every 100 ms keeps libmicrohttpd's own idle timeout from firing.
+                const timer = setInterval(() => (i < head.length ? s.write(head[i++]) : stop()), 100);
+                s.on('error', stop);
+                s.on('end', stop);
+                s.on('close', stop);
+            });
+            assert.ok(sent < head.length, `the server closed the trickling second head after ${sent} of ${head.length} bytes`);
+            assert.ok(performance.now() - t0 >= 900, 'not before client_timeout_s');
+        } finally {
+            await lg2.stop();
+        }
+    });
+
     it('a body slower than limits.body_min_rate is cut', T, async () => {
         await fake.reset();
         const head = `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n`;
