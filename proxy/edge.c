@@ -188,7 +188,7 @@ void edge_received(int fd, const void *buf, size_t n)
 /* The worker's timed list holds the connections whose clock runs: those waiting for a
  * request head or for the rest of a body. edge_tick walks only these, so a thousand
  * streams (whose requests were read whole) cost the tick nothing: walking them all took
- * ~0.2 ms of every 250 ms tick at 1,000 paced streams, a stall every stream's next event
+ * 0.2-0.4 ms of every 250 ms tick at 1,000 paced streams, a stall every stream's next event
  * waited behind (tests/bench/HISTORY.md, issue 28, "tick"). */
 static void clock_start(lg_worker *w, edge_conn *e)
 {
