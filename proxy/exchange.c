@@ -742,6 +742,18 @@ static void add_loopguard_headers(const exchange *ex, struct MHD_Response *resp)
     MHD_add_response_header(resp, "X-Loopguard-Trips", n);
 }
 
+/* Queues resp (consumed) as the client's response with `status`, counted in the metrics;
+ * its head says "Connection: close" when the worker sheds connections (worker_shed). */
+static enum MHD_Result queue_response(exchange *ex, unsigned status, struct MHD_Response *resp)
+{
+    if (worker_shed(ex->base.w)) MHD_add_response_header(resp, "Connection", "close");
+    ex->cl.queued = true;
+    metrics_request(req_metrics(&ex->base), ex->api->endpoint, (int)status);
+    enum MHD_Result rc = MHD_queue_response(ex->base.conn, status, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
 static enum MHD_Result queue_final(exchange *ex)
 {
     const char *body = ex->cl.final_body ? ex->cl.final_body : "";
@@ -753,12 +765,7 @@ static enum MHD_Result queue_final(exchange *ex)
     MHD_add_response_header(resp, "Content-Type",
                             ex->cl.final_ctype ? ex->cl.final_ctype : "application/json");
     add_loopguard_headers(ex, resp);
-    if (worker_shed(ex->base.w)) MHD_add_response_header(resp, "Connection", "close");
-    ex->cl.queued = true;
-    metrics_request(req_metrics(&ex->base), ex->api->endpoint, ex->cl.final_status);
-    enum MHD_Result rc = MHD_queue_response(ex->base.conn, (unsigned)ex->cl.final_status, resp);
-    MHD_destroy_response(resp);
-    return rc;
+    return queue_response(ex, (unsigned)ex->cl.final_status, resp);
 }
 
 /* A stream that ended before its head went out (a short answer, read whole from the
@@ -785,13 +792,8 @@ static enum MHD_Result queue_stream(exchange *ex)
         http_head_drop_fields(&ex->at.head); /* the response holds its own copies */
     } else
         MHD_add_response_header(resp, "Content-Type", "text/event-stream; charset=utf-8");
-    if (worker_shed(ex->base.w)) MHD_add_response_header(resp, "Connection", "close");
-    ex->cl.queued = true;
     ex->cl.last_out_ns = req_now(&ex->base);
-    metrics_request(req_metrics(&ex->base), ex->api->endpoint, 200);
-    enum MHD_Result rc = MHD_queue_response(ex->base.conn, 200, resp);
-    MHD_destroy_response(resp);
-    return rc;
+    return queue_response(ex, 200, resp);
 }
 
 /* The body is complete: validate it and start the first attempt. Returns false when a
