@@ -53,6 +53,12 @@ static char *extra_metrics(lg_server *srv)
             "# HELP loopguard_workers Worker threads.\n# TYPE loopguard_workers gauge\n"
             "loopguard_workers %zu\n",
             srv->n_workers);
+    fputs("# HELP loopguard_worker_connections Client connections each worker holds.\n"
+          "# TYPE loopguard_worker_connections gauge\n",
+          f);
+    for (size_t i = 0; i < srv->n_workers; i++)
+        fprintf(f, "loopguard_worker_connections{worker=\"%zu\"} %u\n", i,
+                atomic_load_explicit(&srv->workers[i]->clients, memory_order_relaxed));
     char *pool = pool_metrics_text(srv->pool);
     fputs(pool, f);
     free(pool);

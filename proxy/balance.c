@@ -1,11 +1,12 @@
 /* balance.c — see balance.h. */
 #include "proxy/balance.h"
 
+#include <limits.h>
 #include <stdint.h>
 
-bool balance_full(unsigned permille, unsigned clients, unsigned max_clients)
+bool balance_takes(unsigned mine, unsigned others)
 {
-    return permille > BALANCE_SPILL_PERMILLE || clients >= max_clients;
+    return mine != UINT_MAX && mine <= others;
 }
 
 unsigned balance_shed(unsigned clients, unsigned mine, unsigned before, unsigned least)

@@ -4,11 +4,10 @@
  * serve it. A worker accepts for itself (worker.c, accept_clients) while it watches the
  * socket in its own epoll set, with EPOLLEXCLUSIVE as nginx's workers do: a new connection
  * wakes one (rarely more) of the watching workers that wait in epoll_wait. Which workers
- * watch is worker.c's spill_watch: the first always, a later one only while those before it are
- * full, so a light load stays on one worker, whose wake-ups each serve more events, and a
- * growing one spreads. SO_REUSEPORT sockets, one per worker, would split connections evenly
- * by a hash whatever the load (and as gladly share the port with another process's
- * listener; a plain socket is refused an address in use).
+ * watch is worker.c's place_watch: those holding the fewest connections (balance.h).
+ * SO_REUSEPORT sockets, one per worker, would split connections by a hash, unevenly at a
+ * few hundred (and as gladly share the port with another process's listener; a plain
+ * socket is refused an address in use).
  *
  * Ownership: the listener owns its socket. A worker that accepts on it joins it once
  * (listener_join) and leaves it once when it stops accepting for good, at a drain

@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -820,6 +821,15 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     list_push(&w->graveyard, r);
 }
 
+/* What the other workers see of this one when they place a connection (balance.h): its
+ * connections, or UINT_MAX while it takes none (at its limit, draining or shedding). */
+static void publish_load(lg_worker *w)
+{
+    unsigned clients = atomic_load_explicit(&w->clients, memory_order_relaxed);
+    bool takes = !w->left && !w->shedding && clients < w->max_clients;
+    atomic_store_explicit(&w->load, takes ? clients : UINT_MAX, memory_order_relaxed);
+}
+
 /* libmicrohttpd's connection notification: the worker's count of its connections
  * (accept_clients), edge.c's bookkeeping, and the fd map forgets a
  * connection's socket when it closes (libmicrohttpd closes it right after this call, which
@@ -832,9 +842,10 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 {
     lg_worker *w = cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED)
-        w->clients++;
+        atomic_fetch_add_explicit(&w->clients, 1, memory_order_relaxed);
     else if (code == MHD_CONNECTION_NOTIFY_CLOSED)
-        w->clients--;
+        atomic_fetch_sub_explicit(&w->clients, 1, memory_order_relaxed);
+    publish_load(w);
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci && ci->connect_fd >= 0 && (size_t)ci->connect_fd < w->fdmap_len) {
@@ -2326,14 +2337,38 @@ static void watch_listener(lg_worker *w, bool on)
     w->accepting = on;
 }
 
-/* Whether the worker watches the listener: worker 0 always (under its limit, until a
- * drain, while it does not shed), a later worker only while every worker before it is full
- * (spill_measure). */
-static void spill_watch(lg_worker *w)
+/* The first of the workers that share w's listener (worker_new's `before` chain). */
+static lg_worker *first_worker(lg_worker *w)
 {
-    bool watch = !w->left && w->clients < w->max_clients && !w->shedding;
-    for (const lg_worker *b = w->before; watch && b; b = b->before)
-        watch = atomic_load_explicit(&b->full, memory_order_relaxed);
+    while (w->before)
+        w = w->before;
+    return w;
+}
+
+/* The other worker with room that holds the fewest connections (balance.h), as each
+ * published them (publish_load); NULL when no other takes connections. */
+static lg_worker *least_other(lg_worker *w)
+{
+    lg_worker *least = NULL;
+    unsigned fewest = UINT_MAX;
+    for (lg_worker *o = first_worker(w); o; o = o->after) {
+        unsigned n = o == w ? UINT_MAX : atomic_load_explicit(&o->load, memory_order_relaxed);
+        if (n < fewest) fewest = n, least = o;
+    }
+    return least;
+}
+
+/* Whether the worker watches the listener (balance.h): while it takes connections (under
+ * its limit, not draining, not shedding) and holds no more than any other that takes them.
+ * The one that stops watching wakes the least loaded other, so that some worker always
+ * watches while any has room. */
+static void place_watch(lg_worker *w)
+{
+    lg_worker *o = least_other(w);
+    unsigned others = o ? atomic_load_explicit(&o->load, memory_order_relaxed) : UINT_MAX;
+    unsigned mine = atomic_load_explicit(&w->load, memory_order_relaxed);
+    bool watch = balance_takes(mine, others);
+    if (!watch && w->accepting && o) worker_wake(o); /* to watch the listener now */
     watch_listener(w, watch);
 }
 
@@ -2349,19 +2384,17 @@ static uint64_t thread_cpu_ns(void)
  * other workers' shares are read as they published them at their own last ticks. */
 static void shed_measure(lg_worker *w, unsigned permille)
 {
-    const lg_worker *first = w;
-    while (first->before)
-        first = first->before;
-    unsigned least = permille; /* over the workers that take connections (not full) */
-    for (const lg_worker *o = first; o; o = o->after)
-        if (o != w && !atomic_load_explicit(&o->full, memory_order_relaxed)) {
+    unsigned least = permille; /* over the workers that take connections (publish_load) */
+    for (const lg_worker *o = first_worker(w); o; o = o->after)
+        if (o != w && atomic_load_explicit(&o->load, memory_order_relaxed) != UINT_MAX) {
             unsigned p = atomic_load_explicit(&o->permille, memory_order_relaxed);
             if (p < least) least = p;
         }
-    w->shed = balance_shed(w->clients, permille, w->share_before, least);
+    w->shed = balance_shed(atomic_load_explicit(&w->clients, memory_order_relaxed), permille,
+                           w->share_before, least);
     w->shedding = w->shed > 0;
     w->share_before = permille;
-    if (w->shedding && w->after) worker_wake(w->after); /* to watch the listener now */
+    publish_load(w);
 }
 
 bool worker_shed(lg_worker *w)
@@ -2371,33 +2404,20 @@ bool worker_shed(lg_worker *w)
     return true;
 }
 
-/* Measured at each tick: whether the worker is full (balance.h), so that the next worker
- * watches the listener too, and whether it sheds. The measure is the worker's own work, not
- * the time it was out of epoll_wait: that counts the waits for a core that other processes
- * cause (an inference server's own threads), which another worker on the same cores would
- * not shorten. A whole ACCEPT_BATCH taken at once makes it full until its next tick too
- * (spill_burst). */
-static void spill_measure(lg_worker *w)
+/* Measured at each tick: the share of a core the worker used, whether it sheds, and so
+ * whether it watches the listener. The measure is the worker's own work, not the time it
+ * was out of epoll_wait: that counts the waits for a core that other processes cause (an
+ * inference server's own threads), which another worker on the same cores would not
+ * shorten. */
+static void tick_measure(lg_worker *w)
 {
     uint64_t cpu = thread_cpu_ns(), wall = w->now_ns - w->tick_ns;
     unsigned permille = wall ? (unsigned)((cpu - w->tick_cpu_ns) * 1000 / wall) : 0;
     w->tick_cpu_ns = cpu;
     w->tick_ns = w->now_ns;
     atomic_store_explicit(&w->permille, permille, memory_order_relaxed);
-    bool full = balance_full(permille, w->clients, w->max_clients);
-    atomic_store_explicit(&w->full, full, memory_order_relaxed);
     shed_measure(w, permille);
-    spill_watch(w);
-}
-
-/* A burst: connections came faster than the worker took them (a whole ACCEPT_BATCH was
- * waiting). It is full until its next tick, and the next worker is woken to watch the
- * listener now rather than at its own tick, so that a thousand connections opened at once
- * do not all land on the first worker. */
-static void spill_burst(lg_worker *w)
-{
-    atomic_store_explicit(&w->full, true, memory_order_relaxed);
-    if (w->after) worker_wake(w->after);
+    place_watch(w);
 }
 
 /* accept4's errors that are a connection's, not the listener's: Linux passes a new
@@ -2422,23 +2442,18 @@ static bool accept_retry(int err)
 }
 
 /* Takes up to ACCEPT_BATCH connections waiting on the listener (what is left wakes a worker
- * again: the watch is level-triggered), each for the next shard in turn. MHD_add_connection
- * applies edge_accept (the per-address cap) and the shard's limit, and closes a socket it
- * refuses. A whole batch taken is a burst (spill_burst). At the worker's own limit
- * (max_connections over the workers) it is full at once, as in a burst, and stops watching
- * the listener until a tick finds it under the limit again; meanwhile the kernel holds new
- * connections in its backlog, as nginx and HAProxy leave them there at worker_connections or
- * maxconn. Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM: the process's, not
- * the worker's), it stops watching until its next tick, and says so each time, as nginx
- * pauses its accepts and logs. */
+ * again: the watch is level-triggered), each for the next shard in turn, while it holds no
+ * more than the other workers (place_watch): past that, the next connection is another's.
+ * MHD_add_connection applies edge_accept (the per-address cap) and the shard's limit, and
+ * closes a socket it refuses. At the worker's own limit (max_connections over the workers)
+ * it stops watching until a tick finds room or another worker wakes it; meanwhile the kernel
+ * holds new connections in its backlog, as nginx and HAProxy leave them there at
+ * worker_connections or maxconn. Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS,
+ * ENOMEM: the process's, not the worker's), it stops watching until its next tick, and says
+ * so each time, as nginx pauses its accepts and logs. */
 static void accept_clients(lg_worker *w)
 {
-    for (int i = 0; i < ACCEPT_BATCH; i++) {
-        if (w->clients >= w->max_clients) {
-            spill_burst(w);
-            watch_listener(w, false);
-            return;
-        }
+    for (int i = 0; i < ACCEPT_BATCH && w->accepting; i++) {
         struct sockaddr_storage sa;
         socklen_t len = sizeof sa;
         int fd = accept4(w->listen_fd, (struct sockaddr *)&sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -2456,8 +2471,8 @@ static void accept_clients(lg_worker *w)
             s->ready = true; /* its first read, if the request is there already */
             w->mhd_dirty = true;
         }
+        place_watch(w);
     }
-    spill_burst(w);
 }
 
 /* At a drain: the worker accepts no more, and leaves the listener (the last closes it). */
@@ -2466,6 +2481,7 @@ static void stop_accepting(lg_worker *w)
     if (w->left) return;
     watch_listener(w, false);
     w->left = true;
+    publish_load(w);
     listener_leave(w->listener);
 }
 
@@ -2580,10 +2596,10 @@ static void *worker_main(void *arg)
             case TAG_LISTEN:
                 accept_clients(w);
                 break;
-            case TAG_WAKE: /* a drain, a stop, or the worker before is full (spill_burst) */
+            case TAG_WAKE: /* a drain, a stop, or another worker left the listener to it */
                 if (read(w->wake_fd, &buf, sizeof buf) < 0 && errno != EAGAIN)
                     perror("loopguard: eventfd read");
-                spill_watch(w);
+                place_watch(w);
                 break;
             case TAG_CURL_SOCK: {
                 if (curl_unpark(w, fd)) break; /* parked since the batch began */
@@ -2643,7 +2659,7 @@ static void *worker_main(void *arg)
             next_tick = w->now_ns + TICK_NS;
             tick_all(w);
             edge_tick(w);
-            spill_measure(w);
+            tick_measure(w);
             ready_all(w); /* libmicrohttpd's timeouts, see above */
             run_pending(w);
         }
@@ -2758,18 +2774,16 @@ lg_worker *worker_new(lg_server *srv, int id, lg_listener *ls, lg_worker *before
         snprintf(err, errlen, "worker %d: epoll_ctl: %s", id, strerror(errno));
         goto fail;
     }
-    /* The first worker watches the listener from the start, the others once it is full
-     * (spill_measure); those watching are woken in the order they registered. */
+    /* Every worker watches the listener from the start, holding no connection yet
+     * (place_watch); those watching are woken in the order they registered. */
     w->listener = ls;
     w->listen_fd = ls->fd;
     w->before = before;
     if (before) before->after = w;
-    if (!before) {
-        watch_listener(w, true);
-        if (!w->accepting) {
-            snprintf(err, errlen, "worker %d: epoll_ctl: %s", id, strerror(errno));
-            goto fail;
-        }
+    watch_listener(w, true);
+    if (!w->accepting) {
+        snprintf(err, errlen, "worker %d: epoll_ctl: %s", id, strerror(errno));
+        goto fail;
     }
     listener_join(ls);
     return w;

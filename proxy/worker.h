@@ -231,14 +231,14 @@ struct lg_worker {
     int listen_fd;         /* its socket, read here only: the last worker to leave closes it */
     bool accepting;        /* the listener is in the epoll set (worker.c, accept_clients) */
     bool left;             /* draining: left the listener for good */
-    lg_worker *before;     /* takes new connections before this one (worker.c, spill_watch) */
-    lg_worker *after;      /* takes them after this one; NULL: the last */
-    atomic_bool full;      /* the next worker may take connections (spill_measure) */
-    uint64_t tick_cpu_ns;  /* its thread's CPU time at the last tick (spill_measure) */
+    lg_worker *before;     /* the worker created before this one on its listener; NULL: the first */
+    lg_worker *after;      /* the one created after it; NULL: the last */
+    atomic_uint load;      /* its clients as the others place connections (publish_load) */
+    uint64_t tick_cpu_ns;  /* its thread's CPU time at the last tick (tick_measure) */
     uint64_t tick_ns;      /* and the time of that tick */
-    unsigned clients;      /* its client connections (libmicrohttpd's, open) */
+    atomic_uint clients;   /* its client connections (libmicrohttpd's, open; written here) */
     unsigned max_clients;  /* its share of max_connections: it accepts no more past it */
-    atomic_uint permille;  /* the share of a core it used over the last tick (spill_measure) */
+    atomic_uint permille;  /* the share of a core it used over the last tick (tick_measure) */
     unsigned shed;         /* connections it still closes after their response (worker_shed) */
     bool shedding;         /* it sheds: the listener is left to the others until its next tick */
     unsigned share_before; /* its share over the tick before the last (shed_measure) */
@@ -327,9 +327,9 @@ static inline uint64_t req_now(const lg_req *r)
 
 /* Creates a worker with n_shards daemons (1 to WORKER_SHARDS) that accepts on `ls` (joined
  * here, left at a drain; ls stays the caller's and must outlive the worker). `before` is the
- * worker created before it on ls, which takes new connections before it does (worker.c,
- * spill_watch), or NULL for the first; it must outlive this one's thread. Returns NULL with err on
- * failure. */
+ * worker created before it on ls (the workers of a listener share new connections:
+ * worker.c, place_watch), or NULL for the first; it must outlive this one's thread. Returns
+ * NULL with err on failure. */
 lg_worker *worker_new(lg_server *srv, int id, lg_listener *ls, lg_worker *before, size_t n_shards,
                       char *err, size_t errlen);
 int worker_start(lg_worker *w);

@@ -584,10 +584,45 @@ function kept(port, ms) {
     });
 }
 
-// Each worker holds its share of max_connections (here 1 each). The first worker takes new
-// connections until it is full, the next one from then on (worker.c, spill_measure); past the
-// limit a connection waits in the kernel's backlog, as at nginx's worker_connections or
-// HAProxy's maxconn, and is served once a connection closes.
+// A new connection goes to a worker that holds the fewest (balance.h; worker.c, place_watch):
+// ten kept-alive connections opened one after another end up five and five, as the gauge
+// loopguard_worker_connections shows. A worker that took every connection until it was busy
+// (the placement before) held all ten.
+describe('connections over the workers', () => {
+    let fake, lg;
+    before(async () => {
+        fake = await startFake({ kind: 'openai' });
+        lg = await startLoopguard({ upstream: fake.url, kind: 'openai', config: { workers: 2 } });
+    });
+    after(() => cleanup(() => lg?.stop(), () => fake?.stop()));
+
+    it('ten kept-alive connections are held five and five', T, async () => {
+        const conns = [];
+        for (let i = 0; i < 10; i++) {
+            const c = await kept(lg.port, 5000 * SLACK);
+            assert.equal(c.status, 200, `connection ${i + 1} is served`);
+            conns.push(c);
+        }
+        try {
+            // The metrics request is an eleventh connection, held while it is answered.
+            const m = (await admin(lg, '/loopguard/metrics')).text;
+            const held = [0, 1].map((w) => {
+                const r = new RegExp(`^loopguard_worker_connections\\{worker="${w}"\\} (\\d+)$`, 'm').exec(m);
+                assert.ok(r, `worker ${w}'s gauge is there`);
+                return Number(r[1]);
+            });
+            assert.ok(held[0] + held[1] >= 10, `the gauges count the ten: ${held}`);
+            for (const n of held) assert.ok(n >= 5 && n <= 6, `five or six a worker: ${held}`);
+        } finally {
+            for (const c of conns) c.s.destroy();
+        }
+    });
+});
+
+// Each worker holds its share of max_connections (here 1 each): past it a worker leaves new
+// connections to the other (place_watch), and past the limit a connection waits in the
+// kernel's backlog, as at nginx's worker_connections or HAProxy's maxconn, and is served
+// once a connection closes.
 describe('max_connections over the workers', () => {
     let fake, lg;
     before(async () => {
@@ -600,7 +635,7 @@ describe('max_connections over the workers', () => {
         const a = await kept(lg.port, 5000 * SLACK);
         assert.equal(a.status, 200, 'the first connection is served');
         const b = await kept(lg.port, 5000 * SLACK);
-        assert.equal(b.status, 200, 'so is the second, by the second worker once the first is full');
+        assert.equal(b.status, 200, 'so is the second, by the other worker');
         let third = null;
         const c = kept(lg.port, 60000 * SLACK).then((r) => (third = r));
         await sleep(1500 * SLACK);

@@ -1,6 +1,8 @@
-/* test_balance.c — a worker is full past half a core or at its connection limit; it sheds
- * only when it ran hot over two ticks while another worker that takes connections ran less
- * than half as much, and then the share of its connections that evens the two out. */
+/* test_balance.c — a worker takes the next connection while it holds no more than the
+ * least loaded other that takes connections, and none at its limit; it sheds only when it
+ * ran hot over two ticks while another worker that takes connections ran less than half as
+ * much, and then the share of its connections that evens the two out. */
+#include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,13 +11,16 @@
 
 #include "proxy/balance.h"
 
-static void test_full(void **state)
+static void test_takes(void **state)
 {
     (void)state;
-    assert_false(balance_full(BALANCE_SPILL_PERMILLE, 10, 100));
-    assert_true(balance_full(BALANCE_SPILL_PERMILLE + 1, 10, 100));
-    assert_true(balance_full(0, 100, 100));
-    assert_false(balance_full(0, 99, 100));
+    assert_true(balance_takes(0, 0));    /* at the start every worker watches */
+    assert_true(balance_takes(10, 10));  /* equal: either may take it */
+    assert_false(balance_takes(11, 10)); /* one more than another: the next is the other's */
+    assert_true(balance_takes(10, 11));
+    assert_true(balance_takes(500, UINT_MAX));       /* no other takes connections */
+    assert_false(balance_takes(UINT_MAX, UINT_MAX)); /* it takes none itself */
+    assert_false(balance_takes(UINT_MAX, 3));
 }
 
 /* 100 saturated streams on one worker running a whole core, the other idle: half go. */
@@ -60,7 +65,7 @@ static void test_a_paced_load_sheds_nothing(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_full),
+        cmocka_unit_test(test_takes),
         cmocka_unit_test(test_sheds_half_to_an_idle_worker),
         cmocka_unit_test(test_sheds_the_share_that_evens_out),
         cmocka_unit_test(test_one_hot_tick_sheds_nothing),
