@@ -2322,14 +2322,17 @@ static void shard_reported(lg_worker *w, size_t s)
 
 /* ---- accepting clients (listener.h) --------------------------------------------------- */
 
-/* Starts or stops watching the listener: EPOLLEXCLUSIVE, so that a new connection wakes one
- * (rarely more) of the workers waiting in epoll_wait (listener.h). A watch that cannot be
- * taken out counts as out: the socket leaves the set when the last worker closes it. */
+/* Starts or stops watching the listener (listener.h). Not EPOLLEXCLUSIVE: a new connection
+ * reaches every watching worker, so that connections still queued when one worker leaves
+ * the watch are reported to the others (with EPOLLEXCLUSIVE the one woken took the report
+ * with it, and they waited in the backlog: tests/bench/HISTORY.md, "even"). A watch that
+ * cannot be taken out counts as out: the socket leaves the set when the last worker closes
+ * it. */
 static void watch_listener(lg_worker *w, bool on)
 {
     if (w->accepting == on) return;
     int fd = w->listen_fd;
-    if (on ? ep_ctl(w, EPOLL_CTL_ADD, fd, EPOLLIN | EPOLLEXCLUSIVE, ev_pack(TAG_LISTEN, 0, fd))
+    if (on ? ep_ctl(w, EPOLL_CTL_ADD, fd, EPOLLIN, ev_pack(TAG_LISTEN, 0, fd))
            : epoll_ctl(w->epfd, EPOLL_CTL_DEL, fd, NULL)) {
         perror("loopguard: epoll_ctl (listener)");
         if (on) return;
