@@ -2322,17 +2322,14 @@ static void shard_reported(lg_worker *w, size_t s)
 
 /* ---- accepting clients (listener.h) --------------------------------------------------- */
 
-/* Starts or stops watching the listener (listener.h). Not EPOLLEXCLUSIVE: a new connection
- * reaches every watching worker, so that connections still queued when one worker leaves
- * the watch are reported to the others (with EPOLLEXCLUSIVE the one woken took the report
- * with it, and they waited in the backlog: tests/bench/HISTORY.md, "even"). A watch that
- * cannot be taken out counts as out: the socket leaves the set when the last worker closes
- * it. */
+/* Starts or stops watching the listener: EPOLLEXCLUSIVE, so that a new connection wakes one
+ * (rarely more) of the workers waiting in epoll_wait (listener.h). A watch that cannot be
+ * taken out counts as out: the socket leaves the set when the last worker closes it. */
 static void watch_listener(lg_worker *w, bool on)
 {
     if (w->accepting == on) return;
     int fd = w->listen_fd;
-    if (on ? ep_ctl(w, EPOLL_CTL_ADD, fd, EPOLLIN, ev_pack(TAG_LISTEN, 0, fd))
+    if (on ? ep_ctl(w, EPOLL_CTL_ADD, fd, EPOLLIN | EPOLLEXCLUSIVE, ev_pack(TAG_LISTEN, 0, fd))
            : epoll_ctl(w->epfd, EPOLL_CTL_DEL, fd, NULL)) {
         perror("loopguard: epoll_ctl (listener)");
         if (on) return;
@@ -2348,6 +2345,14 @@ static lg_worker *first_worker(lg_worker *w)
     return w;
 }
 
+/* A worker's connections as the others see them when they place one: its own (UINT_MAX
+ * while it takes none) and those handed to it and not yet taken. */
+static unsigned placed(lg_worker *o)
+{
+    unsigned n = atomic_load_explicit(&o->load, memory_order_relaxed);
+    return n == UINT_MAX ? n : n + atomic_load_explicit(&o->handed, memory_order_relaxed);
+}
+
 /* The other worker with room that holds the fewest connections (balance.h), as each
  * published them (publish_load); NULL when no other takes connections. */
 static lg_worker *least_other(lg_worker *w)
@@ -2355,24 +2360,17 @@ static lg_worker *least_other(lg_worker *w)
     lg_worker *least = NULL;
     unsigned fewest = UINT_MAX;
     for (lg_worker *o = first_worker(w); o; o = o->after) {
-        unsigned n = o == w ? UINT_MAX : atomic_load_explicit(&o->load, memory_order_relaxed);
+        unsigned n = o == w ? UINT_MAX : placed(o);
         if (n < fewest) fewest = n, least = o;
     }
     return least;
 }
 
-/* Whether the worker watches the listener (balance.h): while it takes connections (under
- * its limit, not draining, not shedding) and holds no more than any other that takes them.
- * The one that stops watching wakes the least loaded other, so that some worker always
- * watches while any has room. */
+/* Whether the worker watches the listener: while it takes connections (under its limit, not
+ * draining, not shedding). Where a connection goes is accept_clients' choice (balance.h). */
 static void place_watch(lg_worker *w)
 {
-    lg_worker *o = least_other(w);
-    unsigned others = o ? atomic_load_explicit(&o->load, memory_order_relaxed) : UINT_MAX;
-    unsigned mine = atomic_load_explicit(&w->load, memory_order_relaxed);
-    bool watch = balance_takes(mine, others);
-    if (!watch && w->accepting && o) worker_wake(o); /* to watch the listener now */
-    watch_listener(w, watch);
+    watch_listener(w, atomic_load_explicit(&w->load, memory_order_relaxed) != UINT_MAX);
 }
 
 /* This thread's CPU time (user and system), in ns. */
@@ -2444,12 +2442,62 @@ static bool accept_retry(int err)
     }
 }
 
-/* Takes up to ACCEPT_BATCH connections waiting on the listener (what is left wakes a worker
- * again: the watch is level-triggered), each for the next shard in turn, while it holds no
- * more than the other workers (place_watch): past that, the next connection is another's.
+/* A connection accepted here, or handed here, goes to the next shard in turn.
  * MHD_add_connection applies edge_accept (the per-address cap) and the shard's limit, and
- * closes a socket it refuses. At the worker's own limit (max_connections over the workers)
- * it stops watching until a tick finds room or another worker wakes it; meanwhile the kernel
+ * closes a socket it refuses. */
+static void add_client(lg_worker *w, int fd, const struct sockaddr_storage *sa, socklen_t len)
+{
+    lg_shard *s = &w->shards[w->next_shard];
+    w->next_shard = (w->next_shard + 1) % w->n_shards;
+    if (MHD_add_connection(s->mhd, fd, (const struct sockaddr *)sa, len) == MHD_YES) {
+        s->ready = true; /* its first read, if the request is there already */
+        w->mhd_dirty = true;
+    }
+}
+
+struct lg_handed {
+    int fd;
+    socklen_t len;
+    struct sockaddr_storage sa;
+};
+
+/* Hands connection fd, accepted by another worker, to o (balance.h), which takes it at its
+ * next wake-up (take_handed); o owns the socket from here on. */
+static void hand_over(lg_worker *o, int fd, const struct sockaddr_storage *sa, socklen_t len)
+{
+    pthread_mutex_lock(&o->hand_lock);
+    if (o->hand_n == o->hand_cap) {
+        o->hand_cap = o->hand_cap ? 2 * o->hand_cap : 64;
+        o->hand_q = lg_xrealloc(o->hand_q, o->hand_cap * sizeof *o->hand_q);
+    }
+    o->hand_q[o->hand_n++] = (struct lg_handed){fd, len, *sa};
+    atomic_fetch_add_explicit(&o->handed, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&o->hand_lock);
+    worker_wake(o);
+}
+
+/* Takes the connections other workers handed to this one: its own, or closed once it has
+ * left the listener (a drain refuses new connections). */
+static void take_handed(lg_worker *w)
+{
+    pthread_mutex_lock(&w->hand_lock);
+    for (size_t i = 0; i < w->hand_n; i++) {
+        struct lg_handed *h = &w->hand_q[i];
+        if (w->left)
+            close(h->fd);
+        else
+            add_client(w, h->fd, &h->sa, h->len);
+    }
+    atomic_fetch_sub_explicit(&w->handed, (unsigned)w->hand_n, memory_order_relaxed);
+    w->hand_n = 0;
+    pthread_mutex_unlock(&w->hand_lock);
+}
+
+/* Takes up to ACCEPT_BATCH connections waiting on the listener (what is left wakes a worker
+ * again: the watch is level-triggered). Each goes to the worker that holds the fewest: this
+ * one while it holds no more than any other, else handed over (hand_over), as HAProxy's
+ * accepting thread dispatches to the least loaded one. At the worker's own limit
+ * (max_connections over the workers) it stops watching until a tick finds room; meanwhile the kernel
  * holds new connections in its backlog, as nginx and HAProxy leave them there at
  * worker_connections or maxconn. Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS,
  * ENOMEM: the process's, not the worker's), it stops watching until its next tick, and says
@@ -2468,13 +2516,12 @@ static void accept_clients(lg_worker *w)
             }
             return;
         }
-        lg_shard *s = &w->shards[w->next_shard];
-        w->next_shard = (w->next_shard + 1) % w->n_shards;
-        if (MHD_add_connection(s->mhd, fd, (struct sockaddr *)&sa, len) == MHD_YES) {
-            s->ready = true; /* its first read, if the request is there already */
-            w->mhd_dirty = true;
-        }
-        place_watch(w);
+        lg_worker *o = least_other(w);
+        if (o && !balance_takes(placed(w), placed(o)))
+            hand_over(o, fd, &sa, len);
+        else
+            add_client(w, fd, &sa, len);
+        place_watch(w); /* at its limit it stops */
     }
 }
 
@@ -2485,6 +2532,7 @@ static void stop_accepting(lg_worker *w)
     watch_listener(w, false);
     w->left = true;
     publish_load(w);
+    take_handed(w); /* closes them: a drain refuses new connections */
     listener_leave(w->listener);
 }
 
@@ -2602,6 +2650,7 @@ static void *worker_main(void *arg)
             case TAG_WAKE: /* a drain, a stop, or another worker left the listener to it */
                 if (read(w->wake_fd, &buf, sizeof buf) < 0 && errno != EAGAIN)
                     perror("loopguard: eventfd read");
+                take_handed(w);
                 place_watch(w);
                 break;
             case TAG_CURL_SOCK: {
@@ -2728,6 +2777,7 @@ lg_worker *worker_new(lg_server *srv, int id, lg_listener *ls, lg_worker *before
 {
     const lg_config *cfg = srv->cfg;
     lg_worker *w = lg_xcalloc(1, sizeof *w);
+    pthread_mutex_init(&w->hand_lock, NULL);
     w->srv = srv;
     w->id = id;
     w->live.prev = w->live.next = &w->live;
@@ -2815,6 +2865,10 @@ void worker_join(lg_worker *w)
 void worker_free(lg_worker *w)
 {
     if (!w) return;
+    while (w->hand_n) /* handed after its loop ended */
+        close(w->hand_q[--w->hand_n].fd);
+    lg_xfree(w->hand_q);
+    pthread_mutex_destroy(&w->hand_lock);
     stop_shards(w); /* a worker that never ran */
     bury_the_dead(w);
     while (w->detached)
