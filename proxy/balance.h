@@ -1,8 +1,9 @@
 /* balance.h — where the workers' load sends client connections.
  *
- * Connections stay on the worker that accepted them (worker.c). A new one goes to a worker
- * that holds the fewest, as nginx's workers share theirs: every stream then waits for one
- * thread of several when that thread waits for a core. On a 2-core host whose cores were
+ * A connection stays on one worker for its life. A new one goes to a worker that holds the
+ * fewest: the worker that accepted it keeps it or hands it over (worker.c, accept_clients),
+ * as HAProxy's accepting thread dispatches to the least loaded one. Every stream then waits
+ * for one thread of several when that thread waits for a core. On a 2-core host whose cores were
  * queued 40-50 % of the time at 1,000 paced streams (the bench's fake, load generator and
  * relay), one worker holding ~80 % of the streams added 2-3x nginx's p99 latency and an even
  * split 0.5x, for ~7 % more CPU per event (two threads wake for fewer events each); on an

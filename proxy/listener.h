@@ -1,11 +1,11 @@
 /* listener.h — a listening socket and the workers that accept on it.
  *
  * One socket per address (`listen`, and `admin.listen` when set), shared by the workers that
- * serve it. A worker accepts for itself (worker.c, accept_clients) while it watches the
- * socket in its own epoll set: a new connection wakes every watching worker that waits in
- * epoll_wait, and one of them takes it. Which workers watch is worker.c's place_watch:
- * those holding the fewest connections (balance.h), so mostly one.
- * SO_REUSEPORT sockets, one per worker, would split connections by a hash, unevenly at a
+ * serve it. Each worker watches the socket in its own epoll set while it takes connections,
+ * with EPOLLEXCLUSIVE as nginx's workers do: a new connection wakes one (rarely more) of the
+ * watching workers that wait in epoll_wait. That one accepts it (worker.c, accept_clients)
+ * and keeps it or hands it to the worker that holds the fewest (balance.h). SO_REUSEPORT
+ * sockets, one per worker, would split connections by a hash, unevenly at a
  * few hundred (and as gladly share the port with another process's listener; a plain
  * socket is refused an address in use).
  *

@@ -2497,8 +2497,8 @@ static void take_handed(lg_worker *w)
  * again: the watch is level-triggered). Each goes to the worker that holds the fewest: this
  * one while it holds no more than any other, else handed over (hand_over), as HAProxy's
  * accepting thread dispatches to the least loaded one. At the worker's own limit
- * (max_connections over the workers) it stops watching until a tick finds room; meanwhile the kernel
- * holds new connections in its backlog, as nginx and HAProxy leave them there at
+ * (max_connections over the workers) it stops watching until a tick finds room; meanwhile
+ * the kernel holds new connections in its backlog, as nginx and HAProxy leave them there at
  * worker_connections or maxconn. Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS,
  * ENOMEM: the process's, not the worker's), it stops watching until its next tick, and says
  * so each time, as nginx pauses its accepts and logs. */

@@ -584,7 +584,7 @@ function kept(port, ms) {
     });
 }
 
-// A new connection goes to a worker that holds the fewest (balance.h; worker.c, place_watch):
+// A new connection goes to a worker that holds the fewest (balance.h; worker.c, accept_clients):
 // ten kept-alive connections opened one after another end up five and five, as the gauge
 // loopguard_worker_connections shows. A worker that took every connection until it was busy
 // (the placement before) held all ten.
@@ -620,7 +620,7 @@ describe('connections over the workers', () => {
 });
 
 // Each worker holds its share of max_connections (here 1 each): past it a worker leaves new
-// connections to the other (place_watch), and past the limit a connection waits in the
+// connections to the other (accept_clients), and past the limit a connection waits in the
 // kernel's backlog, as at nginx's worker_connections or HAProxy's maxconn, and is served
 // once a connection closes.
 describe('max_connections over the workers', () => {
