@@ -2647,7 +2647,7 @@ static void *worker_main(void *arg)
             case TAG_LISTEN:
                 accept_clients(w);
                 break;
-            case TAG_WAKE: /* a drain, a stop, or another worker left the listener to it */
+            case TAG_WAKE: /* a drain, a stop, or connections handed over (hand_over) */
                 if (read(w->wake_fd, &buf, sizeof buf) < 0 && errno != EAGAIN)
                     perror("loopguard: eventfd read");
                 take_handed(w);
