@@ -2368,7 +2368,7 @@ static lg_worker *least_other(lg_worker *w)
 
 /* Whether the worker watches the listener: while it takes connections (under its limit, not
  * draining, not shedding). Where a connection goes is accept_clients' choice (balance.h). */
-static void place_watch(lg_worker *w)
+static void watch_while_taking(lg_worker *w)
 {
     watch_listener(w, atomic_load_explicit(&w->load, memory_order_relaxed) != UINT_MAX);
 }
@@ -2418,7 +2418,7 @@ static void tick_measure(lg_worker *w)
     w->tick_ns = w->now_ns;
     atomic_store_explicit(&w->permille, permille, memory_order_relaxed);
     shed_measure(w, permille);
-    place_watch(w);
+    watch_while_taking(w);
 }
 
 /* accept4's errors that are a connection's, not the listener's: Linux passes a new
@@ -2521,7 +2521,7 @@ static void accept_clients(lg_worker *w)
             hand_over(o, fd, &sa, len);
         else
             add_client(w, fd, &sa, len);
-        place_watch(w); /* at its limit it stops */
+        watch_while_taking(w); /* at its limit it stops */
     }
 }
 
@@ -2651,7 +2651,7 @@ static void *worker_main(void *arg)
                 if (read(w->wake_fd, &buf, sizeof buf) < 0 && errno != EAGAIN)
                     perror("loopguard: eventfd read");
                 take_handed(w);
-                place_watch(w);
+                watch_while_taking(w);
                 break;
             case TAG_CURL_SOCK: {
                 if (curl_unpark(w, fd)) break; /* parked since the batch began */
@@ -2828,7 +2828,7 @@ lg_worker *worker_new(lg_server *srv, int id, lg_listener *ls, lg_worker *before
         goto fail;
     }
     /* Every worker watches the listener from the start, holding no connection yet
-     * (place_watch); those watching are woken in the order they registered. */
+     * (watch_while_taking); those watching are woken in the order they registered. */
     w->listener = ls;
     w->listen_fd = ls->fd;
     w->before = before;

@@ -332,7 +332,7 @@ static inline uint64_t req_now(const lg_req *r)
 /* Creates a worker with n_shards daemons (1 to WORKER_SHARDS) that accepts on `ls` (joined
  * here, left at a drain; ls stays the caller's and must outlive the worker). `before` is the
  * worker created before it on ls (the workers of a listener share new connections:
- * worker.c, place_watch), or NULL for the first; it must outlive this one's thread. Returns
+ * worker.c, accept_clients), or NULL for the first; it must outlive this one's thread. Returns
  * NULL with err on failure. */
 lg_worker *worker_new(lg_server *srv, int id, lg_listener *ls, lg_worker *before, size_t n_shards,
                       char *err, size_t errlen);
