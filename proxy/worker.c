@@ -2350,7 +2350,7 @@ static lg_worker *first_worker(lg_worker *w)
 static unsigned placed(lg_worker *o)
 {
     unsigned n = atomic_load_explicit(&o->load, memory_order_relaxed);
-    return n == UINT_MAX ? n : n + atomic_load_explicit(&o->handed, memory_order_relaxed);
+    return n == UINT_MAX ? n : n + handoff_count(&o->handoff);
 }
 
 /* The other worker with room that holds the fewest connections (balance.h), as each
@@ -2455,42 +2455,29 @@ static void add_client(lg_worker *w, int fd, const struct sockaddr_storage *sa, 
     }
 }
 
-struct lg_handed {
-    int fd;
-    socklen_t len;
-    struct sockaddr_storage sa;
-};
-
 /* Hands connection fd, accepted by another worker, to o (balance.h), which takes it at its
- * next wake-up (take_handed); o owns the socket from here on. */
-static void hand_over(lg_worker *o, int fd, const struct sockaddr_storage *sa, socklen_t len)
+ * next wake-up (take_handed): true, and o owns the socket from here on; false when o has
+ * left the listener since its load was read (handoff.h), and the caller keeps it. */
+static bool hand_over(lg_worker *o, int fd, const struct sockaddr_storage *sa, socklen_t len)
 {
-    pthread_mutex_lock(&o->hand_lock);
-    if (o->hand_n == o->hand_cap) {
-        o->hand_cap = o->hand_cap ? 2 * o->hand_cap : 64;
-        o->hand_q = lg_xrealloc(o->hand_q, o->hand_cap * sizeof *o->hand_q);
-    }
-    o->hand_q[o->hand_n++] = (struct lg_handed){fd, len, *sa};
-    atomic_fetch_add_explicit(&o->handed, 1, memory_order_relaxed);
-    pthread_mutex_unlock(&o->hand_lock);
+    if (!handoff_put(&o->handoff, fd, sa, len)) return false;
     worker_wake(o);
+    return true;
 }
 
 /* Takes the connections other workers handed to this one: its own, or closed once it has
- * left the listener (a drain refuses new connections). */
+ * left the listener (a drain refuses new connections), which also shuts its queue. */
 static void take_handed(lg_worker *w)
 {
-    pthread_mutex_lock(&w->hand_lock);
-    for (size_t i = 0; i < w->hand_n; i++) {
-        struct lg_handed *h = &w->hand_q[i];
+    lg_handed *q;
+    size_t n = handoff_take(&w->handoff, w->left, &q);
+    for (size_t i = 0; i < n; i++) {
         if (w->left)
-            close(h->fd);
+            close(q[i].fd);
         else
-            add_client(w, h->fd, &h->sa, h->len);
+            add_client(w, q[i].fd, &q[i].sa, q[i].len);
     }
-    atomic_fetch_sub_explicit(&w->handed, (unsigned)w->hand_n, memory_order_relaxed);
-    w->hand_n = 0;
-    pthread_mutex_unlock(&w->hand_lock);
+    lg_xfree(q);
 }
 
 /* Takes up to ACCEPT_BATCH connections waiting on the listener (what is left wakes a worker
@@ -2517,9 +2504,7 @@ static void accept_clients(lg_worker *w)
             return;
         }
         lg_worker *o = least_other(w);
-        if (o && !balance_takes(placed(w), placed(o)))
-            hand_over(o, fd, &sa, len);
-        else
+        if (!o || balance_takes(placed(w), placed(o)) || !hand_over(o, fd, &sa, len))
             add_client(w, fd, &sa, len);
         watch_while_taking(w); /* at its limit it stops */
     }
@@ -2777,7 +2762,7 @@ lg_worker *worker_new(lg_server *srv, int id, lg_listener *ls, lg_worker *before
 {
     const lg_config *cfg = srv->cfg;
     lg_worker *w = lg_xcalloc(1, sizeof *w);
-    pthread_mutex_init(&w->hand_lock, NULL);
+    handoff_init(&w->handoff);
     w->srv = srv;
     w->id = id;
     w->live.prev = w->live.next = &w->live;
@@ -2865,11 +2850,8 @@ void worker_join(lg_worker *w)
 void worker_free(lg_worker *w)
 {
     if (!w) return;
-    while (w->hand_n) /* handed after its loop ended */
-        close(w->hand_q[--w->hand_n].fd);
-    lg_xfree(w->hand_q);
-    pthread_mutex_destroy(&w->hand_lock);
-    stop_shards(w); /* a worker that never ran */
+    handoff_free(&w->handoff); /* what was handed to a worker that never ran */
+    stop_shards(w);            /* a worker that never ran */
     bury_the_dead(w);
     while (w->detached)
         detached_free(w->detached);

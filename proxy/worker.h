@@ -49,6 +49,7 @@
 
 #include "config/config.h"
 #include "proxy/buf.h"
+#include "proxy/handoff.h"
 #include "proxy/incident.h"
 #include "proxy/listener.h"
 #include "proxy/metrics.h"
@@ -234,10 +235,7 @@ struct lg_worker {
     lg_worker *before;     /* the worker created before this one on its listener; NULL: the first */
     lg_worker *after;      /* the one created after it; NULL: the last */
     atomic_uint load;      /* its clients as the others place connections (publish_load) */
-    atomic_uint handed;    /* connections handed to it and not yet taken (hand_over) */
-    pthread_mutex_t hand_lock; /* guards hand_q and hand_n: any worker appends, it takes */
-    struct lg_handed *hand_q;  /* connections another worker accepted for it */
-    size_t hand_n, hand_cap;
+    lg_handoff handoff;    /* connections other workers accepted for it (hand_over) */
     uint64_t tick_cpu_ns;  /* its thread's CPU time at the last tick (tick_measure) */
     uint64_t tick_ns;      /* and the time of that tick */
     atomic_uint clients;   /* its client connections (libmicrohttpd's, open; written here) */

@@ -163,6 +163,73 @@ describe('SIGTERM', () => {
         }
     });
 
+    test('a burst of connections racing the signal: each is answered, closed or refused while a stream still drains, none held until exit', T, async () => {
+        // Two workers split new connections evenly, a worker handing one it should not keep
+        // to the other's queue; the signal comes in the middle of a burst of 200, so that
+        // connections are accepted, handed over and queued in the listener's backlog while the
+        // workers leave it. Each must be answered (200 before the drain, 503 from the worker
+        // that still drains the stream), closed, or refused once the listener is closed; one
+        // left open would stay so until the process exits, after the stream. (That a queue
+        // shut at a drain refuses a hand-off in the same instant is test_handoff's.)
+        const N = 200;
+        const fake = await startFake({ kind: 'sglang', scenario: pacedPlan(100) }); // ~4 s
+        const lg = await startLoopguard({
+            upstream: fake.url,
+            kind: 'sglang',
+            config: { shutdown_grace_ms: 30000, workers: 2, limits: { max_conns_per_ip: 0 } },
+        });
+        let termed = false;
+        const socks = [];
+        try {
+            const s = request(lg.url + '/v1/chat/completions', { method: 'POST', body: { messages: MSG, stream: true }, timeout: 60000 * SLACK });
+            let streamEnded = false;
+            s.then(() => (streamEnded = true), () => (streamEnded = true));
+            await waitFor(async () => (await fake.requests('/v1/chat/completions')).length === 1);
+            const outcomes = [];
+            // A connection that asks for the health page as soon as it is open; its outcome
+            // is what came back, the error if any, and whether the stream had ended by then.
+            const open = (onConnect) => {
+                const c = net.connect(lg.port, '127.0.0.1');
+                let got = '', code = '';
+                c.on('connect', () => {
+                    c.write('GET /loopguard/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+                    onConnect();
+                });
+                c.on('data', (d) => (got += d));
+                c.on('error', (e) => (code = e.code));
+                outcomes.push(new Promise((resolve) => c.on('close', () => resolve({ got, code, streamEnded }))));
+                socks.push(c);
+            };
+            let connected = 0;
+            const halfway = new Promise((resolve) => {
+                for (let i = 0; i < N / 2; i++) open(() => ++connected === N / 4 && resolve());
+            });
+            // The signal when a quarter of the first half has connected (the rest of it is on
+            // its way), then the second half at once.
+            await halfway;
+            lg.proc.kill('SIGTERM');
+            termed = true;
+            for (let i = N / 2; i < N; i++) open(() => {});
+            const seen = { answered: 0, unavailable: 0, closed: 0, refused: 0 };
+            for (const o of await Promise.all(outcomes)) {
+                assert.equal(o.streamEnded, false, 'settled while the stream was still draining');
+                if (o.got.startsWith('HTTP/1.1 200 ')) seen.answered++;
+                else if (o.got.startsWith('HTTP/1.1 503 ')) seen.unavailable++;
+                else if (o.got === '' && o.code === 'ECONNREFUSED') seen.refused++;
+                else if (o.got === '' && (o.code === '' || o.code === 'ECONNRESET' || o.code === 'EPIPE')) seen.closed++;
+                else assert.fail(`unexpected outcome ${o.code} ${JSON.stringify(o.got.slice(0, 60))}`);
+            }
+            assert.ok(seen.answered > 0, `connections before the signal were served: ${JSON.stringify(seen)}`);
+            const rs = await s;
+            assert.equal(sseData(rs.text).at(-1), '[DONE]');
+            assert.equal(assembleDeltas(sseJSON(rs.text)).content.split(' ').filter(Boolean).length, WORDS, 'the stream finished whole');
+            assert.equal((await exited(lg.proc)).code, 0);
+        } finally {
+            for (const c of socks) c.destroy();
+            await cleanup(() => stopAfterTerm(lg, termed), () => fake.stop());
+        }
+    });
+
     test('past shutdown_grace_ms: streams end with an error event and [DONE], whole requests with an error, upstream released, exit 0', T, async () => {
         const GRACE = 300;
         const fake = await startFake({ kind: 'sglang', scenario: pacedPlan(100) }); // ~4 s
