@@ -78,6 +78,24 @@ async function stopAfterTerm(lg, termed) {
 const WORDS = 40;
 const pacedPlan = (pace) => ({ dialect: 'sglang', pace_ms: pace, responses: [{ reasoning: ['Fine.'], content: [{ varied: WORDS, seed: 3 }] }] });
 
+// A paced stream through lg, once the fake generates it: {s, ended()}, ended() whether its
+// response has settled.
+async function streamInFlight(lg, fake) {
+    const s = request(lg.url + '/v1/chat/completions', { method: 'POST', body: { messages: MSG, stream: true }, timeout: 60000 * SLACK });
+    let ended = false;
+    s.then(() => (ended = true), () => (ended = true));
+    await waitFor(async () => (await fake.requests('/v1/chat/completions')).length === 1);
+    return { s, ended: () => ended };
+}
+
+// The stream drained whole after the signal, and loopguard exited 0.
+async function finishedWhole(stream, lg) {
+    const rs = await stream.s;
+    assert.equal(sseData(rs.text).at(-1), '[DONE]');
+    assert.equal(assembleDeltas(sseJSON(rs.text)).content.split(' ').filter(Boolean).length, WORDS, 'the stream finished whole');
+    assert.equal((await exited(lg.proc)).code, 0);
+}
+
 /* ---- SIGTERM ----------------------------------------------------------------------- */
 
 describe('SIGTERM', () => {
@@ -127,10 +145,7 @@ describe('SIGTERM', () => {
         let termed = false;
         const idle = [];
         try {
-            const s = request(lg.url + '/v1/chat/completions', { method: 'POST', body: { messages: MSG, stream: true }, timeout: 60000 * SLACK });
-            let streamEnded = false;
-            s.then(() => (streamEnded = true), () => (streamEnded = true));
-            await waitFor(async () => (await fake.requests('/v1/chat/completions')).length === 1);
+            const stream = await streamInFlight(lg, fake);
             // Each connection's end is watched from the start: a worker with no stream may
             // close it before the request below is sent.
             const outcomes = [];
@@ -139,7 +154,7 @@ describe('SIGTERM', () => {
                 let got = '';
                 c.on('data', (d) => (got += d));
                 c.on('error', () => {});
-                outcomes.push(new Promise((resolve) => c.on('close', () => resolve({ got, streamEnded }))));
+                outcomes.push(new Promise((resolve) => c.on('close', () => resolve({ got, streamEnded: stream.ended() }))));
                 await new Promise((r, j) => c.once('connect', r).once('error', j));
                 idle.push(c);
             }
@@ -153,10 +168,7 @@ describe('SIGTERM', () => {
                 assert.equal(o.streamEnded, false, 'answered or closed while the stream was still draining');
                 assert.ok(o.got === '' || o.got.startsWith('HTTP/1.1 503 '), JSON.stringify(o.got.slice(0, 60)));
             }
-            const rs = await s;
-            assert.equal(sseData(rs.text).at(-1), '[DONE]');
-            assert.equal(assembleDeltas(sseJSON(rs.text)).content.split(' ').filter(Boolean).length, WORDS, 'the stream finished whole');
-            assert.equal((await exited(lg.proc)).code, 0);
+            await finishedWhole(stream, lg);
         } finally {
             for (const c of idle) c.destroy();
             await cleanup(() => stopAfterTerm(lg, termed), () => fake.stop());
@@ -181,10 +193,7 @@ describe('SIGTERM', () => {
         let termed = false;
         const socks = [];
         try {
-            const s = request(lg.url + '/v1/chat/completions', { method: 'POST', body: { messages: MSG, stream: true }, timeout: 60000 * SLACK });
-            let streamEnded = false;
-            s.then(() => (streamEnded = true), () => (streamEnded = true));
-            await waitFor(async () => (await fake.requests('/v1/chat/completions')).length === 1);
+            const stream = await streamInFlight(lg, fake);
             const outcomes = [];
             // A connection that asks for the health page as soon as it is open; its outcome
             // is what came back, the error if any, and whether the stream had ended by then.
@@ -197,7 +206,7 @@ describe('SIGTERM', () => {
                 });
                 c.on('data', (d) => (got += d));
                 c.on('error', (e) => (code = e.code));
-                outcomes.push(new Promise((resolve) => c.on('close', () => resolve({ got, code, streamEnded }))));
+                outcomes.push(new Promise((resolve) => c.on('close', () => resolve({ got, code, streamEnded: stream.ended() }))));
                 socks.push(c);
             };
             let connected = 0;
@@ -220,10 +229,7 @@ describe('SIGTERM', () => {
                 else assert.fail(`unexpected outcome ${o.code} ${JSON.stringify(o.got.slice(0, 60))}`);
             }
             assert.ok(seen.answered > 0, `connections before the signal were served: ${JSON.stringify(seen)}`);
-            const rs = await s;
-            assert.equal(sseData(rs.text).at(-1), '[DONE]');
-            assert.equal(assembleDeltas(sseJSON(rs.text)).content.split(' ').filter(Boolean).length, WORDS, 'the stream finished whole');
-            assert.equal((await exited(lg.proc)).code, 0);
+            await finishedWhole(stream, lg);
         } finally {
             for (const c of socks) c.destroy();
             await cleanup(() => stopAfterTerm(lg, termed), () => fake.stop());

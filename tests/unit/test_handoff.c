@@ -91,55 +91,61 @@ static void test_free_closes_what_was_never_taken(void **state)
 
 /* ---- a hand-off racing the receiver's shut --------------------------------------------- */
 
-enum { PUTS = 20000 };
+enum { PUTS_MAX = 1000000 }; /* a bound for a queue that never shuts: the test then fails */
 
 struct giver {
     lg_handoff *h;
-    unsigned kept; /* refused: the giver keeps them */
+    unsigned given; /* queued */
+    bool refused;   /* the hand-off after the last one queued was refused */
 };
 
+/* Hands connections over, one after another, until the queue refuses one. */
 static void *give(void *arg)
 {
     struct giver *g = arg;
     struct sockaddr_storage sa = peer(1);
-    for (int i = 0; i < PUTS; i++)
-        if (!handoff_put(g->h, 1000 + i, &sa, 16)) g->kept++;
+    while (g->given < PUTS_MAX && !g->refused) {
+        if (handoff_put(g->h, 1000 + (int)g->given, &sa, 16))
+            g->given++;
+        else
+            g->refused = true;
+    }
     return NULL;
 }
 
-/* One thread hands over connections while the owner takes, then shuts in the middle: every
- * connection is either taken (before or by the shutting take) or refused, exactly once, and
- * nothing is queued after the shut. */
+/* Takes h's queue (shut: for the last time) and checks that the fds come in the order
+ * given, from *next on; returns how many. */
+static unsigned take_in_order(lg_handoff *h, bool shut, int *next)
+{
+    lg_handed *q;
+    size_t n = handoff_take(h, shut, &q);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(q[i].fd, (*next)++);
+    lg_xfree(q);
+    return (unsigned)n;
+}
+
+/* One thread hands connections over without a pause while the owner takes some, then shuts
+ * the queue: every connection queued is taken, before the shut or by the shutting take; the
+ * giver is refused from then on, and nothing is queued after the shut. */
 static void test_a_put_racing_the_shut(void **state)
 {
     (void)state;
     lg_handoff h;
     handoff_init(&h);
-    struct giver g = {&h, 0};
+    struct giver g = {&h, 0, false};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, give, &g), 0);
-    unsigned taken = 0, takes = 0;
-    int next = 1000; /* the fds come in the order given */
-    while (takes < 50 || !handoff_count(&h)) {
-        lg_handed *q;
-        size_t n = handoff_take(&h, false, &q);
-        for (size_t i = 0; i < n; i++)
-            assert_int_equal(q[i].fd, next++);
-        taken += (unsigned)n;
-        lg_xfree(q);
-        if (n) takes++;
-        if (next == 1000 + PUTS) break; /* the giver ran out first */
-    }
-    lg_handed *q;
-    size_t n = handoff_take(&h, true, &q);
-    for (size_t i = 0; i < n; i++)
-        assert_int_equal(q[i].fd, next++);
-    taken += (unsigned)n;
-    lg_xfree(q);
+    unsigned taken = 0;
+    int next = 1000;
+    while (taken < 5000)
+        taken += take_in_order(&h, false, &next);
+    taken += take_in_order(&h, true, &next);
     assert_int_equal(pthread_join(t, NULL), 0);
-    assert_int_equal(taken + g.kept, PUTS);
+    assert_true(g.refused);
+    assert_int_equal(taken, g.given);
     assert_int_equal(handoff_count(&h), 0);
-    assert_int_equal(handoff_take(&h, false, &q), 0); /* nothing entered after the shut */
+    assert_int_equal(take_in_order(&h, false, &next), 0); /* nothing entered after the shut */
     handoff_free(&h);
 }
 
