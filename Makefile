@@ -205,9 +205,11 @@ test:
 	exit $$st
 
 # The exchange, upstream and fault e2e suites on the ThreadSanitizer build (clang) with
-# four workers, so that requests, health checks and ejections cross threads.
+# four workers, so that requests, health checks and ejections cross threads; and the unit
+# tests whose threads share a structure (TSAN_UNIT).
+TSAN_UNIT := test_handoff
 tsan:
-	@$(MAKE) SAN=tsan servers
+	@$(MAKE) SAN=tsan servers $(TSAN_UNIT:%=build/tsan/tests/%)
 	@BUILD=build/tsan SUITES=tsan tests/run.sh
 
 # The guarded-exchange, normalisation, fault and shutdown e2e suites with loopguard under
@@ -263,7 +265,7 @@ test-variants: $(FUZZ_BIN) test-build-san test-build-tsan
 test-build-san:
 	@$(MAKE) SAN=1 servers unit-bins
 test-build-tsan:
-	@$(MAKE) SAN=tsan servers
+	@$(MAKE) SAN=tsan servers $(TSAN_UNIT:%=build/tsan/tests/%)
 servers: $(BUILD)/loopguard $(BUILD)/fake_upstream
 unit-bins: $(UNIT_BIN)
 

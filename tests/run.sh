@@ -107,6 +107,11 @@ for pass in $PASSES; do
             for t in tests/e2e/exchange.test.mjs tests/e2e/upstreams.test.mjs \
                      tests/e2e/faults.test.mjs; do
                 queue "tsan:${t##*/}" "$b" tsan "$t"
+            done
+            # And the unit tests the Makefile built for it (TSAN_UNIT): threads that share
+            # a structure.
+            for t in "$b"/tests/test_*; do
+                [ -x "$t" ] && queue "tsan:${t##*/}" "$b" unit "$t"
             done ;;
         corpus)
             for t in tests/corpus/*.sh; do
