@@ -188,7 +188,7 @@ TEST_ROUND2 := build/tsan:tsan build/san:e2e,unit,client,browser,corpus \
                build:e2e,unit,client,browser build/fuzz:fuzz
 test:
 	@echo "make test: every suite on the plain, ASan+UBSan and TSan builds, valgrind, fuzz"
-	@echo "smoke: about 7 minutes on 2 idle cores (make -j2 test builds on both)."
+	@echo "smoke: 7-8 minutes on 2 idle cores (make -j2 test builds on both)."
 	@$(MAKE) setup-debs
 	@mkdir -p build; rm -f build/test-summary; st=0; t0=$$(date +%s); \
 	$(MAKE) SAN=0 all unit-bins format-check || st=1; \
