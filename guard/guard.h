@@ -60,6 +60,10 @@ guard *guard_new(const guard_params *p, lg_channel ch);
  * trip further input is ignored. Amortised O(len). */
 bool guard_feed(guard *g, const char *buf, size_t len);
 
+/* Prefetches the lines of g that every fed token reads, for a guard_feed soon after (the
+ * worker calls it before the read the token comes from: lg_xfer.warm). Reads nothing. */
+void guard_warm(const guard *g);
+
 /* End of the generation for this channel: flushes pending checks (e.g. a UTF-8 tail).
  * Returns true when tripped. */
 bool guard_finish(guard *g);

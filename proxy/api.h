@@ -64,6 +64,9 @@ typedef struct lg_api {
     int (*on_event)(struct exchange *ex, const sse_event *ev);
     /* Optional: the attempt's SSE parser's vouch (sse_parser_vouch; ud: the exchange). */
     bool (*vouch)(void *ud, const char *data, size_t len);
+    /* Optional: prefetches the lines of the module's state that an event reads, before the
+     * worker's read (lg_xfer.warm, exchange.c's ex_warm). */
+    void (*warm)(const struct exchange *ex);
     /* The generation ended cleanly (after every attempt): queue the stream's closing
      * events, or render the whole response into ex->cl.final_body. */
     void (*finish)(struct exchange *ex);

@@ -352,6 +352,14 @@ static bool chat_fast(const exchange *ex)
     return ex->req.client_stream && ex->attempt == 1;
 }
 
+/* Before the worker's read: the state's first line and the frame's own bytes, all that a
+ * framed token reads of the module's state (lg_api.warm). */
+static void chat_warm(const exchange *ex)
+{
+    const chat_state *cs = CS(ex);
+    if (cs) chunkscan_warm(&cs->scan);
+}
+
 /* The delta of the chunk chat_vouch last read on this thread: its event is dispatched
  * right after the vouch (sse_parser_vouch), and its handling feeds no other parser. */
 static _Thread_local dl_delta vouched;
@@ -518,9 +526,9 @@ static void chat_destroy(exchange *ex)
 #define CHAT_HOOKS                                                                                 \
     .parse = chat_parse, .build = chat_build, .sampling = chat_sampling, .prompt = chat_prompt,    \
     .attempt_begins = chat_attempt_begins, .on_event = chat_on_event, .vouch = chat_vouch,         \
-    .finish = chat_finish, .withheld = chat_withheld, .stream_error = chat_stream_error,           \
-    .error_body = ex_openai_error_body, .destroy = chat_destroy, .can_continue = true,             \
-    .takes_rid = true
+    .warm = chat_warm, .finish = chat_finish, .withheld = chat_withheld,                           \
+    .stream_error = chat_stream_error, .error_body = ex_openai_error_body,                         \
+    .destroy = chat_destroy, .can_continue = true, .takes_rid = true
 
 const lg_api api_chat = {
     .route = "/v1/chat/completions",

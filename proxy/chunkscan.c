@@ -761,6 +761,11 @@ bool chunkscan_frames(const char *data, size_t len, chunkscan_state *st, dl_delt
     return read_frame(data, len, st, out); /* which writes all of *out when it accepts */
 }
 
+void chunkscan_warm(const chunkscan_state *st)
+{
+    if (st->own) __builtin_prefetch(own_bytes(st));
+}
+
 void chunkscan_free(chunkscan_state *st)
 {
     lg_buf_free(&st->scratch);

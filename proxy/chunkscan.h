@@ -97,6 +97,10 @@ bool chunkscan(const char *data, size_t len, chunkscan_state *st, dl_delta *out)
  * and st is as chunkscan finds it. */
 bool chunkscan_frames(const char *data, size_t len, chunkscan_state *st, dl_delta *out);
 
+/* Prefetches what a framed reading (chunkscan_frames) reads beyond st's first 44 bytes:
+ * the frame's own bytes. Reads st's first line. */
+void chunkscan_warm(const chunkscan_state *st);
+
 void chunkscan_free(chunkscan_state *st);
 
 #endif

@@ -1025,6 +1025,7 @@ enum { XB_HEAD, XB_BODY, XB_CURL, XB_CONNECT, XB_REPLY, XB_TRAILERS }; /* the la
  * paced stream's read is one event whatever the size; the buffer is the worker's, one for
  * all its streams. */
 #define BODY_READ (128 * 1024)
+_Static_assert(BODY_READ <= UINT32_MAX, "lg_xfer.body_left holds what a read brings");
 
 static lg_xfer *up_xfer(int fd)
 {
@@ -1393,7 +1394,7 @@ static void curl_action(lg_worker *w, curl_socket_t s, int flags)
 static void end_body(lg_worker *w, lg_xfer *x, CURLcode rc, long os_errno)
 {
     unlink_body(w, x);
-    x->os_errno = os_errno;
+    x->os_errno = (int)os_errno;
     x->done(x, rc);
 }
 
@@ -1481,7 +1482,7 @@ static void feed_body(lg_worker *w, lg_xfer *x, char *p, size_t n)
             return;
         }
         if (len) {
-            x->body_left = (size_t)k == n ? len : (size_t)(p + n - data); /* see worker.h */
+            x->body_left = (uint32_t)((size_t)k == n ? len : (size_t)(p + n - data)); /* worker.h */
             size_t took = x->body((char *)data, 1, len, x->owner);
             x->body_left = 0;
             if (took == CURL_WRITEFUNC_PAUSE) {
@@ -1521,6 +1522,7 @@ static void read_body(lg_worker *w, lg_xfer *x)
         lg_buf_free(&kept);
         return; /* the socket's own input, if any, is reported again (level-triggered) */
     }
+    if (x->warm) x->warm(x->owner); /* its misses overlap the read (worker.h) */
     ssize_t n = sys_recv(b->fd, w->body_buf, BODY_READ);
     if (n > 0)
         feed_body(w, x, w->body_buf, (size_t)n);
@@ -1606,7 +1608,9 @@ static void drain_due(lg_worker *w)
             own_connected(w, x, rc);
             continue;
         }
-        if (x) curl_easy_getinfo(easy, CURLINFO_OS_ERRNO, &x->os_errno);
+        long os_errno = 0;
+        if (x && curl_easy_getinfo(easy, CURLINFO_OS_ERRNO, &os_errno) == CURLE_OK)
+            x->os_errno = (int)os_errno;
         if (x && x->done) x->done(x, rc);
     }
 }

@@ -178,19 +178,25 @@ typedef struct lg_xfer {
     /* The transfer's CURLOPT_WRITEFUNCTION when the worker may read its response body
      * itself (worker_head_complete), called as libcurl calls it, with `owner` as its
      * userdata, on the worker's thread outside libcurl; NULL: libcurl reads every body.
-     * (What a token's read touches first: body, owner, body_left, xb.) */
+     * (What a token's read touches first: body, owner, warm, body_left, xb.) */
     curl_write_callback body;
     void *owner;
+    /* Optional: called with `owner` just before the worker's read of the body's socket, to
+     * prefetch the lines that `body` will read (exchange.c's ex_warm). With many streams
+     * each token finds its stream's state cold, and a miss that `body` waits for serially
+     * (~a dozen a token) overlaps the read's system call instead. Reads what it must to
+     * find those lines, nothing else. */
+    void (*warm)(void *owner);
     /* During a call of `body` from the worker's read: the data's length when the data ends
      * the read (no more of it comes in this event: one write now is then the event's only
      * one), else the read's bytes from the data on, more than its length and all that the
-     * rest of the read can bring; 0 outside such a call. */
-    size_t body_left;
+     * rest of the read can bring; 0 outside such a call. (A read is at most 128 KiB.) */
+    uint32_t body_left;
+    int os_errno; /* CURLINFO_OS_ERRNO when the transfer ended: why a connect failed */
     lg_xbody xb;
     /* The transfer ended (rc as libcurl reports it). The owner removes it from the multi
      * handle (worker_remove_xfer) or stops it (worker_uplink_stop) before it returns. */
     void (*done)(struct lg_xfer *x, CURLcode rc);
-    long os_errno; /* CURLINFO_OS_ERRNO when the transfer ended: why a connect failed */
 } lg_xfer;
 
 /* A worker's idle connections to one upstream origin (uplink.h), the last one put back on
