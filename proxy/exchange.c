@@ -987,8 +987,8 @@ _Static_assert(sizeof(chan) == 128 && offsetof(chan, run.last) == 64, "a channel
 static void ex_warm(void *ud)
 {
     const exchange *ex = ud;
-    for (size_t at = 0; at < offsetof(exchange, cl) + 128; at += 64)
-        __builtin_prefetch((const char *)ex + at);
+    for (size_t off = 0; off < offsetof(exchange, cl) + 128; off += 64)
+        __builtin_prefetch((const char *)ex + off);
     __builtin_prefetch(&ex->at);
     __builtin_prefetch(&ex->at.sse);
     for (int c = 0; c < LG_CH_COUNT; c++)

@@ -23,8 +23,8 @@ void handoff_free(lg_handoff *h)
 bool handoff_put(lg_handoff *h, int fd, const struct sockaddr_storage *sa, socklen_t len)
 {
     pthread_mutex_lock(&h->lock);
-    bool open = !h->shut;
-    if (open) {
+    bool queued = !h->shut;
+    if (queued) {
         if (h->n == h->cap) {
             h->cap = h->cap ? 2 * h->cap : 64;
             h->q = lg_xrealloc(h->q, h->cap * sizeof *h->q);
@@ -33,7 +33,7 @@ bool handoff_put(lg_handoff *h, int fd, const struct sockaddr_storage *sa, sockl
         atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
     }
     pthread_mutex_unlock(&h->lock);
-    return open;
+    return queued;
 }
 
 size_t handoff_take(lg_handoff *h, bool shut, lg_handed **out)
