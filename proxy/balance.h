@@ -6,7 +6,7 @@
  * for one thread of several when that thread waits for a core. On a 2-core host whose cores were
  * queued 40-50 % of the time at 1,000 paced streams (the bench's fake, load generator and
  * relay), one worker holding ~80 % of the streams added 2-3x nginx's p99 latency and an even
- * split 0.5x, for ~7 % more CPU per event (two threads wake for fewer events each); on an
+ * split 0.5x, for 4-7 % more CPU per event (two threads wake for fewer events each); on an
  * idle host one worker had cost 10-30 % less (tests/bench/HISTORY.md, "even").
  *
  * Counting connections decides before they carry any load: streams of unequal weight can

@@ -982,8 +982,9 @@ _Static_assert(sizeof(chan) == 128 && offsetof(chan, run.last) == 64, "a channel
  * fetched, so that their misses overlap the read's system call rather than follow one
  * another through the event (with 1,000 paced streams every token finds its exchange cold):
  * the exchange's lines up to the client side's two (the layout above), the attempt's first
- * line, its parser's and each channel's first line and the channel's guard, and what the
- * API module reads of its state. */
+ * line and its parser's, then what the API module reads of its state, and the first line
+ * and the guard of each channel fed this attempt (`fed`: a token reads no other channel's
+ * lines). Each load here waits for its line while the other fetches are in flight. */
 static void ex_warm(void *ud)
 {
     const exchange *ex = ud;
@@ -991,12 +992,12 @@ static void ex_warm(void *ud)
         __builtin_prefetch((const char *)ex + off);
     __builtin_prefetch(&ex->at);
     __builtin_prefetch(&ex->at.sse);
-    for (int c = 0; c < LG_CH_COUNT; c++)
-        __builtin_prefetch(&ex->at.ch[c]);
-    /* Then what those lines point to (each load waits for its line, the rest in flight). */
     if (ex->api->warm) ex->api->warm(ex);
     for (int c = 0; c < LG_CH_COUNT; c++)
-        if (ex->at.ch[c].g) guard_warm(ex->at.ch[c].g);
+        if (ex->at.fed & 1u << c) {
+            __builtin_prefetch(&ex->at.ch[c]);
+            if (ex->at.ch[c].g) guard_warm(ex->at.ch[c].g);
+        }
 }
 
 lg_req *exchange_new(lg_worker *w, struct MHD_Connection *conn, const lg_api *api)
