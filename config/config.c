@@ -132,6 +132,7 @@ static const char *const retry_mode_names[] = {"auto", "restart", "continue", NU
 static const char *const exhausted_names[] = {"content_filter", "pass_through", "error", NULL};
 static const char *const elsewhere_names[] = {"auto", "never", NULL};
 static const char *const capture_names[] = {"excerpt", "full", "none", NULL};
+static const char *const scheduling_names[] = {"batch", "normal", NULL};
 /* JSON keys of the guard channels, indexed by lg_channel. */
 static const char *const channel_keys[] = {"reasoning", "content", "tool_args", NULL};
 _Static_assert(sizeof channel_keys / sizeof *channel_keys == LG_CH_COUNT + 1, "one per channel");
@@ -846,6 +847,7 @@ static const key_spec config_keys[] = {
     C_LIST("upstream", apply_upstream),
     C_ENUM("upstream_kind", upstream_kind, upstream_kind_names),
     C_UINT("workers", workers, 0, 1024),
+    C_ENUM("worker_scheduling", worker_scheduling, scheduling_names),
     C_UINT("max_connections", max_connections, 1, 1000000),
     C_UINT("rlimit_nofile", rlimit_nofile, 0, 1 << 24),
     C_UINT("max_body_bytes", max_body_bytes, 1024, 4294967296.0),
@@ -922,6 +924,7 @@ lg_config *config_new_defaults(void)
     cfg->n_upstreams = 1;
     cfg->upstream_kind = LG_UPSTREAM_AUTO;
     cfg->workers = 0;
+    cfg->worker_scheduling = LG_SCHED_BATCH;
     cfg->max_connections = 16384;
     cfg->rlimit_nofile = 65536;
     cfg->max_body_bytes = 32u << 20;

@@ -35,6 +35,12 @@ typedef enum {
     LG_HISTORY_DROP,        /* remove reasoning from assistant messages */
 } lg_reasoning_history;
 
+/* How the kernel schedules the worker threads (worker.c, set_scheduling). */
+typedef enum {
+    LG_SCHED_BATCH = 0, /* SCHED_BATCH: a wake-up does not preempt the task running (default) */
+    LG_SCHED_NORMAL,    /* SCHED_OTHER, as the process started */
+} lg_worker_scheduling;
+
 typedef enum { LG_RETRY_AUTO = 0, LG_RETRY_RESTART, LG_RETRY_CONTINUE } lg_retry_mode;
 
 typedef enum {
@@ -84,7 +90,8 @@ typedef struct lg_config {
     size_t n_upstreams;
     lg_upstream_kind upstream_kind;
 
-    int workers;                /* 0 = number of cores */
+    int workers; /* 0 = number of cores */
+    lg_worker_scheduling worker_scheduling;
     unsigned max_connections;   /* per process; libmicrohttpd's default is FD_SETSIZE-4 */
     unsigned rlimit_nofile;     /* raised at start (soft up to hard) */
     size_t max_body_bytes;      /* request body limit, 413 past it (32 MiB) */

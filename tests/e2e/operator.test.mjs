@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import net from 'node:net';
 import fs from 'node:fs';
 import path from 'node:path';
-import { startLoopguard, startFake, runLoopguard, tmpFile, isSlowBuild, deadPort, chat, request, waitFor, assertOpenAIError, SCENARIOS, SEED_BODY } from './lib.mjs';
+import { startLoopguard, startFake, runLoopguard, tmpFile, isSlowBuild, deadPort, chat, request, waitFor, sleep, assertOpenAIError, SCENARIOS, SEED_BODY } from './lib.mjs';
 
 const T = { timeout: isSlowBuild ? 60000 : 20000 };
 
@@ -261,6 +261,36 @@ describe('upstream failures name their cause', () => {
         } finally {
             await lg.stop();
             await fake.stop();
+        }
+    });
+});
+
+// The scheduling policy of each of pid's threads (proc(5): /proc/PID/task/TID/stat's 41st
+// field; 3 is SCHED_BATCH, 0 SCHED_OTHER).
+function threadPolicies(pid) {
+    return fs.readdirSync(`/proc/${pid}/task`).map((tid) => {
+        const stat = fs.readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8');
+        return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[41 - 3]);
+    });
+}
+
+describe('worker scheduling', () => {
+    it('workers run SCHED_BATCH by default, and as started with "normal"', T, async () => {
+        const batch = await startLoopguard({ upstream: 'http://127.0.0.1:9', kind: 'openai', config: { workers: 3 } });
+        try {
+            // the main thread and the others keep the policy the process started with
+            await waitFor(() => threadPolicies(batch.proc.pid).filter((p) => p === 3).length === 3);
+            assert.ok(threadPolicies(batch.proc.pid).includes(0));
+        } finally {
+            await batch.stop();
+        }
+        const normal = await startLoopguard({ upstream: 'http://127.0.0.1:9', kind: 'openai', config: { workers: 3, worker_scheduling: 'normal' } });
+        try {
+            await waitFor(() => threadPolicies(normal.proc.pid).length >= 4); // main + 3 workers
+            await sleep(isSlowBuild ? 2000 : 300); // a worker sets its policy first thing
+            assert.deepEqual(threadPolicies(normal.proc.pid).filter((p) => p !== 0), []);
+        } finally {
+            await normal.stop();
         }
     });
 });

@@ -110,6 +110,7 @@ static void assert_defaults(const lg_config *c)
     assert_string_equal(c->upstreams[0], "http://127.0.0.1:30000");
     assert_int_equal(c->upstream_kind, LG_UPSTREAM_AUTO);
     assert_int_equal(c->workers, 0);
+    assert_int_equal(c->worker_scheduling, LG_SCHED_BATCH);
     assert_int_equal(c->max_connections, 16384);
     assert_int_equal(c->rlimit_nofile, 65536);
     assert_int_equal(c->max_body_bytes, 32u << 20);
@@ -222,6 +223,7 @@ static void test_file_overrides(void **state)
     char *path = write_temp("{\"listen\": \"0.0.0.0:9000\",\n"
                             " \"upstream\": [\"http://a:1/\", \"https://b:2/base//\"],\n"
                             " \"upstream_kind\": \"sglang\", \"workers\": 4,\n"
+                            " \"worker_scheduling\": \"normal\",\n"
                             " \"max_body_bytes\": 1048576,\n"
                             " \"timeouts\": {\"idle_ms\": 1500},\n"
                             " \"reasoning\": {\"output\": \"inline\", \"history\": \"drop\"},\n"
@@ -242,6 +244,7 @@ static void test_file_overrides(void **state)
     assert_string_equal(c->upstreams[1], "https://b:2/base");
     assert_int_equal(c->upstream_kind, LG_UPSTREAM_SGLANG);
     assert_int_equal(c->workers, 4);
+    assert_int_equal(c->worker_scheduling, LG_SCHED_NORMAL);
     assert_int_equal(c->max_body_bytes, 1048576);
     assert_int_equal(c->timeouts.idle_ms, 1500);
     assert_int_equal(c->timeouts.connect_ms, 5000); /* untouched sibling keeps its default */
@@ -387,6 +390,7 @@ static void test_errors_name_the_key(void **state)
         {"{\"upstream_kind\": \"tgi\"}",
          "upstream_kind: expected one of auto, sglang, vllm, openai"},
         {"{\"workers\": 5000}", "workers: must be between 0 and 1024 (got 5000)"},
+        {"{\"worker_scheduling\": \"fifo\"}", "worker_scheduling: expected one of batch, normal"},
         {"{\"max_connections\": 0}", "max_connections: must be between 1"},
         {"{\"reasoning\": {\"output\": \"think\"}}", "reasoning.output: expected one of"},
         {"{\"reasoning\": {\"allow_client_choice\": 1}}",
