@@ -2586,9 +2586,10 @@ static uint64_t requests_between(lg_worker *w, uint64_t looked)
  * at the scheduler's tick), so a worker finds the tokens that came meanwhile and relays
  * them in one pass. At 1,000 paced streams on make bench's 2-core host this cut the
  * worker's sleeps per event from 0.43 to 0.39 (nginx's: 0.39) and its CPU per event by 4 %,
- * with no rise in the added p50 or p99 (tests/bench/HISTORY.md, issue 28, sched). A host
- * whose cores are busy with other work all the time can set "normal". Refusal (a sandbox
- * that filters sched_setscheduler) is reported once and the worker runs as it started. */
+ * with no rise in the added p50 or p99, and with both cores kept busy by other processes
+ * its latency was no worse than SCHED_OTHER's (tests/bench/HISTORY.md, issue 28, sched);
+ * "normal" stays for a host where that measures otherwise. Refusal (a sandbox that filters
+ * sched_setscheduler) is reported once and the worker runs as it started. */
 static void set_scheduling(const lg_worker *w)
 {
     if (w->srv->cfg->worker_scheduling != LG_SCHED_BATCH) return;
