@@ -90,14 +90,14 @@ typedef struct lg_config {
     size_t n_upstreams;
     lg_upstream_kind upstream_kind;
 
-    int workers; /* 0 = number of cores */
-    lg_worker_scheduling worker_scheduling;
+    int workers;                /* 0 = number of cores */
     unsigned max_connections;   /* per process; libmicrohttpd's default is FD_SETSIZE-4 */
     unsigned rlimit_nofile;     /* raised at start (soft up to hard) */
     size_t max_body_bytes;      /* request body limit, 413 past it (32 MiB) */
     size_t max_header_bytes;    /* per-connection header memory (libmicrohttpd pool) */
     unsigned client_timeout_s;  /* idle client connection timeout (slowloris) */
     unsigned shutdown_grace_ms; /* SIGTERM: drain streams this long, then end them */
+    lg_worker_scheduling worker_scheduling; /* the workers' kernel policy (worker.c) */
 
     struct {
         unsigned connect_ms;
