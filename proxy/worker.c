@@ -2359,14 +2359,15 @@ static unsigned placed(lg_worker *o)
 }
 
 /* The other worker with room that holds the fewest connections (balance.h), as each
- * published them (publish_load); NULL when no other takes connections. */
-static lg_worker *least_other(lg_worker *w)
+ * published them (publish_load), and that count in *fewest; NULL (and UINT_MAX) when no
+ * other takes connections. */
+static lg_worker *least_other(lg_worker *w, unsigned *fewest)
 {
     lg_worker *least = NULL;
-    unsigned fewest = UINT_MAX;
+    *fewest = UINT_MAX;
     for (lg_worker *o = first_worker(w); o; o = o->after) {
         unsigned n = o == w ? UINT_MAX : placed(o);
-        if (n < fewest) fewest = n, least = o;
+        if (n < *fewest) *fewest = n, least = o;
     }
     return least;
 }
@@ -2508,8 +2509,9 @@ static void accept_clients(lg_worker *w)
             }
             return;
         }
-        lg_worker *o = least_other(w);
-        if (!o || balance_takes(placed(w), placed(o)) || !hand_over(o, fd, &sa, len))
+        unsigned others;
+        lg_worker *o = least_other(w, &others);
+        if (!o || balance_takes(placed(w), others) || !hand_over(o, fd, &sa, len))
             add_client(w, fd, &sa, len);
         watch_while_taking(w); /* at its limit it stops */
     }
